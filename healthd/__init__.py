@@ -1,0 +1,1 @@
+"""healthd: the GPU node health daemon."""

@@ -1,0 +1,1 @@
+"""A real multi-host Slurm testbed with emulated GPUs, on one machine."""

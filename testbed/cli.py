@@ -1,0 +1,174 @@
+"""`clusterctl-testbed`: a real multi-host Slurm cluster with emulated GPUs on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from testbed.cluster import Testbed
+from testbed.gpu_faults import FAULT_KINDS, Fault, inject
+from testbed.system import TestbedError
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Run a real Slurm cluster (slurmctld, slurmdbd, 4 slurmd hosts with 8 emulated GPUs each,
+    two leaf switches under a spine) in network/UTS/mount namespaces on this machine.
+
+    Needs root. The controller `ctl` doubles as the login node: run Slurm commands there
+    with `clusterctl-testbed on ctl sinfo`.  State lives in $CLUSTERCTL_TESTBED_DIR (/tmp/ctb).
+    """
+
+
+@cli.command()
+def install() -> None:
+    """Install the Debian packages the testbed needs (Slurm, munge, MariaDB, iproute2, gcc)."""
+    from testbed.cluster import install_packages
+
+    install_packages()
+
+
+@cli.command()
+@click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for nodes to be idle.")
+def up(timeout: float) -> None:
+    """Start the cluster (fresh state, job ids from 1); no-op if it is already up."""
+    Testbed().up(timeout=timeout)
+
+
+@cli.command()
+def down() -> None:
+    """Stop every process the testbed started and remove its namespaces."""
+    Testbed().down()
+
+
+@cli.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(as_json: bool) -> None:
+    """Daemons (alive or not) and node states."""
+    info = Testbed().status()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"testbed at {info['root']}: {'up' if info['up'] else 'down'}")
+    for name, d in info["daemons"].items():  # type: ignore[union-attr]
+        click.echo(f"  {name:16} pid {d['pid']:<8} {'alive' if d['alive'] else 'dead'}")
+    for n in info["nodes"]:  # type: ignore[union-attr]
+        click.echo(f"  {n['name']:8} {n['state']:10} {n['gres']:10} {n['reason']}")
+    sys.exit(0 if info["up"] else 3)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("host")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def on(host: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND on HOST (ctl, node1, ...), in the current directory; exits with its status."""
+    argv = Testbed().enter(host, cwd=os.getcwd()) + list(command)
+    os.execvp(argv[0], argv)
+
+
+@cli.command()
+@click.argument("host", default="ctl")
+def shell(host: str) -> None:
+    """An interactive shell on HOST (default: the login/controller host)."""
+    argv = Testbed().enter(host, cwd=os.getcwd()) + [os.environ.get("SHELL", "/bin/bash")]
+    os.execvp(argv[0], argv)
+
+
+@cli.command("kill-node")
+@click.argument("node")
+def kill_node(node: str) -> None:
+    """Power NODE off: kill every process in its namespaces."""
+    Testbed().kill_node(node)
+
+
+@cli.command("boot-node")
+@click.argument("node")
+def boot_node(node: str) -> None:
+    """Power a killed NODE back on (new host, new slurmd)."""
+    Testbed().boot_node(node)
+
+
+@cli.command("cut-link")
+@click.argument("node")
+def cut_link(node: str) -> None:
+    """Cut NODE's network link; its processes keep running."""
+    Testbed().cut_link(node)
+
+
+@cli.command("heal-link")
+@click.argument("node")
+def heal_link(node: str) -> None:
+    """Restore NODE's network link."""
+    Testbed().heal_link(node)
+
+
+@cli.command("restart-slurmd")
+@click.argument("node")
+def restart_slurmd(node: str) -> None:
+    """Restart slurmd on NODE (running job processes survive, as with a real daemon restart)."""
+    Testbed().restart_slurmd(node)
+
+
+FAULT_HELP = """Inject a GPU fault on NODE, seen through NVML by everything running there.
+
+\b
+KIND and ARGS:
+  xid N            an Xid event (79 also makes the GPU lost, as on real hardware)
+  ecc-dbe          a volatile double-bit ECC error (+ its event)
+  ecc-sbe [N]      N corrected single-bit errors
+  remap-pending    a row remap pending (reset needed)
+  remap-failure    a row remapping failure
+  retired-pages N  N pages retired for double-bit errors, retirement pending
+  gpu-lost         the GPU answers GPU_IS_LOST from now on (no event)
+  gpu-missing N    only N GPUs are enumerated
+  temp CELSIUS     the GPU temperature
+  nvlink-down L    NVLink L goes inactive
+  recovery-action A   the driver's GPU recovery action (0 none, 1 reset, 2 reboot, 3 drain P2P)
+  nvml-hang FUNCTION SECONDS   calls of FUNCTION (e.g. nvmlDeviceGetTemperature) block
+  clear            every GPU healthy again (events already delivered stay delivered)
+"""
+
+
+@cli.command("inject", help=FAULT_HELP)
+@click.argument("node")
+@click.argument("kind")
+@click.argument("args", nargs=-1)
+@click.option("--gpu", default=0, show_default=True, help="GPU index on the node.")
+def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int) -> None:
+    tb = Testbed()
+    fault = _parse_fault(kind, args, gpu)
+    inject(tb.nvml_dir(node), fault)
+    click.echo(f"injected {kind} {' '.join(args)} on {node} gpu{gpu}".rstrip())
+
+
+
+def _parse_fault(kind: str, args: tuple[str, ...], gpu: int) -> Fault:
+    try:
+        if kind == "nvml-hang":
+            if len(args) != 2:
+                raise click.BadParameter("nvml-hang takes FUNCTION SECONDS", param_hint="ARGS")
+            return Fault(kind, gpu, function=args[0], seconds=float(args[1]))
+        needs_value = {"xid", "gpu-missing", "temp", "nvlink-down", "recovery-action", "retired-pages"}
+        if kind in needs_value and len(args) != 1:
+            raise click.BadParameter(f"{kind} takes one number", param_hint="ARGS")
+        if kind not in FAULT_KINDS:
+            raise click.BadParameter(f"unknown fault {kind!r}; one of: {', '.join(FAULT_KINDS)}",
+                                     param_hint="KIND")
+        return Fault(kind, gpu, value=int(args[0]) if args else 0)
+    except ValueError as exc:
+        raise click.BadParameter(f"{' '.join(args)!r} is not a number ({exc})", param_hint="ARGS") from exc
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except TestbedError as exc:
+        click.echo(f"clusterctl-testbed: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,386 @@
+"""Bring a real multi-host Slurm cluster up and down on one machine.
+
+Every host (controller `ctl` and compute nodes) is a network namespace plus a
+holder process that owns its UTS (hostname) and mount (its own /etc/hosts,
+/etc/slurm, /etc/ld.so.cache) namespaces.  Daemons run in the foreground inside
+their host via `nsenter`, and are stopped by PID; everything the testbed starts
+lives in one of its namespaces, so `down` finds it all with `ip netns pids`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from testbed import slurm_config
+from testbed.layout import CONTROLLER, Layout
+from testbed.system import (
+    CommandResult, TestbedError, is_alive, kill_all, namespace_pids, namespaces, run, spawn, wait_for,
+)
+
+DEBIAN_PACKAGES = (
+    "munge", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "slurmrestd",
+    "mariadb-server-core", "mariadb-client-core", "iproute2", "util-linux", "gcc", "libc6-dev",
+)
+REQUIRED_BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "slurmdbd", "sinfo", "mariadbd",
+                     "mariadb-install-db", "ip", "nsenter", "unshare", "gcc", "ldconfig")
+NVML_SOURCE = Path(__file__).parent / "nvml_emu" / "nvml_emu.c"
+# Daemons start with a predictable environment: no job or Slurm variables leak in from the caller.
+DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _say(message: str) -> None:
+    print(f"testbed: {message}", file=sys.stderr, flush=True)
+
+
+def missing_binaries() -> list[str]:
+    """Binaries the testbed needs that are not installed."""
+    return [b for b in REQUIRED_BINARIES if shutil.which(b, path=DAEMON_PATH) is None]
+
+
+def install_packages() -> None:
+    """Install the Debian packages the testbed needs (no-op when all are present)."""
+    if not missing_binaries():
+        return
+    if os.geteuid() != 0:
+        raise TestbedError("the testbed needs Debian packages and root to install them; run as root")
+    _say(f"installing {' '.join(DEBIAN_PACKAGES)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    run(["apt-get", "update", "-qq"], timeout=600, env=env)
+    run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *DEBIAN_PACKAGES], timeout=1200, env=env)
+    if missing := missing_binaries():
+        raise TestbedError(f"still missing after install: {', '.join(missing)}")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A compute node as `sinfo` reports it."""
+
+    name: str
+    state: str
+    gres: str
+    reason: str
+
+
+class Testbed:
+    """Handle on the testbed described by a `Layout` (all state lives in its files)."""
+
+    def __init__(self, layout: Layout | None = None, hooks: slurm_config.Hooks | None = None) -> None:
+        self.layout = layout or Layout()
+        self.hooks = hooks or default_hooks()
+
+    # ---- process bookkeeping ------------------------------------------------
+    def _pids(self) -> dict[str, int]:
+        try:
+            return json.loads(self.layout.pid_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def _record(self, name: str, pid: int) -> None:
+        pids = self._pids()
+        pids[name] = pid
+        tmp = self.layout.pid_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(pids, indent=1, sort_keys=True))
+        os.replace(tmp, self.layout.pid_file)
+
+    def holder(self, host: str) -> int:
+        """PID of the process owning `host`'s namespaces; error if the host is not up."""
+        pid = self._pids().get(f"holder:{host}")
+        if pid is None or not is_alive(pid):
+            raise TestbedError(f"host {host} is not running; `clusterctl-testbed up` (or `boot {host}`) first")
+        return pid
+
+    def enter(self, host: str, *, cwd: str = "/") -> list[str]:
+        """The argv prefix that runs a command inside `host`."""
+        # nsenter, not `ip netns exec`: the latter remounts /sys and hides the cgroup mounts.
+        # Entering a mount namespace resets the cwd to /, hence --wd.
+        return ["nsenter", "-t", str(self.holder(host)), "--net", "--uts", "--mount", f"--wd={cwd}", "--"]
+
+    def run_on(self, host: str, argv: Sequence[str], *, timeout: float = 60, check: bool = True,
+               env: dict[str, str] | None = None, cwd: str = "/") -> CommandResult:
+        """Run a command inside `host` and wait for it."""
+        return run([*self.enter(host, cwd=cwd), *argv], timeout=timeout, check=check, env=env)
+
+    def _start(self, name: str, host: str, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+        base = {"PATH": DAEMON_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
+        pid = spawn([*self.enter(host), *argv], self.layout.log_dir / f"{name.replace(':', '-')}.out",
+                    env={**base, **(env or {})})
+        self._record(name, pid)
+        return pid
+
+    # ---- lifecycle ------------------------------------------------------------
+    def is_up(self) -> bool:
+        """True when every daemon the testbed started is alive."""
+        pids = self._pids()
+        expected = {f"holder:{h}" for h in self.layout.hosts} | {"munged", "mariadbd", "slurmdbd", "slurmctld"}
+        expected |= {f"slurmd:{n}" for n in self.layout.nodes}
+        return expected <= pids.keys() and all(is_alive(pids[name]) for name in expected)
+
+    def up(self, *, timeout: float = 60) -> None:
+        """Start the cluster from scratch and wait until every node is idle; no-op if it is up."""
+        if self.is_up():
+            _say("already up")
+            return
+        if os.geteuid() != 0:
+            raise TestbedError("the testbed creates namespaces and runs Slurm daemons: run it as root")
+        install_packages()
+        self.down(quiet=True)
+        started = time.monotonic()
+        self._write_files()
+        self._build_nvml()
+        self._network()
+        for host in self.layout.hosts:
+            self._start_holder(host)
+        self._start_munge()
+        self._start_database()
+        self._start_controller()
+        for node in self.layout.nodes:
+            self._start_slurmd(node)
+        self.wait_nodes_idle(timeout=timeout)
+        _say(f"up in {time.monotonic() - started:.1f} s: {', '.join(self.layout.nodes)} idle")
+
+    def down(self, *, quiet: bool = False) -> None:
+        """Stop everything the testbed started and remove its namespaces and runtime state.
+
+        Logs of the last run stay in `<root>/log` until the next `up`.
+        """
+        mine = [ns for ns in namespaces() if ns.startswith(self.layout.namespace_prefix)]
+        pids = sorted({p for ns in mine for p in namespace_pids(ns)} | {
+            p for p in self._pids().values() if is_alive(p)})
+        kill_all(pids)
+        for ns in mine:
+            run(["ip", "netns", "del", ns], check=False, timeout=10)
+        for name in ("run", "spool", "mysql", "nvml", "etc", "lib", "dev", "munge"):
+            shutil.rmtree(self.layout.root / name, ignore_errors=True)
+        self.layout.mysql_socket.unlink(missing_ok=True)
+        if not quiet:
+            _say(f"down: stopped {len(pids)} processes, removed {len(mine)} namespaces")
+
+    # ---- bring-up steps ------------------------------------------------------
+    def _write_files(self) -> None:
+        layout = self.layout
+        shutil.rmtree(layout.log_dir, ignore_errors=True)
+        for path in (layout.etc, layout.run_dir, layout.log_dir, layout.spool_dir / "ctld", layout.lib_dir,
+                     layout.dev_dir, layout.munge_dir, layout.mysql_dir):
+            path.mkdir(parents=True, exist_ok=True)
+        for node in layout.nodes:
+            (layout.spool_dir / node).mkdir(parents=True, exist_ok=True)
+            node_dir = layout.nvml_dir / node
+            node_dir.mkdir(parents=True, exist_ok=True)
+            (node_dir / "events").touch()
+            (node_dir / "kmsg").touch()
+        files = {
+            layout.etc / "slurm.conf": slurm_config.slurm_conf(layout, self.hooks),
+            layout.etc / "topology.conf": slurm_config.topology_conf(layout),
+            layout.etc / "gres.conf": slurm_config.gres_conf(layout),
+            layout.etc / "cgroup.conf": slurm_config.cgroup_conf(),
+            layout.etc / "slurmdbd.conf": slurm_config.slurmdbd_conf(layout),
+            layout.hosts_file: slurm_config.hosts_file(layout),
+            layout.root / "etc" / "ld.so.conf": slurm_config.ld_so_conf(layout),
+        }
+        for path, text in files.items():
+            path.write_text(text)
+        (layout.etc / "slurmdbd.conf").chmod(0o600)  # slurmdbd refuses a config others can read
+        for i in range(layout.gpus_per_node):
+            # gres.conf File= must name character devices; /dev/null is one.
+            (layout.dev_dir / f"nvidia{i}").symlink_to("/dev/null")
+        # The munge key must be private to its owner or munged refuses to start.
+        os.chmod(layout.munge_dir, 0o700)
+        run(["mungekey", "--create", f"--keyfile={layout.munge_dir / 'munge.key'}", "--force"], timeout=30)
+
+    def _build_nvml(self) -> None:
+        lib = self.layout.lib_dir / "libnvidia-ml.so.1"
+        build_nvml(lib)
+        # A per-host ld.so.cache that knows the emulated driver: compute nodes find
+        # libnvidia-ml.so.1 like a real driver install, with no LD_LIBRARY_PATH.
+        run(["ldconfig", "-X", "-C", str(self.layout.ld_cache), "-f", str(self.layout.root / "etc" / "ld.so.conf")],
+            timeout=60)
+
+    def _network(self) -> None:
+        layout = self.layout
+        ctl = layout.namespace(CONTROLLER)
+        run(["ip", "netns", "add", ctl])
+        run(["ip", "-n", ctl, "link", "add", "br0", "type", "bridge"])
+        run(["ip", "-n", ctl, "addr", "add", f"{layout.address(CONTROLLER)}/24", "dev", "br0"])
+        run(["ip", "-n", ctl, "link", "set", "br0", "up"])
+        for node in layout.nodes:
+            ns = layout.namespace(node)
+            run(["ip", "netns", "add", ns])
+            run(["ip", "link", "add", f"v-{node}", "netns", ctl, "type", "veth", "peer", "name", "eth0", "netns", ns])
+            run(["ip", "-n", ctl, "link", "set", f"v-{node}", "master", "br0", "up"])
+            run(["ip", "-n", ns, "addr", "add", f"{layout.address(node)}/24", "dev", "eth0"])
+            run(["ip", "-n", ns, "link", "set", "eth0", "up"])
+
+    def _start_holder(self, host: str) -> None:
+        layout = self.layout
+        binds = [f"{layout.hosts_file}:/etc/hosts", f"{layout.etc}:/etc/slurm"]
+        if host != CONTROLLER:
+            binds.append(f"{layout.ld_cache}:/etc/ld.so.cache")
+        argv = ["nsenter", f"--net=/run/netns/{layout.namespace(host)}", "--",
+                "unshare", "--uts", "--mount", "--propagation", "private", "--",
+                sys.executable, "-m", "testbed.holder", "--hostname", host]
+        for bind in binds:
+            argv += ["--bind", bind]
+        log = open(layout.log_dir / f"holder-{host}.out", "ab")
+        env = {"PATH": DAEMON_PATH, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
+                                start_new_session=True, env=env)
+        log.close()
+        ready, _, _ = select.select([proc.stdout], [], [], 10)
+        line = proc.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            raise TestbedError(f"host {host} did not come up; see {layout.log_dir}/holder-{host}.out")
+        self._record(f"holder:{host}", proc.pid)
+
+    def _start_munge(self) -> None:
+        m = self.layout.munge_dir
+        self._start("munged", CONTROLLER, [
+            "munged", "-F", "--force", f"--socket={self.layout.munge_socket}", f"--key-file={m / 'munge.key'}",
+            f"--log-file={self.layout.log_dir / 'munged.log'}", f"--pid-file={m / 'munged.pid'}",
+            f"--seed-file={m / 'munged.seed'}",
+        ])
+        wait_for(self.layout.munge_socket.exists, timeout=10, what="munged's socket")
+
+    def _start_database(self) -> None:
+        layout = self.layout
+        run(["mariadb-install-db", "--no-defaults", f"--datadir={layout.mysql_dir}", "--user=root",
+             "--skip-test-db", "--auth-root-authentication-method=socket"], timeout=120)
+        self._start("mariadbd", CONTROLLER, [
+            "mariadbd", "--no-defaults", f"--datadir={layout.mysql_dir}", f"--socket={layout.mysql_socket}",
+            "--user=root", "--skip-networking", f"--log-error={layout.log_dir / 'mariadb.log'}",
+            f"--pid-file={layout.run_dir / 'mariadbd.pid'}", "--innodb-buffer-pool-size=32M",
+            "--innodb-log-file-size=8M", "--skip-log-bin",
+        ])
+        wait_for(layout.mysql_socket.exists, timeout=30, what="MariaDB's socket")
+        # MYSQL_UNIX_PORT: libmariadb's default socket, so StorageHost=localhost reaches our server.
+        self._start("slurmdbd", CONTROLLER, ["slurmdbd", "-D"], env={"MYSQL_UNIX_PORT": str(layout.mysql_socket)})
+        wait_for(lambda: "started" in _read(layout.log_dir / "slurmdbd.log"), timeout=30,
+                 what=f"slurmdbd (see {layout.log_dir}/slurmdbd.log)")
+
+    def _start_controller(self) -> None:
+        self._start("slurmctld", CONTROLLER, ["slurmctld", "-D"])
+        wait_for(lambda: "is UP" in self.run_on(CONTROLLER, ["scontrol", "ping"], check=False, timeout=10).stdout,
+                 timeout=30, what=f"slurmctld (see {self.layout.log_dir}/slurmctld.log)", interval=0.1)
+
+    def _start_slurmd(self, node: str) -> None:
+        self._start(f"slurmd:{node}", node, ["slurmd", "-D"])
+
+    # ---- looking --------------------------------------------------------------
+    def nodes(self) -> list[NodeState]:
+        """Every compute node's state, GRES and reason, from `sinfo` on the controller."""
+        out = self.run_on(CONTROLLER, ["sinfo", "-h", "-N", "-o", "%N|%T|%G|%E"], timeout=15).stdout
+        states = []
+        for line in out.splitlines():
+            name, state, gres, reason = line.split("|", 3)
+            states.append(NodeState(name, state, gres, reason))
+        return states
+
+    def wait_nodes(self, predicate: Callable[[NodeState], bool], *, nodes: Sequence[str] | None = None,
+                   timeout: float, what: str) -> None:
+        """Wait until `predicate` holds for every listed node (default: all)."""
+        wanted = set(nodes or self.layout.nodes)
+
+        def ok() -> bool:
+            try:
+                current = {n.name: n for n in self.nodes() if n.name in wanted}
+            except TestbedError:
+                return False
+            return current.keys() == wanted and all(predicate(n) for n in current.values())
+
+        wait_for(ok, timeout=timeout, what=what, interval=0.2)
+
+    def wait_nodes_idle(self, *, nodes: Sequence[str] | None = None, timeout: float = 60) -> None:
+        # `sinfo -t idle` also lists inval, drained and idle* nodes: compare %T exactly.
+        self.wait_nodes(lambda n: n.state == "idle", nodes=nodes, timeout=timeout, what="nodes to be idle")
+
+    def status(self) -> dict[str, object]:
+        """Which daemons are alive, and the nodes' states when the controller answers."""
+        pids = self._pids()
+        daemons = {name: {"pid": pid, "alive": is_alive(pid)} for name, pid in sorted(pids.items())}
+        nodes: list[dict[str, str]] = []
+        if pids and self.is_up():
+            nodes = [n.__dict__ for n in self.nodes()]
+        return {"root": str(self.layout.root), "up": self.is_up(), "daemons": daemons, "nodes": nodes}
+
+    # ---- faults ---------------------------------------------------------------
+    def _check_node(self, node: str) -> None:
+        if node not in self.layout.nodes:
+            raise TestbedError(f"no compute node {node!r}; the testbed has {', '.join(self.layout.nodes)}")
+
+    def kill_node(self, node: str) -> None:
+        """Power a node off: kill every process in its namespaces (slurmd, jobs, daemons, holder)."""
+        self._check_node(node)
+        kill_all(namespace_pids(self.layout.namespace(node)), grace=0)
+
+    def boot_node(self, node: str) -> None:
+        """Power a killed node back on: new holder, new slurmd (its network namespace survived)."""
+        self._check_node(node)
+        pids = self._pids()
+        if is_alive(pids.get(f"holder:{node}", 0)):
+            raise TestbedError(f"{node} is running; `kill-node {node}` first")
+        self._start_holder(node)
+        self._start_slurmd(node)
+
+    def cut_link(self, node: str) -> None:
+        """Unplug the node's network cable (its processes keep running)."""
+        self._check_node(node)
+        run(["ip", "-n", self.layout.namespace(CONTROLLER), "link", "set", f"v-{node}", "down"])
+
+    def heal_link(self, node: str) -> None:
+        """Plug the node's cable back in."""
+        self._check_node(node)
+        run(["ip", "-n", self.layout.namespace(CONTROLLER), "link", "set", f"v-{node}", "up"])
+
+    def restart_slurmd(self, node: str) -> None:
+        """Restart only slurmd on a node; its running jobs keep their processes."""
+        self._check_node(node)
+        pid = self._pids().get(f"slurmd:{node}")
+        if pid:
+            kill_all([pid])
+        self._start_slurmd(node)
+
+    def nvml_dir(self, node: str) -> Path:
+        """The directory holding the node's emulated GPU state."""
+        self._check_node(node)
+        return self.layout.nvml_dir / node
+
+
+def build_nvml(target: Path, *, header_dir: Path | None = None) -> None:
+    """Compile the emulated libnvidia-ml.so.1 (against NVIDIA's nvml.h when `header_dir` is given)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    argv = ["gcc", "-O2", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-fvisibility=hidden",
+            "-Wl,-soname,libnvidia-ml.so.1", "-o", str(target), str(NVML_SOURCE), "-lpthread"]
+    if header_dir is not None:
+        argv[1:1] = ["-DNVML_EMU_REAL_HEADER", f"-I{header_dir}"]
+    run(argv, timeout=120)
+
+
+def default_hooks() -> slurm_config.Hooks:
+    """The project's installed hook commands (absolute paths: Slurm gives hooks no PATH)."""
+    bindir = Path(sys.executable).parent
+
+    def find(name: str) -> Path:
+        path = bindir / name
+        if not path.exists():
+            found = shutil.which(name)
+            if found is None:
+                raise TestbedError(f"{name} is not installed; `pip install -e .` in the checkout first")
+            path = Path(found)
+        return path.absolute()
+
+    return slurm_config.Hooks(find("clusterctl-prolog"), find("clusterctl-epilog"), find("clusterctl-healthcheck"))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""

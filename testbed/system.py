@@ -1,0 +1,124 @@
+"""The testbed's one door to the machine: running commands and handling processes.
+
+Commands are argv lists with timeouts; nothing goes through a shell.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class TestbedError(Exception):
+    """Something the testbed could not do; the message says what and what to try."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run(argv: Sequence[str], *, timeout: float = 60, check: bool = True,
+        env: dict[str, str] | None = None, input_text: str | None = None) -> CommandResult:
+    """Run a command to completion; raise TestbedError when it fails and `check` is set."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env,
+                              input=input_text)
+    except subprocess.TimeoutExpired as exc:
+        raise TestbedError(f"`{' '.join(argv)}` did not finish within {timeout:g} s") from exc
+    except FileNotFoundError as exc:
+        raise TestbedError(f"`{argv[0]}` is not installed; run `clusterctl-testbed install`") from exc
+    result = CommandResult(tuple(argv), proc.returncode, proc.stdout, proc.stderr)
+    if check and proc.returncode != 0:
+        raise TestbedError(
+            f"`{' '.join(argv)}` exited with {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
+        )
+    return result
+
+
+def spawn(argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None) -> int:
+    """Start a long-running process in its own session, output appended to `log`; return its PID."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                start_new_session=True, env=env)
+    return proc.pid
+
+
+def is_alive(pid: int) -> bool:
+    """True if the process exists and is not a zombie (reaped daemons linger as zombies here)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # The state letter follows the command name, which is in parentheses and may hold spaces.
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+def kill_all(pids: Sequence[int], *, grace: float = 2.0) -> None:
+    """SIGTERM the processes, then SIGKILL whatever is still alive after `grace` seconds."""
+    for pid in pids:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(is_alive(p) for p in pids):
+        time.sleep(0.05)
+    for pid in pids:
+        if is_alive(pid):
+            _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and any(is_alive(p) for p in pids):
+        time.sleep(0.05)
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def wait_for(predicate, *, timeout: float, what: str, interval: float = 0.05) -> None:
+    """Poll `predicate` until it returns true; raise TestbedError naming `what` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return
+        if time.monotonic() > deadline:
+            raise TestbedError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+def namespace_pids(namespace: str) -> list[int]:
+    """PIDs of every process in a named network namespace (`ip netns pids`)."""
+    result = run(["ip", "netns", "pids", namespace], check=False, timeout=10)
+    return [int(p) for p in result.stdout.split() if p.isdigit()]
+
+
+def namespaces() -> list[str]:
+    """Names of the network namespaces that exist (`ip netns list`)."""
+    result = run(["ip", "netns", "list"], check=False, timeout=10)
+    return [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
+
+
+def pids_mentioning(text: str) -> list[int]:
+    """PIDs whose command line mentions `text` (catches strays left by a crashed run)."""
+    found = []
+    me = os.getpid()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline and is_alive(int(entry.name)):
+            found.append(int(entry.name))
+    return found
