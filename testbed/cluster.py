@@ -73,6 +73,8 @@ class NodeState:
 class Testbed:
     """Handle on the testbed described by a `Layout` (all state lives in its files)."""
 
+    __test__ = False  # not a pytest test class, despite the name
+
     def __init__(self, layout: Layout | None = None, hooks: slurm_config.Hooks | None = None) -> None:
         self.layout = layout or Layout()
         self.hooks = hooks or default_hooks()

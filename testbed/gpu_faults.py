@@ -126,12 +126,14 @@ def inject(node_dir: Path, fault: Fault) -> FaultEffect:
     state_file = node_dir / "state"
     current = parse_state(state_file.read_text()) if state_file.exists() else {}
     effect = apply_fault(current, fault, now=time.time())
-    tmp = node_dir / f".state.{os.getpid()}"
-    tmp.write_text(render_state(effect.state))
-    os.replace(tmp, state_file)
+    # Events first: an injected Xid 79 is delivered as an event before the GPU reads as lost
+    # (the `gpu-lost` fault covers the other order, GpuIsLost with no event).
     _append_lines(node_dir / "events", effect.events)
     if effect.kernel_messages:
         _append_kmsg(node_dir / "kmsg", effect.kernel_messages)
+    tmp = node_dir / f".state.{os.getpid()}"
+    tmp.write_text(render_state(effect.state))
+    os.replace(tmp, state_file)
     return effect
 
 

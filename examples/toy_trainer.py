@@ -1,0 +1,402 @@
+#!/usr/bin/env python3
+"""A deterministic multi-node toy trainer (standard library only).
+
+It behaves like a real data-parallel training job where that matters to clusterctl:
+
+* Ranks come from RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT
+  (falling back to SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID under a plain srun).
+* All ranks rendezvous over TCP at MASTER_ADDR:MASTER_PORT and every step does an
+  all-reduce through rank 0, so a dead peer stops the others: they give up after
+  --peer-timeout seconds instead of hanging forever.
+* Each step a rank asks NVML about its GPU (through libnvidia-ml.so.1 via ctypes,
+  as CUDA would hit the driver) and fails like a CUDA program when the GPU is lost.
+* Rank 0 writes a checkpoint every --checkpoint-every steps atomically: files in a
+  temp dir, fsync, manifest.json written last, rename to step-NNNNNNNN, fsync the
+  parent.  A checkpoint without a valid manifest is incomplete and never resumed.
+* State is integers modulo a prime, so the final state is bit-identical whether or
+  not the run was interrupted and resumed; rank 0 writes it to final.json.
+
+Exit codes: 0 done, 1 a peer was lost, 2 bad usage, 3 this rank's GPU was lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import os
+import random
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+
+MODULUS = (1 << 61) - 1  # a Mersenne prime: all arithmetic stays exact
+PARAMS = 64
+EXIT_PEER_LOST, EXIT_USAGE, EXIT_GPU_LOST = 1, 2, 3
+MANIFEST = "manifest.json"
+RESUME_ENV = "CLUSTERCTL_RESUME_FROM"
+
+
+class PeerLost(Exception):
+    """A peer stopped answering or closed its connection."""
+
+
+class GpuLost(Exception):
+    """NVML says this rank's GPU is gone (NVML_ERROR_GPU_IS_LOST)."""
+
+
+# ---- the model: pure, deterministic -------------------------------------------------
+def initial_state(seed: int) -> dict:
+    rng = random.Random(seed)
+    params = [rng.randrange(MODULUS) for _ in range(PARAMS)]
+    return {"step": 0, "params": params, "rng": _rng_to_json(rng.getstate()), "data_cursor": 0}
+
+
+def gradient(params: list[int], rank: int, cursor: int, seed: int) -> list[int]:
+    """This rank's contribution for the sample at `cursor` (a stand-in for a backward pass)."""
+    digest = hashlib.sha256(f"{seed}:{cursor}:{rank}".encode()).digest()
+    base = int.from_bytes(digest[:8], "little")
+    return [(p * (rank + 3) + base + i) % MODULUS for i, p in enumerate(params)]
+
+
+def apply_update(params: list[int], summed: list[int], noise: int) -> list[int]:
+    return [(p * 31 + g + noise + i) % MODULUS for i, (p, g) in enumerate(zip(params, summed, strict=False))]
+
+
+def state_digest(state: dict) -> str:
+    blob = json.dumps({"step": state["step"], "params": state["params"], "rng": state["rng"],
+                       "data_cursor": state["data_cursor"]}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _rng_to_json(state: tuple) -> list:
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _rng_from_json(data: list) -> tuple:
+    return (data[0], tuple(data[1]), data[2])
+
+
+# ---- checkpoints ----------------------------------------------------------------------
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def write_checkpoint(directory: Path, state: dict) -> Path:
+    """Write `state` atomically; the manifest is the last file written before the rename."""
+    directory.mkdir(parents=True, exist_ok=True)
+    final = directory / checkpoint_name(state["step"])
+    tmp = directory / f".tmp-{checkpoint_name(state['step'])}-{os.getpid()}"
+    tmp.mkdir()
+    payload = json.dumps({"params": state["params"]}).encode()
+    _write_synced(tmp / "params.json", payload)
+    manifest = {
+        "format": "clusterctl-toy-trainer/1",
+        "step": state["step"],
+        "data_cursor": state["data_cursor"],
+        "rng": state["rng"],
+        "params_sha256": hashlib.sha256(payload).hexdigest(),
+        "written_at": time.time(),
+    }
+    _write_synced(tmp / MANIFEST, json.dumps(manifest).encode())
+    _fsync_dir(tmp)
+    if final.exists():
+        # Resumed from an older checkpoint and reached this step again: rename() cannot
+        # replace a non-empty directory, so move the stale one aside first.
+        stale = directory / f".stale-{final.name}-{os.getpid()}"
+        os.replace(final, stale)
+        os.replace(tmp, final)
+        shutil.rmtree(stale, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(directory)
+    return final
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Load and validate a checkpoint; raise ValueError saying what is wrong with it."""
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no {MANIFEST} (checkpoint incomplete)") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable {MANIFEST}: {exc}") from None
+    try:
+        payload = (path / "params.json").read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{path}: params.json missing: {exc}") from None
+    if hashlib.sha256(payload).hexdigest() != manifest.get("params_sha256"):
+        raise ValueError(f"{path}: params.json does not match the manifest's checksum")
+    return {"step": manifest["step"], "params": json.loads(payload)["params"], "rng": manifest["rng"],
+            "data_cursor": manifest["data_cursor"]}
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest checkpoint in `directory` that validates; incomplete ones are skipped, with a note."""
+    if not directory.is_dir():
+        return None
+    for candidate in sorted(directory.glob("step-*"), reverse=True):
+        try:
+            load_checkpoint(candidate)
+            return candidate
+        except ValueError as exc:
+            log(f"skipping checkpoint: {exc}")
+    return None
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- the GPU, as CUDA would see it ----------------------------------------------------
+class Gpu:
+    """This rank's GPU through NVML (ctypes on libnvidia-ml.so.1); absent driver: no checks."""
+
+    NVML_ERROR_GPU_IS_LOST = 15
+
+    def __init__(self, local_rank: int) -> None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        indexes = [int(x) for x in visible.split(",") if x.strip().isdigit()]
+        self.index = indexes[local_rank] if local_rank < len(indexes) else local_rank
+        self.handle = ctypes.c_void_p()
+        try:
+            self.lib = ctypes.CDLL("libnvidia-ml.so.1")
+        except OSError:
+            self.lib = None
+            return
+        if self.lib.nvmlInit_v2() != 0:
+            self.lib = None
+            return
+        self._call(self.lib.nvmlDeviceGetHandleByIndex_v2, ctypes.c_uint(self.index), ctypes.byref(self.handle))
+
+    @property
+    def present(self) -> bool:
+        return self.lib is not None
+
+    def check(self) -> None:
+        """Raise GpuLost if the GPU fell off the bus (what a CUDA call would then report)."""
+        if self.lib is None:
+            return
+        buf = ctypes.create_string_buffer(96)
+        self._call(self.lib.nvmlDeviceGetUUID, self.handle, buf, ctypes.c_uint(96))
+
+    def _call(self, fn, *args) -> None:
+        rc = fn(*args)
+        if rc == self.NVML_ERROR_GPU_IS_LOST:
+            raise GpuLost(f"GPU {self.index} is lost (NVML_ERROR_GPU_IS_LOST)")
+
+
+# ---- communication: a star all-reduce through rank 0 ------------------------------------
+class Group:
+    """Newline-delimited JSON over TCP: rank 0 holds a connection to every other rank."""
+
+    def __init__(self, rank: int, world: int, addr: str, port: int, timeout: float) -> None:
+        self.rank, self.world, self.timeout = rank, world, timeout
+        self.peers: dict[int, tuple[socket.socket, object]] = {}
+        if world == 1:
+            return
+        if rank == 0:
+            self._serve(port)
+        else:
+            self._connect(addr, port)
+
+    def _serve(self, port: int) -> None:
+        server = socket.create_server(("", port), reuse_port=False)
+        server.settimeout(self.timeout)
+        deadline = time.monotonic() + self.timeout
+        while len(self.peers) < self.world - 1:
+            if time.monotonic() > deadline:
+                raise PeerLost(f"only {len(self.peers) + 1} of {self.world} ranks joined within {self.timeout:g} s")
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            conn.settimeout(self.timeout)
+            reader = conn.makefile("r")
+            try:
+                hello = json.loads(reader.readline())
+            except (OSError, ValueError) as exc:
+                raise PeerLost(f"a rank connected but sent no valid hello ({exc})") from None
+            if hello.get("world") != self.world or hello.get("rank") in self.peers:
+                raise PeerLost(f"bad hello from {hello}")
+            self.peers[hello["rank"]] = (conn, reader)
+        server.close()
+        for conn, _ in self.peers.values():
+            conn.sendall(b'{"start": true}\n')
+
+    def _connect(self, addr: str, port: int) -> None:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                conn = socket.create_connection((addr, port), timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise PeerLost(f"could not reach rank 0 at {addr}:{port} within {self.timeout:g} s") from None
+                time.sleep(0.1)
+        conn.settimeout(self.timeout)
+        conn.sendall(json.dumps({"rank": self.rank, "world": self.world,
+                                 "host": socket.gethostname()}).encode() + b"\n")
+        reader = conn.makefile("r")
+        self.peers[0] = (conn, reader)
+        self._receive(0)
+
+    def _receive(self, peer: int) -> dict:
+        conn, reader = self.peers[peer]
+        try:
+            line = reader.readline()
+        except (TimeoutError, OSError) as exc:
+            raise PeerLost(f"rank {peer} did not answer within {self.timeout:g} s ({exc})") from None
+        if not line:
+            raise PeerLost(f"rank {peer} closed the connection")
+        return json.loads(line)
+
+    def _send(self, peer: int, message: dict) -> None:
+        try:
+            self.peers[peer][0].sendall(json.dumps(message).encode() + b"\n")
+        except OSError as exc:
+            raise PeerLost(f"rank {peer} is unreachable ({exc})") from None
+
+    def all_reduce(self, values: list[int]) -> list[int]:
+        """Sum `values` over all ranks (mod MODULUS), in rank order so every run adds alike."""
+        if self.world == 1:
+            return values
+        if self.rank != 0:
+            self._send(0, {"v": values})
+            return self._receive(0)["sum"]
+        contributions = {0: values}
+        for peer in sorted(self.peers):
+            contributions[peer] = self._receive(peer)["v"]
+        total = [0] * len(values)
+        for rank in sorted(contributions):
+            total = [(t + v) % MODULUS for t, v in zip(total, contributions[rank], strict=False)]
+        for peer in sorted(self.peers):
+            self._send(peer, {"sum": total})
+        return total
+
+    def close(self) -> None:
+        for conn, _ in self.peers.values():
+            conn.close()
+
+
+# ---- the run ----------------------------------------------------------------------------
+def log(message: str) -> None:
+    print(f"[{socket.gethostname()} rank {os.environ.get('RANK', os.environ.get('SLURM_PROCID', '?'))}] {message}",
+          flush=True)
+
+
+def env_int(*names: str, default: int | None = None) -> int:
+    for name in names:
+        value = os.environ.get(name)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                raise SystemExit(f"toy_trainer: {name}={value!r} is not a whole number") from None
+    if default is None:
+        raise SystemExit(f"toy_trainer: set {names[0]} (or run under srun)")
+    return default
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Deterministic multi-node toy trainer (see module docstring).")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--checkpoint-dir", type=Path, required=True)
+    p.add_argument("--resume", default="auto",
+                   help="'auto' (newest complete checkpoint, the default), 'none', or a checkpoint path; "
+                        f"${RESUME_ENV} overrides")
+    p.add_argument("--step-time", type=float, default=0.05, help="Seconds of pretend compute per step.")
+    p.add_argument("--peer-timeout", type=float, default=30.0, help="Give up on a silent peer after this long.")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--log-every", type=int, default=10)
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.checkpoint_every < 1:
+        p.error("--steps and --checkpoint-every must be at least 1")
+    return args
+
+
+def resume_state(args: argparse.Namespace) -> tuple[dict, str]:
+    choice = os.environ.get(RESUME_ENV) or args.resume
+    if choice == "none":
+        return initial_state(args.seed), "fresh start"
+    if choice == "auto":
+        found = latest_checkpoint(args.checkpoint_dir)
+        if found is None:
+            return initial_state(args.seed), "fresh start (no complete checkpoint)"
+        return load_checkpoint(found), f"resumed from {found}"
+    return load_checkpoint(Path(choice)), f"resumed from {choice}"
+
+
+def train(args: argparse.Namespace) -> int:
+    rank = env_int("RANK", "SLURM_PROCID")
+    world = env_int("WORLD_SIZE", "SLURM_NTASKS")
+    local_rank = env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = env_int("MASTER_PORT", default=29500)
+    gpu = Gpu(local_rank)
+    if rank == 0 and not gpu.present:
+        log("no NVML driver on this host: GPU checks are off")
+    state, how = resume_state(args)
+    if rank == 0:
+        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        log(f"{how}; world size {world}; steps {state['step']}..{args.steps}")
+    group = Group(rank, world, addr, port, args.peer_timeout)
+    rng = random.Random()
+    rng.setstate(_rng_from_json(state["rng"]))
+    try:
+        while state["step"] < args.steps:
+            started = time.monotonic()
+            gpu.check()
+            time.sleep(args.step_time)
+            summed = group.all_reduce(gradient(state["params"], rank, state["data_cursor"], args.seed))
+            noise = rng.randrange(MODULUS)
+            state = {"step": state["step"] + 1, "params": apply_update(state["params"], summed, noise),
+                     "rng": _rng_to_json(rng.getstate()), "data_cursor": state["data_cursor"] + 1}
+            if state["step"] % args.log_every == 0 or state["step"] == args.steps:
+                log(f"step {state['step']} took {time.monotonic() - started:.3f} s")
+            if rank == 0 and state["step"] % args.checkpoint_every == 0:
+                log(f"checkpoint {write_checkpoint(args.checkpoint_dir, state)}")
+    finally:
+        group.close()
+    if rank == 0:
+        final = {"step": state["step"], "digest": state_digest(state), "world_size": world}
+        tmp = args.checkpoint_dir / f".final.{os.getpid()}"
+        tmp.write_text(json.dumps(final))
+        os.replace(tmp, args.checkpoint_dir / "final.json")
+        log(f"done: step {state['step']} digest {final['digest']}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return train(args)
+    except PeerLost as exc:
+        log(f"giving up: {exc}")
+        return EXIT_PEER_LOST
+    except GpuLost as exc:
+        log(f"CUDA error: {exc}")
+        return EXIT_GPU_LOST
+    except ValueError as exc:
+        log(f"cannot resume: {exc}")
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set up everything clusterctl and its testbed need on a Debian machine, as root:
+# Debian packages (Python, compiler, Slurm, munge, MariaDB, shellcheck) and a virtualenv
+# at .venv with clusterctl installed (editable) and its test extras. Idempotent.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "setup: run as root (the testbed installs Debian packages and creates namespaces)" >&2
+  exit 1
+fi
+
+packages=(gcc libc6-dev iproute2 util-linux procps shellcheck
+          munge slurmctld slurmd slurm-client slurmdbd slurmrestd mariadb-server-core mariadb-client-core)
+# Debian's Python only where no usable python3 (with venv) is on the PATH already.
+if ! { command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null; }; then
+  packages+=(python3 python3-venv python3-dev)
+fi
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "setup: clusterctl needs Python 3.11 or newer; python3 is $(python3 --version)" >&2
+  exit 1
+fi
+[[ -x .venv/bin/python ]] || python3 -m venv .venv
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+echo "setup: ready (.venv/bin has clusterctl, healthd, clusterctl-testbed)" >&2

@@ -1,0 +1,57 @@
+"""Shared fixtures. End-to-end tests run against a real Slurm testbed of their own.
+
+The test testbed lives in its own directory and namespaces (`/tmp/ctb-test`, `ctbt-*`),
+so a test run never touches a testbed a developer has up at /tmp/ctb.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from testbed.cluster import Testbed
+from testbed.gpu_faults import Fault, inject
+from testbed.layout import Layout
+from testbed.system import is_alive
+
+REPO = Path(__file__).resolve().parent.parent
+TEST_LAYOUT = Layout(root=Path("/tmp/ctb-test"), namespace_prefix="ctbt-")
+
+
+@pytest.fixture(scope="session")
+def testbed_session() -> Iterator[Testbed]:
+    """The real Slurm testbed, up once for the whole session and torn down at its end."""
+    if os.geteuid() != 0:
+        pytest.fail("end-to-end tests need root (namespaces, Slurm daemons): run the README's test command as root")
+    tb = Testbed(TEST_LAYOUT)
+    tb.up(timeout=90)
+    try:
+        yield tb
+    finally:
+        tb.down()
+
+
+@pytest.fixture()
+def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
+    """The session testbed, restored after each test: jobs cancelled, nodes booted, links up, GPUs healthy."""
+    yield testbed_session
+    tb = testbed_session
+    tb.run_on("ctl", ["scancel", "--user=root"], check=False)
+    pids = tb._pids()
+    for node in tb.layout.nodes:
+        if not is_alive(pids.get(f"holder:{node}", 0)):
+            tb.boot_node(node)
+        tb.heal_link(node)
+        inject(tb.nvml_dir(node), Fault("clear"))
+    tb.wait_nodes(lambda n: n.state == "idle", timeout=60, what="nodes idle again after the test")
+
+
+def run_python_on(tb: Testbed, host: str, code: str, *, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run a Python snippet on a testbed host with this interpreter (pynvml and the project importable)."""
+    argv = [*tb.enter(host), sys.executable, "-c", code]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)

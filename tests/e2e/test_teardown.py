@@ -1,0 +1,48 @@
+"""`down` leaves no process and no namespace behind, and `up` starts fresh every time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.cluster import Testbed
+from testbed.layout import Layout
+from testbed.system import is_alive, namespaces
+
+pytestmark = pytest.mark.e2e
+
+# A second, smaller testbed of its own (directory, namespaces): the session one keeps running.
+SMALL = Layout(root=Path("/tmp/ctb-td"), namespace_prefix="ctbtd-",
+               leaves=(("leaf1", ("node1",)), ("leaf2", ("node2",))))
+
+
+def _our_processes(root: Path) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(root) in cmdline and is_alive(int(entry.name)):
+                found.append(int(entry.name))
+    return found
+
+
+def test_down_leaves_nothing_and_up_restarts_job_ids(testbed_session):
+    tb = Testbed(SMALL)
+    try:
+        for _ in range(2):
+            tb.up(timeout=60)
+            job = tb.run_on("ctl", ["sbatch", "--parsable", "-N2", "--wrap", "srun hostname"]).stdout.strip()
+            assert job == "1", "a fresh testbed starts job ids at 1"
+            pids = list(tb._pids().values())
+            tb.down()
+            assert not [p for p in pids if is_alive(p)]
+            assert not [ns for ns in namespaces() if ns.startswith("ctbtd-")]
+            assert not _our_processes(SMALL.root)
+    finally:
+        tb.down(quiet=True)
+    # The session testbed was not disturbed.
+    assert testbed_session.is_up()

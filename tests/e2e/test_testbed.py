@@ -1,0 +1,172 @@
+"""The testbed is a real multi-host Slurm cluster with emulated GPUs (issue: foundation)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from testbed.gpu_faults import Fault, inject
+from tests.conftest import run_python_on
+
+pytestmark = pytest.mark.e2e
+
+
+def test_four_idle_nodes_with_eight_gpus_each(cluster):
+    nodes = cluster.nodes()
+    assert [(n.name, n.state, n.gres) for n in nodes] == [
+        (f"node{i}", "idle", "gpu:8") for i in range(1, 5)
+    ]
+
+
+def test_topology_has_two_leaves_under_a_spine(cluster):
+    out = cluster.run_on("ctl", ["scontrol", "show", "topology"]).stdout
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert "Nodes=node[1-2]" in lines["SwitchName=leaf1"]
+    assert "Nodes=node[3-4]" in lines["SwitchName=leaf2"]
+    assert "Switches=leaf1,leaf2" in lines["SwitchName=spine"]
+
+
+def test_four_node_job_runs_32_ranks_on_distinct_hosts(cluster):
+    out = cluster.run_on("ctl", [
+        "srun", "-N4", "--ntasks-per-node=8", "--gpus-per-node=8", "bash", "-c",
+        'echo "$SLURM_PROCID $(hostname) $(hostname -I) $SLURM_TOPOLOGY_ADDR $CUDA_VISIBLE_DEVICES"',
+    ], timeout=60).stdout
+    rows = [line.split() for line in out.splitlines()]
+    assert sorted(int(r[0]) for r in rows) == list(range(32))
+    hosts = {r[1]: r[2] for r in rows}
+    assert sorted(hosts) == ["node1", "node2", "node3", "node4"]
+    assert len(set(hosts.values())) == 4, f"hosts must have distinct addresses: {hosts}"
+    assert {r[3] for r in rows if r[1] == "node3"} == {"spine.leaf2.node3"}
+    assert {r[4] for r in rows} == {"0,1,2,3,4,5,6,7"}
+
+
+def test_hosts_reach_each_other_by_name_over_tcp(cluster):
+    # A server on node4, a client on node1: what a MASTER_ADDR rendezvous needs.
+    server = subprocess.Popen([*cluster.enter("node4"), sys.executable, "-c",
+                               "import socket; s=socket.create_server(('',29400)); c,_=s.accept(); "
+                               "c.sendall(socket.gethostname().encode())"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        client = run_python_on(cluster, "node1", "import socket,time\n"
+                               "for _ in range(50):\n"
+                               "    try: c=socket.create_connection(('node4',29400)); break\n"
+                               "    except OSError: time.sleep(0.1)\n"
+                               "print(c.recv(100).decode())")
+        assert client.stdout.strip() == "node4"
+    finally:
+        server.wait(timeout=10)
+
+
+def test_pynvml_sees_eight_emulated_gpus_on_a_node_and_none_on_the_login_host(cluster):
+    node = run_python_on(cluster, "node2", "import pynvml as n; n.nvmlInit(); c=n.nvmlDeviceGetCount(); "
+                         "print(c, n.nvmlDeviceGetName(n.nvmlDeviceGetHandleByIndex(0)))")
+    assert node.stdout.strip() == "8 NVIDIA H100 80GB HBM3", node.stderr
+    login = run_python_on(cluster, "ctl", "import pynvml as n\n"
+                          "try: n.nvmlInit()\n"
+                          "except n.NVMLError as e: print(type(e).__name__)")
+    assert login.stdout.strip() == "NVMLError_LibraryNotFound"
+
+
+WAIT_FOR_XID = """
+import ctypes, json, sys, time, pynvml as n
+address = lambda handle: ctypes.cast(handle, ctypes.c_void_p).value
+n.nvmlInit()
+h = n.nvmlDeviceGetHandleByIndex(3)
+es = n.nvmlEventSetCreate()
+n.nvmlDeviceRegisterEvents(h, n.nvmlDeviceGetSupportedEventTypes(h), es)
+print("ready", flush=True)
+d = n.nvmlEventSetWait(es, 10000)
+# Map the event's device by handle address: on a lost GPU even nvmlDeviceGetIndex fails.
+print(json.dumps({"at": time.time(), "type": d.eventType, "xid": d.eventData,
+                  "same_device": address(d.device) == address(h)}), flush=True)
+try:
+    n.nvmlDeviceGetUUID(h)
+    print("not lost")
+except n.NVMLError_GpuIsLost:
+    print("NVMLError_GpuIsLost")
+"""
+
+
+def test_injected_xid_reaches_a_blocking_wait_and_the_gpu_is_lost(cluster):
+    waiter = subprocess.Popen([*cluster.enter("node3"), sys.executable, "-c", WAIT_FOR_XID],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert waiter.stdout.readline().strip() == "ready"
+    injected_at = time.time()
+    inject(cluster.nvml_dir("node3"), Fault("xid", gpu=3, value=79))
+    line = waiter.stdout.readline()
+    assert line, waiter.stderr.read()
+    event = json.loads(line)
+    assert (event["type"], event["xid"], event["same_device"]) == (8, 79, True)  # nvmlEventTypeXidCriticalError
+    # Delivered by the blocking wait itself (its median is measured in bench/), not by a later poll.
+    assert event["at"] - injected_at < 1.0
+    assert waiter.stdout.readline().strip() == "NVMLError_GpuIsLost"
+    waiter.wait(timeout=10)
+
+
+def test_a_fault_on_one_node_is_not_seen_on_another(cluster):
+    inject(cluster.nvml_dir("node3"), Fault("gpu-lost", gpu=5))
+    probe = ("import pynvml as n; n.nvmlInit()\n"
+             "try: n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(5)); print('healthy')\n"
+             "except n.NVMLError_GpuIsLost: print('lost')")
+    assert run_python_on(cluster, "node3", probe).stdout.strip() == "lost"
+    assert run_python_on(cluster, "node1", probe).stdout.strip() == "healthy"
+
+
+def test_kernel_log_stand_in_gets_the_xid_line(cluster):
+    inject(cluster.nvml_dir("node2"), Fault("xid", gpu=3, value=13))
+    last = (cluster.nvml_dir("node2") / "kmsg").read_text().splitlines()[-1]
+    assert last.endswith("NVRM: Xid (PCI:0000:5d:00): 13, pid=1, injected by clusterctl-testbed")
+
+
+def test_killed_node_fails_its_job_and_boots_back(cluster):
+    job = cluster.run_on("ctl", ["sbatch", "--parsable", "-N2", "-w", "node1,node2", "--wrap", "sleep 120"]).stdout
+    job_id = job.strip()
+    deadline = time.monotonic() + 30
+    while cluster.run_on("ctl", ["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip() != "RUNNING":
+        assert time.monotonic() < deadline, "the job did not start"
+        time.sleep(0.2)
+    cluster.kill_node("node2")
+    deadline = time.monotonic() + 40
+    state = ""
+    while time.monotonic() < deadline and state != "NODE_FAIL":
+        state = cluster.run_on("ctl", ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]).stdout.strip()
+        time.sleep(0.5)
+    assert state == "NODE_FAIL"
+    cluster.boot_node("node2")
+    cluster.wait_nodes_idle(nodes=["node2"], timeout=30)
+
+
+def test_cut_link_makes_the_node_unreachable_until_healed(cluster):
+    cluster.cut_link("node4")
+    probe = run_python_on(cluster, "node1", "import socket\n"
+                          "try: socket.create_connection(('node4', 6818), timeout=1); print('reached')\n"
+                          "except OSError: print('unreachable')")
+    assert probe.stdout.strip() == "unreachable"
+    cluster.heal_link("node4")
+    probe = run_python_on(cluster, "node1", "import socket; socket.create_connection(('node4', 6818), timeout=2); "
+                          "print('reached')")
+    assert probe.stdout.strip() == "reached"
+
+
+def test_restarted_slurmd_comes_back_idle(cluster):
+    cluster.restart_slurmd("node1")
+    cluster.wait_nodes_idle(nodes=["node1"], timeout=30)
+    out = cluster.run_on("ctl", ["srun", "-w", "node1", "hostname"], timeout=30).stdout
+    assert out.strip() == "node1"
+
+
+def test_job_steps_and_requeue_history_are_in_accounting(cluster):
+    job_id = cluster.run_on("ctl", ["sbatch", "--parsable", "-N1", "--wrap", "srun true; srun true"]).stdout.strip()
+    deadline = time.monotonic() + 30
+    steps: list[str] = []
+    while time.monotonic() < deadline:
+        out = cluster.run_on("ctl", ["sacct", "-n", "-P", "-j", job_id, "-o", "JobID,State"]).stdout
+        steps = sorted(line.split("|")[0] for line in out.splitlines())
+        if {f"{job_id}.0", f"{job_id}.1"} <= set(steps) and f"{job_id}|COMPLETED" in out:
+            break
+        time.sleep(0.5)
+    assert {job_id, f"{job_id}.batch", f"{job_id}.0", f"{job_id}.1"} <= set(steps)

@@ -1,0 +1,66 @@
+"""What a user sees from the command lines: help, plain 'not available yet', clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from healthd.cli import cli as healthd_cli
+from launcher.cli import EXIT_NOT_AVAILABLE
+from launcher.cli import cli as clusterctl_cli
+from testbed.cli import cli as bed_cli
+
+BIN = Path(sys.executable).parent
+
+
+def test_clusterctl_help_lists_the_plan():
+    result = CliRunner().invoke(clusterctl_cli, ["--help"])
+    assert result.exit_code == 0
+    assert "submit" in result.output and "supervise" in result.output
+
+
+def test_unbuilt_subcommands_say_so_plainly():
+    result = CliRunner().invoke(clusterctl_cli, ["submit", "spec.toml"])
+    assert result.exit_code == EXIT_NOT_AVAILABLE
+    assert "`submit` is not available in clusterctl 0.1.0 yet." in result.output
+    result = CliRunner().invoke(healthd_cli, ["run"])
+    assert result.exit_code == EXIT_NOT_AVAILABLE and "not available yet" in result.output
+
+
+def test_inject_rejects_an_unknown_fault_kind():
+    result = CliRunner().invoke(bed_cli, ["inject", "node3", "xid-storm"])
+    assert result.exit_code == 2
+    assert "unknown fault 'xid-storm'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_inject_needs_a_number_where_one_is_expected():
+    result = CliRunner().invoke(bed_cli, ["inject", "node3", "xid", "seventy-nine"])
+    assert result.exit_code == 2
+    assert "'seventy-nine' is not a number" in result.output
+
+
+def test_installed_commands_exit_cleanly_with_a_message_on_a_wrong_node(tmp_path):
+    # Through the console script: TestbedError becomes one line and exit code 2, no traceback.
+    env = {"CLUSTERCTL_TESTBED_DIR": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    out = subprocess.run([str(BIN / "clusterctl-testbed"), "inject", "node9", "xid", "79"], capture_output=True,
+                         text=True, env=env, timeout=30)
+    assert out.returncode == 2
+    assert out.stderr.strip() == "clusterctl-testbed: no compute node 'node9'; the testbed has node1, node2, node3, node4"
+
+
+def test_on_a_host_that_is_not_up_says_what_to_do(tmp_path):
+    env = {"CLUSTERCTL_TESTBED_DIR": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    out = subprocess.run([str(BIN / "clusterctl-testbed"), "on", "node1", "true"], capture_output=True, text=True,
+                         env=env, timeout=30)
+    assert out.returncode == 2
+    assert "host node1 is not running; `clusterctl-testbed up`" in out.stderr
+
+
+def test_hooks_admit_jobs_until_health_checks_exist():
+    for name in ("clusterctl-prolog", "clusterctl-epilog", "clusterctl-healthcheck"):
+        out = subprocess.run([str(BIN / name)], capture_output=True, text=True, env={}, timeout=30)
+        assert out.returncode == 0, (name, out.stderr)

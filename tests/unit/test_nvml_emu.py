@@ -1,0 +1,167 @@
+"""The emulated libnvidia-ml.so.1, driven through the real, unmodified pynvml.
+
+Each check runs in a fresh interpreter: pynvml loads libnvidia-ml.so.1 by soname
+once per process, and LD_LIBRARY_PATH is read only at process start.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.cluster import build_nvml
+from testbed.gpu_faults import Fault, inject
+
+
+@pytest.fixture(scope="module")
+def nvml_lib(tmp_path_factory) -> Path:
+    lib = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
+    build_nvml(lib)
+    return lib
+
+
+@pytest.fixture()
+def node(tmp_path) -> Path:
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    (node_dir / "events").touch()
+    return node_dir
+
+
+def pynvml(lib: Path, node_dir: Path | None, code: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LD_LIBRARY_PATH": str(lib.parent)}
+    env.pop("NVML_EMU_ROOT", None)
+    if node_dir is not None:
+        env["NVML_EMU_DIR"] = str(node_dir)
+    else:
+        env.pop("NVML_EMU_DIR", None)
+    prelude = "import pynvml as n\n"
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True,
+                          text=True, env=env, timeout=timeout)
+
+
+def test_builds_against_nvidias_real_header(tmp_path):
+    import nvidia  # the nvidia-nvml-dev wheel (test extra) ships nvml.h
+
+    headers = sorted(p for base in nvidia.__path__ for p in Path(base).glob("*/include/nvml.h"))
+    assert headers, "nvidia-nvml-dev is part of the test extras; `pip install -e .[test]`"
+    build_nvml(tmp_path / "libnvidia-ml.so.1", header_dir=headers[-1].parent)
+
+
+def test_eight_healthy_gpus_by_default(nvml_lib, node):
+    out = pynvml(nvml_lib, node, """
+        n.nvmlInit()
+        handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(n.nvmlDeviceGetCount())]
+        uuids = {n.nvmlDeviceGetUUID(h) for h in handles}
+        buses = [n.nvmlDeviceGetPciInfo(h).busId for h in handles]
+        h = handles[0]
+        print(len(handles), len(uuids), buses[3])
+        print(n.nvmlDeviceGetRemappedRows(h), n.nvmlDeviceGetRetiredPages(h, 1),
+              n.nvmlDeviceGetRetiredPagesPendingStatus(h), n.nvmlDeviceGetTotalEccErrors(h, 1, 0),
+              n.nvmlDeviceGetEccMode(h), n.nvmlDeviceGetNvLinkState(h, 17))
+        same = n.nvmlDeviceGetHandleByUUID(n.nvmlDeviceGetUUID(handles[5]))
+        print(n.nvmlDeviceGetIndex(same), n.nvmlDeviceGetIndex(n.nvmlDeviceGetHandleByPciBusId("0000:5D:00.0")))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["8 8 00000000:5D:00.0", "(0, 0, 0, 0) [] 0 0 [1, 1] 1", "5 3"]
+
+
+def test_no_node_directory_means_no_driver(nvml_lib, tmp_path):
+    out = pynvml(nvml_lib, tmp_path / "absent", """
+        try: n.nvmlInit()
+        except n.NVMLError_DriverNotLoaded: print("driver not loaded")
+    """)
+    assert out.stdout.strip() == "driver not loaded", out.stderr
+
+
+def test_memory_faults_read_back(nvml_lib, node):
+    for fault in (Fault("ecc-dbe", gpu=1), Fault("remap-pending", gpu=1), Fault("remap-failure", gpu=2),
+                  Fault("retired-pages", gpu=2, value=3), Fault("recovery-action", gpu=2, value=2),
+                  Fault("temp", gpu=4, value=91), Fault("nvlink-down", gpu=4, value=7)):
+        inject(node, fault)
+    out = pynvml(nvml_lib, node, """
+        n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex
+        print(n.nvmlDeviceGetTotalEccErrors(h(1), n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC))
+        print(n.nvmlDeviceGetRemappedRows(h(1)), n.nvmlDeviceGetRemappedRows(h(2)))
+        print(len(n.nvmlDeviceGetRetiredPages(h(2), n.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR)),
+              n.nvmlDeviceGetRetiredPagesPendingStatus(h(2)))
+        fv = n.nvmlDeviceGetFieldValues(h(2), [n.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0]
+        print(fv.nvmlReturn, fv.value.uiVal)
+        print(n.nvmlDeviceGetTemperature(h(4), n.NVML_TEMPERATURE_GPU), n.nvmlDeviceGetNvLinkState(h(4), 7))
+    """)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["1", "(0, 1, 1, 0) (0, 0, 0, 1)", "3 1", "0 2", "91 0"]
+
+
+def test_event_semantics_unsupported_timeout_and_lost(nvml_lib, node):
+    env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_lib.parent), "NVML_EMU_DIR": str(node)}
+    code = textwrap.dedent("""
+        import pynvml as n, sys
+        n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(2); es = n.nvmlEventSetCreate()
+        try: n.nvmlDeviceRegisterEvents(h, n.nvmlEventTypeAll, es)
+        except n.NVMLError_NotSupported: print("all: not supported")
+        n.nvmlDeviceRegisterEvents(h, n.nvmlDeviceGetSupportedEventTypes(h), es)
+        try: n.nvmlEventSetWait(es, 20)
+        except n.NVMLError_Timeout: print("timeout raises")
+        print("ready", flush=True)
+        d = n.nvmlEventSetWait(es, 5000)
+        print(d.eventType == n.nvmlEventTypeDoubleBitEccError)
+        d = n.nvmlEventSetWait(es, 5000)
+        print(d.eventType == n.nvmlEventTypeXidCriticalError, d.eventData)
+        for _ in range(2):
+            try: n.nvmlEventSetWait(es, 5000)
+            except n.NVMLError_GpuIsLost: print("wait: lost")
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    lines = [proc.stdout.readline().strip() for _ in range(3)]
+    assert lines == ["all: not supported", "timeout raises", "ready"], proc.stderr.read()
+    inject(node, Fault("xid", gpu=1, value=31))  # another GPU: not delivered to this set
+    inject(node, Fault("ecc-dbe", gpu=2))
+    inject(node, Fault("xid", gpu=2, value=79))
+    rest, err = proc.communicate(timeout=30)
+    assert rest.splitlines() == ["True", "True 79", "wait: lost", "wait: lost"], err
+
+
+def test_lost_gpu_fails_every_call_and_missing_gpu_shrinks_the_count(nvml_lib, node):
+    inject(node, Fault("gpu-lost", gpu=6))
+    inject(node, Fault("gpu-missing", value=7))
+    out = pynvml(nvml_lib, node, """
+        n.nvmlInit()
+        print(n.nvmlDeviceGetCount())
+        try: n.nvmlDeviceGetHandleByIndex(6)
+        except n.NVMLError_GpuIsLost as e: print("lost:", e)
+        try: n.nvmlDeviceGetHandleByIndex(7)
+        except n.NVMLError_InvalidArgument: print("index 7: invalid argument")
+    """)
+    assert out.stdout.splitlines() == ["7", "lost: GPU is lost", "index 7: invalid argument"], out.stderr
+
+
+def test_injected_hang_blocks_only_that_function_until_its_deadline(nvml_lib, node):
+    inject(node, Fault("nvml-hang", function="nvmlDeviceGetTemperature", seconds=0.6))
+    out = pynvml(nvml_lib, node, """
+        import time
+        n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+        t = time.monotonic(); n.nvmlDeviceGetUUID(h); fast = time.monotonic() - t
+        t = time.monotonic(); n.nvmlDeviceGetTemperature(h, 0); slow = time.monotonic() - t
+        print(fast < 0.3, slow >= 0.3)
+    """)
+    assert out.stdout.strip() == "True True", out.stderr
+
+
+def test_clearing_a_hang_releases_a_blocked_call(nvml_lib, node):
+    inject(node, Fault("nvml-hang", function="nvmlDeviceGetCount", seconds=600))
+    env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_lib.parent), "NVML_EMU_DIR": str(node)}
+    proc = subprocess.Popen([sys.executable, "-c", "import pynvml as n; n.nvmlInit(); print('init', flush=True); "
+                             "print(n.nvmlDeviceGetCount())"], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "init"
+    time.sleep(0.2)
+    assert proc.poll() is None, "the call should be blocked by the injected hang"
+    inject(node, Fault("clear"))
+    assert proc.communicate(timeout=10)[0].strip() == "8"

@@ -1,0 +1,114 @@
+"""The example trainer's checkpoint protocol and determinism (in-process, world size 1 and 3)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+TRAINER = Path(__file__).resolve().parents[2] / "examples" / "toy_trainer.py"
+spec = importlib.util.spec_from_file_location("toy_trainer", TRAINER)
+toy = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(toy)
+
+
+@pytest.fixture(autouse=True)
+def single_rank(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", toy.RESUME_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent")  # no NVML here: GPU checks off
+
+
+def run(ckpt: Path, steps: int, *extra: str) -> int:
+    return toy.main(["--checkpoint-dir", str(ckpt), "--steps", str(steps), "--step-time", "0",
+                     "--checkpoint-every", "5", "--log-every", "1000", *extra])
+
+
+def final(ckpt: Path) -> dict:
+    return json.loads((ckpt / "final.json").read_text())
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stop=st.integers(min_value=1, max_value=29))
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path_factory, stop):
+    whole, split = tmp_path_factory.mktemp("whole"), tmp_path_factory.mktemp("split")
+    assert run(whole, 30) == 0
+    assert run(split, stop) == 0
+    assert run(split, 30) == 0  # resumes from the newest complete checkpoint (or starts fresh)
+    assert final(split) == final(whole)
+
+
+def test_checkpoint_is_complete_or_absent(tmp_path):
+    state = toy.initial_state(7)
+    state["step"] = 5
+    path = toy.write_checkpoint(tmp_path, state)
+    assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "params.json"]
+    assert not list(tmp_path.glob(".tmp-*"))
+    assert toy.load_checkpoint(path)["params"] == state["params"]
+
+
+def test_half_written_and_corrupt_checkpoints_are_skipped(tmp_path, capsys):
+    good = toy.initial_state(1)
+    good["step"] = 10
+    toy.write_checkpoint(tmp_path, good)
+    corrupt = dict(good, step=20)
+    (toy.write_checkpoint(tmp_path, corrupt) / "params.json").write_text('{"params": [1, 2, 3]}')
+    half = tmp_path / "step-00000030"
+    half.mkdir()
+    (half / "params.json").write_text("{}")  # crashed before the manifest was written
+    assert toy.latest_checkpoint(tmp_path) == tmp_path / "step-00000010"
+    out = capsys.readouterr().out
+    assert "step-00000030: no manifest.json (checkpoint incomplete)" in out
+    assert "step-00000020: params.json does not match the manifest's checksum" in out
+
+
+def test_resume_env_overrides_and_none_starts_fresh(tmp_path, monkeypatch):
+    assert run(tmp_path / "a", 10) == 0
+    monkeypatch.setenv(toy.RESUME_ENV, str(tmp_path / "a" / "step-00000005"))
+    assert run(tmp_path / "a", 12) == 0
+    monkeypatch.delenv(toy.RESUME_ENV)
+    assert run(tmp_path / "b", 12, "--resume", "none") == 0
+    assert final(tmp_path / "a") == final(tmp_path / "b")
+
+
+def test_three_ranks_rendezvous_over_tcp_and_agree(tmp_path):
+    env = {**os.environ, "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29731",
+           "LD_LIBRARY_PATH": "/nonexistent"}
+    procs = [subprocess.Popen([sys.executable, str(TRAINER), "--checkpoint-dir", str(tmp_path), "--steps", "20",
+                               "--step-time", "0", "--peer-timeout", "20"], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, text=True) for r in range(3)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert final(tmp_path)["world_size"] == 3
+
+
+def test_a_dead_peer_makes_the_others_give_up_instead_of_hanging(tmp_path):
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29732",
+           "LD_LIBRARY_PATH": "/nonexistent"}
+    rank0 = subprocess.Popen([sys.executable, str(TRAINER), "--checkpoint-dir", str(tmp_path), "--steps", "1000",
+                              "--step-time", "0.01", "--peer-timeout", "2"], env={**env, "RANK": "0"},
+                             stdout=subprocess.PIPE, text=True)
+    rank1 = subprocess.Popen([sys.executable, str(TRAINER), "--checkpoint-dir", str(tmp_path), "--steps", "1000",
+                              "--step-time", "0.01", "--peer-timeout", "2"], env={**env, "RANK": "1"},
+                             stdout=subprocess.PIPE, text=True)
+    while not (tmp_path / "step-00000010").exists():
+        assert rank0.poll() is None
+    rank1.kill()
+    out, _ = rank0.communicate(timeout=30)
+    assert rank0.returncode == toy.EXIT_PEER_LOST
+    assert "giving up: rank 1 closed the connection" in out
+
+
+def test_missing_rank_variables_are_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("RANK")
+    with pytest.raises(SystemExit, match="set RANK"):
+        run(tmp_path, 1)
