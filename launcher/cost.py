@@ -1,0 +1,124 @@
+"""What a rank map costs the network, per group kind and tree level.
+
+Placement only decides which physical node fills each logical node slot (rank r runs on
+slot r // gpus_per_node, GPU r % gpus_per_node), so groups are judged by the slots they
+touch: for each kind (TP, CP, EP, DP, PP) and level (NVLink domain, leaf, spine...):
+how many groups span more than one unit, the sum of (span - 1), the largest span, and
+the edges between consecutive ranks of the group that cross units (closing the ring for
+collectives, as NCCL's rings do; a pipeline's stages form a chain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from launcher.parallel import DIMS, ParallelLayout
+from launcher.topology import Topology
+
+DEFAULT_WEIGHTS: Mapping[str, float] = {"tp": 8.0, "cp": 4.0, "ep": 2.0, "dp": 1.0, "pp": 1.0}
+"""Relative traffic of each group kind; tunable (`--weight dp=2`)."""
+
+
+@dataclass(frozen=True)
+class SlotGroups:
+    """The groups of one kind, reduced to the slots they touch (with how many groups share each)."""
+
+    kind: str
+    slot_sets: tuple[tuple[int, ...], ...]
+    multiplicity: tuple[int, ...]
+    ring_slots: tuple[tuple[int, ...], ...]
+    """Per distinct group: slot of each rank in ring order (for crossing edges)."""
+    ring_multiplicity: tuple[int, ...]
+
+
+def slot_groups(layout: ParallelLayout, gpus_per_node: int) -> dict[str, SlotGroups]:
+    """Every kind with size > 1, its groups reduced to slot sets (deduplicated, counted)."""
+    out: dict[str, SlotGroups] = {}
+    for kind in DIMS:
+        if layout.size(kind) <= 1:
+            continue
+        sets: dict[tuple[int, ...], int] = {}
+        rings: dict[tuple[int, ...], int] = {}
+        for group in layout.groups(kind):
+            ring = tuple(r // gpus_per_node for r in group)
+            rings[ring] = rings.get(ring, 0) + 1
+            key = tuple(sorted(set(ring)))
+            sets[key] = sets.get(key, 0) + 1
+        out[kind] = SlotGroups(kind, tuple(sets), tuple(sets.values()), tuple(rings), tuple(rings.values()))
+    return out
+
+
+@dataclass(frozen=True)
+class LevelCost:
+    """One group kind at one tree level."""
+
+    groups: int
+    spanning: int
+    span_excess: int
+    max_span: int
+    crossing_edges: int
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """Costs of a slot → node assignment: `table[kind][level] -> LevelCost`, plus the scalar objective."""
+
+    levels: tuple[str, ...]
+    table: dict[str, dict[str, LevelCost]]
+    objective: float
+
+    def leaf_crossing_groups(self, kinds: Sequence[str] = ("dp", "pp")) -> int:
+        """Groups of the given kinds that span more than one leaf switch."""
+        return sum(self.table[k]["leaf"].spanning for k in kinds if k in self.table and "leaf" in self.table[k])
+
+
+def unit_ids(topology: Topology, nodes: Sequence[str]) -> list[list[int]]:
+    """Per level (0 = NVLink domain, 1 = leaf, ...), an integer unit id for each node."""
+    per_node = [topology.units(n) for n in nodes]
+    levels = []
+    for level in range(topology.depth() + 1):
+        names: dict[str, int] = {}
+        levels.append([names.setdefault(units[level], len(names)) for units in per_node])
+    return levels
+
+
+SPAN_EXCESS_WEIGHT = 0.25
+"""Weight of each extra unit a group spans, next to the 1 it costs to span more than one at all."""
+
+
+def group_penalty(span: int) -> float:
+    """What one group spanning `span` units at a level adds to the objective.
+
+    Crossing a level at all is what hurts most (one uplink in a ring slows the whole ring),
+    so a spanning group costs 1, plus a little for each further unit it touches.
+    """
+    return (1.0 if span > 1 else 0.0) + SPAN_EXCESS_WEIGHT * (span - 1)
+
+
+def level_weight(level: int) -> float:
+    """Crossing a higher level costs more (more oversubscribed): 1 for a leaf, 2 above it, 4..."""
+    return 0.0 if level == 0 else float(2 ** (level - 1))
+
+
+def evaluate(groups: Mapping[str, SlotGroups], slot_units: Sequence[Sequence[int]], level_names: Sequence[str],
+             weights: Mapping[str, float] = DEFAULT_WEIGHTS) -> CostReport:
+    """Cost of an assignment given each slot's unit id per level (`slot_units[level][slot]`)."""
+    table: dict[str, dict[str, LevelCost]] = {}
+    objective = 0.0
+    for kind, g in groups.items():
+        table[kind] = {}
+        for level, units in enumerate(slot_units):
+            spans = [len({units[s] for s in slots}) for slots in g.slot_sets]
+            spanning = sum(count for span, count in zip(spans, g.multiplicity) if span > 1)
+            excess = sum((span - 1) * count for span, count in zip(spans, g.multiplicity))
+            crossing = 0
+            for ring, count in zip(g.ring_slots, g.ring_multiplicity):
+                # Collectives run as rings (the last rank talks to the first); a pipeline is a chain.
+                closing = ring[:1] if kind != "pp" and len(ring) > 2 else ()
+                crossing += count * sum(1 for a, b in zip(ring, ring[1:] + closing) if units[a] != units[b])
+            table[kind][level_names[level]] = LevelCost(sum(g.multiplicity), spanning, excess, max(spans), crossing)
+            if level:
+                objective += weights.get(kind, 1.0) * level_weight(level) * sum(
+                    group_penalty(span) * count for span, count in zip(spans, g.multiplicity))
+    return CostReport(tuple(level_names), table, objective)

@@ -1,0 +1,171 @@
+"""Parallel layouts (TP, CP, EP, DP, PP) and the rank groups a framework forms from them.
+
+Frameworks lay ranks out on a fixed grid: with Megatron's default order
+`tp-cp-ep-dp-pp`, TP varies fastest (ranks 0..tp-1 form the first TP group), then CP,
+then DP, then PP.  `groups()` enumerates every group exactly as the framework does,
+without importing it: a group of kind K holds the ranks that differ only in K's index.
+Megatron carves expert parallelism out of the data-parallel ranks (expert DP =
+tp·cp·dp / (tp·ep)), which `groups("ep")` follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from math import prod
+
+from launcher.errors import LayoutError
+
+DIMS = ("tp", "cp", "ep", "dp", "pp")
+FRAMEWORK_ORDERS = {
+    "megatron": "tp-cp-ep-dp-pp",
+    "megatron-tp-pp-dp": "tp-pp-dp",
+    # torchtitan's device mesh is [pp, dp_replicate, dp_shard, cp, tp], last dimension fastest.
+    "torchtitan": "tp-cp-dp-pp",
+}
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Sizes of each parallel dimension and the rank order (fastest-varying first)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    order: str = FRAMEWORK_ORDERS["megatron"]
+    nvlink_dims: tuple[str, ...] = ("tp",)
+    """Dimensions whose groups must stay inside one NVLink domain."""
+
+    @property
+    def world_size(self) -> int:
+        # EP does not multiply: expert-parallel ranks are a regrouping of DP×CP ranks.
+        return self.tp * self.cp * self.dp * self.pp
+
+    def size(self, dim: str) -> int:
+        return getattr(self, dim)
+
+    def order_dims(self) -> list[str]:
+        """The order as a list, with missing size-1 dimensions appended (as Megatron does)."""
+        dims = self.order.split("-")
+        return dims + [d for d in DIMS if d not in dims]
+
+    def nvlink_size(self) -> int:
+        """GPUs that must share one NVLink domain (product of the pinned dimensions)."""
+        return prod(self.size(d) for d in self.nvlink_dims if d != "ep")
+
+    def groups(self, dim: str) -> list[list[int]]:
+        """Every group of kind `dim` (each a list of global ranks, in the framework's order)."""
+        if dim not in DIMS:
+            raise ValueError(dim)
+        dims = self.order_dims()
+        if dim == "ep":
+            sizes = {"tp": self.tp, "cp": 1, "ep": self.ep, "dp": self.cp * self.dp // self.ep, "pp": self.pp}
+        else:
+            sizes = {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
+        return masked_rank_groups([sizes[d] for d in dims], [d == dim for d in dims])
+
+
+def masked_rank_groups(sizes: list[int], mask: list[bool]) -> list[list[int]]:
+    """Groups of ranks on a grid of `sizes` (first fastest) varying only in masked dimensions.
+
+    Groups are listed by the index of the unmasked dimensions (first fastest); inside a
+    group, ranks follow the masked dimensions (first fastest).  This is the enumeration
+    Megatron's RankGenerator produces.
+    """
+    strides = [prod(sizes[:i]) for i in range(len(sizes))]
+    inside = [(s, st) for s, st, m in zip(sizes, strides, mask) if m]
+    outside = [(s, st) for s, st, m in zip(sizes, strides, mask) if not m]
+    offsets = _grid_offsets(inside)
+    return [[base + off for off in offsets] for base in _grid_offsets(outside)]
+
+
+def _grid_offsets(dims: list[tuple[int, int]]) -> list[int]:
+    offsets = [0]
+    for size, stride in dims:
+        offsets = [o + i * stride for i in range(size) for o in offsets]
+    return offsets
+
+
+def parse_order(text: str) -> str:
+    """A framework name or an explicit order like `tp-pp-dp`; validated."""
+    order = FRAMEWORK_ORDERS.get(text, text).lower()
+    dims = order.split("-")
+    bad = [d for d in dims if d not in DIMS]
+    if bad or len(set(dims)) != len(dims):
+        raise LayoutError(f"order {text!r} must be a framework ({', '.join(FRAMEWORK_ORDERS)}) or dimensions "
+                          f"{'-'.join(DIMS)} each at most once, joined by '-'")
+    return order
+
+
+def layout_from_mapping(values: Mapping[str, object], *, where: str = "layout") -> ParallelLayout:
+    """Build a layout from a spec's `[parallel]` table or CLI options; unknown keys are errors."""
+    known = set(DIMS) | {"order", "framework", "nvlink_dims"}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise LayoutError(f"{where}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
+    sizes: dict[str, int] = {}
+    for dim in DIMS:
+        value = values.get(dim, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise LayoutError(f"{where}: `{dim}` must be a whole number of at least 1, found {value!r}")
+        sizes[dim] = value
+    order_text = values.get("order") or values.get("framework") or "megatron"
+    if not isinstance(order_text, str):
+        raise LayoutError(f"{where}: `order` must be a string, found {order_text!r}")
+    order = parse_order(order_text)
+    pinned = values.get("nvlink_dims", ("tp",))
+    if isinstance(pinned, str):
+        pinned = tuple(p for p in pinned.split(",") if p)
+    pinned = tuple(pinned)  # type: ignore[arg-type]
+    layout = ParallelLayout(order=order, nvlink_dims=pinned, **sizes)
+    _check_order(layout, where)
+    return layout
+
+
+def _check_order(layout: ParallelLayout, where: str) -> None:
+    dims = layout.order.split("-")
+    for dim in DIMS:
+        if layout.size(dim) > 1 and dim not in dims:
+            raise LayoutError(f"{where}: {dim}={layout.size(dim)} but the order {layout.order!r} has no {dim}; "
+                              f"add it to the order or set {dim}=1")
+    for dim in layout.nvlink_dims:
+        if dim not in DIMS:
+            raise LayoutError(f"{where}: nvlink_dims names {dim!r}; choose from {', '.join(DIMS)}")
+    order = layout.order_dims()
+    pinned = [d for d in order if d in layout.nvlink_dims and layout.size(d) > 1]
+    leading = [d for d in order if layout.size(d) > 1][: len(pinned)]
+    if pinned != leading:
+        raise LayoutError(f"{where}: {'×'.join(pinned)} must stay in one NVLink domain, so "
+                          f"{', '.join(pinned)} must come first in the order (found {layout.order!r})")
+    if layout.ep > 1 and (layout.cp * layout.dp) % layout.ep:
+        raise LayoutError(f"{where}: ep={layout.ep} must divide cp×dp={layout.cp * layout.dp}; "
+                          f"change ep to a divisor of {layout.cp * layout.dp}")
+
+
+def validate_for_cluster(layout: ParallelLayout, *, nodes: int, gpus_per_node: int,
+                         nodes_per_nvlink_domain: int = 1) -> None:
+    """Raise LayoutError if the layout cannot run on `nodes` nodes; say which number to change."""
+    gpus = nodes * gpus_per_node
+    product = layout.world_size
+    dims = "×".join(f"{d}" for d in ("tp", "cp", "dp", "pp"))
+    if product != gpus:
+        rest = layout.tp * layout.cp * layout.pp
+        hint = (f"set dp={gpus // rest}" if gpus % rest == 0 else
+                f"use {product // gpus_per_node} nodes" if product % gpus_per_node == 0 else
+                f"make {dims} a multiple of {gpus_per_node}")
+        raise LayoutError(f"{dims} = {layout.tp}×{layout.cp}×{layout.dp}×{layout.pp} = {product} GPUs, but "
+                          f"{nodes} nodes × {gpus_per_node} GPUs = {gpus}; {hint}")
+    pinned = layout.nvlink_size()
+    domain = gpus_per_node * nodes_per_nvlink_domain
+    names = "×".join(d for d in layout.nvlink_dims if d != "ep") or "tp"
+    if pinned > domain:
+        raise LayoutError(f"{names} = {pinned} GPUs must share one NVLink domain, which has {domain} GPUs; "
+                          f"lower {names} to at most {domain} or declare larger NVLink domains")
+    if pinned > gpus_per_node and pinned % gpus_per_node:
+        raise LayoutError(f"{names} = {pinned} spans nodes but is not a multiple of {gpus_per_node} GPUs per node; "
+                          f"use a multiple of {gpus_per_node}")
+    if pinned < gpus_per_node and gpus_per_node % pinned:
+        raise LayoutError(f"{names} = {pinned} does not divide the {gpus_per_node} GPUs of a node, so some groups "
+                          f"would straddle two nodes; use a divisor of {gpus_per_node}")

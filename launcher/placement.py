@@ -1,0 +1,409 @@
+"""Choose which physical node fills each logical node slot of a job (tile, pack, polish).
+
+Frameworks fix which ranks form groups, so the one free variable is the slot → node
+permutation (local GPU order stays identical on every node).  The planner:
+
+1. **packs**: picks the nodes to use when there are more than needed, best-fit down the
+   tree (the fewest, fullest leaves), as blocks of nodes sharing an NVLink domain when TP
+   spans nodes;
+2. **tiles**: orders the logical slots so that each leaf receives a compact block of the
+   slot grid whose aspect follows the traffic weights (a/b ≈ w_dp/w_pp), trying several
+   tile shapes and both baselines, and keeps the cheapest;
+3. **polishes**: pairwise swaps across leaves that lower the objective (deterministic;
+   exhaustive on small jobs, a bounded number of tries on large ones).
+
+Both baselines — Slurm's hostname order and the topology's depth-first order — are
+candidates, so the result never costs more than either.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from launcher import hostlist
+from launcher.cost import (
+    DEFAULT_WEIGHTS, CostReport, SlotGroups, evaluate, group_penalty, level_weight, slot_groups, unit_ids,
+)
+from launcher.errors import PlacementError
+from launcher.parallel import ParallelLayout, validate_for_cluster
+from launcher.topology import Topology
+
+
+@dataclass(frozen=True)
+class RankMap:
+    """Where every global rank runs: slot s is node `slots[s]`; rank r is on slot r // gpus_per_node."""
+
+    layout: ParallelLayout
+    gpus_per_node: int
+    slots: tuple[str, ...]
+
+    def location(self, rank: int) -> tuple[str, int]:
+        """(node, local GPU index) of a global rank."""
+        return self.slots[rank // self.gpus_per_node], rank % self.gpus_per_node
+
+    def node_rank(self, node: str) -> int:
+        """The node's slot (torchrun's --node-rank)."""
+        return self.slots.index(node)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A chosen rank map, its cost, the baselines' costs and why it was chosen."""
+
+    rank_map: RankMap
+    cost: CostReport
+    baselines: dict[str, CostReport]
+    strategy: str
+    explanation: tuple[str, ...]
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key putting node2 before node10, as Slurm lists a job's nodes."""
+    stem = name.rstrip("0123456789")
+    digits = name[len(stem):]
+    return (stem, int(digits) if digits else -1, len(digits))
+
+
+def slurm_order(nodes: Sequence[str]) -> list[str]:
+    """Slurm's order for a job's nodes (SLURM_JOB_NODELIST): by name, numbers numerically."""
+    return sorted(nodes, key=natural_key)
+
+
+def plan(layout: ParallelLayout, gpus_per_node: int, topology: Topology, allocated: Sequence[str],
+         weights: Mapping[str, float] = DEFAULT_WEIGHTS, *, polish_tries: int | None = None) -> Plan:
+    """Plan the rank map of `layout` on `allocated` nodes (any subset of the topology's nodes)."""
+    _check_nodes(topology, allocated)
+    slots_needed = layout.world_size // gpus_per_node if layout.world_size % gpus_per_node == 0 else -1
+    domain_nodes = _nodes_per_domain(topology, allocated)
+    if slots_needed < 0 or len(allocated) < slots_needed:
+        validate_for_cluster(layout, nodes=max(len(allocated), 1), gpus_per_node=gpus_per_node,
+                             nodes_per_nvlink_domain=domain_nodes)
+    validate_for_cluster(layout, nodes=slots_needed, gpus_per_node=gpus_per_node,
+                         nodes_per_nvlink_domain=domain_nodes)
+    block = max(1, layout.nvlink_size() // gpus_per_node)  # nodes per NVLink-bound block
+    groups = slot_groups(layout, gpus_per_node)
+    levels = topology.level_names()
+
+    def report(slots: Sequence[str]) -> CostReport:
+        return evaluate(groups, unit_ids(topology, slots), levels, weights)
+
+    dfs_nodes = topology.dfs_order(allocated)[:slots_needed]
+    slurm_nodes = slurm_order(allocated)[:slots_needed]
+    baselines = {"slurm": report(slurm_nodes), "dfs": report(dfs_nodes)}
+
+    blocks_needed = slots_needed // block
+    every_block = _domain_blocks(topology, allocated, block, blocks_needed)
+    physical = _best_fit(topology, every_block, blocks_needed)
+    optimiser = _Optimiser(layout, gpus_per_node, block, groups, topology, weights)
+    candidates: list[tuple[str, list[list[str]]]] = []
+    if block == 1:
+        candidates += [("slurm order", [[n] for n in slurm_nodes]), ("depth-first order", [[n] for n in dfs_nodes])]
+    for name, order, tile in optimiser.logical_orders(physical):
+        # Tiles fill leaves best when each leaf takes whole tiles: leaf-aligned nodes first.
+        places = physical if tile <= 1 else _tile_aligned(topology, every_block, tile)[:blocks_needed]
+        assignment: list[list[str]] = [[] for _ in range(blocks_needed)]
+        for position, logical_block in enumerate(order):
+            assignment[logical_block] = places[position]
+        candidates.append((name, assignment))
+    scored = [(optimiser.objective(a), i, name, a) for i, (name, a) in enumerate(candidates)]
+    best_score, _, strategy, assignment = min(scored)
+    in_use = {id(b) for b in assignment}
+    used_nodes = {n for b in assignment for n in b}
+    spares = [b for b in every_block if not used_nodes & set(b) and id(b) not in in_use]
+    assignment, swaps, polished = optimiser.polish(list(assignment), spares, best_score, polish_tries)
+    slots = tuple(node for blk in assignment for node in blk)
+    rank_map = RankMap(layout, gpus_per_node, slots)
+    explanation = _explain(optimiser, topology, assignment, strategy, best_score, polished, swaps, len(allocated),
+                           slots_needed)
+    return Plan(rank_map, report(slots), baselines, strategy + (f" + {swaps} swaps" if swaps else ""), explanation)
+
+
+def _check_nodes(topology: Topology, allocated: Sequence[str]) -> None:
+    if not allocated:
+        raise PlacementError("no nodes given; pass a node list (e.g. --nodelist 'node[1-4]')")
+    seen: set[str] = set()
+    duplicates = [n for n in allocated if n in seen or seen.add(n)]  # type: ignore[func-returns-value]
+    if duplicates:
+        raise PlacementError(f"nodes listed twice: {hostlist.compress(duplicates)}")
+    unknown = [n for n in allocated if n not in topology.leaf_of]
+    if unknown:
+        raise PlacementError(f"nodes not in the topology ({topology.source}): {hostlist.compress(unknown)}; "
+                             "check the node names or the topology source")
+
+
+def _nodes_per_domain(topology: Topology, allocated: Sequence[str]) -> int:
+    counts: dict[str, int] = {}
+    for node in allocated:
+        counts[topology.domain(node)] = counts.get(topology.domain(node), 0) + 1
+    return max(counts.values())
+
+
+def _domain_blocks(topology: Topology, allocated: Sequence[str], block: int, needed: int) -> list[list[str]]:
+    """All blocks of `block` nodes sharing an NVLink domain, in depth-first order."""
+    by_domain: dict[str, list[str]] = {}
+    for node in topology.dfs_order(allocated):
+        by_domain.setdefault(topology.domain(node), []).append(node)
+    blocks = [members[i:i + block] for members in by_domain.values()
+              for i in range(0, len(members) - block + 1, block)]
+    if len(blocks) < needed:
+        raise PlacementError(f"needs {needed} groups of {block} nodes inside one NVLink domain, but the "
+                             f"allocation has only {len(blocks)}; request more nodes per NVLink domain")
+    return blocks
+
+
+def _best_fit(topology: Topology, blocks: list[list[str]], needed: int) -> list[list[str]]:
+    """The `needed` blocks that fill the fewest, fullest subtrees (best fit down the tree), in DFS order."""
+    def path(blk: list[str]) -> tuple[str, ...]:
+        return tuple(reversed(topology.switch_path(blk[0])))
+
+    def choose(candidates: list[list[str]], need: int, depth: int) -> list[list[str]]:
+        if need >= len(candidates):
+            return candidates
+        children: dict[str, list[list[str]]] = {}
+        for blk in candidates:
+            p = path(blk)
+            children.setdefault(p[depth] if depth < len(p) else blk[0], []).append(blk)
+        if len(children) == 1:
+            only = next(iter(children.values()))
+            return only[:need] if depth >= len(path(only[0])) else choose(only, need, depth + 1)
+        fitting = [c for c in children.values() if len(c) >= need]
+        if fitting:
+            return choose(min(fitting, key=len), need, depth + 1)  # smallest subtree that holds it all
+        chosen: list[list[str]] = []
+        for members in sorted(children.values(), key=len, reverse=True):  # fullest first
+            take = min(len(members), need - len(chosen))
+            chosen += members if take == len(members) else choose(members, take, depth + 1)
+            if len(chosen) == needed or len(chosen) == need:
+                break
+        return chosen
+
+    selected = {id(b) for b in choose(blocks, needed, 0)}
+    return [b for b in blocks if id(b) in selected]
+
+
+def _tile_aligned(topology: Topology, blocks: list[list[str]], tile: int) -> list[list[str]]:
+    """Blocks ordered so every leaf contributes whole tiles first, its remainder after all tiles."""
+    per_leaf: dict[str, list[list[str]]] = {}
+    for blk in blocks:
+        per_leaf.setdefault(topology.leaf_of[blk[0]], []).append(blk)
+    aligned, rest = [], []
+    for members in per_leaf.values():
+        cut = len(members) // tile * tile
+        aligned += members[:cut]
+        rest += members[cut:]
+    return aligned + rest
+
+
+class _Optimiser:
+    """Works on blocks (k consecutive slots ↔ k nodes of one NVLink domain)."""
+
+    def __init__(self, layout: ParallelLayout, gpus_per_node: int, block: int, groups: Mapping[str, SlotGroups],
+                 topology: Topology, weights: Mapping[str, float]) -> None:
+        self.layout, self.gpn, self.block, self.topology = layout, gpus_per_node, block, topology
+        self.depth = topology.depth()
+        nblocks = layout.world_size // gpus_per_node // block
+        self.nblocks = nblocks
+        # Hyperedges over blocks at levels >= 1 (level 0 is fixed by the layout itself).
+        edges: dict[tuple[int, ...], float] = {}
+        for kind, g in groups.items():
+            for slots, count in zip(g.slot_sets, g.multiplicity):
+                key = tuple(sorted({s // block for s in slots}))
+                if len(key) > 1:
+                    edges[key] = edges.get(key, 0.0) + weights.get(kind, 1.0) * count
+        self.edges = list(edges)
+        self.edge_weight = list(edges.values())
+        self.member_sets = [set(members) for members in self.edges]
+        self.edges_of: list[list[int]] = [[] for _ in range(nblocks)]
+        for e, members in enumerate(self.edges):
+            for b in members:
+                self.edges_of[b].append(e)
+        self.coords = [self._coordinates(b) for b in range(nblocks)]
+        self.varying = [d for d in range(len(self.coords[0])) if len({c[d] for c in self.coords}) > 1]
+        self.dim_names = layout.order_dims()
+
+    def _coordinates(self, block: int) -> tuple[int, ...]:
+        rank = block * self.block * self.gpn
+        dims = self.layout.order_dims()
+        sizes = [self.layout.size(d) if d != "ep" else 1 for d in dims]
+        out = []
+        for size in sizes:
+            out.append(rank % size)
+            rank //= size
+        return tuple(out)
+
+    def units(self, blk: list[str]) -> tuple[str, ...]:
+        return self.topology.units(blk[0])[1:]
+
+    def objective(self, assignment: Sequence[list[str]]) -> float:
+        unit_of = [self.units(blk) for blk in assignment]
+        total = 0.0
+        for members, weight in zip(self.edges, self.edge_weight):
+            for level in range(self.depth):
+                span = len({unit_of[b][level] for b in members})
+                total += weight * level_weight(level + 1) * group_penalty(span)
+        return total
+
+    def logical_orders(self, physical: Sequence[list[str]]) -> list[tuple[str, list[int], int]]:
+        """Candidate orders of logical blocks (name, order, tile size): row orders and leaf-sized tiles."""
+        blocks = range(self.nblocks)
+        orders: list[tuple[str, list[int], int]] = [("depth-first order of best-fit nodes", list(blocks), 1)]
+        dims = self.varying
+        if not dims:
+            return orders
+        capacities: dict[str, int] = {}
+        for blk in physical:
+            leaf = self.topology.leaf_of[blk[0]]
+            capacities[leaf] = capacities.get(leaf, 0) + 1
+        sizes = {d: len({c[d] for c in self.coords}) for d in dims}
+        for slow in dims:
+            for fast in dims:
+                if fast == slow:
+                    continue
+                shapes: set[tuple[bool, float, int, int, int]] = set()
+                ordered = sorted(capacities.values())
+                quantiles = {ordered[min(len(ordered) - 1, int(q * len(ordered)))] for q in (0.25, 0.5, 0.75, 1.0)}
+                for capacity in sorted(quantiles, reverse=True):
+                    for a in _divisors(sizes[fast]):
+                        b = max(1, min(sizes[slow], capacity // a))
+                        if a * b < max(1, capacity // 2) or a * b > capacity:
+                            continue
+                        # Tiles holding whole groups of one kind first (those groups never cross), then fullest.
+                        whole = a == sizes[fast] or b == sizes[slow]
+                        shapes.add((not whole, -(a * b) / capacity, abs(a - b), a, b))
+                for *_, a, b in sorted(shapes)[:4]:
+                    key = _tile_key(fast, slow, a, b, dims)
+                    name = f"tiles of {a} ({self.dim_names[fast]}) × {b} ({self.dim_names[slow]})"
+                    coords = self.coords
+                    orders.append((name, sorted(blocks, key=lambda x, k=key: k(coords[x])), a * b))
+        for dim in dims:  # plain row orders: each dimension as the fastest
+            rest = [d for d in dims if d != dim]
+            orders.append((f"{self.dim_names[dim]}-major rows",
+                           sorted(blocks, key=lambda x, r=rest, d=dim: (*(self.coords[x][i] for i in r),
+                                                                          self.coords[x][d])[::-1]), 1))
+        unique: dict[tuple[tuple[int, ...], int], str] = {}
+        for name, order, tile in orders:
+            unique.setdefault((tuple(order), tile), name)
+        return [(name, list(order), tile) for (order, tile), name in unique.items()][:32]
+
+    def polish(self, assignment: list[list[str]], spares: list[list[str]], score: float,
+               tries: int | None) -> tuple[list[list[str]], int, float]:
+        """Pairwise swaps across leaves that lower the objective; unused (spare) nodes may swap in."""
+        used = len(assignment)
+        assignment = assignment + spares
+        n = len(assignment)
+        if n < 2 or not self.edges:
+            return assignment[:used], 0, score
+        edges_of = self.edges_of + [[] for _ in spares]  # a spare position carries no group
+        unit_of = [self.units(blk) for blk in assignment]
+        counts: list[list[dict[str, int]]] = []
+        for members in self.edges:
+            per_level = []
+            for level in range(self.depth):
+                c: dict[str, int] = {}
+                for b in members:
+                    c[unit_of[b][level]] = c.get(unit_of[b][level], 0) + 1
+                per_level.append(c)
+            counts.append(per_level)
+
+        def delta(a: int, b: int) -> float:
+            ua, ub = unit_of[a], unit_of[b]
+            change = 0.0
+            for src, dst_units, src_units in ((a, ub, ua), (b, ua, ub)):
+                for e in edges_of[src]:
+                    if (b if src == a else a) in self.member_sets[e]:
+                        continue  # both ends move within this group: its spans do not change
+                    for level in range(self.depth):
+                        old, new = src_units[level], dst_units[level]
+                        if old == new:
+                            continue
+                        c = counts[e][level]
+                        span = len(c)
+                        after = span + (1 if c.get(new, 0) == 0 else 0) - (1 if c[old] == 1 else 0)
+                        change += self.edge_weight[e] * level_weight(level + 1) * (
+                            group_penalty(after) - group_penalty(span))
+            return change
+
+        def apply(a: int, b: int) -> None:
+            for src, old_units, new_units in ((a, unit_of[a], unit_of[b]), (b, unit_of[b], unit_of[a])):
+                for e in edges_of[src]:
+                    for level in range(self.depth):
+                        c = counts[e][level]
+                        c[old_units[level]] -= 1
+                        if not c[old_units[level]]:
+                            del c[old_units[level]]
+                        c[new_units[level]] = c.get(new_units[level], 0) + 1
+            unit_of[a], unit_of[b] = unit_of[b], unit_of[a]
+            assignment[a], assignment[b] = assignment[b], assignment[a]
+
+        swaps = 0
+        if tries is None and n <= 64:
+            improved = True
+            while improved:  # exhaustive first-improvement passes until a local optimum
+                improved = False
+                for a in range(n):
+                    for b in range(a + 1, n):
+                        if unit_of[a] != unit_of[b] and delta(a, b) < -1e-9:
+                            score += delta(a, b)
+                            apply(a, b)
+                            swaps += 1
+                            improved = True
+        else:
+            rng = random.Random(0)  # fixed seed: the same input always gives the same map
+            for _ in range(tries if tries is not None else min(20 * n, 5000)):
+                a, b = rng.randrange(n), rng.randrange(n)
+                if unit_of[a] != unit_of[b]:
+                    d = delta(a, b)
+                    if d < -1e-9:
+                        score += d
+                        apply(a, b)
+                        swaps += 1
+        return assignment[:used], swaps, score
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tile_key(fast: int, slow: int, a: int, b: int, dims: list[int]):
+    others = [d for d in dims if d not in (fast, slow)]
+
+    def key(c: tuple[int, ...]) -> tuple:
+        return (*(c[d] for d in reversed(others)), c[slow] // b, c[fast] // a, c[slow] % b, c[fast] % a)
+
+    return key
+
+
+def _explain(opt: _Optimiser, topology: Topology, assignment: Sequence[list[str]], strategy: str, start: float,
+             end: float, swaps: int, allocated: int, needed: int) -> tuple[str, ...]:
+    lines = []
+    if allocated > needed and strategy not in ("slurm order", "depth-first order"):
+        lines.append(f"{allocated} nodes allocated, {needed} needed: kept the fewest, fullest leaves (best fit).")
+    elif allocated > needed:
+        lines.append(f"{allocated} nodes allocated, {needed} needed: the first {needed} in {strategy} cost least.")
+    lines.append(f"start: {strategy} (objective {start:g}); polish: {swaps} swaps → objective {end:g}.")
+    per_leaf: dict[str, list[int]] = {}
+    for b, blk in enumerate(assignment):
+        per_leaf.setdefault(topology.leaf_of[blk[0]], []).append(b)
+    for leaf, blocks in per_leaf.items():
+        parts = []
+        for d in opt.varying:
+            values = sorted({opt.coords[b][d] for b in blocks})
+            parts.append(f"{opt.dim_names[d]} {_ranges(values)}")
+        shape = " × ".join(parts) if parts else "the whole job"
+        count = len(blocks) * opt.block
+        lines.append(f"{leaf}: {count} node{'s' if count != 1 else ''} ← {shape}")
+    return tuple(lines)
+
+
+def _ranges(values: list[int]) -> str:
+    out, start = [], None
+    for i, v in enumerate(values):
+        if start is None:
+            start = v
+        if i + 1 == len(values) or values[i + 1] != v + 1:
+            out.append(str(start) if start == v else f"{start}-{v}")
+            start = None
+    return ",".join(out)
+

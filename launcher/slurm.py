@@ -1,0 +1,60 @@
+"""clusterctl's one door to Slurm's commands (argv lists, timeouts; the runner is injectable)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from launcher.errors import SlurmCommandError
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[Sequence[str], float], Completed]
+"""Runs argv with a timeout in seconds; tests pass a fake that replays recorded outputs."""
+
+
+def subprocess_runner(argv: Sequence[str], timeout: float) -> Completed:
+    """The real runner: no shell, captured output, a hard timeout."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise SlurmCommandError(list(argv), None, f"no answer within {timeout:g} s") from None
+    except FileNotFoundError:
+        raise SlurmCommandError(list(argv), 127, f"{argv[0]} is not installed or not on PATH") from None
+    return Completed(proc.returncode, proc.stdout, proc.stderr)
+
+
+class Slurm:
+    """The Slurm commands clusterctl uses, each returning parsed data."""
+
+    def __init__(self, runner: Runner = subprocess_runner, timeout: float = 30.0) -> None:
+        self.runner, self.timeout = runner, timeout
+
+    def _run(self, argv: list[str]) -> str:
+        result = self.runner(argv, self.timeout)
+        if result.returncode != 0:
+            raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
+        return result.stdout
+
+    def show_topology(self) -> str:
+        """`scontrol show topology` as text (parse with launcher.topology)."""
+        return self._run(["scontrol", "show", "topology"])
+
+    def idle_nodes(self, partition: str | None = None) -> list[str]:
+        """Nodes whose state is exactly `idle` (`sinfo -t idle` also lists drained and idle* nodes)."""
+        argv = ["sinfo", "-h", "-N", "-o", "%N|%T"]
+        if partition:
+            argv += ["-p", partition]
+        nodes = []
+        for line in self._run(argv).splitlines():
+            name, _, state = line.partition("|")
+            if state.strip() == "idle" and name not in nodes:
+                nodes.append(name.strip())
+        return nodes
