@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import sys
+import time
+from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.table import Table
+
+from healthd.config import ConfigError, load_config
+from healthd.policy import POLICY_VERSION, policy_rows
+from healthd.state_file import read_state
 
 EXIT_NOT_AVAILABLE = 69  # EX_UNAVAILABLE: the feature is not built yet
+EXIT_CONFIG = 78  # EX_CONFIG
+EXIT_NO_STATE = 3
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps({"ts": round(record.created, 3), "level": record.levelname.lower(),
+                           "msg": record.getMessage(), "logger": record.name})
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,35 +32,89 @@ def cli() -> None:
     """Watch this node's GPUs through NVML and drain the node in Slurm when one breaks.
 
     \b
-    Planned subcommands; each says so plainly until it lands:
-      run      the daemon (NVML events, kernel log, periodic checks)
-      status   the current verdict per GPU
-      check    a fast check for Slurm's HealthCheckProgram
-      policy   the fault policy table
+    healthd run       the daemon (NVML events, kernel log, periodic checks)
+    healthd status    the current verdict per GPU, from the state file (instant)
+    healthd policy    the fault policy table
+    Config: /etc/clusterctl/healthd.toml (see healthd/healthd.example.toml).
     """
 
 
-def _not_yet(feature: str) -> None:
-    click.echo(f"healthd: `{feature}` is not available yet.", err=True)
-    sys.exit(EXIT_NOT_AVAILABLE)
+def _config(path: Path | None):
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        click.echo(f"healthd: error: {exc}", err=True)
+        sys.exit(EXIT_CONFIG)
 
 
 @cli.command()
-def run() -> None:
-    """Run the daemon in the foreground (not available yet)."""
-    _not_yet("run")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="healthd.toml (default /etc/clusterctl/healthd.toml if it exists).")
+@click.option("--dry-run", is_flag=True, help="Decide and log, but change nothing in Slurm.")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+def run(config_path: Path | None, dry_run: bool, log_format: str, verbose: bool) -> None:
+    """Run the daemon in the foreground (logs to stdout, for journald). SIGHUP reloads the config."""
+    from dataclasses import replace
+
+    from healthd.daemon import Daemon
+
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(_JsonFormatter() if log_format == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler], force=True)
+    config = _config(config_path)
+    if dry_run:
+        config = replace(config, dry_run=True)
+    sys.exit(Daemon(config, config_path=config_path).run())
 
 
 @cli.command()
-def status() -> None:
-    """Show the current verdict per GPU (not available yet)."""
-    _not_yet("status")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the state file as JSON.")
+def status(config_path: Path | None, as_json: bool) -> None:
+    """The current verdict per GPU, from healthd's state file (never touches NVML)."""
+    config = _config(config_path)
+    state = read_state(config.state_dir)
+    if state is None:
+        click.echo(f"healthd: no state in {config.state_dir}: is healthd running on this node?", err=True)
+        sys.exit(EXIT_NO_STATE)
+    if as_json:
+        click.echo(json.dumps(state, indent=2, sort_keys=True))
+        return
+    age = time.time() - state["updated_at"]
+    console = Console()
+    shown = {"ignore": "healthy"}
+    console.print(f"[bold]{state['node']}[/bold]: verdict [bold]{shown.get(state['verdict'], state['verdict'])}[/bold], "
+                  f"NVML {state['nvml']}, "
+                  f"updated {age:.1f} s ago, policy {state['policy_version']}"
+                  + (" [yellow](dry run)[/yellow]" if state.get("dry_run") else ""))
+    table = Table("GPU", "UUID", "verdict", "findings")
+    for index, gpu in sorted(state["gpus"].items(), key=lambda kv: int(kv[0])):
+        findings = "; ".join(f"{f['kind']} ({f['action']}) {f['at']}" for f in gpu["findings"]) or "—"
+        table.add_row(index, gpu["uuid"], shown.get(gpu["verdict"], gpu["verdict"]), findings)
+    console.print(table)
+    for finding in state.get("node_findings", []):
+        console.print(f"node: {finding['kind']} ({finding['action']}): {finding['detail'] or finding['reason']}")
+    for alert in state.get("alerts", []):
+        console.print(f"[red]alert[/red] {alert['at']}: {alert['detail']}")
+    if state.get("pending_actions"):
+        console.print(f"{state['pending_actions']} Slurm action(s) pending (slurmctld unreachable?)")
 
 
 @cli.command()
-def policy() -> None:
-    """Print the fault policy table (not available yet)."""
-    _not_yet("policy")
+@click.option("--json", "as_json", is_flag=True)
+def policy(as_json: bool) -> None:
+    """Print the fault policy table (signal → action) and its version."""
+    rows = policy_rows()
+    if as_json:
+        click.echo(json.dumps({"version": POLICY_VERSION, "rules": [
+            {"signal": s, "action": a, "meaning": m} for s, a, m in rows]}, indent=2))
+        return
+    table = Table("signal", "action", "meaning", title=f"healthd policy {POLICY_VERSION}")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
 
 
 def main() -> None:

@@ -112,6 +112,26 @@ def restart_slurmd(node: str) -> None:
     Testbed().restart_slurmd(node)
 
 
+@cli.command("stop")
+@click.argument("daemon")
+def stop(daemon: str) -> None:
+    """Stop one DAEMON by name: slurmctld, slurmdbd, healthd:node3, slurmd:node1..."""
+    Testbed().stop_daemon(daemon)
+
+
+@cli.command("start")
+@click.argument("daemon")
+def start(daemon: str) -> None:
+    """Start DAEMON again: slurmctld or healthd:NODE."""
+    tb = Testbed()
+    if daemon == "slurmctld":
+        tb.start_controller()
+    elif daemon.startswith("healthd:"):
+        tb.start_healthd(daemon.split(":", 1)[1])
+    else:
+        raise click.BadParameter("one of slurmctld, healthd:NODE", param_hint="DAEMON")
+
+
 FAULT_HELP = """Inject a GPU fault on NODE, seen through NVML by everything running there.
 
 \b

@@ -124,6 +124,8 @@ class Testbed:
         pids = self._pids()
         expected = {f"holder:{h}" for h in self.layout.hosts} | {"munged", "mariadbd", "slurmdbd", "slurmctld"}
         expected |= {f"slurmd:{n}" for n in self.layout.nodes}
+        if self.layout.healthd:
+            expected |= {f"healthd:{n}" for n in self.layout.nodes}
         return expected <= pids.keys() and all(is_alive(pids[name]) for name in expected)
 
     def up(self, *, timeout: float = 60) -> None:
@@ -146,6 +148,7 @@ class Testbed:
         self._start_controller()
         for node in self.layout.nodes:
             self._start_slurmd(node)
+            self.start_healthd(node)
         self.wait_nodes_idle(timeout=timeout)
         _say(f"up in {time.monotonic() - started:.1f} s: {', '.join(self.layout.nodes)} idle")
 
@@ -160,7 +163,7 @@ class Testbed:
         kill_all(pids)
         for ns in mine:
             run(["ip", "netns", "del", ns], check=False, timeout=10)
-        for name in ("run", "spool", "mysql", "nvml", "etc", "lib", "dev", "munge"):
+        for name in ("run", "spool", "mysql", "nvml", "etc", "lib", "dev", "munge", "hosts"):
             shutil.rmtree(self.layout.root / name, ignore_errors=True)
         self.layout.mysql_socket.unlink(missing_ok=True)
         if not quiet:
@@ -175,6 +178,10 @@ class Testbed:
             path.mkdir(parents=True, exist_ok=True)
         for node in layout.nodes:
             (layout.spool_dir / node).mkdir(parents=True, exist_ok=True)
+            for sub in ("run-healthd", "etc-clusterctl", "lib-healthd"):
+                (layout.host_dir(node) / sub).mkdir(parents=True, exist_ok=True)
+            (layout.host_dir(node) / "etc-clusterctl" / "healthd.toml").write_text(
+                slurm_config.healthd_toml(layout, node))
             node_dir = layout.nvml_dir / node
             node_dir.mkdir(parents=True, exist_ok=True)
             (node_dir / "events").touch()
@@ -226,6 +233,11 @@ class Testbed:
         binds = [f"{layout.hosts_file}:/etc/hosts", f"{layout.etc}:/etc/slurm"]
         if host != CONTROLLER:
             binds.append(f"{layout.ld_cache}:/etc/ld.so.cache")
+            # Each node's own /run/healthd and /etc/clusterctl, where a real install keeps them;
+            # the mount points are created empty on this machine if missing.
+            for sub, target in (("run-healthd", "/run/healthd"), ("etc-clusterctl", "/etc/clusterctl")):
+                Path(target).mkdir(parents=True, exist_ok=True)
+                binds.append(f"{layout.host_dir(host) / sub}:{target}")
         argv = ["nsenter", f"--net=/run/netns/{layout.namespace(host)}", "--",
                 "unshare", "--uts", "--mount", "--propagation", "private", "--",
                 sys.executable, "-m", "testbed.holder", "--hostname", host]
@@ -275,6 +287,22 @@ class Testbed:
     def _start_slurmd(self, node: str) -> None:
         self._start(f"slurmd:{node}", node, ["slurmd", "-D"])
 
+    def start_healthd(self, node: str) -> None:
+        """Start healthd on a node as its systemd unit would (no-op if the layout has none)."""
+        if self.layout.healthd:
+            healthd = Path(sys.executable).parent / "healthd"
+            self._start(f"healthd:{node}", node, [str(healthd), "run", "--config", "/etc/clusterctl/healthd.toml"])
+
+    def stop_daemon(self, name: str) -> None:
+        """Stop one daemon the testbed started (e.g. "slurmctld", "healthd:node3") by PID."""
+        pid = self._pids().get(name)
+        if pid is None:
+            raise TestbedError(f"no daemon {name!r}; known: {', '.join(sorted(self._pids()))}")
+        kill_all([pid])
+
+    def start_controller(self) -> None:
+        """Start slurmctld again after `stop_daemon("slurmctld")` (its state is kept)."""
+        self._start_controller()
     # ---- looking --------------------------------------------------------------
     def nodes(self) -> list[NodeState]:
         """Every compute node's state, GRES and reason, from `sinfo` on the controller."""
@@ -330,6 +358,7 @@ class Testbed:
             raise TestbedError(f"{node} is running; `kill-node {node}` first")
         self._start_holder(node)
         self._start_slurmd(node)
+        self.start_healthd(node)
 
     def cut_link(self, node: str) -> None:
         """Unplug the node's network cable (its processes keep running)."""

@@ -7,7 +7,7 @@ creates a namespace reads its paths and names from a `Layout`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_ROOT = Path(os.environ.get("CLUSTERCTL_TESTBED_DIR", "/tmp/ctb"))
@@ -32,7 +32,11 @@ class Layout:
     subnet: str = "10.77.0"
     """First three octets of a /24 that exists only inside the testbed's namespaces."""
     namespace_prefix: str = "ctb-"
-    extra_hosts: tuple[str, ...] = field(default=())
+    healthd: bool = True
+    """Run healthd on every compute node, as the systemd unit would."""
+    healthd_interval: float = 2.0
+    """healthd's periodic-check interval on the testbed (short, so tests see periodic findings quickly)."""
+    breaker_max_share: float = 0.5
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -119,6 +123,10 @@ class Layout:
     @property
     def mysql_socket(self) -> Path:
         return self.root / "mysql.sock"
+
+    def host_dir(self, host: str) -> Path:
+        """Files private to one host: bound over /run/healthd and /etc/clusterctl there."""
+        return self.root / "hosts" / host
 
     @property
     def pid_file(self) -> Path:

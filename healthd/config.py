@@ -1,0 +1,129 @@
+"""healthd.toml: every setting, its default and its validation (errors name the file and key)."""
+
+from __future__ import annotations
+
+import socket
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from healthd.checks import CheckLimits
+from healthd.findings import Action
+from healthd.policy import PolicyConfig
+
+DEFAULT_PATH = Path("/etc/clusterctl/healthd.toml")
+
+
+class ConfigError(Exception):
+    """A healthd.toml value that is missing or wrong; the message names file and key."""
+
+
+@dataclass(frozen=True)
+class HealthdConfig:
+    node: str = ""
+    """This node's Slurm name (default: the host name)."""
+    partition: str = ""
+    """Partition for the drain breaker (default: the node's first partition)."""
+    state_dir: Path = Path("/run/healthd")
+    """state.json lives here: read by `healthd status`, the prolog and HealthCheckProgram."""
+    journal_dir: Path = Path("/var/lib/healthd")
+    """Durable: the action journal, the kernel-log cursor and the app-Xid history."""
+    kmsg: Path = Path("/dev/kmsg")
+    boot_id: Path = Path("/proc/sys/kernel/random/boot_id")
+    dry_run: bool = False
+    check_interval: float = 15.0
+    nvml_timeout: float = 5.0
+    event_wait_ms: int = 500
+    xid_dedup_window: float = 300.0
+    metrics: str = "127.0.0.1:9400"
+    """host:port for Prometheus metrics; empty disables."""
+    breaker_max_share: float = 0.1
+    """Refuse to drain (and alert) when healthd would then have drained more than this share of the partition."""
+    resume_when_clean: bool = False
+    clean_checks: int = 3
+    disk_paths: tuple[str, ...] = ("/", "/tmp")
+    checks: CheckLimits = field(default_factory=CheckLimits)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    @property
+    def node_name(self) -> str:
+        return self.node or socket.gethostname().split(".")[0]
+
+
+_PATHS = {"state_dir", "journal_dir", "kmsg", "boot_id"}
+
+
+def load_config(path: Path | None) -> HealthdConfig:
+    """Read healthd.toml (a missing default file means all defaults)."""
+    if path is None:
+        if not DEFAULT_PATH.exists():
+            return HealthdConfig()
+        path = DEFAULT_PATH
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return config_from_mapping(data, str(path))
+
+
+def _typed(where: str, key: str, value: Any, default: Any) -> Any:
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: key `{key}` must be true or false, found {value!r}")
+        return value
+    if isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"{where}: key `{key}` must be a number ≥ 0, found {value!r}")
+        return type(default)(value) if isinstance(default, float) or float(value).is_integer() else value
+    if isinstance(default, Path):
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{where}: key `{key}` must be a path, found {value!r}")
+        return Path(value)
+    if isinstance(default, tuple):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: key `{key}` must be a list of strings, found {value!r}")
+        return tuple(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: key `{key}` must be a string, found {value!r}")
+    return value
+
+
+def config_from_mapping(data: dict, where: str = "healthd.toml") -> HealthdConfig:
+    base = HealthdConfig()
+    top = {f.name for f in fields(HealthdConfig)} - {"checks", "policy"}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        if key in ("checks", "policy"):
+            continue
+        if key not in top:
+            raise ConfigError(f"{where}: unknown key `{key}`; known: {', '.join(sorted(top | {'checks', 'policy'}))}")
+        values[key] = _typed(where, key, value, getattr(base, key))
+    checks = data.get("checks", {})
+    if not isinstance(checks, dict):
+        raise ConfigError(f"{where}: `checks` must be a table")
+    limits = CheckLimits()
+    known = {f.name for f in fields(CheckLimits)}
+    for key, value in checks.items():
+        if key not in known:
+            raise ConfigError(f"{where}: unknown key `checks.{key}`; known: {', '.join(sorted(known))}")
+    limits = CheckLimits(**{k: _typed(where, f"checks.{k}", v, getattr(limits, k)) for k, v in checks.items()})
+    policy = data.get("policy", {})
+    if not isinstance(policy, dict):
+        raise ConfigError(f"{where}: `policy` must be a table")
+    promote: dict[int, Action] = {}
+    for xid, action in (policy.get("promote_xids") or {}).items():
+        try:
+            promote[int(xid)] = Action[str(action).upper().replace("-", "_")]
+        except (ValueError, KeyError):
+            raise ConfigError(f"{where}: key `policy.promote_xids.{xid}`: expected an Xid number and one of "
+                              f"{', '.join(a.label for a in Action)}, found {action!r}") from None
+    unknown = set(policy) - {"promote_xids", "app_xid_repeat", "app_xid_window_h"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown key `policy.{sorted(unknown)[0]}`")
+    policy_config = PolicyConfig(promote, int(_typed(where, "policy.app_xid_repeat", policy.get("app_xid_repeat", 2), 2)),
+                                 float(_typed(where, "policy.app_xid_window_h", policy.get("app_xid_window_h", 24.0),
+                                              24.0)) * 3600)
+    return HealthdConfig(**values, checks=limits, policy=policy_config)

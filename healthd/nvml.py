@@ -1,0 +1,243 @@
+"""healthd's one door to the GPUs: pynvml, every call under a timeout.
+
+A hung driver must not hang the daemon: each NVML call runs on a worker thread and the
+caller waits at most `timeout` seconds; a call that does not return is reported as a
+hang (itself a finding) and its worker is abandoned (ctypes releases the GIL, so the
+rest of the daemon keeps running).  Facts relied on (shared/notes/emulated-nvml.md):
+`nvmlEventSetWait` raises NVMLError_Timeout rather than returning None; registering
+unsupported event types registers nothing; handles are unhashable ctypes pointers and
+on a lost GPU even nvmlDeviceGetIndex fails, so events are mapped by handle address.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+from healthd.checks import GpuSample
+from healthd.kmsg import normalise_pci
+
+
+class NvmlHang(Exception):
+    """An NVML call did not return within the timeout."""
+
+    def __init__(self, function: str, timeout: float) -> None:
+        super().__init__(f"{function} did not return within {timeout:g} s")
+        self.function = function
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.job: tuple[Callable[..., Any], tuple, dict] | None = None
+        self.ready = threading.Event()
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._loop, name="nvml-call", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            self.ready.wait()
+            self.ready.clear()
+            fn, args, kwargs = self.job  # type: ignore[misc]
+            try:
+                self.result, self.error = fn(*args, **kwargs), None
+            except BaseException as exc:  # handed to the caller
+                self.result, self.error = None, exc
+            self.done.set()
+
+
+class TimedCalls:
+    """Runs callables on a worker thread with a timeout; a hung worker is replaced."""
+
+    def __init__(self, timeout: float, observe: Callable[[str, float, bool], None] | None = None,
+                 max_abandoned: int = 8) -> None:
+        self.timeout, self.observe, self.max_abandoned = timeout, observe, max_abandoned
+        self.abandoned = 0
+        self._worker = _Worker()
+        self._lock = threading.Lock()
+
+    def __call__(self, name: str, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+        limit = self.timeout if timeout is None else timeout
+        with self._lock:
+            if self.abandoned >= self.max_abandoned:
+                raise NvmlHang(name, limit)
+            worker = self._worker
+            worker.done.clear()
+            worker.job = (fn, args, {})
+            started = time.monotonic()
+            worker.ready.set()
+            finished = worker.done.wait(limit)
+            elapsed = time.monotonic() - started
+            if not finished:
+                self.abandoned += 1
+                self._worker = _Worker()  # the old one stays blocked in the driver
+        if self.observe:
+            self.observe(name, elapsed, finished)
+        if not finished:
+            raise NvmlHang(name, limit)
+        if worker.error is not None:
+            raise worker.error
+        return worker.result
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    index: int
+    uuid: str
+    pci_bus: str  # normalised "0000:5d:00"
+
+
+def handle_address(handle: Any) -> int:
+    """A stable key for a device handle (handles themselves are neither == nor hashable)."""
+    return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+class Nvml:
+    """The NVML calls healthd makes, each through `TimedCalls`."""
+
+    def __init__(self, calls: TimedCalls) -> None:
+        self.call = calls
+        self.handles: dict[int, Any] = {}
+        self.identities: dict[int, GpuIdentity] = {}
+
+    def init(self) -> None:
+        self.call("nvmlInit", pynvml.nvmlInit)
+
+    def shutdown(self) -> None:
+        try:
+            self.call("nvmlShutdown", pynvml.nvmlShutdown, timeout=2)
+        except (pynvml.NVMLError, NvmlHang):
+            pass
+
+    def count(self) -> int:
+        return self.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
+
+    def discover(self) -> list[GpuIdentity]:
+        """Handles and identities of every GPU; lost ones are skipped (they show up in samples)."""
+        found = []
+        for index in range(self.count()):
+            try:
+                handle = self.call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
+                uuid = self.call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle)
+                pci = self.call("nvmlDeviceGetPciInfo", pynvml.nvmlDeviceGetPciInfo, handle).busId
+            except pynvml.NVMLError_GpuIsLost:
+                continue
+            self.handles[index] = handle
+            self.identities[index] = GpuIdentity(index, uuid, normalise_pci(pci))
+        return [self.identities[i] for i in sorted(self.identities)]
+
+    def sample(self, index: int) -> GpuSample:
+        """Read every health counter of one GPU (a lost GPU gives `lost=True`)."""
+        identity = self.identities.get(index)
+        uuid = identity.uuid if identity else ""
+        try:
+            handle = self.handles.get(index)
+            if handle is None:
+                handle = self.call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
+            c = self.call
+            dbe = c("nvmlDeviceGetTotalEccErrors", pynvml.nvmlDeviceGetTotalEccErrors, handle,
+                    pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC)
+            sbe = c("nvmlDeviceGetTotalEccErrors", pynvml.nvmlDeviceGetTotalEccErrors, handle,
+                    pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, pynvml.NVML_VOLATILE_ECC)
+            corr, unc, pending, failure = c("nvmlDeviceGetRemappedRows", pynvml.nvmlDeviceGetRemappedRows, handle)
+            retired_sbe = len(c("nvmlDeviceGetRetiredPages", pynvml.nvmlDeviceGetRetiredPages, handle,
+                                pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS))
+            retired_dbe = len(c("nvmlDeviceGetRetiredPages", pynvml.nvmlDeviceGetRetiredPages, handle,
+                                pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR))
+            retired_pending = c("nvmlDeviceGetRetiredPagesPendingStatus",
+                                pynvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+            temperature = c("nvmlDeviceGetTemperature", pynvml.nvmlDeviceGetTemperature, handle,
+                            pynvml.NVML_TEMPERATURE_GPU)
+            clocks = self._optional("nvmlDeviceGetCurrentClocksEventReasons",
+                                    pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle, default=0)
+            down = tuple(link for link in range(self._link_count(handle))
+                         if c("nvmlDeviceGetNvLinkState", pynvml.nvmlDeviceGetNvLinkState, handle, link) == 0)
+            recovery = self._recovery_action(handle)
+        except pynvml.NVMLError_GpuIsLost:
+            return GpuSample(index, uuid, lost=True)
+        return GpuSample(index, uuid, False, dbe, sbe, corr, unc, bool(pending), bool(failure), retired_sbe,
+                         retired_dbe, bool(retired_pending), temperature, clocks, down, recovery)
+
+    def _optional(self, name: str, fn: Callable[..., Any], *args: Any, default: Any) -> Any:
+        try:
+            return self.call(name, fn, *args)
+        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+            return default
+
+    def _link_count(self, handle: Any) -> int:
+        values = self._optional("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, handle,
+                                [pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT], default=None)
+        if not values or values[0].nvmlReturn != 0:
+            return 0
+        return int(values[0].value.uiVal)
+
+    def _recovery_action(self, handle: Any) -> int | None:
+        field_id = getattr(pynvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", 230)
+        values = self._optional("nvmlDeviceGetFieldValues", pynvml.nvmlDeviceGetFieldValues, handle, [field_id],
+                                default=None)
+        if not values or values[0].nvmlReturn != 0:
+            return None
+        return int(values[0].value.uiVal)
+
+
+WANTED_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError
+                 | getattr(pynvml, "nvmlEventTypeGpuUnavailableError", 0)
+                 | getattr(pynvml, "nvmlEventTypeGpuRecoveryAction", 0))
+
+
+@dataclass(frozen=True)
+class GpuEvent:
+    """An NVML event mapped back to its GPU."""
+
+    gpu: int
+    event_type: int
+    data: int
+
+
+class EventWatcher:
+    """An NVML event set over every healthy GPU, rebuilt when a GPU is lost."""
+
+    def __init__(self, nvml: Nvml) -> None:
+        self.nvml = nvml
+        self.event_set: Any = None
+        self.by_address: dict[int, int] = {}
+
+    def build(self) -> list[int]:
+        """Register the wanted event types each GPU supports; return the GPUs watched."""
+        if self.event_set is not None:
+            try:
+                self.nvml.call("nvmlEventSetFree", pynvml.nvmlEventSetFree, self.event_set, timeout=2)
+            except (pynvml.NVMLError, NvmlHang):
+                pass
+        self.event_set = self.nvml.call("nvmlEventSetCreate", pynvml.nvmlEventSetCreate)
+        self.by_address = {}
+        for index, handle in self.nvml.handles.items():
+            try:
+                supported = self.nvml.call("nvmlDeviceGetSupportedEventTypes",
+                                           pynvml.nvmlDeviceGetSupportedEventTypes, handle)
+                self.nvml.call("nvmlDeviceRegisterEvents", pynvml.nvmlDeviceRegisterEvents, handle,
+                               supported & WANTED_EVENTS, self.event_set)
+            except pynvml.NVMLError_GpuIsLost:
+                continue
+            except pynvml.NVMLError_NotSupported:
+                continue
+            self.by_address[handle_address(handle)] = index
+        return sorted(self.by_address.values())
+
+    def wait(self, timeout_ms: int) -> GpuEvent | None:
+        """The next event, or None on timeout.  Raises NVMLError_GpuIsLost (then rebuild)."""
+        try:
+            # The wait blocks in the driver with the GIL released; no extra timeout thread needed.
+            data = pynvml.nvmlEventSetWait(self.event_set, timeout_ms)
+        except pynvml.NVMLError_Timeout:
+            return None
+        gpu = self.by_address.get(handle_address(data.device), -1)
+        return GpuEvent(gpu, int(data.eventType), int(data.eventData))
