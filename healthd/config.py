@@ -106,7 +106,7 @@ def config_from_mapping(data: dict, where: str = "healthd.toml") -> HealthdConfi
         raise ConfigError(f"{where}: `checks` must be a table")
     limits = CheckLimits()
     known = {f.name for f in fields(CheckLimits)}
-    for key, value in checks.items():
+    for key in checks:
         if key not in known:
             raise ConfigError(f"{where}: unknown key `checks.{key}`; known: {', '.join(sorted(known))}")
     limits = CheckLimits(**{k: _typed(where, f"checks.{k}", v, getattr(limits, k)) for k, v in checks.items()})

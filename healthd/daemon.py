@@ -219,10 +219,9 @@ class Daemon:
             self._init_nvml()
         if self.nvml_ready:
             try:
-                findings += check_gpu_count(self.nvml.count(), limits, now)
-                for index in range(limits.expected_gpus):
-                    if index not in self.nvml.identities:
-                        continue
+                count = self.nvml.count()
+                findings += check_gpu_count(count, limits, now)
+                for index in range(count):  # also GPUs lost before we started: their sample says lost
                     try:
                         findings += check_gpu(self.nvml.sample(index), limits, self.sustained, now)
                     except NvmlHang as exc:

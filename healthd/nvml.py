@@ -121,8 +121,7 @@ class Nvml:
         return self.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
 
     def discover(self) -> list[GpuIdentity]:
-        """Handles and identities of every GPU; lost ones are skipped (they show up in samples)."""
-        found = []
+        """Handles and identities of every GPU; lost ones are skipped here (samples report them lost)."""
         for index in range(self.count()):
             try:
                 handle = self.call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
