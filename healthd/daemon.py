@@ -35,7 +35,7 @@ from healthd.findings import Action, Finding, Verdict
 from healthd.journal import Journal, PlannedAction
 from healthd.kmsg import Cursor, Deduplicator, KernelLog, load_cursor, parse_gpu_event, read_boot_id, save_cursor
 from healthd.metrics import Metrics
-from healthd.nvml import EventWatcher, Nvml, NvmlHang, TimedCalls
+from healthd.nvml import EventWatcher, GpuIdentity, Nvml, NvmlHang, TimedCalls
 from healthd.policy import POLICY_VERSION, drain_reason, judge
 from healthd.slurm_node import NodeState, SlurmNode
 from healthd.state_file import write_state
@@ -53,6 +53,24 @@ EVENT_KINDS = {
 
 def utc(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def resume_allowed(reason: str, boot_time: float) -> bool:
+    """Evidence rule for resuming our own drain once checks are clean again.
+
+    drain-reset: clean checks are the evidence (the GPU was reset).  drain-reboot: only if
+    the node booted after the drain.  drain-rma: never (the hardware must be replaced).
+    """
+    if Action.DRAIN_RMA.label in reason:
+        return False
+    if Action.DRAIN_REBOOT.label in reason:
+        stamp = reason.rsplit(" ", 1)[-1]
+        try:
+            drained_at = datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        except ValueError:
+            return False
+        return boot_time > drained_at
+    return True
 
 
 class Daemon:
@@ -87,6 +105,7 @@ class Daemon:
         self.clean_cycles = 0
         self.drain_in_flight = False
         self.hang_reported: set[str] = set()
+        self.gpu_count = 0
         self.started = clock()
 
     # ---- history of app-level Xids (survives restarts) ---------------------------------
@@ -194,7 +213,7 @@ class Daemon:
                         gpu = next((i.index for i in self.nvml.identities.values() if i.pci_bus == event.pci_bus), None)
                         uuid = self.nvml.identities[gpu].uuid if gpu is not None else ""
                         finding = Finding("xid", "kmsg", self.clock(), gpu=gpu, uuid=uuid, xid=event.xid,
-                                          detail=event.message[:200])
+                                          value=event.pci_bus, detail=event.message[:200])
                         if self.kmsg_dedup.first((event.pci_bus, event.xid), finding.at):
                             self.findings.put(("kmsg", [finding]))
                     save_cursor(cursor_path, Cursor(boot_id, record.sequence))
@@ -220,6 +239,7 @@ class Daemon:
         if self.nvml_ready:
             try:
                 count = self.nvml.count()
+                self.gpu_count = count
                 findings += check_gpu_count(count, limits, now)
                 for index in range(count):  # also GPUs lost before we started: their sample says lost
                     try:
@@ -377,8 +397,8 @@ class Daemon:
         if not (self.config.resume_when_clean and state is not None and state.drained_by_us):
             self.clean_cycles = 0
             return
-        if Action.DRAIN_RMA.label in state.reason:
-            return  # memory that cannot be repaired never comes back on its own
+        if not resume_allowed(state.reason, psutil.boot_time()):
+            return
         self.clean_cycles += 1
         if self.clean_cycles >= self.config.clean_checks:
             self.clean_cycles = 0
@@ -394,7 +414,9 @@ class Daemon:
     # ---- state, watchdog, signals ---------------------------------------------------------
     def _state(self) -> dict:
         gpus = {}
-        for index, identity in sorted(self.nvml.identities.items()):
+        # GPUs lost before healthd started have no identity (NVML cannot tell it) but still get a row.
+        for index in sorted(set(self.nvml.identities) | set(range(self.gpu_count))):
+            identity = self.nvml.identities.get(index) or GpuIdentity(index, "", "")
             current = self.gpu_findings.get(str(index), [])
             recent = [e for e in self.events if e["gpu"] == index and not e["acknowledged"]]
             actions = [Action[e["action"].upper().replace("-", "_")] for e in current + recent]

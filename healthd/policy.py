@@ -119,7 +119,12 @@ def _app_fault_jobs(finding: Finding, history: Iterable[Finding], config: Policy
 
 def drain_reason(finding: Finding, verdict: Verdict, when: str) -> str:
     """The Slurm reason: `healthd: <what> gpu<N> (<uuid>) <action> <when>` — owned by its prefix."""
-    gpu = f" gpu{finding.gpu}" if finding.gpu is not None else ""
+    if finding.gpu is not None:
+        gpu = f" gpu{finding.gpu}"
+    elif finding.kind == "xid" and isinstance(finding.value, str):
+        gpu = f" pci {finding.value}"  # from the kernel log, for a GPU NVML can no longer name
+    else:
+        gpu = ""
     uuid = f" ({finding.uuid})" if finding.uuid else ""
     return f"{REASON_PREFIX} {finding.what}{gpu}{uuid} {verdict.action.label} {when}"
 

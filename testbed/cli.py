@@ -137,6 +137,7 @@ FAULT_HELP = """Inject a GPU fault on NODE, seen through NVML by everything runn
 \b
 KIND and ARGS:
   xid N            an Xid event (79 also makes the GPU lost, as on real hardware)
+  kmsg-xid N       only the kernel log line of an Xid (no NVML event)
   ecc-dbe          a volatile double-bit ECC error (+ its event)
   ecc-sbe [N]      N corrected single-bit errors
   remap-pending    a row remap pending (reset needed)
@@ -171,7 +172,7 @@ def _parse_fault(kind: str, args: tuple[str, ...], gpu: int) -> Fault:
             if len(args) != 2:
                 raise click.BadParameter("nvml-hang takes FUNCTION SECONDS", param_hint="ARGS")
             return Fault(kind, gpu, function=args[0], seconds=float(args[1]))
-        needs_value = {"xid", "gpu-missing", "temp", "nvlink-down", "recovery-action", "retired-pages"}
+        needs_value = {"xid", "kmsg-xid", "gpu-missing", "temp", "nvlink-down", "recovery-action", "retired-pages"}
         if kind in needs_value and len(args) != 1:
             raise click.BadParameter(f"{kind} takes one number", param_hint="ARGS")
         if kind not in FAULT_KINDS:

@@ -291,7 +291,14 @@ class Testbed:
         """Start healthd on a node as its systemd unit would (no-op if the layout has none)."""
         if self.layout.healthd:
             healthd = Path(sys.executable).parent / "healthd"
-            self._start(f"healthd:{node}", node, [str(healthd), "run", "--config", "/etc/clusterctl/healthd.toml"])
+            pid = self._start(f"healthd:{node}", node,
+                              [str(healthd), "run", "--config", "/etc/clusterctl/healthd.toml"])
+            # Like systemd's Type=notify: started means ready (its first state file is written).
+            state = self.layout.host_dir(node) / "run-healthd" / "state.json"
+            wait_for(lambda: f'"pid": {pid},' in _read(state) or not is_alive(pid), timeout=30,
+                     what=f"healthd on {node} (see {self.layout.log_dir}/healthd-{node}.out)")
+            if not is_alive(pid):
+                raise TestbedError(f"healthd on {node} exited; see {self.layout.log_dir}/healthd-{node}.out")
 
     def stop_daemon(self, name: str) -> None:
         """Stop one daemon the testbed started (e.g. "slurmctld", "healthd:node3") by PID."""

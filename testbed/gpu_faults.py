@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 FAULT_KINDS = (
-    "xid", "ecc-dbe", "ecc-sbe", "remap-pending", "remap-failure", "retired-pages",
+    "xid", "kmsg-xid", "ecc-dbe", "ecc-sbe", "remap-pending", "remap-failure", "retired-pages",
     "gpu-lost", "gpu-missing", "temp", "nvlink-down", "recovery-action", "nvml-hang", "clear",
 )
 
@@ -68,6 +68,9 @@ def apply_fault(state: dict[str, str], fault: Fault, *, now: float) -> FaultEffe
             if fault.value == 79:
                 # Xid 79 means the GPU fell off the bus: every later NVML call on it fails.
                 new[f"{gpu}.lost"] = "1"
+        case "kmsg-xid":
+            # Only the kernel log line: the path a daemon must catch when NVML delivers no event.
+            kmsg.append(f"NVRM: Xid (PCI:{pci_bus_id(fault.gpu)}): {fault.value}, pid=1, injected by clusterctl-testbed")
         case "ecc-dbe":
             _add(new, f"{gpu}.ecc.volatile.dbe", max(fault.value, 1))
             _add(new, f"{gpu}.ecc.aggregate.dbe", max(fault.value, 1))

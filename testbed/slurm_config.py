@@ -161,6 +161,8 @@ def healthd_toml(layout: Layout, node: str) -> str:
         f"check_interval = {layout.healthd_interval}",
         "nvml_timeout = 2.0",
         f"breaker_max_share = {layout.breaker_max_share}",
+        "resume_when_clean = true",
+        "clean_checks = 2",
         'disk_paths = ["/"]',
         "",
         "[checks]",

@@ -38,16 +38,24 @@ def testbed_session() -> Iterator[Testbed]:
 
 @pytest.fixture()
 def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
-    """The session testbed, restored after each test: jobs cancelled, nodes booted, links up, GPUs healthy."""
+    """The session testbed, restored after each test: controller and healthd running, jobs
+    cancelled, nodes booted, links up, GPUs healthy, every drain resumed."""
     yield testbed_session
     tb = testbed_session
-    tb.run_on("ctl", ["scancel", "--user=root"], check=False)
     pids = tb._pids()
+    if not is_alive(pids.get("slurmctld", 0)):
+        tb.start_controller()
+    tb.run_on("ctl", ["scancel", "--user=root"], check=False)
     for node in tb.layout.nodes:
         if not is_alive(pids.get(f"holder:{node}", 0)):
             tb.boot_node(node)
+        elif not is_alive(tb._pids().get(f"healthd:{node}", 0)):
+            tb.start_healthd(node)
         tb.heal_link(node)
         inject(tb.nvml_dir(node), Fault("clear"))
+    for node in tb.nodes():
+        if node.state.startswith("drain") or node.state in ("down", "down*"):
+            tb.run_on("ctl", ["scontrol", "update", f"NodeName={node.name}", "State=RESUME"], check=False)
     tb.wait_nodes(lambda n: n.state == "idle", timeout=60, what="nodes idle again after the test")
 
 

@@ -26,8 +26,17 @@ def test_unbuilt_subcommands_say_so_plainly():
     result = CliRunner().invoke(clusterctl_cli, ["submit", "spec.toml"])
     assert result.exit_code == EXIT_NOT_AVAILABLE
     assert "`submit` is not available in clusterctl 0.1.0 yet." in result.output
-    result = CliRunner().invoke(healthd_cli, ["run"])
-    assert result.exit_code == EXIT_NOT_AVAILABLE and "not available yet" in result.output
+
+
+def test_healthd_status_without_a_daemon_and_a_bad_config(tmp_path):
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'state_dir = "{tmp_path}"\n')
+    result = CliRunner().invoke(healthd_cli, ["status", "--config", str(config)])
+    assert result.exit_code == 3 and "is healthd running on this node?" in result.output
+    config.write_text("check_interval = 'often'\n")
+    result = CliRunner().invoke(healthd_cli, ["run", "--config", str(config)])
+    assert result.exit_code == 78
+    assert "key `check_interval` must be a number" in result.output and "Traceback" not in result.output
 
 
 def test_inject_rejects_an_unknown_fault_kind():

@@ -1,0 +1,106 @@
+"""healthd's kernel-log reader, journal, config and Slurm door, with recorded Slurm output."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from healthd.config import ConfigError, config_from_mapping, load_config
+from healthd.findings import Action
+from healthd.journal import Journal, PlannedAction
+from healthd.kmsg import (
+    Cursor, Deduplicator, KernelLog, load_cursor, normalise_pci, parse_gpu_event, parse_record, save_cursor,
+)
+from healthd.slurm_node import SlurmNode, parse_sinfo_json
+from launcher.slurm import Completed
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+
+
+def test_nvrm_lines_parse():
+    rec = parse_record("3,1207,8813213,-;NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, ch 5")
+    assert rec is not None and rec.sequence == 1207
+    event = parse_gpu_event(rec)
+    assert (event.pci_bus, event.xid) == ("0000:cb:00", 109)
+    fallen = parse_gpu_event(parse_record("4,9,1,-;NVRM: GPU at PCI:0000:05:00: GPU has fallen off the bus."))
+    assert (fallen.pci_bus, fallen.xid) == ("0000:05:00", 79)
+    assert parse_gpu_event(parse_record("6,10,1,-;usb 1-1: new device")) is None
+    assert parse_record(" SUBSYSTEM=pci") is None
+    assert normalise_pci("00000000:5D:00.0") == "0000:5d:00"
+
+
+def test_kernel_log_resumes_after_its_cursor_and_ignores_other_boots(tmp_path):
+    log = tmp_path / "kmsg"
+    log.write_text("3,1,1,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, old\n3,2,2,-;NVRM: Xid (PCI:0000:2a:00): 48, x\n")
+    stop = threading.Event()
+
+    def first(reader):
+        for record in reader.follow(stop):
+            return record
+
+    assert first(KernelLog(log, "boot-a", Cursor("boot-a", 1))).sequence == 2  # seq 1 already handled
+    assert first(KernelLog(log, "boot-b", Cursor("boot-a", 2))).sequence == 1  # new boot: all records are new
+    save_cursor(tmp_path / "cursor", Cursor("boot-a", 2))
+    assert load_cursor(tmp_path / "cursor") == Cursor("boot-a", 2)
+    assert load_cursor(tmp_path / "missing") is None
+
+
+def test_storms_are_deduplicated():
+    d = Deduplicator(window=300)
+    assert d.first(("gpu3", 95), 0) and not d.first(("gpu3", 95), 10) and not d.first(("gpu3", 95), 299)
+    assert d.first(("gpu4", 95), 10) and d.first(("gpu3", 95), 301)
+    assert d.suppressed == 2
+
+
+def test_journal_knows_what_is_pending_and_ignores_a_torn_line(tmp_path):
+    journal = Journal(tmp_path / "actions.jsonl")
+    journal.plan(PlannedAction("a1", "drain", "healthd: x", 1.0, {}))
+    journal.plan(PlannedAction("a2", "drain", "healthd: y", 2.0, {}))
+    journal.done("a1", "drained")
+    with open(tmp_path / "actions.jsonl", "a") as f:
+        f.write('{"done": "a2", "res')  # crash mid-write
+    assert [a.id for a in Journal(tmp_path / "actions.jsonl").pending()] == ["a2"]
+
+
+def test_config_errors_name_file_and_key(tmp_path):
+    path = tmp_path / "healthd.toml"
+    path.write_text("check_interval = -1\n")
+    with pytest.raises(ConfigError, match=r"healthd.toml: key `check_interval` must be a number"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="unknown key `chek_interval`"):
+        config_from_mapping({"chek_interval": 3})
+    with pytest.raises(ConfigError, match="unknown key `checks.expected_gpu`"):
+        config_from_mapping({"checks": {"expected_gpu": 4}})
+    with pytest.raises(ConfigError, match="policy.promote_xids.999"):
+        config_from_mapping({"policy": {"promote_xids": {"999": "explode"}}})
+    path.write_text("[checks\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path)
+    config = config_from_mapping({"dry_run": True, "checks": {"expected_gpus": 4},
+                                  "policy": {"promote_xids": {"999": "drain-reset"}}})
+    assert config.dry_run and config.checks.expected_gpus == 4
+    assert config.policy.promote_xids == {999: Action.DRAIN_RESET}
+
+
+def recorded(name: str):
+    text = (DATA / name).read_text()
+    return lambda argv, timeout: Completed(0, text, "")
+
+
+def test_node_state_from_recorded_sinfo_json():
+    nodes = {n.name: n for n in parse_sinfo_json((DATA / "sinfo-json-admin-drain.json").read_text())}
+    assert nodes["node2"].drained_by_someone_else and not nodes["node2"].drained_by_us
+    assert not nodes["node1"].draining and nodes["node1"].partitions == ("gpu",)
+    ours = {n.name: n for n in parse_sinfo_json((DATA / "sinfo-json-healthd-drain.json").read_text())}
+    assert ours["node3"].drained_by_us
+    assert SlurmNode("node3", recorded("sinfo-json-healthd-drain.json")).state().drained_by_us
+
+
+def test_drain_passes_the_reason_as_one_argument():
+    calls = []
+    node = SlurmNode("node3", lambda argv, timeout: calls.append(argv) or Completed(0, "", ""))
+    node.drain('healthd: xid 79 gpu3 $(reboot) "; rm -rf /')
+    assert calls == [["scontrol", "update", "NodeName=node3", "State=DRAIN",
+                      'Reason=healthd: xid 79 gpu3 $(reboot) "; rm -rf /']]
