@@ -103,6 +103,16 @@ def status(config_path: Path | None, as_json: bool) -> None:
 
 
 @cli.command()
+def check() -> None:
+    """A quick node check for Slurm's HealthCheckProgram (drains on a blocking verdict)."""
+    import os
+
+    from healthd.hooks import run_health_check
+
+    sys.exit(run_health_check(dict(os.environ)))
+
+
+@cli.command()
 @click.option("--json", "as_json", is_flag=True)
 def policy(as_json: bool) -> None:
     """Print the fault policy table (signal → action) and its version."""

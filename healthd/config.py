@@ -43,6 +43,10 @@ class HealthdConfig:
     resume_when_clean: bool = False
     clean_checks: int = 3
     disk_paths: tuple[str, ...] = ("/", "/tmp")
+    job_records_dir: Path = Path("/var/spool/clusterctl/job-health")
+    """Where the epilog writes per-job health records (<job>/<node>.json); shared storage, for the supervisor."""
+    hook_timeout: float = 20.0
+    """The prolog/epilog give up (and fail) after this long; keep it below Slurm's PrologEpilogTimeout."""
     checks: CheckLimits = field(default_factory=CheckLimits)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
@@ -51,7 +55,7 @@ class HealthdConfig:
         return self.node or socket.gethostname().split(".")[0]
 
 
-_PATHS = {"state_dir", "journal_dir", "kmsg", "boot_id"}
+_PATHS = {"state_dir", "journal_dir", "kmsg", "boot_id", "job_records_dir"}
 
 
 def load_config(path: Path | None) -> HealthdConfig:

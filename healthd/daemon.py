@@ -87,6 +87,7 @@ class Daemon:
         self.nvml_ready = False
         self.findings: queue.Queue[tuple[str, list[Finding]]] = queue.Queue()
         self.actions: queue.Queue[PlannedAction] = queue.Queue()
+        self.applied: queue.Queue[float] = queue.Queue()  # times of drain decisions the applier finished
         config.journal_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(config.journal_dir / "actions.jsonl")
         self.history_path = config.journal_dir / "xid-history.jsonl"
@@ -303,6 +304,7 @@ class Daemon:
             log.info("%s node %s: %s (%s)", action.op, self.node, result, action.reason)
             if action.op == "drain":
                 self.drain_in_flight = False
+                self.applied.put(action.at)
 
     def _apply(self, action: PlannedAction) -> str:
         state = self.slurm.state()
@@ -358,7 +360,9 @@ class Daemon:
             if source == "periodic":
                 self.gpu_findings.setdefault(key, []).append(entry)
             elif verdict.action > Action.IGNORE:
-                self.events.append({**entry, "acknowledged": False})
+                # "handled": healthd has acted on it (drained, or the breaker/an admin drain decided);
+                # from then on the prolog leaves it to Slurm's node state and to its own direct checks.
+                self.events.append({**entry, "at_ts": finding.at, "handled": False, "acknowledged": False})
                 self.events = self.events[-50:]
             if finding.kind == "nvml-hang" and source != "periodic":
                 log.warning("%s", finding.detail)
@@ -495,6 +499,12 @@ class Daemon:
             except queue.Empty:
                 dirty = False
             self._check_event_watcher()
+            while not self.applied.empty():
+                decided_at = self.applied.get()
+                for event in self.events:
+                    if event["at_ts"] <= decided_at + 1e-3:
+                        event["handled"] = True
+                dirty = True
             if self.reload.is_set():
                 self.reload.clear()
                 sdnotify.notify("RELOADING=1")

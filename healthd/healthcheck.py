@@ -1,15 +1,17 @@
-"""Slurm's HealthCheckProgram for clusterctl nodes.
+"""Slurm's HealthCheckProgram for clusterctl nodes (`clusterctl-healthcheck`, or `healthd check`).
 
-Slurm runs it as root with an empty environment every HealthCheckInterval and at
-slurmd start.  Until healthd's cached verdicts exist it has nothing to judge, so it
-passes (exit 0) and says so on stderr, which slurmd logs.
+Answers from healthd's cached state in milliseconds when the daemon is alive (no NVML
+call), falls back to a quick direct check when it is not (and says so), drains the node
+with a healthd-owned reason on a blocking verdict, and exits within Slurm's 60 s limit.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 
 def main() -> None:
-    print("clusterctl-healthcheck: no healthd verdicts on this node yet; passing", file=sys.stderr)
-    sys.exit(0)
+    from healthd.hooks import run_health_check
+
+    sys.exit(run_health_check(dict(os.environ)))

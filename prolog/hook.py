@@ -1,15 +1,19 @@
-"""Slurm Prolog for clusterctl nodes (configured with PrologFlags=Alloc).
+"""Slurm Prolog for clusterctl nodes (configure with PrologFlags=Alloc).
 
 Runs as root on every allocated node before the job starts, with no PATH and no
-SLURM_CONF.  Exit status 0 lets the job start; anything else drains the node and
-requeues the job.  The health gate (GPU checks against healthd's verdicts) is
-built on top of this entry point; for now it admits every job.
+SLURM_CONF.  It refuses the job (exit 1: Slurm drains the node and requeues the job)
+when a GPU of the job is lost, has uncorrectable errors, a failed or pending row remap,
+retired pages at the limit, or healthd holds an unhandled fault for it; otherwise exit 0.
+The checks and the policy are healthd's own (healthd/gate.py).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 
 def main() -> None:
-    sys.exit(0)
+    from healthd.hooks import run_prolog
+
+    sys.exit(run_prolog(dict(os.environ)))

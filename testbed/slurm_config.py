@@ -158,6 +158,7 @@ def healthd_toml(layout: Layout, node: str) -> str:
         f'kmsg = "{layout.nvml_dir / node / "kmsg"}"',
         'state_dir = "/run/healthd"',
         f'journal_dir = "{layout.host_dir(node) / "lib-healthd"}"',
+        f'job_records_dir = "{layout.root / "job-health"}"',
         f"check_interval = {layout.healthd_interval}",
         "nvml_timeout = 2.0",
         f"breaker_max_share = {layout.breaker_max_share}",
