@@ -18,6 +18,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stats import percentile  # noqa: E402
 
 from testbed.cluster import Testbed  # noqa: E402
 from testbed.layout import Layout  # noqa: E402
@@ -25,10 +28,6 @@ from testbed.layout import Layout  # noqa: E402
 LAYOUT = Layout(root=Path("/tmp/ctb-hooks"), namespace_prefix="ctbh-")
 BIN = Path(sys.executable).parent
 
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def timed(tb: Testbed, hook: str, job: int) -> float:
@@ -56,7 +55,7 @@ def main() -> None:
             for hook in ("clusterctl-prolog", "clusterctl-epilog", "clusterctl-healthcheck"):
                 times = [timed(tb, hook, 1000 + i) for i in range(args.runs)]
                 report[f"{hook} (healthd {healthd})"] = {
-                    "p50_s": round(statistics.median(times), 3), "p95_s": round(pct(times, 0.95), 3),
+                    "p50_s": round(statistics.median(times), 3), "p95_s": round(percentile(times, 0.95), 3),
                     "max_s": round(max(times), 3), "runs": len(times)}
     finally:
         tb.down(quiet=True)

@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stats import percentile  # noqa: E402
 
 from testbed.cluster import Testbed  # noqa: E402
 from testbed.gpu_faults import Fault, inject  # noqa: E402
@@ -45,10 +48,6 @@ for _ in range(k): n.nvmlDeviceGetTemperature(h, 0)
 print((time.perf_counter() - t) / k * 1e6)
 """
 
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:
@@ -86,7 +85,7 @@ def main() -> None:
         "testbed_up_s": {"median": statistics.median(ups), "max": max(ups), "cycles": len(ups)},
         "testbed_down_s": {"median": statistics.median(downs), "max": max(downs)},
         "first_4x8_srun_s": first_job,
-        "xid_inject_to_wait_ms": {"median": statistics.median(latencies), "p99": pct(latencies, 0.99),
+        "xid_inject_to_wait_ms": {"median": statistics.median(latencies), "p99": percentile(latencies, 0.99),
                                   "max": max(latencies), "events": len(latencies)},
         "pynvml_call_us": call_us,
     }

@@ -30,7 +30,7 @@ import pynvml
 
 from healthd import sdnotify
 from healthd.checks import HostSample, Sustained, check_gpu, check_gpu_count, check_host
-from healthd.config import HealthdConfig, load_config
+from healthd.config import ConfigError, HealthdConfig, load_config
 from healthd.findings import Action, Finding, Verdict
 from healthd.journal import Journal, PlannedAction
 from healthd.kmsg import Cursor, Deduplicator, KernelLog, load_cursor, parse_gpu_event, read_boot_id, save_cursor
@@ -466,7 +466,7 @@ class Daemon:
     def _reload(self) -> None:
         try:
             fresh = load_config(self.config_path)
-        except Exception as exc:  # a bad edit must not kill a running daemon: keep the old config
+        except ConfigError as exc:  # a bad edit must not kill a running daemon: keep the old config
             log.error("config reload failed, keeping the running config: %s", exc)
             return
         self.config = fresh
@@ -493,7 +493,7 @@ class Daemon:
         last_state = 0.0
         while not self.stop.is_set():
             try:
-                source, findings = self.findings.get(timeout=0.1)
+                source, findings = self.findings.get(timeout=0.25)
                 self._judge(source, findings)
                 dirty = True
             except queue.Empty:
@@ -510,7 +510,8 @@ class Daemon:
                 sdnotify.notify("RELOADING=1")
                 self._reload()
                 sdnotify.notify("READY=1")
-            if dirty or time.monotonic() - last_state > 1.0:
+            # Rewritten on every change, else every 5 s: readers call it fresh for max(3 intervals, 30 s).
+            if dirty or time.monotonic() - last_state > 5.0:
                 write_state(self.config.state_dir, self._state())
                 last_state = time.monotonic()
             if self._loops_alive():

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from launcher.errors import SlurmCommandError
-from launcher.slurm import Runner, subprocess_runner
+from launcher.slurm import Runner, run_checked, subprocess_runner
 
 from healthd.policy import REASON_PREFIX
 
@@ -56,10 +56,7 @@ class SlurmNode:
         self.node, self.runner, self.timeout = node, runner, timeout
 
     def _run(self, argv: list[str]) -> str:
-        result = self.runner(argv, self.timeout)
-        if result.returncode != 0:
-            raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
-        return result.stdout
+        return run_checked(self.runner, argv, self.timeout)
 
     def state(self) -> NodeState:
         nodes = parse_sinfo_json(self._run(["sinfo", "--json", "-n", self.node]))

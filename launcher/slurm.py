@@ -31,6 +31,14 @@ def subprocess_runner(argv: Sequence[str], timeout: float) -> Completed:
     return Completed(proc.returncode, proc.stdout, proc.stderr)
 
 
+def run_checked(runner: Runner, argv: list[str], timeout: float) -> str:
+    """Run a Slurm command; its stdout, or SlurmCommandError with Slurm's own message."""
+    result = runner(argv, timeout)
+    if result.returncode != 0:
+        raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
+    return result.stdout
+
+
 class Slurm:
     """The Slurm commands clusterctl uses, each returning parsed data."""
 
@@ -38,10 +46,7 @@ class Slurm:
         self.runner, self.timeout = runner, timeout
 
     def _run(self, argv: list[str]) -> str:
-        result = self.runner(argv, self.timeout)
-        if result.returncode != 0:
-            raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
-        return result.stdout
+        return run_checked(self.runner, argv, self.timeout)
 
     def show_topology(self) -> str:
         """`scontrol show topology` as text (parse with launcher.topology)."""

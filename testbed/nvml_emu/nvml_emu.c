@@ -28,10 +28,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/utsname.h>
@@ -49,7 +51,7 @@
 #define MAX_GPUS 64
 #define MAX_HANGS 32
 #define NVLINKS 18
-#define POLL_NS 2000000L /* 2 ms between looks at the events file */
+#define SAFETY_POLL_MS 100 /* look again at least this often even without an inotify wake-up */
 
 static const unsigned long long DEFAULT_EVENT_TYPES =
     nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypePState |
@@ -644,7 +646,10 @@ static int match_event(nvmlEventSet_t set, const char *line, nvmlEventData_t *da
 /* Read what was appended since the set's offset; deliver the first wanted event. */
 static int next_event(nvmlEventSet_t set, nvmlEventData_t *data) {
     char path[sizeof(node_dir) + 16];
+    struct stat st;
     snprintf(path, sizeof(path), "%s/events", node_dir);
+    /* Nothing appended since the last look: one stat(), no open/read (this runs every poll). */
+    if (stat(path, &st) != 0 || st.st_size <= set->offset) return 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
     char buf[4096];
@@ -683,15 +688,33 @@ EXPORT nvmlReturn_t DECLDIR nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventDat
     if (!init_count) return NVML_ERROR_UNINITIALIZED;
     if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
     maybe_hang("nvmlEventSetWait");
+    /* Block in the kernel like the real driver: inotify on the node directory wakes us when the
+     * events file grows or the state file is replaced (a GPU lost), instead of polling. */
+    int watch = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (watch >= 0) inotify_add_watch(watch, node_dir, IN_MODIFY | IN_MOVED_TO | IN_CREATE | IN_CLOSE_WRITE);
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
+    nvmlReturn_t rc;
     for (;;) {
-        if (next_event(set, data)) return NVML_SUCCESS;
-        if (set_has_lost_gpu(set)) return NVML_ERROR_GPU_IS_LOST;
+        if (next_event(set, data)) { rc = NVML_SUCCESS; break; }
+        if (set_has_lost_gpu(set)) { rc = NVML_ERROR_GPU_IS_LOST; break; }
         clock_gettime(CLOCK_MONOTONIC, &now);
         long elapsed_ms = (now.tv_sec - start.tv_sec) * 1000L + (now.tv_nsec - start.tv_nsec) / 1000000L;
-        if (elapsed_ms >= (long)timeoutms) return NVML_ERROR_TIMEOUT;
-        struct timespec pause = {0, POLL_NS};
-        nanosleep(&pause, NULL);
+        if (elapsed_ms >= (long)timeoutms) { rc = NVML_ERROR_TIMEOUT; break; }
+        long wait_ms = (long)timeoutms - elapsed_ms;
+        if (wait_ms > SAFETY_POLL_MS) wait_ms = SAFETY_POLL_MS;
+        if (watch >= 0) {
+            struct pollfd pfd = {watch, POLLIN, 0};
+            if (poll(&pfd, 1, (int)wait_ms) > 0) {
+                char buf[4096];
+                while (read(watch, buf, sizeof(buf)) > 0) {
+                }
+            }
+        } else {
+            struct timespec pause = {0, 2000000L}; /* no inotify: fall back to a 2 ms poll */
+            nanosleep(&pause, NULL);
+        }
     }
+    if (watch >= 0) close(watch);
+    return rc;
 }
