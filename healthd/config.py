@@ -34,7 +34,7 @@ class HealthdConfig:
     dry_run: bool = False
     check_interval: float = 15.0
     nvml_timeout: float = 5.0
-    event_wait_ms: int = 500
+    event_wait_ms: int = 1000
     xid_dedup_window: float = 300.0
     metrics: str = "127.0.0.1:9400"
     """host:port for Prometheus metrics; empty disables."""

@@ -493,7 +493,7 @@ class Daemon:
         last_state = 0.0
         while not self.stop.is_set():
             try:
-                source, findings = self.findings.get(timeout=0.25)
+                source, findings = self.findings.get(timeout=0.5)
                 self._judge(source, findings)
                 dirty = True
             except queue.Empty:
