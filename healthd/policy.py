@@ -114,7 +114,8 @@ def _app_fault_jobs(finding: Finding, history: Iterable[Finding], config: Policy
                 and _XID_INDEX[earlier.xid][0] is Action.APP_FAULT
                 and finding.at - earlier.at <= config.app_xid_window_s):
             jobs.update(earlier.job_ids)
-    return jobs
+    # An Xid seen while no job ran (or the job could not be learned) is not evidence of a repeat.
+    return jobs - {"unknown", ""}
 
 
 def drain_reason(finding: Finding, verdict: Verdict, when: str) -> str:

@@ -163,9 +163,15 @@ class Testbed:
         kill_all(pids)
         for ns in mine:
             run(["ip", "netns", "del", ns], check=False, timeout=10)
-        for name in ("run", "spool", "mysql", "nvml", "etc", "lib", "dev", "munge", "hosts"):
-            shutil.rmtree(self.layout.root / name, ignore_errors=True)
-        self.layout.mysql_socket.unlink(missing_ok=True)
+        # Everything but the last run's logs: job ids restart at 1, so any record left behind
+        # (spool, job-health records, healthd journals) would be mistaken for the new run's.
+        if self.layout.root.is_dir():
+            for child in self.layout.root.iterdir():
+                if child.name != "log":
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child, ignore_errors=True)
+                    else:
+                        child.unlink(missing_ok=True)
         if not quiet:
             _say(f"down: stopped {len(pids)} processes, removed {len(mine)} namespaces")
 

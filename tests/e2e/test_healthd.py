@@ -202,7 +202,7 @@ def test_a_hung_nvml_call_is_reported_while_the_daemon_stays_responsive(cluster,
         receive(8)
         assert messages.count("WATCHDOG=1") > 10, "the watchdog must stay fed during an NVML hang"
         state = healthd_state(cluster, "node4")
-        assert time.time() - state["updated_at"] < 3, "the state file keeps being written"
+        assert time.time() - state["updated_at"] < 6.5, "the state file keeps being written (every 5 s when idle)"
         kinds = {f["kind"] for f in state["node_findings"]} | {
             f["kind"] for g in state["gpus"].values() for f in g["findings"]}
         assert "nvml-hang" in kinds

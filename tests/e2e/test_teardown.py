@@ -46,3 +46,14 @@ def test_down_leaves_nothing_and_up_restarts_job_ids(testbed_session):
         tb.down(quiet=True)
     # The session testbed was not disturbed.
     assert testbed_session.is_up()
+
+
+def test_down_leaves_no_record_a_fresh_run_could_mistake_for_its_own(testbed_session):
+    tb = Testbed(SMALL)
+    try:
+        tb.up(timeout=60)
+        (SMALL.root / "job-health" / "1").mkdir(parents=True)
+        tb.down()
+        assert sorted(p.name for p in SMALL.root.iterdir()) == ["log"]
+    finally:
+        tb.down(quiet=True)

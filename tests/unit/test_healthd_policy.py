@@ -97,3 +97,8 @@ def test_gpu_count_and_host_checks():
 def test_a_kernel_xid_for_an_unnamed_gpu_gives_its_pci_address():
     finding = Finding("xid", "kmsg", 0, xid=79, value="0000:5d:00")
     assert drain_reason(finding, judge(finding), "T") == "healthd: xid 79 pci 0000:5d:00 drain-reboot T"
+
+
+def test_app_xids_with_no_known_job_are_not_a_repeat():
+    earlier = xid(31, jobs=("unknown",), at=0)
+    assert judge(xid(13, jobs=("7",), at=60), [earlier]).action is Action.APP_FAULT
