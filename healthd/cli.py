@@ -82,8 +82,13 @@ def status(config_path: Path | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(state, indent=2, sort_keys=True))
         return
+    from healthd.gate import state_is_fresh
+
     age = time.time() - state["updated_at"]
     console = Console()
+    if not state_is_fresh(state, config, time.time()):
+        console.print(f"[red]stale[/red]: healthd (pid {state.get('pid')}) is not running or stopped writing "
+                      f"{age:.0f} s ago; what follows is its last word")
     shown = {"ignore": "healthy"}
     console.print(f"[bold]{state['node']}[/bold]: verdict [bold]{shown.get(state['verdict'], state['verdict'])}[/bold], "
                   f"NVML {state['nvml']}, "
@@ -100,6 +105,8 @@ def status(config_path: Path | None, as_json: bool) -> None:
         console.print(f"[red]alert[/red] {alert['at']}: {alert['detail']}")
     if state.get("pending_actions"):
         console.print(f"{state['pending_actions']} Slurm action(s) pending (slurmctld unreachable?)")
+    if not state_is_fresh(state, config, time.time()):
+        sys.exit(EXIT_NO_STATE)
 
 
 @cli.command()

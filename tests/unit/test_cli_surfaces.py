@@ -67,3 +67,16 @@ def test_on_a_host_that_is_not_up_says_what_to_do(tmp_path):
                          env=env, timeout=30)
     assert out.returncode == 2
     assert "host node1 is not running; `clusterctl-testbed up`" in out.stderr
+
+
+def test_healthd_status_says_when_its_state_is_stale(tmp_path):
+    import json
+    import time
+
+    (tmp_path / "state.json").write_text(json.dumps({
+        "node": "n1", "pid": 999999999, "updated_at": time.time() - 3600, "verdict": "ignore", "nvml": "ok",
+        "policy_version": "x", "gpus": {}, "node_findings": [], "alerts": []}))
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'state_dir = "{tmp_path}"\n')
+    result = CliRunner().invoke(healthd_cli, ["status", "--config", str(config)])
+    assert result.exit_code == 3 and "stale" in result.output and "is not running" in result.output
