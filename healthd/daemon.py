@@ -411,9 +411,15 @@ class Daemon:
     def _acknowledge_if_resumed(self) -> None:
         state = self.node_state
         if state is not None and not state.draining:
+            newly = False
             for event in self.events:
-                if Action[event["action"].upper().replace("-", "_")].drains and event["at"] < utc(self.clock() - 1):
-                    event["acknowledged"] = True
+                if (Action[event["action"].upper().replace("-", "_")].drains and not event["acknowledged"]
+                        and event["at_ts"] < self.clock() - 1):
+                    event["acknowledged"] = newly = True
+            if newly:
+                # The node is back in service: the same fault again is a new fault, not part of a storm.
+                self.event_dedup.last.clear()
+                self.kmsg_dedup.last.clear()
 
     # ---- state, watchdog, signals ---------------------------------------------------------
     def _state(self) -> dict:

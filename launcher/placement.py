@@ -175,7 +175,7 @@ def _best_fit(topology: Topology, blocks: list[list[str]], needed: int) -> list[
         for members in sorted(children.values(), key=len, reverse=True):  # fullest first
             take = min(len(members), need - len(chosen))
             chosen += members if take == len(members) else choose(members, take, depth + 1)
-            if len(chosen) == needed or len(chosen) == need:
+            if len(chosen) == need:
                 break
         return chosen
 

@@ -150,3 +150,31 @@ def test_resume_evidence_rules():
     reboot = "healthd: xid 79 gpu3 (GPU-x) drain-reboot 2026-11-22T00:00:00Z"
     assert not resume_allowed(reboot, boot_time=1795305600 - 60)  # booted before the drain
     assert resume_allowed(reboot, boot_time=1795305600 + 60)  # rebooted since
+
+
+def test_sighup_reload_applies_a_good_config_and_keeps_the_old_one_on_a_bad_edit(tmp_path):
+    path = tmp_path / "healthd.toml"
+    base = f'node = "node3"\nstate_dir = "{tmp_path}/run"\njournal_dir = "{tmp_path}/lib"\nmetrics = ""\n'
+    path.write_text(base + "check_interval = 15\n")
+    from healthd.config import load_config
+
+    daemon = Daemon(load_config(path), config_path=path, slurm=FakeSlurm())  # type: ignore[arg-type]
+    path.write_text(base + "check_interval = 5\nnvml_timeout = 1\n")
+    daemon._reload()
+    assert daemon.config.check_interval == 5 and daemon.calls.timeout == 1
+    path.write_text(base + "check_interval = 'soon'\n")
+    daemon._reload()
+    assert daemon.config.check_interval == 5  # a bad edit never takes a running daemon down
+
+
+def test_a_resumed_node_treats_the_same_fault_again_as_new(make):
+    slurm = FakeSlurm()
+    daemon = make(slurm)
+    assert daemon.event_dedup.first((3, "xid", 48), 0.0)
+    daemon._judge("nvml-event", [Finding("xid", "nvml-event", 0.0, gpu=3, xid=48)])
+    apply_all(daemon)
+    slurm.reason = ""  # an admin resumed the node
+    daemon.node_state = slurm.state()
+    daemon.clock = lambda: 100.0
+    daemon._acknowledge_if_resumed()
+    assert daemon.event_dedup.first((3, "xid", 48), 101.0), "not suppressed as part of the old storm"
