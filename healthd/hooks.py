@@ -203,7 +203,8 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], 
         verdict = judge(finding, (), config.policy)
         if verdict.action > Action.IGNORE:
             add(finding, verdict.action, verdict.reason, "kernel log")
-    for problem in check_node(config, gpus).problems:  # what is still wrong now, job over
+    # What is still wrong now: from healthd when it is alive (cheap), else NVML directly.
+    for problem in check_node(config, gpus, direct=not state_is_fresh(state, config, end)).problems:
         add(Finding(problem.finding.kind, "epilog", end, gpu=problem.finding.gpu, uuid=problem.finding.uuid,
                     detail=problem.finding.detail), problem.verdict.action, problem.verdict.reason, "epilog check")
     ordered = sorted(findings.values(), key=lambda e: (e["at"] or "", e["gpu"] if e["gpu"] is not None else -1))

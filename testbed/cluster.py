@@ -68,6 +68,8 @@ class NodeState:
     state: str
     gres: str
     reason: str
+    responding: bool = True
+    """False while slurmctld flags the node not responding (`idle*` in sinfo's compact state)."""
 
 
 class Testbed:
@@ -319,11 +321,12 @@ class Testbed:
     # ---- looking --------------------------------------------------------------
     def nodes(self) -> list[NodeState]:
         """Every compute node's state, GRES and reason, from `sinfo` on the controller."""
-        out = self.run_on(CONTROLLER, ["sinfo", "-h", "-N", "-o", "%N|%T|%G|%E"], timeout=15).stdout
+        # %E (the reason) last: it is free text and may hold the separator.
+        out = self.run_on(CONTROLLER, ["sinfo", "-h", "-N", "-o", "%N|%T|%G|%t|%E"], timeout=15).stdout
         states = []
         for line in out.splitlines():
-            name, state, gres, reason = line.split("|", 3)
-            states.append(NodeState(name, state, gres, reason))
+            name, state, gres, compact, reason = line.split("|", 4)
+            states.append(NodeState(name, state, gres, reason, not compact.endswith("*")))
         return states
 
     def wait_nodes(self, predicate: Callable[[NodeState], bool], *, nodes: Sequence[str] | None = None,
@@ -342,7 +345,8 @@ class Testbed:
 
     def wait_nodes_idle(self, *, nodes: Sequence[str] | None = None, timeout: float = 60) -> None:
         # `sinfo -t idle` also lists inval, drained and idle* nodes: compare %T exactly.
-        self.wait_nodes(lambda n: n.state == "idle", nodes=nodes, timeout=timeout, what="nodes to be idle")
+        self.wait_nodes(lambda n: n.state == "idle" and n.responding, nodes=nodes, timeout=timeout,
+                        what="nodes to be idle and responding")
 
     def status(self) -> dict[str, object]:
         """Which daemons are alive, and the nodes' states when the controller answers."""

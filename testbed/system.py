@@ -29,6 +29,8 @@ class CommandResult:
 def run(argv: Sequence[str], *, timeout: float = 60, check: bool = True,
         env: dict[str, str] | None = None, input_text: str | None = None) -> CommandResult:
     """Run a command to completion; raise TestbedError when it fails and `check` is set."""
+    if env is None:
+        env = with_sbin(dict(os.environ))
     try:
         proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env,
                               input=input_text)
@@ -42,6 +44,16 @@ def run(argv: Sequence[str], *, timeout: float = 60, check: bool = True,
             f"`{' '.join(argv)}` exited with {proc.returncode}: {(proc.stderr or proc.stdout).strip()}"
         )
     return result
+
+
+def with_sbin(env: dict[str, str]) -> dict[str, str]:
+    """The environment with the sbin directories on PATH (ip, ldconfig, munged live there;
+    some root shells leave them out)."""
+    parts = [p for p in env.get("PATH", "").split(":") if p]
+    for extra in ("/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"):
+        if extra not in parts:
+            parts.append(extra)
+    return {**env, "PATH": ":".join(parts)}
 
 
 def spawn(argv: Sequence[str], log: Path, *, env: dict[str, str] | None = None) -> int:

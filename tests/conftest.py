@@ -56,7 +56,8 @@ def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
     for node in tb.nodes():
         if node.state.startswith("drain") or node.state in ("down", "down*"):
             tb.run_on("ctl", ["scontrol", "update", f"NodeName={node.name}", "State=RESUME"], check=False)
-    tb.wait_nodes(lambda n: n.state == "idle", timeout=60, what="nodes idle again after the test")
+    tb.wait_nodes(lambda n: n.state == "idle" and n.responding, timeout=90,
+                  what="nodes idle and responding again after the test")
 
 
 def run_python_on(tb: Testbed, host: str, code: str, *, timeout: float = 60) -> subprocess.CompletedProcess:

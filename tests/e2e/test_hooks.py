@@ -56,7 +56,7 @@ def test_prolog_refuses_a_node_with_a_failed_remap_and_the_job_runs_elsewhere(cl
 def test_xid_79_during_a_job_fails_it_and_the_epilog_names_node3_and_the_gpu(cluster, tmp_path):
     ckpt = tmp_path / "ckpt"
     job = cluster.run_on("ctl", [
-        "sbatch", "--parsable", "-N2", "-w", "node3,node4", "--ntasks-per-node=8", "-o", str(tmp_path / "out"),
+        "sbatch", "--parsable", "--no-requeue", "-N2", "-w", "node3,node4", "--ntasks-per-node=8", "-o", str(tmp_path / "out"),
         str(REPO / "examples" / "toy_trainer.sbatch"), str(ckpt), "--steps", "600", "--step-time", "0.05",
         "--peer-timeout", "10"], cwd=str(REPO)).stdout.strip()
     deadline = time.monotonic() + 60

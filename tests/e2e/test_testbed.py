@@ -128,7 +128,9 @@ def test_kernel_log_stand_in_gets_the_xid_line(cluster):
 
 
 def test_killed_node_fails_its_job_and_boots_back(cluster):
-    job = cluster.run_on("ctl", ["sbatch", "--parsable", "-N2", "-w", "node1,node2", "--wrap", "sleep 120"]).stdout
+    # --no-requeue: with Slurm's default JobRequeue=1 the job would come back PENDING after NODE_FAIL.
+    job = cluster.run_on("ctl", ["sbatch", "--parsable", "--no-requeue", "-N2", "-w", "node1,node2",
+                                 "--wrap", "sleep 120"]).stdout
     job_id = job.strip()
     deadline = time.monotonic() + 30
     while cluster.run_on("ctl", ["squeue", "-h", "-j", job_id, "-o", "%T"]).stdout.strip() != "RUNNING":

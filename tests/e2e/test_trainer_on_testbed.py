@@ -18,7 +18,9 @@ TRAINER_ARGS = ["--steps", "60", "--checkpoint-every", "10", "--peer-timeout", "
 
 
 def _sbatch(cluster, out: Path, *args: str) -> str:
-    return cluster.run_on("ctl", ["sbatch", "--parsable", "-o", str(out), *args], cwd=str(REPO)).stdout.strip()
+    # One attempt per submission: Slurm's own requeue after NODE_FAIL would blur what each run did.
+    return cluster.run_on("ctl", ["sbatch", "--parsable", "--no-requeue", "-o", str(out), *args],
+                          cwd=str(REPO)).stdout.strip()
 
 
 def _wait_job(cluster, job_id: str, timeout: float = 120) -> str:
