@@ -69,8 +69,17 @@ def state_is_fresh(state: dict | None, config: HealthdConfig, now: float) -> boo
         return False
     max_age = max(3 * config.check_interval, 30.0)
     pid = state.get("pid")
-    alive = isinstance(pid, int) and Path(f"/proc/{pid}").exists()
-    return alive and now - float(state.get("updated_at", 0)) <= max_age
+    return isinstance(pid, int) and healthd_alive(pid) and now - float(state.get("updated_at", 0)) <= max_age
+
+
+def healthd_alive(pid: int) -> bool:
+    """The process runs healthd and is not a zombie (a killed daemon may linger unreaped)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX" and b"healthd" in cmdline
 
 
 def from_state(state: dict, gpus: list[int] | None) -> list[Problem]:

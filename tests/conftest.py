@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,11 +54,17 @@ def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
             tb.start_healthd(node)
         tb.heal_link(node)
         inject(tb.nvml_dir(node), Fault("clear"))
-    for node in tb.nodes():
-        if node.state.startswith("drain") or node.state in ("down", "down*"):
-            tb.run_on("ctl", ["scontrol", "update", f"NodeName={node.name}", "State=RESUME"], check=False)
-    tb.wait_nodes(lambda n: n.state == "idle" and n.responding, timeout=90,
-                  what="nodes idle and responding again after the test")
+    # healthd acts asynchronously: a drain may land just after the test ended, so keep resuming.
+    deadline = time.monotonic() + 90
+    while True:
+        nodes = tb.nodes()
+        if all(n.state == "idle" and n.responding for n in nodes):
+            break
+        assert time.monotonic() < deadline, f"nodes not back in service after the test: {nodes}"
+        for node in nodes:
+            if node.state.startswith("drain") or node.state.startswith("down"):
+                tb.run_on("ctl", ["scontrol", "update", f"NodeName={node.name}", "State=RESUME"], check=False)
+        time.sleep(0.5)
 
 
 def run_python_on(tb: Testbed, host: str, code: str, *, timeout: float = 60) -> subprocess.CompletedProcess:

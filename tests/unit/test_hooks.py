@@ -8,7 +8,6 @@ expected_gpus = 0 via the state file path instead.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -46,8 +45,25 @@ def config(tmp_path, monkeypatch):
                          checks=CheckLimits(expected_gpus=0))
 
 
+@pytest.fixture(scope="module", autouse=True)
+def healthd_stand_in():
+    """A live process whose command line names healthd, as the state file's pid must."""
+    import subprocess
+    import sys
+
+    global HEALTHD_PID
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "healthd"])
+    HEALTHD_PID = proc.pid
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+HEALTHD_PID = 0
+
+
 def state(now: float, findings_by_gpu: dict[str, list[dict]]) -> dict:
-    return {"node": "node3", "pid": os.getpid(), "updated_at": now,
+    return {"node": "node3", "pid": HEALTHD_PID, "updated_at": now,
             "gpus": {g: {"uuid": f"GPU-{g}", "pci_bus": f"0000:{0x18 + int(g):02x}:00", "verdict": "ignore",
                          "findings": f} for g, f in findings_by_gpu.items()},
             "node_findings": []}
@@ -181,3 +197,19 @@ def test_stray_cleanup_spares_the_hook_and_its_parents(monkeypatch):
     finally:
         runner.kill()
         task.kill()
+
+
+def test_a_killed_healthd_lingering_as_a_zombie_is_not_alive():
+    import subprocess
+    import sys
+
+    from healthd.gate import healthd_alive
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass", "healthd"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] != "Z":  # exited, not yet reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not healthd_alive(proc.pid)
+    proc.wait()
+    assert healthd_alive(HEALTHD_PID)
