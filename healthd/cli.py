@@ -16,7 +16,6 @@ from healthd.config import ConfigError, load_config
 from healthd.policy import POLICY_VERSION, policy_rows
 from healthd.state_file import read_state
 
-EXIT_NOT_AVAILABLE = 69  # EX_UNAVAILABLE: the feature is not built yet
 EXIT_CONFIG = 78  # EX_CONFIG
 EXIT_NO_STATE = 3
 

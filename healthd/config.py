@@ -55,9 +55,6 @@ class HealthdConfig:
         return self.node or socket.gethostname().split(".")[0]
 
 
-_PATHS = {"state_dir", "journal_dir", "kmsg", "boot_id", "job_records_dir"}
-
-
 def load_config(path: Path | None) -> HealthdConfig:
     """Read healthd.toml (a missing default file means all defaults)."""
     if path is None:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from healthd.config import ConfigError, HealthdConfig, load_config
 from healthd.findings import Action, Finding
-from healthd.gate import HOOK_PATH, Problem, check_node, from_state, parse_job_gpus, state_is_fresh
-from healthd.kmsg import parse_gpu_event, parse_record
-from healthd.policy import REASON_PREFIX, drain_reason, judge
+from healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, state_is_fresh
+from healthd.kmsg import RecordReader, parse_gpu_event
+from healthd.policy import drain_reason, judge
 from healthd.slurm_node import SlurmNode
 from healthd.state_file import read_state
 from launcher.errors import SlurmCommandError
@@ -116,52 +116,34 @@ def _kernel_findings(config: HealthdConfig, start: float, end: float, identities
     import psutil
 
     boot = psutil.boot_time()
-    found = []
     try:
-        fd = os.open(config.kmsg, os.O_RDONLY | os.O_NONBLOCK)
+        reader = RecordReader(config.kmsg)
     except OSError:
-        return found
-    is_device = config.kmsg.is_char_device()
-    buffer = b""
+        return []
     try:
-        while True:
-            try:
-                chunk = os.read(fd, 8192)
-            except BlockingIOError:
-                break
-            except OSError:
-                continue  # EPIPE: records overwritten while reading
-            if not chunk:
-                break
-            lines = [chunk] if is_device else (buffer + chunk).split(b"\n")
-            buffer = b"" if is_device else lines.pop()
-            for raw in lines:
-                text = raw.decode(errors="replace")
-                record = parse_record(text)
-                if record is None:
-                    continue
-                try:
-                    at = boot + int(text.split(",")[2]) / 1e6
-                except (IndexError, ValueError):
-                    continue
-                event = parse_gpu_event(record)
-                if event is not None and start <= at <= end:
-                    found.append(Finding("xid", "kmsg", at, gpu=identities.get(event.pci_bus), xid=event.xid,
-                                         value=event.pci_bus, detail=event.message[:200]))
+        records = reader.available()
     finally:
-        os.close(fd)
+        reader.close()
+    found = []
+    for record in records:
+        at = boot + record.usec / 1e6
+        event = parse_gpu_event(record)
+        if event is not None and start <= at <= end:
+            found.append(Finding("xid", "kmsg", at, gpu=identities.get(event.pci_bus), xid=event.xid,
+                                 value=event.pci_bus, detail=event.message[:200]))
     return found
 
 
 def run_epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode] = SlurmNode,
-               config: HealthdConfig | None = None) -> int:
+               config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node) -> int:
     """Record what broke on this node during the job; drain for hardware faults. Always 0."""
     config = _setup("epilog", config)
     with _bounded("epilog", config.hook_timeout, 0):  # a stuck epilog must not drain the node by itself
-        return _epilog(environ, slurm_factory, config)
+        return _epilog(environ, slurm_factory, config, node_check)
 
 
-def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig) -> int:
+def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig,
+            node_check: Callable[..., GateReport]) -> int:
     job = environ.get("SLURM_JOB_ID", "unknown")
     node = environ.get("SLURMD_NODENAME") or config.node_name
     gpus = parse_job_gpus(environ.get("SLURM_JOB_GPUS"))
@@ -204,7 +186,7 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], 
         if verdict.action > Action.IGNORE:
             add(finding, verdict.action, verdict.reason, "kernel log")
     # What is still wrong now: from healthd when it is alive (cheap), else NVML directly.
-    for problem in check_node(config, gpus, direct=not state_is_fresh(state, config, end)).problems:
+    for problem in node_check(config, gpus, direct=not state_is_fresh(state, config, end)).problems:
         add(Finding(problem.finding.kind, "epilog", end, gpu=problem.finding.gpu, uuid=problem.finding.uuid,
                     detail=problem.finding.detail), problem.verdict.action, problem.verdict.reason, "epilog check")
     ordered = sorted(findings.values(), key=lambda e: (e["at"] or "", e["gpu"] if e["gpu"] is not None else -1))
@@ -292,5 +274,3 @@ def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], SlurmN
     _say("healthcheck", _drain("healthcheck", node, problems[0], lambda n: slurm_factory(n)))
     return 0
 
-
-assert REASON_PREFIX == "healthd:"  # the owned prefix the hooks share with the daemon

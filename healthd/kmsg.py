@@ -28,6 +28,8 @@ _FALLEN = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a
 class KernelRecord:
     sequence: int
     message: str
+    usec: int = 0
+    """Microseconds since boot when the kernel logged it."""
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ def parse_record(raw: str) -> KernelRecord | None:
     fields = header.split(",")
     if len(fields) < 3 or not fields[1].isdigit():
         return None
-    return KernelRecord(int(fields[1]), message.rstrip("\n"))
+    return KernelRecord(int(fields[1]), message.rstrip("\n"), int(fields[2]) if fields[2].isdigit() else 0)
 
 
 def parse_gpu_event(record: KernelRecord) -> GpuKernelEvent | None:
@@ -96,6 +98,50 @@ def read_boot_id(path: Path) -> str:
         return "unknown"
 
 
+class RecordReader:
+    """Reads whatever kernel records are available now, without blocking.
+
+    /dev/kmsg gives one record per read() and EPIPE when records were overwritten before
+    they were read; a file of records (tests, the testbed) is read line by line.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.is_device = path.is_char_device()
+        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        self.buffer = b""
+
+    def available(self) -> list[KernelRecord]:
+        records = []
+        while True:
+            try:
+                chunk = os.read(self.fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # overwritten before we read them: carry on
+                    continue
+                raise
+            if not chunk:
+                break
+            lines = [chunk] if self.is_device else (self.buffer + chunk).split(b"\n")
+            self.buffer = b"" if self.is_device else lines.pop()
+            for line in lines:
+                record = parse_record(line.decode(errors="replace"))
+                if record is not None:
+                    records.append(record)
+        return records
+
+    def wait(self, seconds: float) -> None:
+        """Until more may be there: select() on the device, a short sleep on a file."""
+        if self.is_device:
+            select.select([self.fd], [], [], seconds)
+        else:
+            time.sleep(seconds)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class KernelLog:
     """Follows /dev/kmsg (or a file of records), yielding only records after the cursor."""
 
@@ -106,34 +152,18 @@ class KernelLog:
 
     def follow(self, stop, poll: float = 0.05) -> Iterator[KernelRecord]:
         """Yield new records until `stop.is_set()`; blocks between records."""
-        is_device = self.path.is_char_device()
-        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
-        buffer = b""
+        reader = RecordReader(self.path)
         try:
             while not stop.is_set():
-                try:
-                    chunk = os.read(fd, 8192)
-                except BlockingIOError:
-                    chunk = b""
-                except OSError as exc:
-                    if exc.errno == errno.EPIPE:  # records overwritten before we read them: carry on
-                        continue
-                    raise
-                if not chunk:
-                    if is_device:
-                        select.select([fd], [], [], poll)
-                    else:
-                        time.sleep(poll)
-                    continue
-                lines = [chunk] if is_device else (buffer + chunk).split(b"\n")
-                buffer = b"" if is_device else lines.pop()
-                for line in lines:
-                    record = parse_record(line.decode(errors="replace"))
-                    if record is not None and record.sequence > self.after:
+                records = reader.available()
+                if not records:
+                    reader.wait(poll)
+                for record in records:
+                    if record.sequence > self.after:
                         self.after = record.sequence
                         yield record
         finally:
-            os.close(fd)
+            reader.close()
 
 
 class Deduplicator:

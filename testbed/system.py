@@ -27,13 +27,12 @@ class CommandResult:
 
 
 def run(argv: Sequence[str], *, timeout: float = 60, check: bool = True,
-        env: dict[str, str] | None = None, input_text: str | None = None) -> CommandResult:
+        env: dict[str, str] | None = None) -> CommandResult:
     """Run a command to completion; raise TestbedError when it fails and `check` is set."""
     if env is None:
         env = with_sbin(dict(os.environ))
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env,
-                              input=input_text)
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as exc:
         raise TestbedError(f"`{' '.join(argv)}` did not finish within {timeout:g} s") from exc
     except FileNotFoundError as exc:
@@ -118,19 +117,3 @@ def namespaces() -> list[str]:
     """Names of the network namespaces that exist (`ip netns list`)."""
     result = run(["ip", "netns", "list"], check=False, timeout=10)
     return [line.split()[0] for line in result.stdout.splitlines() if line.strip()]
-
-
-def pids_mentioning(text: str) -> list[int]:
-    """PIDs whose command line mentions `text` (catches strays left by a crashed run)."""
-    found = []
-    me = os.getpid()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline and is_alive(int(entry.name)):
-            found.append(int(entry.name))
-    return found
