@@ -4,21 +4,28 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
+import time
 import tomllib
 import traceback
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.table import Table
 
 from launcher import __version__, hostlist
 from launcher.cost import DEFAULT_WEIGHTS
-from launcher.errors import ClusterctlError, LayoutError, SpecError
+from launcher.errors import ClusterctlError, LayoutError, RunError, SpecError
 from launcher.parallel import DIMS, layout_from_mapping
 from launcher.placement import plan as make_plan
 from launcher.plan_view import plan_json, plan_renderables, plan_svg
+from launcher.runs import RunDir, create_run, unique_run_path
 from launcher.slurm import Slurm
+from launcher.spec import default_runs_dir, load_spec, parse_overrides, reference_rows
+from launcher.status import find_run_of_job, list_runs, run_status, status_renderables
+from launcher.submit import gather_facts, prepare, submit_attempt
 from launcher.topology import load_nvlink_domains, load_topology, parse_scontrol_topology
 
 EXIT_NOT_AVAILABLE = 69  # EX_UNAVAILABLE: the feature is not built yet
@@ -36,29 +43,198 @@ def cli(debug: bool) -> None:
     """Keep large GPU training jobs running on Slurm.
 
     \b
-    Working: `plan` (topology-aware rank maps) and `hostlist`.  Not yet built, and
-    saying so plainly: submit, status, supervise.
+    submit   render and submit a job spec (topology-aware script + rank map)
+    status   a run's attempts, nodes, rank-map cost and logs
+    cancel   cancel a run
+    spec     the job-spec reference, or check a spec
+    plan     plan a rank map without submitting
+    hostlist expand/compress Slurm hostlists
 
     \b
     Exit codes: 0 ok, 2 usage, 3 hostlist, 4 topology, 5 layout, 6 placement,
-    7 spec, 8 Slurm command, 69 not available yet.
+    7 spec, 8 Slurm command, 9 run directory, 69 not available yet.
     """
     if debug:
         os.environ["CLUSTERCTL_DEBUG"] = "1"
 
 
-@cli.command(context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def submit(args: tuple[str, ...]) -> None:
-    """Submit a job spec (not available yet)."""
-    _not_yet("submit")
+def _common_overrides(f):
+    for decorator in reversed((
+        click.option("--nodes", type=int, help="Override job.nodes."),
+        click.option("--gpus-per-node", type=int, help="Override job.gpus_per_node."),
+        click.option("--time", "time_limit", help="Override job.time (Slurm format, e.g. 2:00:00)."),
+        click.option("--partition", help="Override job.partition."),
+        click.option("--account", help="Override job.account."),
+        click.option("--name", help="Override job.name."),
+        click.option("--exclude", help="Override job.exclude (a hostlist)."),
+        click.option("-e", "--env", "env", multiple=True, metavar="NAME=VALUE", help="Add to [launch] env."),
+    )):
+        f = decorator(f)
+    return f
 
 
-@cli.command(context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def status(args: tuple[str, ...]) -> None:
-    """Show a run's state (not available yet)."""
-    _not_yet("status")
+def _load_spec_with(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account, name, exclude, env):
+    overrides = parse_overrides(nodes=nodes, gpus_per_node=gpus_per_node, time=time_limit, partition=partition,
+                                account=account, name=name, exclude=exclude, env=env)
+    return load_spec(spec_file, overrides)
+
+
+@cli.command()
+@click.argument("spec_file", metavar="SPEC", type=click.Path(path_type=Path, dir_okay=False))
+@_common_overrides
+@click.option("--run-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Run directory to create (default: <job.runs_dir>/<name>-<time>).")
+@click.option("--resume", "resume_from", help="Start from this checkpoint (passed as [checkpoint] resume_env/args).")
+@click.option("--dry-run", is_flag=True, help="Print the exact sbatch command and script; submit nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
+@click.option("--wait", is_flag=True, help="Wait for the job to end (like sbatch -W); exit 1 unless it completed.")
+@click.option("--supervise", is_flag=True, help="Keep watching and resubmit after node failures (see `supervise`).")
+def submit(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account, name, exclude, env,
+           run_dir: Path | None, resume_from: str | None, dry_run: bool, as_json: bool, wait: bool,
+           supervise: bool) -> None:
+    """Submit the job described by SPEC (a TOML job spec; see `clusterctl spec`).
+
+    \b
+    Writes a run directory (spec, script, journal, logs), renders the sbatch script from
+    sbatch_templates/, asks Slurm for a compact allocation, and submits.  In the job, the
+    rank map is computed for the nodes Slurm gave and every rank checks it runs there.
+
+    \b
+    Examples:
+      clusterctl submit job.toml --dry-run
+      clusterctl submit job.toml --nodes 16 --time 4:00:00 -e NCCL_DEBUG=INFO
+    """
+    spec = _load_spec_with(spec_file, nodes, gpus_per_node, time_limit, partition, account, name, exclude, env)
+    slurm = Slurm()
+    facts, warnings = gather_facts(slurm, spec)
+    root = Path(spec.job.runs_dir or default_runs_dir())
+    path = (run_dir or unique_run_path(root, spec.job.name, time.time())).absolute()
+    request = prepare(spec, facts, run_dir=str(path), python=sys.executable, resume_from=resume_from,
+                      no_requeue=supervise)
+    warnings += list(request.warnings)
+    for warning in warnings:
+        click.echo(f"clusterctl: warning: {warning}", err=True)
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps({"dry_run": True, "run_dir": str(path), "sbatch_argv": list(request.sbatch_argv),
+                                   "script": request.script, "warnings": warnings}, indent=2, sort_keys=True))
+        else:
+            click.echo(f"# would run: {shlex.join(request.sbatch_argv)}")
+            click.echo(request.script, nl=False)
+        return
+    run = create_run(path, spec, spec_file.read_text())
+    job_id = submit_attempt(run, request, slurm, 1, None)
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "run_dir": str(path), "sbatch_argv": list(request.sbatch_argv),
+                               "log": str(run.log_path(job_id)), "warnings": warnings}, indent=2, sort_keys=True))
+    else:
+        click.echo(f"Submitted job {job_id}; run directory {path}")
+        click.echo(f"  log:    {run.log_path(job_id)}")
+        click.echo(f"  status: clusterctl status {path}")
+    if supervise:
+        _supervise(run, slurm)
+    elif wait:
+        state = _wait_for(slurm, job_id)
+        Console(stderr=True).print(status_renderables(run_status(run, slurm.queue(), {})))
+        if state != "COMPLETED":
+            sys.exit(1)
+
+
+def _wait_for(slurm: Slurm, job_id: str, poll: float = 1.0) -> str:
+    """Poll the controller until the job is terminal; its final state."""
+    while True:
+        report = slurm.queue().get(job_id)
+        if report is None:
+            found = slurm.accounting([job_id]).get(job_id)
+            if found is not None and found.terminal:
+                return found.state
+        elif report.terminal:
+            return report.state
+        time.sleep(poll)
+
+
+def _supervise(run, slurm) -> None:
+    _not_yet("supervise")
+
+
+def _resolve_target(target: str | None) -> list:
+    root = Path(default_runs_dir())
+    if target is None:
+        return list_runs(root)
+    candidate = Path(target)
+    if candidate.is_dir():
+        run = RunDir(candidate.absolute())
+        if not run.exists():
+            raise RunError(f"{candidate} is not a clusterctl run directory (no spec.json)")
+        return [run]
+    if target.isdigit():
+        run = find_run_of_job(root, target)
+        if run is None:
+            raise RunError(f"no run under {root} submitted job {target}; pass the run directory instead")
+        return [run]
+    raise RunError(f"{target!r} is neither a run directory nor a job id")
+
+
+@cli.command()
+@click.argument("target", required=False, metavar="[RUN|JOB]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def status(target: str | None, as_json: bool) -> None:
+    """Show a run's attempts: state, nodes, rank-map cost and where the logs are.
+
+    RUN is a run directory, JOB a Slurm job id; without either, the newest runs under
+    $CLUSTERCTL_RUNS (default ~/.clusterctl/runs).
+    """
+    runs = _resolve_target(target)
+    slurm = Slurm()
+    queue = slurm.queue()
+    ids = [a.job_id for run in runs for a in run.attempts() if a.job_id not in queue]
+    accounting = slurm.accounting(ids) if ids else {}
+    statuses = [run_status(run, queue, accounting) for run in runs]
+    if as_json:
+        click.echo(json.dumps(statuses if target is None else statuses[0], indent=2, sort_keys=True))
+        return
+    if not statuses:
+        click.echo(f"no runs under {default_runs_dir()}")
+    console = Console()
+    for s in statuses:
+        console.print(status_renderables(s))
+
+
+@cli.command()
+@click.argument("target", metavar="RUN|JOB")
+def cancel(target: str) -> None:
+    """Cancel a run's live attempt (scancel) and tell its supervisor to stop."""
+    run = _resolve_target(target)[0]
+    slurm = Slurm()
+    queue = slurm.queue()
+    live = [a.job_id for a in run.attempts() if a.job_id in queue and not queue[a.job_id].terminal]
+    run.record("cancelled", message="cancelled by the user", jobs=live)
+    slurm.cancel(live)
+    click.echo(f"cancelled {', '.join(live) if live else 'no live job'}; run {run.path}")
+
+
+@cli.command("spec")
+@click.argument("spec_file", required=False, metavar="[SPEC]", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--markdown", is_flag=True, help="Print the reference as a Markdown table.")
+def spec_command(spec_file: Path | None, markdown: bool) -> None:
+    """Print the job-spec reference, or check SPEC and print it as clusterctl reads it."""
+    if spec_file is not None:
+        click.echo(json.dumps(load_spec(spec_file).to_dict(), indent=2, sort_keys=True))
+        return
+    rows = reference_rows()
+    if markdown:
+        click.echo("| key | type | default | meaning |\n|---|---|---|---|")
+        for key, kind, default, doc in rows:
+            click.echo(f"| `{key}` | {kind} | {default} | {doc} |")
+        return
+    table = Table(title="clusterctl job spec (TOML); `clusterctl spec --markdown` for docs/spec.md")
+    table.add_column("key", no_wrap=True)
+    table.add_column("type", max_width=14)
+    table.add_column("default", max_width=12)
+    table.add_column("meaning", ratio=1)
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
 
 
 @cli.command(context_settings={"ignore_unknown_options": True})

@@ -53,6 +53,12 @@ class SpecError(ClusterctlError):
         self.path, self.key = path, key
 
 
+class RunError(ClusterctlError):
+    """A run directory that is missing, damaged, or held by another supervisor."""
+
+    exit_code = 9
+
+
 class SlurmCommandError(ClusterctlError):
     """A Slurm command that failed or timed out; carries Slurm's own message."""
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from launcher.errors import SlurmCommandError
+from launcher.slurm_jobs import JobReport, parse_sacct_json, parse_sbatch_parsable, parse_squeue_json
 
 
 @dataclass(frozen=True)
@@ -63,3 +64,34 @@ class Slurm:
             if state.strip() == "idle" and name not in nodes:
                 nodes.append(name.strip())
         return nodes
+
+    def version(self) -> str:
+        """`sbatch --version`, e.g. `slurm-wlm 22.05.8`."""
+        return self._run(["sbatch", "--version"]).strip()
+
+    def config_value(self, key: str) -> str | None:
+        """One value of `scontrol show config` (e.g. TopologyPlugin)."""
+        for line in self._run(["scontrol", "show", "config"]).splitlines():
+            name, sep, value = line.partition("=")
+            if sep and name.strip() == key:
+                return value.strip()
+        return None
+
+    def sbatch(self, argv: list[str]) -> str:
+        """Submit; the job id.  A refusal raises SlurmCommandError with sbatch's own message."""
+        return parse_sbatch_parsable(self._run(argv))
+
+    def queue(self) -> dict[str, JobReport]:
+        """Every job slurmctld holds, in one call (22.05's `squeue --json` ignores filters)."""
+        return parse_squeue_json(self._run(["squeue", "--json"]))
+
+    def accounting(self, job_ids: list[str]) -> dict[str, JobReport]:
+        """Accounting records (with steps) of the given jobs, in one call."""
+        if not job_ids:
+            return {}
+        return parse_sacct_json(self._run(["sacct", "--json", "-j", ",".join(job_ids)]))
+
+    def cancel(self, job_ids: list[str]) -> None:
+        """scancel the given jobs."""
+        if job_ids:
+            self._run(["scancel", *job_ids])

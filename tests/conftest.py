@@ -71,3 +71,20 @@ def run_python_on(tb: Testbed, host: str, code: str, *, timeout: float = 60) -> 
     """Run a Python snippet on a testbed host with this interpreter (pynvml and the project importable)."""
     argv = [*tb.enter(host), sys.executable, "-c", code]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def wait_job(tb: Testbed, job_id: str, timeout: float = 120) -> str:
+    """Wait until Slurm's accounting says the job ended; its final state (COMPLETED, FAILED...)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = tb.run_on("ctl", ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]).stdout.strip()
+        if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not finish within {timeout} s")
+
+
+def clusterctl_on(tb: Testbed, *args: str, check: bool = True, timeout: float = 60):
+    """Run this checkout's `clusterctl` on the login node (the testbed's controller host)."""
+    return tb.run_on("ctl", [sys.executable, "-c", "from launcher.cli import main; main()", *args], check=check,
+                     timeout=timeout, cwd=str(REPO))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, wait_job
 
 pytestmark = pytest.mark.e2e
 
@@ -23,22 +23,12 @@ def _sbatch(cluster, out: Path, *args: str) -> str:
                           cwd=str(REPO)).stdout.strip()
 
 
-def _wait_job(cluster, job_id: str, timeout: float = 120) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = cluster.run_on("ctl", ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"]).stdout.strip()
-        if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
-            return state
-        time.sleep(0.5)
-    raise AssertionError(f"job {job_id} did not finish within {timeout} s")
-
-
 def test_killed_node_then_resume_gives_the_uninterrupted_final_state(cluster, tmp_path):
     # Uninterrupted reference run on two nodes.
     ref = tmp_path / "reference"
     job = _sbatch(cluster, tmp_path / "ref.out", "-N2", "--ntasks-per-node=4", SBATCH, str(ref),
                   *TRAINER_ARGS, "--step-time", "0.01")
-    assert _wait_job(cluster, job) == "COMPLETED", (tmp_path / "ref.out").read_text()
+    assert wait_job(cluster, job) == "COMPLETED", (tmp_path / "ref.out").read_text()
     reference = json.loads((ref / "final.json").read_text())
     assert reference["step"] == 60 and reference["world_size"] == 8
 
@@ -51,13 +41,13 @@ def test_killed_node_then_resume_gives_the_uninterrupted_final_state(cluster, tm
         assert time.monotonic() < deadline, (tmp_path / "a.out").read_text()
         time.sleep(0.1)
     cluster.kill_node("node2")
-    assert _wait_job(cluster, job) in ("NODE_FAIL", "FAILED")
+    assert wait_job(cluster, job) in ("NODE_FAIL", "FAILED")
     assert not (ckpt / "final.json").exists()
 
     # Resume on healthy nodes, the dead one excluded, from the last complete checkpoint.
     job = _sbatch(cluster, tmp_path / "b.out", "-N2", "-x", "node2", "--ntasks-per-node=4", SBATCH, str(ckpt),
                   *TRAINER_ARGS, "--step-time", "0.01")
-    assert _wait_job(cluster, job) == "COMPLETED", (tmp_path / "b.out").read_text()
+    assert wait_job(cluster, job) == "COMPLETED", (tmp_path / "b.out").read_text()
     resumed = re.search(r"resumed from \S+/step-(\d+)", (tmp_path / "b.out").read_text())
     assert resumed and int(resumed.group(1)) >= 20, "must resume from the last complete checkpoint"
     assert json.loads((ckpt / "final.json").read_text()) == reference
@@ -74,6 +64,6 @@ def test_ranks_fail_like_cuda_when_their_gpu_is_lost(cluster, tmp_path):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     inject(cluster.nvml_dir("node3"), Fault("gpu-lost", gpu=6))
-    assert _wait_job(cluster, job) == "FAILED"
+    assert wait_job(cluster, job) == "FAILED"
     log = (tmp_path / "out").read_text()
     assert "CUDA error: GPU 6 is lost (NVML_ERROR_GPU_IS_LOST)" in log

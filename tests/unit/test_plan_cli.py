@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from launcher.cli import cli
+from tests.golden import assert_golden
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 GOLDEN = DATA / "golden" / "plan"
@@ -29,11 +29,7 @@ CASES = {
 def test_plan_json_matches_golden(name):
     result = CliRunner().invoke(cli, ["plan", *CASES[name], "--json"])
     assert result.exit_code == 0, result.output
-    path = GOLDEN / f"{name}.json"
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(result.output)
-    assert result.output == path.read_text(), "regenerate with UPDATE_GOLDEN=1 if the change is intended"
+    assert_golden(f"plan/{name}.json", result.output)
     data = json.loads(result.output)
     assert data["cost"]["objective"] <= data["baselines"]["dfs"]["objective"]
 

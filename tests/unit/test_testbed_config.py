@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from testbed import slurm_config
 from testbed.layout import Layout
+from tests.golden import assert_golden
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden" / "testbed"
 LAYOUT = Layout(root=Path("/tmp/ctb"))
@@ -26,11 +26,7 @@ RENDERED = {
 
 @pytest.mark.parametrize("name", sorted(RENDERED))
 def test_rendered_config_matches_golden(name):
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(RENDERED[name])
-    assert RENDERED[name] == path.read_text(), "regenerate with UPDATE_GOLDEN=1 if the change is intended"
+    assert_golden(f"testbed/{name}", RENDERED[name])
 
 
 def test_hooks_and_their_flags_are_wired():

@@ -1,0 +1,173 @@
+"""What a generated sbatch script runs inside the job (`python -m launcher.in_job ...`).
+
+- `plan`: rank map for SLURM_JOB_NODELIST → `<job dir>/rankmap.json`, `hostfile`, `nodefile`.
+- `rank`: one per rank; checks (node, local GPU) against the map, records where it ran,
+  sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* and becomes the command.
+- `node`: one per node (torchrun style); checks the node, then becomes torchrun.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from launcher import hostlist
+from launcher.errors import ClusterctlError
+from launcher.files import atomic_write
+from launcher.placement import plan as make_plan
+from launcher.plan_view import plan_json
+from launcher.preflight import (
+    JobRankMap, hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv,
+    visible_gpus,
+)
+from launcher.runs import RunDir
+from launcher.slurm import Slurm
+from launcher.topology import Topology, load_topology, parse_scontrol_topology
+
+EXIT_PREFLIGHT = 86  # a rank is not where the map says: fail the job before any work
+
+
+def _say(message: str) -> None:
+    print(f"clusterctl: {message}", file=sys.stderr, flush=True)
+
+
+def flat_topology(nodes: Sequence[str]) -> Topology:
+    """All nodes under one switch: what we know when Slurm has no topology plugin."""
+    return Topology({"(flat)": None}, {n: "(flat)" for n in nodes}, source="no topology")
+
+
+def job_topology(spec_topology: str | None, slurm: Slurm, nodes: Sequence[str]) -> tuple[Topology, str | None]:
+    """The spec's topology file, else Slurm's; a flat one (with a warning) when Slurm has none."""
+    if spec_topology:
+        return load_topology(Path(spec_topology)), None
+    text = slurm.show_topology()
+    if not text.strip():
+        return flat_topology(nodes), "Slurm reports no topology (TopologyPlugin?): the map treats all nodes as one switch"
+    return parse_scontrol_topology(text), None
+
+
+def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm: Slurm) -> JobRankMap:
+    """Compute and write the job's rank map; returns it."""
+    spec = RunDir(run_dir).spec()
+    job_id = environ.get("SLURM_JOB_ID", "0")
+    allocated = hostlist.expand(environ["SLURM_JOB_NODELIST"])
+    topology, warning = job_topology(spec.placement.topology, slurm, allocated)
+    if warning:
+        _say(f"warning: {warning}")
+    result = make_plan(spec.parallel, spec.job.gpus_per_node, topology, allocated, spec.placement.weight_map())
+    rank_map = JobRankMap(job_id, result.rank_map.slots, spec.job.gpus_per_node,
+                          master_port(job_id, spec.launch.master_port))
+    document = {
+        "job_id": job_id, "nodelist": environ["SLURM_JOB_NODELIST"], "slots": list(rank_map.slots),
+        "gpus_per_node": rank_map.gpus_per_node, "world_size": rank_map.world_size,
+        "master_addr": rank_map.master_addr, "master_port": rank_map.master_port,
+        "unused_nodes": [n for n in allocated if n not in rank_map.slots],
+        "plan": plan_json(result, topology),
+    }
+    (job_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    atomic_write(job_dir / "hostfile", "\n".join(hostfile_lines(rank_map, per_gpu=True)) + "\n")
+    atomic_write(job_dir / "nodefile", "\n".join(hostfile_lines(rank_map, per_gpu=False)) + "\n")
+    atomic_write(job_dir / "rankmap.json", json.dumps(document, indent=2, sort_keys=True) + "\n")
+    ours, theirs = result.cost.leaf_crossing_groups(), result.baselines["slurm"].leaf_crossing_groups()
+    _say(f"rank map for {environ['SLURM_JOB_NODELIST']}: node slots {hostlist.compress(list(rank_map.slots))} "
+         f"in order {' '.join(rank_map.slots)}; leaf-crossing DP/PP groups {ours} (Slurm's order: {theirs}); "
+         f"{job_dir / 'rankmap.json'}")
+    return rank_map
+
+
+def _record(job_dir: Path, rank: int, node: str, environ: Mapping[str, str]) -> None:
+    record = {"rank": rank, "node": node, "hostname": socket.gethostname(), "pid": os.getpid(),
+              "local_rank": int(environ["LOCAL_RANK"]), "slurm_procid": environ.get("SLURM_PROCID"),
+              "slurm_localid": environ.get("SLURM_LOCALID"), "slurm_nodeid": environ.get("SLURM_NODEID"),
+              "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"), "started": time.time()}
+    atomic_write(job_dir / "ranks" / f"{rank}.json", json.dumps(record, sort_keys=True) + "\n")
+
+
+def _load_map(job_dir: Path) -> JobRankMap:
+    return JobRankMap.from_json(json.loads((job_dir / "rankmap.json").read_text()))
+
+
+def _node_name(environ: Mapping[str, str]) -> str:
+    # SLURMD_NODENAME is Slurm's name for the node (what the map uses); the hostname may differ.
+    return environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def exec_rank(job_dir: Path, command: Sequence[str], environ: Mapping[str, str], *, under_torchrun: bool) -> int:
+    """Check this task against the map, record it, and exec the command (returns only on failure)."""
+    rank_map = _load_map(job_dir)
+    node = _node_name(environ)
+    if under_torchrun:
+        rank, local_id = int(environ["RANK"]), int(environ["LOCAL_RANK"])
+    else:
+        rank = int(environ["SLURM_PROCID"])
+        local_id = int(environ["SLURM_LOCALID"]) if "SLURM_LOCALID" in environ else None
+    problems = placement_problems(rank_map, rank, node, local_id, visible_gpus(environ))
+    if problems:
+        for problem in problems:
+            _say(f"preflight failed: {problem}")
+        return EXIT_PREFLIGHT
+    env = {**environ, **rank_environment(rank_map, rank), "CLUSTERCTL_JOB_DIR": str(job_dir)}
+    _record(job_dir, rank, node, env)
+    return _exec(command, env)
+
+
+def exec_node(job_dir: Path, command: Sequence[str], environ: Mapping[str, str]) -> int:
+    """torchrun style: check this node's slot, then exec torchrun with the map's node rank."""
+    rank_map = _load_map(job_dir)
+    node_rank = int(environ["SLURM_PROCID"])
+    problems = node_problems(rank_map, node_rank, _node_name(environ))
+    if problems:
+        for problem in problems:
+            _say(f"preflight failed: {problem}")
+        return EXIT_PREFLIGHT
+    return _exec(torchrun_argv(rank_map, node_rank, sys.executable, str(job_dir), command), dict(environ))
+
+
+def _exec(command: Sequence[str], env: Mapping[str, str]) -> int:
+    try:
+        os.execvpe(command[0], list(command), dict(env))
+    except OSError as exc:
+        _say(f"cannot run {command[0]!r}: {exc.strerror}")
+        return 127
+    return 127  # not reached
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.in_job", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    p_plan = sub.add_parser("plan")
+    p_plan.add_argument("--run-dir", required=True, type=Path)
+    p_plan.add_argument("--job-dir", required=True, type=Path)
+    for name in ("rank", "node"):
+        p = sub.add_parser(name)
+        p.add_argument("--job-dir", required=True, type=Path)
+        p.add_argument("--under-torchrun", action="store_true")
+        p.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    try:
+        if args.what == "plan":
+            plan_for_job(args.run_dir, args.job_dir, os.environ, Slurm())
+            return 0
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not command:
+            parser.error("no command after --")
+        if args.what == "rank":
+            return exec_rank(args.job_dir, command, os.environ, under_torchrun=args.under_torchrun)
+        return exec_node(args.job_dir, command, os.environ)
+    except ClusterctlError as exc:
+        _say(f"error: {exc}")
+        return 1
+    except (OSError, KeyError, ValueError) as exc:
+        _say(f"error: {type(exc).__name__}: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

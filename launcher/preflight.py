@@ -1,0 +1,111 @@
+"""Per-rank truth inside a job: the environment a rank gets and the check that it runs where
+the rank map says (pure functions; `launcher.in_job` applies them).
+
+The check exists because the usual ways of getting this wrong are silent: `srun -w`
+re-sorts nodes, `SLURM_NODEID` does not follow a hostfile, c10d ranks nodes by FQDN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class JobRankMap:
+    """The rank map as the job sees it (the `rankmap.json` a job writes for itself)."""
+
+    job_id: str
+    slots: tuple[str, ...]
+    gpus_per_node: int
+    master_port: int
+
+    @property
+    def world_size(self) -> int:
+        return len(self.slots) * self.gpus_per_node
+
+    @property
+    def master_addr(self) -> str:
+        return self.slots[0]
+
+    def location(self, rank: int) -> tuple[str, int]:
+        """(node, local GPU) of a global rank."""
+        return self.slots[rank // self.gpus_per_node], rank % self.gpus_per_node
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> JobRankMap:
+        return cls(str(data["job_id"]), tuple(data["slots"]), int(data["gpus_per_node"]), int(data["master_port"]))
+
+
+def master_port(job_id: str, configured: int | None) -> int:
+    """The spec's port, or one derived from the job id (two jobs sharing a node differ)."""
+    if configured:
+        return configured
+    digits = "".join(c for c in job_id if c.isdigit()) or "0"
+    return 20000 + int(digits) % 20000
+
+
+def hostfile_lines(rank_map: JobRankMap, per_gpu: bool) -> list[str]:
+    """SLURM_HOSTFILE lines: task t runs on line t's node (one per rank, or one per node)."""
+    repeat = rank_map.gpus_per_node if per_gpu else 1
+    return [node for node in rank_map.slots for _ in range(repeat)]
+
+
+def rank_environment(rank_map: JobRankMap, rank: int) -> dict[str, str]:
+    """What every launcher style gives a rank: torch.distributed's variables, from the map."""
+    node, gpu = rank_map.location(rank)
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(gpu),
+        "WORLD_SIZE": str(rank_map.world_size),
+        "LOCAL_WORLD_SIZE": str(rank_map.gpus_per_node),
+        "NODE_RANK": str(rank // rank_map.gpus_per_node),
+        "GROUP_RANK": str(rank // rank_map.gpus_per_node),
+        "MASTER_ADDR": rank_map.master_addr,
+        "MASTER_PORT": str(rank_map.master_port),
+    }
+
+
+def visible_gpus(environ: Mapping[str, str]) -> list[str] | None:
+    """GPU indices Slurm let this task see (CUDA_VISIBLE_DEVICES), None when unrestricted."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None or value == "":
+        return None
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def placement_problems(rank_map: JobRankMap, rank: int, node: str, local_id: int | None,
+                       visible: Sequence[str] | None) -> list[str]:
+    """Why this task is not where the map puts `rank` (empty when it is)."""
+    if not 0 <= rank < rank_map.world_size:
+        return [f"rank {rank} is outside the map's {rank_map.world_size} ranks"]
+    want_node, want_gpu = rank_map.location(rank)
+    problems = []
+    if node != want_node:
+        problems.append(f"rank {rank} runs on {node} but the rank map puts it on {want_node} "
+                        f"(was srun given -w, or SLURM_HOSTFILE ignored?)")
+    if local_id is not None and local_id != want_gpu:
+        problems.append(f"rank {rank} is task {local_id} on its node but the map gives it GPU {want_gpu} "
+                        f"(tasks of one node must appear in GPU order)")
+    if visible is not None and want_gpu >= len(visible):
+        problems.append(f"rank {rank} needs local GPU {want_gpu} but only {len(visible)} are visible "
+                        f"(CUDA_VISIBLE_DEVICES={','.join(visible)})")
+    return problems
+
+
+def node_problems(rank_map: JobRankMap, node_rank: int, node: str) -> list[str]:
+    """Why this per-node task (torchrun style) is not on the map's node for `node_rank`."""
+    if not 0 <= node_rank < len(rank_map.slots):
+        return [f"node rank {node_rank} is outside the map's {len(rank_map.slots)} nodes"]
+    if rank_map.slots[node_rank] != node:
+        return [f"node rank {node_rank} runs on {node} but the rank map puts it on {rank_map.slots[node_rank]}"]
+    return []
+
+
+def torchrun_argv(rank_map: JobRankMap, node_rank: int, python: str, job_dir: str,
+                  command: Sequence[str]) -> list[str]:
+    """torchrun with static rendezvous and the map's node rank; workers re-check their GPU."""
+    return ["torchrun", f"--nnodes={len(rank_map.slots)}", f"--nproc-per-node={rank_map.gpus_per_node}",
+            f"--node-rank={node_rank}", "--rdzv-backend=static", f"--master-addr={rank_map.master_addr}",
+            f"--master-port={rank_map.master_port}", "--no-python",
+            python, "-m", "launcher.in_job", "rank", "--under-torchrun", "--job-dir", job_dir, "--", *command]

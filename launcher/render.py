@@ -1,0 +1,191 @@
+"""Turn a job spec into the exact sbatch argv and script (pure: no Slurm, no files).
+
+The request is complete before anything runs, so `--dry-run` shows exactly what
+`submit` would do (torchx's dry-run-first request objects; submitit's pure renderer).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher import __version__
+from launcher.errors import SpecError
+from launcher.parallel import DIMS, FRAMEWORK_ORDERS
+from launcher.shell import comment, quote, words
+from launcher.spec import JobSpec
+from launcher.topology import Topology
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
+PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_]+)\s*\}\}")
+BLOCK_TOPOLOGY_SINCE = (23, 11)  # --segment and topology/block arrived in Slurm 23.11
+
+
+@dataclass(frozen=True)
+class SlurmFacts:
+    """What submit learned from the cluster once: version, topology plugin and tree."""
+
+    version: tuple[int, int, int] | None = None
+    topology_plugin: str | None = None
+    topology: Topology | None = None
+
+
+@dataclass(frozen=True)
+class Template:
+    """An sbatch template's text and where it came from (for error messages)."""
+
+    text: str
+    source: str
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """Everything `sbatch` will be given: argv (script path last) and the script's text."""
+
+    run_dir: str
+    script_path: str
+    script: str
+    sbatch_argv: tuple[str, ...]
+    warnings: tuple[str, ...]
+    resume_from: str | None = None
+
+
+def builtin_template(style: str) -> Template:
+    """sbatch_templates/<style>.sbatch."""
+    path = TEMPLATES_DIR / f"{style}.sbatch"
+    return Template(path.read_text(), str(path))
+
+
+def parse_version(text: str) -> tuple[int, int, int] | None:
+    """`slurm 22.05.8` (sbatch --version) → (22, 5, 8)."""
+    found = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
+    return (int(found[1]), int(found[2]), int(found[3])) if found else None
+
+
+def fewest_leaves(topology: Topology, nodes: int) -> int | None:
+    """The fewest leaf switches whose nodes add up to `nodes` (None if the tree is too small)."""
+    sizes = sorted((sum(1 for leaf in topology.leaf_of.values() if leaf == name)
+                    for name in set(topology.leaf_of.values())), reverse=True)
+    total = 0
+    for count, size in enumerate(sizes, 1):
+        total += size
+        if total >= nodes:
+            return count
+    return None
+
+
+def compact_request(spec: JobSpec, facts: SlurmFacts) -> tuple[list[str], list[str]]:
+    """sbatch options asking for a compact allocation, and warnings when it cannot be asked."""
+    wanted = spec.placement.switches
+    if wanted == 0:
+        return [], []
+    nodes = spec.job.nodes + spec.job.spare_nodes
+    wait = spec.placement.switch_wait
+    plugin = facts.topology_plugin or ("topology/tree" if facts.topology is not None else None)
+    if plugin == "topology/block":
+        if facts.version is None or facts.version < BLOCK_TOPOLOGY_SINCE:
+            return [], ["topology/block without --segment support (Slurm < 23.11): no compact request"]
+        return [f"--segment={nodes}"], []
+    if plugin != "topology/tree" or facts.topology is None:
+        return [], ["Slurm has no tree topology here (TopologyPlugin is not topology/tree): "
+                    "no --switches request; the rank map still follows whatever topology it can read"]
+    if wanted == "auto":
+        count = fewest_leaves(facts.topology, nodes)
+        if count is None:
+            return [], [f"the topology has fewer than {nodes} nodes in all; no --switches request"]
+    else:
+        count = int(wanted)
+    return [f"--switches={count}@{wait}"], []
+
+
+def _command(spec: JobSpec, run_dir: str, resume_from: str | None) -> list[str]:
+    fills = {"{run_dir}": run_dir, "{checkpoint_dir}": spec.checkpoint_dir(run_dir) or ""}
+    fills.update({f"{{{dim}}}": str(spec.parallel.size(dim)) for dim in DIMS})
+    argv = []
+    for arg in spec.launch.command:
+        for placeholder, value in fills.items():
+            arg = arg.replace(placeholder, value)
+        argv.append(arg)
+    if resume_from:
+        argv += [arg.replace("{path}", resume_from) for arg in spec.checkpoint.resume_args]
+    return argv
+
+
+def _environment(spec: JobSpec, run_dir: str, resume_from: str | None) -> str:
+    env = dict(spec.launch.env)
+    if spec.parallel.order == FRAMEWORK_ORDERS["megatron"] and spec.parallel.tp > 1:
+        # Megatron's TP communication overlap needs kernels queued in order on one connection.
+        env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    if resume_from:
+        env[spec.checkpoint.resume_env] = resume_from
+    if spec.checkpoint.dir:
+        env.setdefault("CLUSTERCTL_CHECKPOINT_DIR", spec.checkpoint_dir(run_dir) or "")
+    for dim in DIMS:
+        env.setdefault(f"CLUSTERCTL_{dim.upper()}", str(spec.parallel.size(dim)))
+    lines = [f"export {name}={quote(value)}" for name, value in env.items()]
+    return "\n".join(lines) if lines else "# (no environment from the spec)"
+
+
+def render_script(spec: JobSpec, template: Template, *, run_dir: str, python: str, attempt: int = 1,
+                  resume_from: str | None = None) -> str:
+    """The sbatch script: the template with every placeholder replaced by quoted values."""
+    header = ["# Values are single-quoted on purpose (literal text, never expanded):",
+              "# shellcheck disable=SC2016,SC1003",
+              f"# Rendered by clusterctl {__version__} from {comment(spec.source or 'a job spec')} "
+              f"(attempt {attempt}; template {comment(Path(template.source).name)}).",
+              "# sbatch options are on sbatch's command line; see run.json or `clusterctl submit --dry-run`."]
+    if resume_from:
+        header.append(f"# Resuming from {comment(resume_from)}.")
+    values = {
+        "header": "\n".join(header),
+        "run_dir": quote(run_dir),
+        "python": quote(python),
+        "command": words(_command(spec, run_dir, resume_from)),
+        "environment": _environment(spec, run_dir, resume_from),
+        "nodes": str(spec.job.nodes),
+        "world_size": str(spec.world_size),
+        "gpus_per_node": str(spec.job.gpus_per_node),
+    }
+    for number, line in enumerate(template.text.splitlines(), 1):
+        for name in PLACEHOLDER.findall(line):
+            if name not in values:
+                raise SpecError(f"unknown placeholder {{{{{name}}}}}; known: "
+                                + ", ".join("{{" + k + "}}" for k in values), path=f"{template.source}:{number}")
+    return PLACEHOLDER.sub(lambda m: values[m.group(1)], template.text)
+
+
+def sbatch_argv(spec: JobSpec, facts: SlurmFacts, *, run_dir: str, script_path: str,
+                exclude: str | None = None, no_requeue: bool = False) -> tuple[list[str], list[str]]:
+    """sbatch's argv (script path last) and the warnings about what could not be asked for."""
+    job = spec.job
+    ranks_per_task_node = job.gpus_per_node if spec.launch.style == "srun" else 1
+    argv = ["sbatch", "--parsable", f"--job-name={job.name}", f"--nodes={job.nodes + job.spare_nodes}",
+            f"--ntasks-per-node={ranks_per_task_node}", f"--gpus-per-node={job.gpus_per_node}",
+            f"--output={run_dir}/logs/%j.out", f"--chdir={spec.launch.workdir}"]
+    for option, value in (("--partition", job.partition), ("--account", job.account), ("--qos", job.qos),
+                          ("--time", job.time)):
+        if value:
+            argv.append(f"{option}={value}")
+    excluded = ",".join(part for part in (job.exclude, exclude) if part)
+    if excluded:
+        argv.append(f"--exclude={excluded}")
+    if no_requeue:
+        # The supervisor decides every resubmission itself; Slurm's own requeue after
+        # NODE_FAIL (JobRequeue=1) would bring the attempt back behind its back.
+        argv.append("--no-requeue")
+    compact, warnings = compact_request(spec, facts)
+    argv += compact
+    argv += list(job.sbatch_options)
+    argv.append(script_path)
+    return argv, warnings
+
+
+def prepare(spec: JobSpec, template: Template, facts: SlurmFacts, *, run_dir: str, python: str, attempt: int = 1,
+            resume_from: str | None = None, exclude: str | None = None, no_requeue: bool = False) -> SubmitRequest:
+    """The complete submission of one attempt, before anything is written or run."""
+    script_path = f"{run_dir}/attempts/{attempt}/job.sbatch"
+    script = render_script(spec, template, run_dir=run_dir, python=python, attempt=attempt, resume_from=resume_from)
+    argv, warnings = sbatch_argv(spec, facts, run_dir=run_dir, script_path=script_path, exclude=exclude,
+                                 no_requeue=no_requeue)
+    return SubmitRequest(run_dir, script_path, script, tuple(argv), tuple(warnings), resume_from)

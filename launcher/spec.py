@@ -1,0 +1,529 @@
+"""The job spec: one TOML file an ML engineer writes, parsed into frozen dataclasses.
+
+`FIELDS` is the single source of truth: the parser reads it, `clusterctl spec` prints it as
+the reference.  Every error names the file, the line, the key, what was expected and what
+was found; unknown keys are errors with a "did you mean".
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from launcher import hostlist
+from launcher.cost import DEFAULT_WEIGHTS
+from launcher.errors import HostlistError, LayoutError, SpecError
+from launcher.parallel import DIMS, ParallelLayout, layout_from_mapping
+
+
+@dataclass(frozen=True)
+class Field:
+    """One key of the spec: where it lives, what it holds, its default and what it means."""
+
+    section: str
+    key: str
+    kind: str  # str, int, float, bool, argv, strings, env, weights, time, hostlist, path, choice, switches
+    doc: str
+    default: Any = None
+    required: bool = False
+    choices: tuple[str, ...] = ()
+    minimum: float | None = None
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.section}.{self.key}"
+
+
+SLURM_TIME = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}(:\d{1,2})?)?|\d+(:\d{1,2}(:\d{1,2})?)?|UNLIMITED|INFINITE)$")
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Options clusterctl sets itself from other keys; giving them in job.sbatch_options would fight them.
+MANAGED_SBATCH = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--gpus-per-node", "--output", "-o",
+                  "--error", "-e", "--job-name", "-J", "--chdir", "-D", "--parsable", "--switches", "--segment",
+                  "--exclude", "-x", "--partition", "-p", "--account", "-A", "--time", "-t", "--requeue",
+                  "--no-requeue", "--wrap")
+DEFAULT_RESUME_ENV = "CLUSTERCTL_RESUME_FROM"
+RUN_DIR_PLACEHOLDER = "{run_dir}"
+
+FIELDS: tuple[Field, ...] = (
+    Field("job", "name", "str", "Job name (Slurm --job-name); also names the run directory.", required=True),
+    Field("job", "nodes", "int", "Nodes the training runs on.", required=True, minimum=1),
+    Field("job", "gpus_per_node", "int", "GPUs used on each node; one rank per GPU.", 8, minimum=1),
+    Field("job", "spare_nodes", "int", "Extra nodes to allocate; the rank map picks the best `nodes` of "
+          "them.", 0, minimum=0),
+    Field("job", "partition", "str", "Slurm partition (--partition); default: the cluster's default."),
+    Field("job", "account", "str", "Slurm account (--account)."),
+    Field("job", "qos", "str", "Slurm QOS (--qos)."),
+    Field("job", "time", "time", "Time limit in Slurm's format: MM, HH:MM:SS, D-HH:MM..."),
+    Field("job", "exclude", "hostlist", "Nodes never to use, as a hostlist (e.g. 'node[3,7]')."),
+    Field("job", "runs_dir", "path", "Where run directories are made (must be visible from the compute "
+          "nodes); default $CLUSTERCTL_RUNS or ~/.clusterctl/runs."),
+    Field("job", "sbatch_options", "strings", "Extra sbatch options, one per item, e.g. ['--mem=0', "
+          "'--exclusive'] (options clusterctl manages are refused).", ()),
+    Field("launch", "command", "argv", "What each rank runs, as an argv list (no shell): "
+          "['python3', 'train.py', '--lr', '3e-4']; '{run_dir}', '{checkpoint_dir}', '{tp}', '{pp}', '{dp}', "
+          "'{cp}', '{ep}' are replaced.",
+          required=True),
+    Field("launch", "style", "choice", "srun: one task per GPU, RANK=SLURM_PROCID. torchrun: one task per "
+          "node running torchrun with static rendezvous and --node-rank from the rank map.", "srun",
+          choices=("srun", "torchrun")),
+    Field("launch", "env", "env", "Environment for every rank: a table of NAME = 'value'.", {}),
+    Field("launch", "workdir", "path", "Directory the job runs in (relative to the spec file).", "."),
+    Field("launch", "template", "path", "Your own sbatch template instead of sbatch_templates/<style>.sbatch "
+          "(same {{placeholders}})."),
+    Field("launch", "python", "str", "Python with clusterctl installed, as seen from the compute nodes; "
+          "default: the one running `clusterctl submit`."),
+    Field("launch", "master_port", "int", "Rendezvous port on rank 0's node; default 20000 + job id mod "
+          "20000.", minimum=1024),
+    Field("parallel", "tp", "int", "Tensor-parallel size (kept inside one node / NVLink domain).", 1, minimum=1),
+    Field("parallel", "pp", "int", "Pipeline-parallel size.", 1, minimum=1),
+    Field("parallel", "dp", "int", "Data-parallel size; default: whatever fills nodes × gpus_per_node.",
+          minimum=1),
+    Field("parallel", "cp", "int", "Context-parallel size.", 1, minimum=1),
+    Field("parallel", "ep", "int", "Expert-parallel size.", 1, minimum=1),
+    Field("parallel", "order", "str", "Rank order: megatron (tp-cp-ep-dp-pp), megatron-tp-pp-dp, torchtitan, "
+          "or an explicit order like tp-pp-dp.", "megatron"),
+    Field("placement", "topology", "path", "topology.conf or saved `scontrol show topology`; default: ask "
+          "Slurm inside the job."),
+    Field("placement", "switches", "switches", "Ask Slurm for at most this many leaf switches "
+          "(--switches); 'auto' = the fewest that can hold the job, 0 = don't ask.", "auto"),
+    Field("placement", "switch_wait", "time", "How long Slurm may hold the job waiting for that many "
+          "switches before placing it anyway.", "5:00"),
+    Field("placement", "weights", "weights", "Relative traffic of each group kind, e.g. {dp = 2.0}; default "
+          + ", ".join(f"{k}={v:g}" for k, v in DEFAULT_WEIGHTS.items()) + ".", {}),
+    Field("checkpoint", "dir", "path", "Checkpoint directory the program writes (relative to the spec "
+          "file, or '{run_dir}/...'); the supervisor resumes from its newest complete checkpoint."),
+    Field("checkpoint", "validator", "choice", "How a complete checkpoint is recognised: manifest "
+          "(clusterctl's manifest.json written last), dcp (PyTorch DCP .metadata), megatron "
+          "(latest_checkpointed_iteration.txt), auto (any of them).", "auto",
+          choices=("auto", "manifest", "dcp", "megatron")),
+    Field("checkpoint", "resume_args", "argv", "Arguments appended to the command when resuming; "
+          "'{path}' becomes the checkpoint, e.g. ['--resume', '{path}'].", ()),
+    Field("checkpoint", "resume_env", "str", "Environment variable that carries the checkpoint to resume "
+          "from.", DEFAULT_RESUME_ENV),
+    Field("restart", "max_restarts", "int", "Resubmissions allowed in total before the supervisor stops.",
+          10, minimum=0),
+    Field("restart", "max_program_failures", "int", "Failures with no node to blame (the program's own) "
+          "retried before stopping.", 1, minimum=0),
+    Field("restart", "retry_budget", "int", "Restarts allowed without the checkpoint advancing; the "
+          "budget refills whenever it advances.", 3, minimum=1),
+    Field("restart", "backoff_seconds", "float", "Wait before the first resubmission; doubles each time "
+          "without progress.", 2.0, minimum=0),
+    Field("restart", "backoff_max_seconds", "float", "Longest wait between resubmissions.", 300.0, minimum=0),
+    Field("restart", "blame_hours", "float", "How long a blamed node stays excluded.", 24.0, minimum=0),
+    Field("restart", "on_too_few_nodes", "choice", "When exclusions leave too few usable nodes: wait for "
+          "nodes to come back, or stop.", "wait", choices=("wait", "stop")),
+    Field("restart", "poll_seconds", "float", "How often the supervisor asks Slurm (one squeue for all "
+          "jobs).", 2.0, minimum=0.1),
+    Field("restart", "webhook", "str", "URL that gets a JSON POST on blame, stop and completion."),
+)
+
+SECTIONS = ("job", "launch", "parallel", "placement", "checkpoint", "restart")
+_BY_SECTION: dict[str, dict[str, Field]] = {s: {f.key: f for f in FIELDS if f.section == s} for s in SECTIONS}
+
+
+@dataclass(frozen=True)
+class JobSection:
+    name: str
+    nodes: int
+    gpus_per_node: int = 8
+    spare_nodes: int = 0
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    time: str | None = None
+    exclude: str | None = None
+    runs_dir: str | None = None
+    sbatch_options: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LaunchSection:
+    command: tuple[str, ...]
+    style: str = "srun"
+    env: tuple[tuple[str, str], ...] = ()
+    workdir: str = "."
+    template: str | None = None
+    python: str | None = None
+    master_port: int | None = None
+
+
+@dataclass(frozen=True)
+class PlacementSection:
+    topology: str | None = None
+    switches: str | int = "auto"
+    switch_wait: str = "5:00"
+    weights: tuple[tuple[str, float], ...] = ()
+
+    def weight_map(self) -> dict[str, float]:
+        return {**DEFAULT_WEIGHTS, **dict(self.weights)}
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    dir: str | None = None
+    validator: str = "auto"
+    resume_args: tuple[str, ...] = ()
+    resume_env: str = DEFAULT_RESUME_ENV
+
+
+@dataclass(frozen=True)
+class RestartSection:
+    max_restarts: int = 10
+    max_program_failures: int = 1
+    retry_budget: int = 3
+    backoff_seconds: float = 2.0
+    backoff_max_seconds: float = 300.0
+    blame_hours: float = 24.0
+    on_too_few_nodes: str = "wait"
+    poll_seconds: float = 2.0
+    webhook: str | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated job spec; paths are absolute (resolved against the spec file's folder)."""
+
+    job: JobSection
+    launch: LaunchSection
+    parallel: ParallelLayout
+    placement: PlacementSection = field(default_factory=PlacementSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    restart: RestartSection = field(default_factory=RestartSection)
+    source: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return self.job.nodes * self.job.gpus_per_node
+
+    def checkpoint_dir(self, run_dir: str) -> str | None:
+        """The checkpoint directory with `{run_dir}` filled in."""
+        return self.checkpoint.dir.replace(RUN_DIR_PLACEHOLDER, run_dir) if self.checkpoint.dir else None
+
+    def to_dict(self) -> dict:
+        """JSON-ready form; `spec_from_dict` reads it back (the run directory keeps it)."""
+        data = {name: asdict(getattr(self, name)) for name in ("job", "launch", "placement", "checkpoint", "restart")}
+        layout = self.parallel
+        data["parallel"] = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "cp": layout.cp, "ep": layout.ep,
+                            "order": layout.order}
+        data["launch"]["env"] = dict(self.launch.env)
+        data["placement"]["weights"] = dict(self.placement.weights)
+        data["source"] = self.source
+        return data
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Values given on the command line; they win over the file."""
+
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    time: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    name: str | None = None
+    exclude: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
+    """Inverse of JobSpec.to_dict (trusted input: our own run directory)."""
+    launch = dict(data["launch"])
+    launch["command"] = tuple(launch["command"])
+    launch["env"] = tuple(launch["env"].items())
+    job = dict(data["job"])
+    job["sbatch_options"] = tuple(job["sbatch_options"])
+    placement = dict(data["placement"])
+    placement["weights"] = tuple(placement["weights"].items())
+    checkpoint = dict(data["checkpoint"])
+    checkpoint["resume_args"] = tuple(checkpoint["resume_args"])
+    return JobSpec(JobSection(**job), LaunchSection(**launch), layout_from_mapping(data["parallel"]),
+                   PlacementSection(**placement), CheckpointSection(**checkpoint), RestartSection(**data["restart"]),
+                   data.get("source", ""))
+
+
+# ---- parsing -------------------------------------------------------------------------
+class _Where:
+    """Finds the line of a key in the TOML text (tomllib reports no positions)."""
+
+    def __init__(self, text: str, path: str) -> None:
+        self.path = path
+        self.lines = text.splitlines()
+
+    def line(self, section: str | None, key: str | None = None) -> int | None:
+        current: str | None = None
+        for number, raw in enumerate(self.lines, 1):
+            line = raw.strip()
+            header = re.match(r"^\[\s*([A-Za-z0-9_.\-\"' ]+?)\s*\]", line)
+            if header:
+                current = header.group(1).strip("\"' ")
+                if key is None and current == section:
+                    return number
+                continue
+            if key is not None and current == section and re.match(rf"^[\"']?{re.escape(key)}[\"']?\s*=", line):
+                return number
+            if key is not None and current is None and re.match(rf"^{re.escape(section or '')}\.{re.escape(key)}\s*=",
+                                                                line):
+                return number
+        return None
+
+    def error(self, message: str, section: str | None = None, key: str | None = None) -> SpecError:
+        number = self.line(section, key) if section else None
+        location = f"{self.path}:{number}" if number else self.path
+        dotted = f"{section}.{key}" if section and key else section
+        return SpecError(message, path=location, key=dotted)
+
+
+def _did_you_mean(word: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    return f"; did you mean `{close[0]}`?" if close else f"; known: {', '.join(options)}"
+
+
+def _describe(value: Any) -> str:
+    kind = {str: "a string", int: "a whole number", float: "a number", bool: "true/false", list: "a list",
+            dict: "a table"}.get(type(value), type(value).__name__)
+    shown = repr(value)
+    return f"{kind} {shown if len(shown) <= 60 else shown[:57] + '...'}"
+
+
+def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901 - one branch per kind
+    def bad(expected: str) -> SpecError:
+        return where.error(f"expected {expected}, found {_describe(value)}", spec_field.section, spec_field.key)
+
+    kind = spec_field.kind
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("a whole number")
+        if spec_field.minimum is not None and value < spec_field.minimum:
+            raise bad(f"a whole number of at least {spec_field.minimum:g}")
+        if spec_field.key == "master_port" and value > 65535:
+            raise bad("a port number up to 65535")
+        return value
+    if kind == "float":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise bad("a number")
+        if spec_field.minimum is not None and value < spec_field.minimum:
+            raise bad(f"a number of at least {spec_field.minimum:g}")
+        return float(value)
+    if kind in ("str", "path", "time", "hostlist", "choice"):
+        if not isinstance(value, str) or not value:
+            raise bad("a non-empty string")
+        if any(ord(c) < 32 for c in value):
+            raise bad("a string without control characters (newlines, tabs)")
+        if kind == "time" and not SLURM_TIME.match(value):
+            raise bad("a Slurm time like 90, 1:30:00 or 2-00:00:00")
+        if kind == "choice" and value not in spec_field.choices:
+            close = difflib.get_close_matches(value, list(spec_field.choices), n=1, cutoff=0.6)
+            hint = f"; did you mean `{close[0]}`?" if close else ""
+            raise where.error(f"expected one of {', '.join(spec_field.choices)}, found {value!r}{hint}",
+                              spec_field.section, spec_field.key)
+        if kind == "hostlist":
+            try:
+                hostlist.expand(value)
+            except HostlistError as exc:
+                raise bad(f"a Slurm hostlist ({exc})") from None
+        if kind == "str" and spec_field.key == "resume_env" and not ENV_NAME.match(value):
+            raise bad("an environment variable name (letters, digits, _)")
+        return value
+    if kind == "switches":
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+            return value
+        raise bad("'auto' or a whole number of switches (0 = don't ask)")
+    if kind in ("argv", "strings"):
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise bad("a list of strings")
+        if kind == "argv" and spec_field.required and not value:
+            raise bad("a non-empty list of strings (the program and its arguments)")
+        if any("\0" in item for item in value):
+            raise bad("strings without NUL characters")
+        return tuple(value)
+    if kind == "env":
+        if not isinstance(value, dict):
+            raise bad("a table of NAME = 'value'")
+        pairs = []
+        for name, item in value.items():
+            if not ENV_NAME.match(name):
+                raise where.error(f"`{name}` is not a valid environment variable name (letters, digits, _; not "
+                                  "starting with a digit)", spec_field.section, spec_field.key)
+            if isinstance(item, bool) or not isinstance(item, str | int | float):
+                raise where.error(f"value of {name} must be a string, found {_describe(item)}",
+                                  spec_field.section, spec_field.key)
+            if "\0" in str(item):
+                raise where.error(f"value of {name} contains a NUL character", spec_field.section, spec_field.key)
+            pairs.append((name, str(item)))
+        return tuple(pairs)
+    if kind == "weights":
+        if not isinstance(value, dict):
+            raise bad("a table like {dp = 2.0, pp = 1.0}")
+        pairs = []
+        for name, item in value.items():
+            if name not in DIMS:
+                raise where.error(f"unknown group kind `{name}`" + _did_you_mean(name, DIMS),
+                                  spec_field.section, spec_field.key)
+            if isinstance(item, bool) or not isinstance(item, int | float) or item < 0:
+                raise where.error(f"weight of {name} must be a number ≥ 0, found {_describe(item)}",
+                                  spec_field.section, spec_field.key)
+            pairs.append((name, float(item)))
+        return tuple(pairs)
+    raise AssertionError(kind)
+
+
+def _check_sbatch_options(options: tuple[str, ...], where: _Where) -> None:
+    for option in options:
+        name = option.split("=", 1)[0]
+        if not option.startswith("-"):
+            raise where.error(f"{option!r} is not an option; write each as '--name=value'", "job", "sbatch_options")
+        if name in MANAGED_SBATCH:
+            raise where.error(f"{name} is set by clusterctl from other keys (job.nodes, job.time, ...); "
+                              "use those keys instead", "job", "sbatch_options")
+        if any(ord(c) < 32 for c in option):
+            raise where.error(f"{option!r} contains control characters", "job", "sbatch_options")
+
+
+def _resolve(path: str | None, base: Path) -> str | None:
+    if path is None or path.startswith(RUN_DIR_PLACEHOLDER):
+        return path
+    return str((base / Path(path).expanduser()).resolve())
+
+
+def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overrides(),
+               base_dir: Path | None = None) -> JobSpec:
+    """Parse and validate a spec; relative paths resolve against `base_dir` (the spec's folder)."""
+    where = _Where(text, path)
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(f"not valid TOML: {exc}", path=path) from None
+    for section, table in data.items():
+        if section not in SECTIONS:
+            raise where.error(f"unknown section [{section}]" + _did_you_mean(section, SECTIONS), section)
+        if not isinstance(table, dict):
+            raise where.error(f"[{section}] must be a table", section)
+        for key in table:
+            if key not in _BY_SECTION[section]:
+                raise where.error(f"unknown key `{key}` in [{section}]" + _did_you_mean(key, list(_BY_SECTION[section])),
+                                  section, key)
+    values: dict[str, dict[str, Any]] = {}
+    for spec_field in FIELDS:
+        table = data.get(spec_field.section, {})
+        if spec_field.key in table:
+            value = _convert(spec_field, table[spec_field.key], where)
+        elif spec_field.required:
+            raise where.error(f"missing; {spec_field.doc}", spec_field.section, spec_field.key)
+        elif spec_field.section == "parallel":
+            continue
+        else:
+            value = tuple(spec_field.default) if isinstance(spec_field.default, list | tuple) else spec_field.default
+            if isinstance(value, dict):
+                value = ()
+        values.setdefault(spec_field.section, {})[spec_field.key] = value
+    _check_sbatch_options(values["job"]["sbatch_options"], where)
+    _apply_overrides(values, overrides)
+
+    base = base_dir or Path(path).resolve().parent
+    job = values["job"]
+    job["runs_dir"] = _resolve(job["runs_dir"], base)
+    launch = values["launch"]
+    launch["workdir"] = _resolve(launch["workdir"], base)
+    launch["template"] = _resolve(launch["template"], base)
+    values["placement"]["topology"] = _resolve(values["placement"]["topology"], base)
+    values["checkpoint"]["dir"] = _resolve(values["checkpoint"]["dir"], base)
+
+    parallel = dict(values.get("parallel", {}))
+    gpus = job["nodes"] * job["gpus_per_node"]
+    if "dp" not in parallel:
+        rest = 1
+        for dim in ("tp", "cp", "pp"):
+            rest *= parallel.get(dim, 1)
+        if gpus % rest:
+            raise where.error(f"tp×cp×pp = {rest} does not divide the job's {gpus} GPUs ({job['nodes']} nodes × "
+                              f"{job['gpus_per_node']}); change [parallel] or job.nodes", "parallel")
+        parallel["dp"] = gpus // rest
+    try:
+        layout = layout_from_mapping(parallel, where=f"{path} [parallel]")
+    except LayoutError as exc:
+        raise SpecError(str(exc).removeprefix(f"{path} [parallel]: "), path=path, key="parallel") from None
+    if layout.world_size != gpus:
+        raise where.error(f"the layout needs {layout.world_size} GPUs (tp×pp×dp×cp = {layout.world_size}) but the job "
+                          f"has {gpus} ({job['nodes']} nodes × {job['gpus_per_node']}); make them equal", "parallel")
+    if values["restart"]["backoff_max_seconds"] < values["restart"]["backoff_seconds"]:
+        raise where.error("must be at least restart.backoff_seconds", "restart", "backoff_max_seconds")
+    return JobSpec(JobSection(**job), LaunchSection(**launch), layout, PlacementSection(**values["placement"]),
+                   CheckpointSection(**values["checkpoint"]), RestartSection(**values["restart"]), path)
+
+
+def _apply_overrides(values: dict[str, dict[str, Any]], overrides: Overrides) -> None:
+    job = values["job"]
+    for key in ("nodes", "gpus_per_node", "time", "partition", "account", "name", "exclude"):
+        value = getattr(overrides, key)
+        if value is not None:
+            job[key] = value
+    if overrides.env:
+        env = dict(values["launch"]["env"])
+        env.update(overrides.env)
+        values["launch"]["env"] = tuple(env.items())
+
+
+def load_spec(path: Path, overrides: Overrides = Overrides()) -> JobSpec:
+    """Read and parse a spec file (SpecError when it cannot be read)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(f"cannot read: {exc.strerror}; check the path", path=str(path)) from None
+    except UnicodeDecodeError:
+        raise SpecError("not UTF-8 text; a job spec is a TOML file", path=str(path)) from None
+    return parse_spec(text, str(path), overrides, path.resolve().parent)
+
+
+def parse_overrides(*, nodes: int | None = None, gpus_per_node: int | None = None, time: str | None = None,
+                    partition: str | None = None, account: str | None = None, name: str | None = None,
+                    exclude: str | None = None, env: Sequence[str] = ()) -> Overrides:
+    """Validate command-line overrides with the same rules as the file (errors name the option)."""
+    where = _Where("", "command line")
+    checked: dict[str, Any] = {}
+    for key, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("time", time),
+                       ("partition", partition), ("account", account), ("name", name), ("exclude", exclude)):
+        if value is not None:
+            try:
+                checked[key] = _convert(_BY_SECTION["job"][key], value, where)
+            except SpecError as exc:
+                raise SpecError(str(exc).split(": ", 1)[-1], path="command line",
+                                key=f"--{key.replace('_', '-')}") from None
+    pairs = []
+    for item in env:
+        name_, sep, value_ = item.partition("=")
+        if not sep or not ENV_NAME.match(name_):
+            raise SpecError(f"expected NAME=VALUE with a valid variable name, found {item!r}", path="command line",
+                            key="-e/--env")
+        pairs.append((name_, value_))
+    return Overrides(env=tuple(pairs), **checked)
+
+
+def default_runs_dir(environ: Mapping[str, str] = os.environ) -> str:
+    """$CLUSTERCTL_RUNS or ~/.clusterctl/runs."""
+    return environ.get("CLUSTERCTL_RUNS") or str(Path("~/.clusterctl/runs").expanduser())
+
+
+def with_job(spec: JobSpec, **changes: Any) -> JobSpec:
+    """A copy of the spec with [job] fields changed (the supervisor's exclusions, for one)."""
+    return replace(spec, job=replace(spec.job, **changes))
+
+
+def reference_rows() -> list[tuple[str, str, str, str]]:
+    """(key, type, default, meaning) for every field, in file order: the spec reference."""
+    rows = []
+    for spec_field in FIELDS:
+        kind = spec_field.kind if spec_field.kind != "choice" else " | ".join(spec_field.choices)
+        if spec_field.required:
+            default = "required"
+        elif spec_field.default in (None, (), {}):
+            default = "-"
+        else:
+            default = repr(spec_field.default) if isinstance(spec_field.default, str) else str(spec_field.default)
+        rows.append((spec_field.dotted, kind, default, spec_field.doc))
+    return rows

@@ -1,0 +1,65 @@
+"""Submitting an attempt: ask Slurm what it is once, render, write, sbatch, journal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from launcher.errors import ClusterctlError, SlurmCommandError
+from launcher.render import BLOCK_TOPOLOGY_SINCE, SlurmFacts, SubmitRequest, Template, builtin_template, parse_version
+from launcher.render import prepare as prepare_request
+from launcher.runs import RunDir
+from launcher.slurm import Slurm
+from launcher.spec import JobSpec
+from launcher.topology import load_topology, parse_scontrol_topology
+
+
+def load_template(spec: JobSpec) -> Template:
+    """The spec's own template, or the built-in one for its launch style."""
+    if spec.launch.template:
+        try:
+            return Template(Path(spec.launch.template).read_text(), spec.launch.template)
+        except OSError as exc:
+            raise ClusterctlError(f"{spec.launch.template}: cannot read the template ({exc.strerror}); "
+                                  "fix [launch] template") from None
+    return builtin_template(spec.launch.style)
+
+
+def gather_facts(slurm: Slurm, spec: JobSpec) -> tuple[SlurmFacts, list[str]]:
+    """Slurm's version, topology plugin and tree, asked once; what could not be learned becomes a warning."""
+    warnings: list[str] = []
+    try:
+        version = parse_version(slurm.version())
+    except SlurmCommandError as exc:
+        return SlurmFacts(), [f"cannot ask Slurm its version ({exc}); no compact-allocation request"]
+    plugin = None
+    if version is not None and version >= BLOCK_TOPOLOGY_SINCE:
+        try:
+            plugin = slurm.config_value("TopologyPlugin")
+        except SlurmCommandError as exc:
+            warnings.append(f"cannot read TopologyPlugin ({exc})")
+    try:
+        if spec.placement.topology:
+            topology = load_topology(Path(spec.placement.topology))
+        else:
+            text = slurm.show_topology()
+            topology = parse_scontrol_topology(text) if text.strip() else None
+    except SlurmCommandError as exc:
+        warnings.append(f"cannot read the topology ({exc})")
+        topology = None
+    return SlurmFacts(version, plugin, topology), warnings
+
+
+def submit_attempt(run: RunDir, request: SubmitRequest, slurm: Slurm, attempt: int, exclude: str | None) -> str:
+    """Write the attempt's script, sbatch it, journal it; the job id."""
+    run.write_attempt_script(attempt, request.script)
+    job_id = slurm.sbatch(list(request.sbatch_argv))
+    run.record("submitted", attempt=attempt, job_id=job_id, argv=list(request.sbatch_argv),
+               resume_from=request.resume_from, exclude=exclude)
+    return job_id
+
+
+def prepare(spec: JobSpec, facts: SlurmFacts, *, run_dir: str, python: str, attempt: int = 1,
+            resume_from: str | None = None, exclude: str | None = None, no_requeue: bool = False) -> SubmitRequest:
+    """The full request of one attempt (template read from disk, everything else pure)."""
+    return prepare_request(spec, load_template(spec), facts, run_dir=run_dir, python=python, attempt=attempt,
+                           resume_from=resume_from, exclude=exclude, no_requeue=no_requeue)

@@ -1,0 +1,151 @@
+"""The rendered sbatch script and argv: exact (golden), valid bash, shellcheck-clean, inert."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.errors import SpecError
+from launcher.render import SlurmFacts, Template, compact_request, prepare, render_script
+from launcher.shell import quote
+from launcher.spec import load_spec, parse_spec
+from launcher.submit import load_template
+from launcher.topology import parse_scontrol_topology
+from tests.conftest import REPO
+from tests.golden import assert_golden
+
+DATA = REPO / "tests" / "data"
+TOPOLOGY = parse_scontrol_topology((DATA / "slurm" / "scontrol-show-topology.txt").read_text())
+FACTS = SlurmFacts((22, 5, 8), None, TOPOLOGY)
+PYTHON = "/opt/clusterctl/bin/python3"
+
+TORCHRUN = """\
+[job]
+name = "llama-70b"
+nodes = 4
+partition = "gpu"
+account = "ml-research"
+time = "2-00:00:00"
+spare_nodes = 1
+exclude = "node9"
+sbatch_options = ["--mem=0", "--exclusive"]
+
+[launch]
+style = "torchrun"
+command = ["python3", "-m", "megatron.train", "--tensor-model-parallel-size", "{tp}",
+           "--pipeline-model-parallel-size", "{pp}", "--save", "{checkpoint_dir}"]
+env = { NCCL_DEBUG = "WARN", HF_HOME = "/scratch/hf" }
+
+[parallel]
+tp = 8
+pp = 2
+
+[placement]
+switches = 2
+switch_wait = "10:00"
+
+[checkpoint]
+dir = "/ckpt/llama"
+resume_args = ["--load", "{path}"]
+"""
+
+
+def _requests():
+    example = load_spec(REPO / "examples" / "toy_trainer.toml")
+    torchrun = parse_spec(TORCHRUN, "llama.toml", base_dir=Path("/work/llama"))
+    return {
+        "srun-example": prepare(example, load_template(example), FACTS, run_dir="/runs/toy-1", python=PYTHON),
+        "torchrun-resume": prepare(torchrun, load_template(torchrun), FACTS, run_dir="/runs/llama-3", python=PYTHON,
+                                   attempt=3, resume_from="/ckpt/llama/iter_0000200", exclude="node[2,4]",
+                                   no_requeue=True),
+    }
+
+
+@pytest.mark.parametrize("name", ["srun-example", "torchrun-resume"])
+def test_rendered_script_and_argv_match_golden(name):
+    request = _requests()[name]
+    # The example's workdir is this checkout; goldens must not depend on where it lives.
+    argv = [a.replace(str(REPO), "<repo>") for a in request.sbatch_argv]
+    assert_golden(f"submit/{name}.sbatch", request.script.replace(str(REPO), "<repo>"))
+    assert_golden(f"submit/{name}.argv.json", json.dumps(argv, indent=2) + "\n")
+
+
+def test_resume_reaches_the_program_as_arguments_and_environment():
+    request = _requests()["torchrun-resume"]
+    assert "export CLUSTERCTL_RESUME_FROM=/ckpt/llama/iter_0000200" in request.script
+    assert "--load /ckpt/llama/iter_0000200" in request.script
+    assert "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2" in request.script
+    assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in request.script
+    assert "--exclude=node9,node[2,4]" in request.sbatch_argv and "--no-requeue" in request.sbatch_argv
+    assert "--switches=2@10:00" in request.sbatch_argv and request.sbatch_argv[-1] == request.script_path
+
+
+HOSTILE = ["$(touch /tmp/pwned)", "`touch /tmp/pwned`", "'; touch /tmp/pwned; '", '"$HOME"', "a\nb; rm -rf /",
+           "*", "~root", "${IFS}", "!!", "x\\", "a b\tc", "-n", "$((1+1))", "\u00e9\u4e2d\u2603"]
+
+
+def _hostile_spec(tmp_path: Path):
+    env = "\n".join(f"V{i} = {json.dumps(v)}" for i, v in enumerate(HOSTILE))
+    text = (f'[job]\nname = "x; touch /tmp/pwned"\nnodes = 1\ngpus_per_node = 1\n[launch]\n'
+            f'command = {json.dumps(["printf", "%s|", *HOSTILE])}\n[launch.env]\n{env}\n')
+    return parse_spec(text, "hostile.toml", base_dir=tmp_path)
+
+
+@pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is installed by scripts/setup.sh")
+def test_every_rendered_script_passes_bash_n_and_shellcheck(tmp_path):
+    scripts = {name: r.script for name, r in _requests().items()}
+    hostile = _hostile_spec(tmp_path)
+    scripts["hostile"] = prepare(hostile, load_template(hostile), FACTS, run_dir="/runs/$(touch x)/`y`",
+                                 python=PYTHON, resume_from="/ck/'$(z)'").script
+    for name, script in scripts.items():
+        path = tmp_path / f"{name}.sbatch"
+        path.write_text(script)
+        assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0, name
+        checked = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True)
+        assert checked.returncode == 0, f"{name}:\n{checked.stdout}"
+
+
+def test_hostile_values_come_out_of_the_script_as_literal_text(tmp_path):
+    spec = _hostile_spec(tmp_path)
+    script = render_script(spec, Template("{{environment}}\ncommand=({{command}})\n"
+                                          'for v in V0 V1 V2 V3 V4; do printf "%s|" "${!v}"; done\n'
+                                          '"${command[@]}"\n', "probe"), run_dir="/r", python=PYTHON)
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "|".join(HOSTILE[:5]) + "|" + "|".join(HOSTILE) + "|"
+    assert list(tmp_path.iterdir()) == [] and not Path("/tmp/pwned").exists()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=40))
+def test_quote_makes_any_text_one_inert_bash_word(text):
+    done = subprocess.run(["bash", "-c", f"printf %s {quote(text)}"], capture_output=True)
+    assert done.stdout == text.encode("utf-8", "surrogateescape")
+
+
+def test_a_custom_template_with_an_unknown_placeholder_names_its_line():
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    with pytest.raises(SpecError, match=r"my.sbatch:2: unknown placeholder \{\{nodelist\}\}; known: \{\{header\}\}"):
+        render_script(spec, Template("#!/bin/bash\nsrun -w {{nodelist}}\n", "my.sbatch"), run_dir="/r", python="p")
+
+
+@pytest.mark.parametrize(("facts", "switches", "expected", "warned"), [
+    (FACTS, "auto", ["--switches=2@5:00"], False),          # 3 nodes need both 2-node leaves
+    (FACTS, 1, ["--switches=1@5:00"], False),
+    (FACTS, 0, [], False),
+    (SlurmFacts((22, 5, 8), None, None), "auto", [], True),  # no tree topology: say so, ask nothing
+    (SlurmFacts((22, 5, 8), "topology/block", None), "auto", [], True),
+    (SlurmFacts((23, 11, 1), "topology/block", None), "auto", ["--segment=3"], False),
+])
+def test_compact_request_follows_the_topology_plugin_and_version(facts, switches, expected, warned):
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    from dataclasses import replace
+    spec = replace(spec, placement=replace(spec.placement, switches=switches))
+    options, warnings = compact_request(spec, facts)
+    assert options == expected and bool(warnings) == warned

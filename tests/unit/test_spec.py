@@ -1,0 +1,137 @@
+"""The job spec: what an engineer writes, what clusterctl understands, and how it says no."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.errors import SpecError
+from launcher.spec import (
+    FIELDS, CheckpointSection, JobSection, LaunchSection, PlacementSection, RestartSection, load_spec, parse_overrides,
+    parse_spec, reference_rows, spec_from_dict,
+)
+from tests.conftest import REPO
+
+MINIMAL = """\
+[job]
+name = "llm"
+nodes = 2
+
+[launch]
+command = ["python3", "train.py"]
+"""
+
+
+def _error(text: str, **kwargs) -> str:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text, "job.toml", base_dir=Path("/base"), **kwargs)
+    return str(caught.value)
+
+
+def test_the_example_spec_reads_as_written():
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    assert (spec.job.name, spec.job.nodes, spec.job.gpus_per_node) == ("toy-trainer", 3, 8)
+    assert (spec.parallel.tp, spec.parallel.pp, spec.parallel.dp) == (8, 3, 1)
+    assert spec.launch.workdir == str(REPO / "examples")
+    assert spec.checkpoint_dir("/runs/r1") == "/runs/r1/checkpoints"
+
+
+def test_defaults_fill_what_is_not_written():
+    spec = parse_spec(MINIMAL, "job.toml", base_dir=Path("/base"))
+    assert spec.job.gpus_per_node == 8 and spec.launch.style == "srun" and spec.launch.workdir == "/base"
+    assert spec.parallel.dp == 16 and spec.placement.switches == "auto" and spec.restart.max_restarts == 10
+
+
+def test_an_unknown_key_names_file_line_and_a_likely_fix():
+    message = _error(MINIMAL.replace('nodes = 2', 'nodes = 2\ngpu_per_node = 4'))
+    assert message.startswith("job.toml:4, key `job.gpu_per_node`: unknown key `gpu_per_node` in [job]")
+    assert "did you mean `gpus_per_node`?" in message
+
+
+def test_an_unknown_section_is_an_error():
+    assert "unknown section [lauch]; did you mean `launch`?" in _error(MINIMAL + "[lauch]\nstyle = 'srun'\n")
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    (('nodes = 2', 'nodes = "two"'), "job.toml:3, key `job.nodes`: expected a whole number, found a string 'two'"),
+    (('nodes = 2', 'nodes = 0'), "key `job.nodes`: expected a whole number of at least 1, found a whole number 0"),
+    (('nodes = 2', 'nodes = 2\ntime = "2 hours"'), "key `job.time`: expected a Slurm time like 90, 1:30:00"),
+    (('command = ["python3", "train.py"]', 'command = "python3 train.py"'),
+     "key `launch.command`: expected a list of strings, found a string"),
+    (('command = ["python3", "train.py"]', 'command = []'), "expected a non-empty list of strings"),
+    (('command = ["python3", "train.py"]', 'command = ["a"]\nstyle = "srunn"'),
+     "expected one of srun, torchrun, found 'srunn'; did you mean `srun`?"),
+    (('command = ["python3", "train.py"]', 'command = ["a"]\nenv = {"1BAD" = "x"}'),
+     "`1BAD` is not a valid environment variable name"),
+    (('nodes = 2', 'nodes = 2\nexclude = "node[1-"'), "key `job.exclude`: expected a Slurm hostlist"),
+    (('nodes = 2', 'nodes = 2\nsbatch_options = ["--nodes=4"]'), "--nodes is set by clusterctl from other keys"),
+    (('nodes = 2', 'nodes = 2\nname = "a\\nb"'), "found a string"),
+])
+def test_wrong_values_say_where_what_was_expected_and_what_was_found(change, expected):
+    old, new = change
+    text = MINIMAL.replace('name = "llm"\n', "") if "name =" in new else MINIMAL
+    assert expected in _error(text.replace(old, new))
+
+
+def test_a_missing_required_key_says_what_it_is_for():
+    message = _error(MINIMAL.replace('nodes = 2\n', ''))
+    assert message.startswith("job.toml, key `job.nodes`: missing; Nodes the training runs on.")
+
+
+def test_a_layout_that_does_not_fill_the_gpus_says_which_numbers_to_change():
+    message = _error(MINIMAL + "[parallel]\ntp = 8\npp = 4\ndp = 2\n")
+    assert "the layout needs 64 GPUs" in message and "job has 16 (2 nodes × 8)" in message
+    assert "tp×cp×pp = 3 does not divide" in _error(MINIMAL + "[parallel]\npp = 3\n")
+
+
+def test_not_toml_is_a_one_line_error():
+    assert _error("[job\nname = 1").startswith("job.toml: not valid TOML")
+
+
+def test_overrides_win_and_are_checked_like_the_file():
+    overrides = parse_overrides(nodes=4, time="1:00:00", env=["NCCL_DEBUG=INFO"])
+    spec = parse_spec(MINIMAL, "job.toml", overrides, base_dir=Path("/base"))
+    assert spec.job.nodes == 4 and spec.job.time == "1:00:00" and spec.parallel.dp == 32
+    assert dict(spec.launch.env) == {"NCCL_DEBUG": "INFO"}
+    with pytest.raises(SpecError, match="command line, key `--time`: expected a Slurm time"):
+        parse_overrides(time="soon")
+    with pytest.raises(SpecError, match="expected NAME=VALUE"):
+        parse_overrides(env=["NOEQUALS"])
+
+
+def test_the_reference_documents_every_field_the_parser_reads():
+    sections = {"job": JobSection, "launch": LaunchSection, "placement": PlacementSection,
+                "checkpoint": CheckpointSection, "restart": RestartSection}
+    documented = {f.dotted for f in FIELDS}
+    for name, cls in sections.items():
+        for item in dataclasses.fields(cls):
+            assert f"{name}.{item.name}" in documented, f"{name}.{item.name} has no reference entry"
+    assert [row[0] for row in reference_rows()] == [f.dotted for f in FIELDS]
+    assert all(row[3] for row in reference_rows())
+
+
+names = st.text(st.characters(min_codepoint=32, max_codepoint=0x2FFF, blacklist_categories=("Cs",)),
+                min_size=1, max_size=30).filter(lambda s: s.isprintable())
+values = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\0"), max_size=30)
+
+
+@settings(max_examples=60, deadline=None)
+@given(name=names, nodes=st.integers(1, 64), gpn=st.sampled_from([1, 2, 4, 8]),
+       env=st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), values, max_size=3),
+       argv=st.lists(values, min_size=1, max_size=4))
+def test_any_valid_spec_survives_the_run_directory_round_trip(name, nodes, gpn, env, argv):
+    import json
+
+    def toml(s: str) -> str:
+        return '"' + "".join(c if c.isprintable() and c not in '"\\' else f"\\U{ord(c):08X}" for c in s) + '"'
+
+    text = (f"[job]\nname = {toml(name)}\nnodes = {nodes}\ngpus_per_node = {gpn}\n"
+            f"[launch]\ncommand = [{', '.join(toml(a) for a in argv)}]\n"
+            "[launch.env]\n" + "".join(f"{k} = {toml(v)}\n" for k, v in env.items()))
+    spec = parse_spec(text, "job.toml", base_dir=Path("/base"))
+    assert spec.job.name == name and list(spec.launch.command) == argv and dict(spec.launch.env) == env
+    assert spec_from_dict(json.loads(json.dumps(spec.to_dict()))) == spec

@@ -1,0 +1,121 @@
+"""`clusterctl submit/status/cancel/spec` as a user sees them (Slurm replayed from recordings)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import launcher.cli as cli_module
+from launcher.cli import cli
+from launcher.slurm import Completed, Slurm
+from tests.conftest import REPO
+
+DATA = REPO / "tests" / "data" / "slurm"
+EXAMPLE = str(REPO / "examples" / "toy_trainer.toml")
+
+
+class RecordedSlurm:
+    """Replays recorded outputs of the testbed's Slurm and remembers what was run."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.next_job = 7
+
+    def __call__(self, argv, timeout) -> Completed:
+        self.calls.append(list(argv))
+        if argv[:2] == ["sbatch", "--version"]:
+            return Completed(0, "slurm-wlm 22.05.8\n", "")
+        if argv[:3] == ["scontrol", "show", "topology"]:
+            return Completed(0, (DATA / "scontrol-show-topology.txt").read_text(), "")
+        if argv[0] == "sbatch":
+            return Completed(0, f"{self.next_job}\n", "")
+        if argv[:2] == ["squeue", "--json"]:
+            return Completed(0, (DATA / "squeue.json").read_text(), "")
+        if argv[:2] == ["sacct", "--json"]:
+            return Completed(0, (DATA / "sacct.json").read_text(), "")
+        if argv[0] == "scancel":
+            return Completed(0, "", "")
+        return Completed(1, "", f"unexpected {argv}")
+
+
+@pytest.fixture
+def slurm(monkeypatch, tmp_path):
+    fake = RecordedSlurm()
+    monkeypatch.setattr(cli_module, "Slurm", lambda: Slurm(fake))
+    monkeypatch.setenv("CLUSTERCTL_RUNS", str(tmp_path / "runs"))
+    return fake
+
+
+def test_dry_run_json_is_the_exact_request_and_submits_nothing(slurm, tmp_path):
+    result = CliRunner().invoke(cli, ["submit", EXAMPLE, "--dry-run", "--json", "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["sbatch_argv"][0] == "sbatch" and "--switches=2@5:00" in summary["sbatch_argv"]
+    assert summary["script"].startswith("#!/bin/bash\n") and summary["warnings"] == []
+    assert not (tmp_path / "r").exists() and not any(c[0] == "sbatch" and "--parsable" in c for c in slurm.calls)
+
+
+def test_submit_writes_the_run_and_prints_job_and_where_to_look(slurm, tmp_path):
+    result = CliRunner().invoke(cli, ["submit", EXAMPLE, "--time", "20:00", "-e", "NCCL_DEBUG=INFO"])
+    assert result.exit_code == 0, result.output
+    run_dir = next((tmp_path / "runs").iterdir())
+    assert result.output.splitlines()[0] == f"Submitted job 7; run directory {run_dir}"
+    script = (run_dir / "attempts" / "1" / "job.sbatch").read_text()
+    assert "export NCCL_DEBUG=INFO" in script
+    spec = json.loads((run_dir / "spec.json").read_text())
+    assert spec["job"]["time"] == "20:00" and spec["parallel"]["tp"] == 8
+    events = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
+    assert [e["event"] for e in events] == ["created", "submitted"] and events[1]["job_id"] == "7"
+
+    status = CliRunner().invoke(cli, ["status", "7", "--json"])
+    assert status.exit_code == 0, status.output
+    document = json.loads(status.output)
+    # The recording holds jobs 1-6: job 7 is unknown to this Slurm, and status says so.
+    assert document["run"] == str(run_dir) and document["attempts"][0]["state"] == "UNKNOWN"
+    assert document["attempts"][0]["log"] == str(run_dir / "logs" / "7.out")
+
+
+def test_status_of_a_recorded_job_and_cancel_of_a_live_one(slurm, tmp_path):
+    slurm.next_job = 6  # recorded RUNNING
+    assert CliRunner().invoke(cli, ["submit", EXAMPLE]).exit_code == 0
+    run_dir = next((tmp_path / "runs").iterdir())
+    status = json.loads(CliRunner().invoke(cli, ["status", str(run_dir), "--json"]).output)
+    assert status["state"] == "RUNNING" and status["attempts"][0]["nodes"] == "node[1-4]"
+    result = CliRunner().invoke(cli, ["cancel", str(run_dir)])
+    assert result.exit_code == 0 and result.output.startswith("cancelled 6;")
+    assert ["scancel", "6"] in slurm.calls
+    assert json.loads(CliRunner().invoke(cli, ["status", str(run_dir), "--json"]).output)["state"] == "cancelled"
+
+
+def _clusterctl(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from launcher.cli import main; main()", *args],
+                          capture_output=True, text=True, cwd=cwd)
+
+
+def test_a_bad_spec_is_one_clear_line_and_nothing_is_submitted(tmp_path):
+    bad = tmp_path / "job.toml"
+    bad.write_text('[job]\nname = "x"\nnodes = 2\n[launch]\ncommand = ["a"]\nstyle = "mpirun"\n')
+    done = _clusterctl("submit", str(bad))
+    assert done.returncode == 7 and "Traceback" not in done.stderr
+    assert done.stderr == (f"clusterctl: error: {bad}:6, key `launch.style`: expected one of srun, torchrun, "
+                           "found 'mpirun'; did you mean `srun`?\n")
+    missing = _clusterctl("submit", str(tmp_path / "nope.toml"))
+    assert missing.returncode == 7 and "cannot read: No such file or directory" in missing.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_spec_reference_lists_every_key():
+    result = CliRunner().invoke(cli, ["spec", "--markdown"])
+    assert result.exit_code == 0
+    assert "| `launch.command` | argv | required |" in result.output
+    assert "| `restart.max_restarts` | int | 10 |" in result.output
+
+
+def test_the_spec_reference_page_is_current():
+    result = CliRunner().invoke(cli, ["spec", "--markdown"])
+    page = (REPO / "docs" / "spec.md").read_text()
+    assert page.split("\n\n", 2)[2] == result.output, "regenerate docs/spec.md (see its first lines)"
