@@ -88,6 +88,7 @@ def checkpoint_name(step: int) -> str:
 
 def write_checkpoint(directory: Path, state: dict) -> Path:
     """Write `state` atomically; the manifest is the last file written before the rename."""
+    began = time.monotonic()
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / checkpoint_name(state["step"])
     tmp = directory / f".tmp-{checkpoint_name(state['step'])}-{os.getpid()}"
@@ -101,6 +102,7 @@ def write_checkpoint(directory: Path, state: dict) -> Path:
         "rng": state["rng"],
         "params_sha256": hashlib.sha256(payload).hexdigest(),
         "written_at": time.time(),
+        "save_seconds": round(time.monotonic() - began, 6),  # the checkpoint cost, for Young/Daly advice
     }
     _write_synced(tmp / MANIFEST, json.dumps(manifest).encode())
     _fsync_dir(tmp)

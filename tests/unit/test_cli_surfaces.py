@@ -23,9 +23,9 @@ def test_clusterctl_help_lists_the_plan():
 
 
 def test_unbuilt_subcommands_say_so_plainly():
-    result = CliRunner().invoke(clusterctl_cli, ["submit", "spec.toml"])
+    result = CliRunner().invoke(clusterctl_cli, ["supervise", "run"])
     assert result.exit_code == EXIT_NOT_AVAILABLE
-    assert "`submit` is not available in clusterctl 0.1.0 yet." in result.output
+    assert "`supervise` is not available in clusterctl 0.1.0 yet." in result.output
 
 
 def test_healthd_status_without_a_daemon_and_a_bad_config(tmp_path):

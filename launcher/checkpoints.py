@@ -1,0 +1,142 @@
+"""Find the newest checkpoint that is really complete.
+
+A checkpoint is complete when the marker its writer puts down *last* is there and sound:
+
+- `manifest`: clusterctl's protocol (the example trainer): `step-NNNNNNNN/manifest.json`
+  written after every other file, with the payload's checksum;
+- `dcp`: PyTorch Distributed Checkpoint, whose `.metadata` file is written by the
+  coordinator after all ranks saved their shards;
+- `megatron`: `latest_checkpointed_iteration.txt` (rewritten after an iteration is saved)
+  naming an `iter_NNNNNNN/` directory that exists.
+
+Anything else — a temp directory, a manifest that does not parse, a checksum that does not
+match — is skipped, and the reason is reported so the supervisor can log it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint: where, which step, which validator accepted it, what it cost to write."""
+
+    path: str
+    step: int
+    validator: str
+    written_at: float | None = None
+    save_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A candidate that did not validate, and why."""
+
+    path: str
+    why: str
+
+
+def _step_of(name: str) -> int | None:
+    found = re.search(r"(\d+)$", name)
+    return int(found.group(1)) if found else None
+
+
+def _manifest(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
+    good, skipped = [], []
+    for candidate in directory.glob("step-*"):
+        if not candidate.is_dir():
+            continue
+        manifest_path = candidate / "manifest.json"
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except FileNotFoundError:
+            skipped.append(Skipped(str(candidate), "no manifest.json (written last): incomplete"))
+            continue
+        except (OSError, ValueError) as exc:
+            skipped.append(Skipped(str(candidate), f"manifest.json unreadable: {exc}"))
+            continue
+        try:
+            payload = (candidate / "params.json").read_bytes()
+        except OSError:
+            skipped.append(Skipped(str(candidate), "params.json missing"))
+            continue
+        if not isinstance(manifest, dict) or hashlib.sha256(payload).hexdigest() != manifest.get("params_sha256"):
+            skipped.append(Skipped(str(candidate), "params.json does not match the manifest's checksum"))
+            continue
+        step = manifest.get("step")
+        if not isinstance(step, int):
+            skipped.append(Skipped(str(candidate), "manifest has no step"))
+            continue
+        good.append(Checkpoint(str(candidate), step, "manifest", manifest.get("written_at"),
+                               manifest.get("save_seconds")))
+    return good, skipped
+
+
+def _dcp(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
+    good, skipped = [], []
+    for candidate in directory.iterdir() if directory.is_dir() else ():
+        if not candidate.is_dir() or candidate.name.startswith("."):
+            continue
+        step = _step_of(candidate.name)
+        has_shards = any(candidate.glob("*.distcp"))
+        if step is None or not has_shards and not (candidate / ".metadata").exists():
+            continue
+        metadata = candidate / ".metadata"
+        if not metadata.is_file() or metadata.stat().st_size == 0:
+            skipped.append(Skipped(str(candidate), "no .metadata (DCP writes it after every shard): incomplete"))
+            continue
+        good.append(Checkpoint(str(candidate), step, "dcp", metadata.stat().st_mtime))
+    return good, skipped
+
+
+def _megatron(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
+    tracker = directory / "latest_checkpointed_iteration.txt"
+    try:
+        text = tracker.read_text().strip()
+    except OSError:
+        return [], []
+    if text == "release":
+        return [Checkpoint(str(directory / "release"), 0, "megatron")], []
+    if not text.isdigit():
+        return [], [Skipped(str(tracker), f"does not hold an iteration number: {text[:40]!r}")]
+    iteration = int(text)
+    path = directory / f"iter_{iteration:07d}"
+    if not path.is_dir():
+        return [], [Skipped(str(path), "named by latest_checkpointed_iteration.txt but missing")]
+    return [Checkpoint(str(path), iteration, "megatron", tracker.stat().st_mtime)], []
+
+
+VALIDATORS: dict[str, Callable[[Path], tuple[list[Checkpoint], list[Skipped]]]] = {
+    "manifest": _manifest, "dcp": _dcp, "megatron": _megatron,
+}
+
+
+def find_checkpoints(directory: Path, validator: str = "auto") -> tuple[list[Checkpoint], list[Skipped]]:
+    """Every complete checkpoint (oldest step first) and every skipped candidate."""
+    if not directory.is_dir():
+        return [], []
+    names = list(VALIDATORS) if validator == "auto" else [validator]
+    good: list[Checkpoint] = []
+    skipped: list[Skipped] = []
+    for name in names:
+        found, bad = VALIDATORS[name](directory)
+        good += found
+        skipped += bad
+    good.sort(key=lambda c: (c.step, c.path))
+    return good, sorted(skipped, key=lambda s: s.path)
+
+
+def latest_complete(directory: Path, validator: str = "auto") -> tuple[Checkpoint | None, list[Skipped]]:
+    """The newest complete checkpoint, and the newer candidates that were skipped on the way."""
+    good, skipped = find_checkpoints(directory, validator)
+    best = good[-1] if good else None
+    if best is None:
+        return None, skipped
+    newer = [s for s in skipped if (_step_of(Path(s.path).name) or -1) > best.step]
+    return best, newer

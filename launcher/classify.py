@@ -1,0 +1,124 @@
+"""Why did an attempt end, and which nodes (if any) are to blame?  (pure)
+
+Evidence, strongest first: a node drained by healthd (reason `healthd: ...`), the epilog's
+per-job health record saying `hardware_fault`, a node Slurm marks DOWN or not responding
+(what NODE_FAIL means), any other drain of a node of the failed job.  With no node to
+blame a failure is the program's own.  Words in the job's log that mean a full disk or quota
+stop the run: resubmitting cannot help.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from healthd.policy import REASON_PREFIX
+from healthd.slurm_node import NodeState
+from launcher.slurm_jobs import JobReport
+
+COMPLETED, USER_CANCELLED, RESUBMIT, NODE_FAILURE, PROGRAM_FAILURE, STORAGE, MISPLACED = (
+    "completed", "user-cancelled", "resubmit", "node-failure", "program-failure", "storage-full", "misplaced")
+STORAGE_WORDS = re.compile(r"No space left on device|Disk quota exceeded|ENOSPC|EDQUOT|quota exceeded", re.I)
+PREFLIGHT_WORDS = "clusterctl: preflight failed:"
+
+
+@dataclass(frozen=True)
+class Blame:
+    """A node held responsible, with the evidence that says so."""
+
+    node: str
+    reason: str
+    evidence: tuple[str, ...]
+
+    def to_json(self) -> dict:
+        return {"node": self.node, "reason": self.reason, "evidence": list(self.evidence)}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, in the supervisor's terms."""
+
+    kind: str
+    message: str
+    blame: tuple[Blame, ...] = ()
+
+
+def node_down(state: NodeState) -> bool:
+    """DOWN, or flagged not responding (the way a dead or cut-off node first shows)."""
+    return state.state.startswith("down") or "NOT_RESPONDING" in state.flags or state.state.endswith("*")
+
+
+def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState]) -> list[Blame]:
+    """Nodes of a running job that healthd drained or that stopped responding: end the attempt now.
+
+    An admin's drain is not here: Slurm lets running jobs finish on a drained node, and so do we.
+    """
+    found = []
+    for name in job_nodes:
+        state = nodes.get(name)
+        if state is None:
+            continue
+        if state.draining and state.reason.startswith(REASON_PREFIX):
+            found.append(Blame(name, state.reason, (f"drained by healthd: {state.reason}",)))
+        elif node_down(state):
+            found.append(Blame(name, f"node {state.state} ({', '.join(state.flags) or 'no flags'})",
+                               (f"Slurm: {name} is {state.state} {list(state.flags)} reason {state.reason!r}",)))
+    return found
+
+
+def _record_evidence(record: Mapping) -> str:
+    findings = record.get("findings") or []
+    described = "; ".join(f"{f.get('kind')} gpu{f.get('gpu')} {f.get('action')}" for f in findings[:3]) or "no findings"
+    return f"epilog record: {record.get('verdict')} ({described})"
+
+
+def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
+             epilog_records: Mapping[str, Mapping], log_tail: str, ended_by_us: Sequence[Blame] = ()) -> Outcome:
+    """The outcome of a finished attempt from Slurm's report and the evidence around it."""
+    state = report.state
+    if state == "COMPLETED":
+        return Outcome(COMPLETED, "the job completed")
+    if ended_by_us:
+        return Outcome(NODE_FAILURE, "ended by the supervisor: a node failed under it", tuple(ended_by_us))
+    if state == "CANCELLED":
+        return Outcome(USER_CANCELLED, "cancelled by someone else (scancel); not resubmitting")
+    if state in ("TIMEOUT", "PREEMPTED", "DEADLINE"):
+        return Outcome(RESUBMIT, f"{state.lower()}: resubmitting from the last checkpoint")
+    if STORAGE_WORDS.search(log_tail):
+        line = next((ln for ln in log_tail.splitlines() if STORAGE_WORDS.search(ln)), "")
+        return Outcome(STORAGE, f"storage is full or over quota: {line.strip()[:200]}")
+    if PREFLIGHT_WORDS in log_tail:
+        line = next(ln for ln in log_tail.splitlines() if PREFLIGHT_WORDS in ln)
+        return Outcome(MISPLACED, f"ranks did not start where the rank map says: {line.strip()[:200]}")
+
+    evidence: dict[str, list[str]] = {}
+    reasons: dict[str, str] = {}
+    for name in job_nodes:
+        node_state = nodes.get(name)
+        record = epilog_records.get(name)
+        if node_state is not None and node_state.draining and node_state.reason.startswith(REASON_PREFIX):
+            evidence.setdefault(name, []).append(f"drained by healthd: {node_state.reason}")
+            reasons.setdefault(name, node_state.reason)
+        if record is not None and record.get("hardware_fault"):
+            evidence.setdefault(name, []).append(_record_evidence(record))
+            reasons.setdefault(name, f"epilog: {record.get('verdict')}")
+        if node_state is not None and node_down(node_state):
+            evidence.setdefault(name, []).append(f"Slurm: {name} is {node_state.state} {list(node_state.flags)}"
+                                                 f" reason {node_state.reason!r}")
+            reasons.setdefault(name, f"node {node_state.state}")
+    if not evidence:
+        for name in job_nodes:  # weakest: somebody drained it while the job ran
+            node_state = nodes.get(name)
+            if node_state is not None and node_state.draining:
+                evidence[name] = [f"drained during the job: {node_state.reason!r}"]
+                reasons[name] = f"drained: {node_state.reason}"
+    exit_note = f" (exit {report.exit_code})" if report.exit_code is not None else ""
+    if evidence:
+        blame = tuple(Blame(n, reasons[n], (f"job {report.job_id} ended {state}{exit_note}", *evidence[n]))
+                      for n in job_nodes if n in evidence)
+        return Outcome(NODE_FAILURE, f"{state}{exit_note}; blamed {', '.join(b.node for b in blame)}", blame)
+    if state in ("NODE_FAIL", "BOOT_FAIL"):
+        return Outcome(NODE_FAILURE, f"{state} but no node of the job is down now; resubmitting without exclusions")
+    return Outcome(PROGRAM_FAILURE, f"{state}{exit_note} with every node of the job healthy: the program's own "
+                                    "failure")

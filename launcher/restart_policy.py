@@ -1,0 +1,124 @@
+"""The supervisor's memory and judgement (pure): the run's state replayed from its journal,
+and what to do after an attempt ends.
+
+Replaying the journal gives the same state every time, which is what makes a restarted
+supervisor repeat no action: an attempt with a `decided` event is never decided again; a
+`submitting` without `submitted` is reconciled with Slurm before anything is resubmitted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from launcher.classify import COMPLETED, NODE_FAILURE, PROGRAM_FAILURE, RESUBMIT, Outcome
+from launcher.spec import RestartSection
+
+END_EVENTS = ("done", "stopped", "cancelled")
+
+
+@dataclass(frozen=True)
+class AttemptState:
+    """One attempt as the journal knows it."""
+
+    number: int
+    job_id: str | None
+    comment: str
+    submitted_at: float
+    decided: dict | None = None
+    ended_by_us: tuple[dict, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunState:
+    """Everything the supervisor needs to know, replayed from the journal."""
+
+    attempts: tuple[AttemptState, ...] = ()
+    blamed: dict[str, tuple[float, str]] = field(default_factory=dict)  # node -> (until, reason)
+    program_failures: int = 0
+    restarts: int = 0
+    restarts_without_progress: int = 0
+    best_step: int | None = None
+    ended: dict | None = None
+    next_submit_at: float = 0.0
+
+    @property
+    def current(self) -> AttemptState | None:
+        return self.attempts[-1] if self.attempts else None
+
+    def excluded(self, now: float) -> list[str]:
+        """Nodes whose blame has not expired."""
+        return sorted(n for n, (until, _) in self.blamed.items() if until > now)
+
+
+def replay(events: Sequence[dict]) -> RunState:
+    """Fold the journal into a RunState."""
+    attempts: dict[int, AttemptState] = {}
+    blamed: dict[str, tuple[float, str]] = {}
+    program_failures = restarts = without_progress = 0
+    best_step: int | None = None
+    ended = None
+    next_submit_at = 0.0
+    for e in events:
+        kind = e["event"]
+        if kind == "submitting":
+            attempts[e["attempt"]] = AttemptState(e["attempt"], None, e["comment"], e["at"])
+        elif kind == "submitted":
+            old = attempts.get(e["attempt"])
+            attempts[e["attempt"]] = AttemptState(e["attempt"], str(e["job_id"]), old.comment if old else "",
+                                                  e["at"])
+        elif kind == "ending":
+            a = attempts[e["attempt"]]
+            attempts[e["attempt"]] = AttemptState(a.number, a.job_id, a.comment, a.submitted_at, a.decided,
+                                                  tuple(e["blame"]))
+        elif kind == "decided":
+            a = attempts[e["attempt"]]
+            attempts[e["attempt"]] = AttemptState(a.number, a.job_id, a.comment, a.submitted_at, e, a.ended_by_us)
+            for b in e.get("blame", []):
+                blamed[b["node"]] = (b["until"], b["reason"])
+            if e["outcome"] == PROGRAM_FAILURE:
+                program_failures += 1
+            step = e.get("checkpoint_step")
+            if step is not None and (best_step is None or step > best_step):
+                best_step, without_progress = step, 0
+            if e["action"] == "resubmit":
+                restarts += 1
+                without_progress += 1
+                next_submit_at = e["at"] + e.get("delay", 0.0)
+        elif kind == "forgiven":
+            blamed.pop(e["node"], None)
+        elif kind in END_EVENTS:
+            ended = e
+    return RunState(tuple(attempts[k] for k in sorted(attempts)), blamed, program_failures, restarts,
+                    without_progress, best_step, ended, next_submit_at)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do after an attempt: done, stop (with why) or resubmit after `delay` seconds."""
+
+    action: str
+    message: str
+    delay: float = 0.0
+
+
+def decide(outcome: Outcome, state: RunState, policy: RestartSection, checkpoint_step: int | None) -> Decision:
+    """Apply the restart policy to an attempt's outcome (`state` is the run before this decision)."""
+    if outcome.kind == COMPLETED:
+        return Decision("done", "the run completed")
+    if outcome.kind not in (NODE_FAILURE, PROGRAM_FAILURE, RESUBMIT):
+        return Decision("stop", outcome.message)
+    if outcome.kind == PROGRAM_FAILURE and state.program_failures + 1 > policy.max_program_failures:
+        return Decision("stop", f"{outcome.message}; {state.program_failures + 1} such failures "
+                                f"(restart.max_program_failures = {policy.max_program_failures}): stopping, no node "
+                                "blamed; see the job log")
+    if state.restarts + 1 > policy.max_restarts:
+        return Decision("stop", f"{outcome.message}; restart.max_restarts = {policy.max_restarts} reached")
+    progressed = checkpoint_step is not None and (state.best_step is None or checkpoint_step > state.best_step)
+    without_progress = 0 if progressed else state.restarts_without_progress + 1
+    if without_progress > policy.retry_budget:
+        return Decision("stop", f"{outcome.message}; {without_progress} attempts in a row without the checkpoint "
+                                f"advancing (restart.retry_budget = {policy.retry_budget}): stopping")
+    # Backoff doubles with each attempt that made no progress; progress resets it.
+    delay = min(policy.backoff_max_seconds, policy.backoff_seconds * (2 ** max(0, without_progress - 1)))
+    return Decision("resubmit", outcome.message, delay)
