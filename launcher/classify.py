@@ -80,7 +80,14 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
     if state == "COMPLETED":
         return Outcome(COMPLETED, "the job completed")
     if ended_by_us:
-        return Outcome(NODE_FAILURE, "ended by the supervisor: a node failed under it", tuple(ended_by_us))
+        blame = []
+        for b in ended_by_us:
+            record = epilog_records.get(b.node)
+            extra = (_record_evidence(record),) if record is not None and record.get("hardware_fault") else ()
+            blame.append(Blame(b.node, b.reason, (f"job {report.job_id} ended by the supervisor ({state})",
+                                                  *b.evidence, *extra)))
+        return Outcome(NODE_FAILURE, f"a node failed under job {report.job_id}; ended it at once; blamed "
+                                     f"{', '.join(b.node for b in blame)}", tuple(blame))
     if state == "CANCELLED":
         return Outcome(USER_CANCELLED, "cancelled by someone else (scancel); not resubmitting")
     if state in ("TIMEOUT", "PREEMPTED", "DEADLINE"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 import tomllib
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from launcher import __version__, hostlist
 from launcher.cost import DEFAULT_WEIGHTS
@@ -21,19 +24,17 @@ from launcher.errors import ClusterctlError, LayoutError, RunError, SpecError
 from launcher.parallel import DIMS, layout_from_mapping
 from launcher.placement import plan as make_plan
 from launcher.plan_view import plan_json, plan_renderables, plan_svg
+from launcher.notify import webhook_notifier
+from launcher.report import report_renderables, run_report
 from launcher.runs import RunDir, create_run, unique_run_path
 from launcher.slurm import Slurm
 from launcher.spec import default_runs_dir, load_spec, parse_overrides, reference_rows
 from launcher.status import find_run_of_job, list_runs, run_status, status_renderables
 from launcher.submit import gather_facts, prepare, submit_attempt
+from launcher.supervisor import Hooks, Supervisor
 from launcher.topology import load_nvlink_domains, load_topology, parse_scontrol_topology
 
-EXIT_NOT_AVAILABLE = 69  # EX_UNAVAILABLE: the feature is not built yet
-
-
-def _not_yet(feature: str) -> None:
-    click.echo(f"clusterctl: `{feature}` is not available in clusterctl {__version__} yet.", err=True)
-    sys.exit(EXIT_NOT_AVAILABLE)
+DEFAULT_JOB_RECORDS = "/var/spool/clusterctl/job-health"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,19 +44,29 @@ def cli(debug: bool) -> None:
     """Keep large GPU training jobs running on Slurm.
 
     \b
-    submit   render and submit a job spec (topology-aware script + rank map)
-    status   a run's attempts, nodes, rank-map cost and logs
-    cancel   cancel a run
-    spec     the job-spec reference, or check a spec
-    plan     plan a rank map without submitting
-    hostlist expand/compress Slurm hostlists
+    submit    render and submit a job spec (topology-aware script + rank map)
+    supervise resubmit after node failures from the last complete checkpoint
+    status    a run's attempts, nodes, rank-map cost and logs
+    report    a run's blame, checkpoints, goodput and checkpoint advice
+    cancel    cancel a run
+    spec      the job-spec reference, or check a spec
+    plan      plan a rank map without submitting
+    hostlist  expand/compress Slurm hostlists
 
     \b
     Exit codes: 0 ok, 2 usage, 3 hostlist, 4 topology, 5 layout, 6 placement,
-    7 spec, 8 Slurm command, 9 run directory, 69 not available yet.
+    7 spec, 8 Slurm command, 9 run directory.  supervise: 0 done, 1 stopped,
+    2 cancelled.
     """
     if debug:
         os.environ["CLUSTERCTL_DEBUG"] = "1"
+
+
+def _records_option(f):
+    return click.option("--job-records", type=click.Path(path_type=Path, file_okay=False),
+                        default=lambda: os.environ.get("CLUSTERCTL_JOB_RECORDS", DEFAULT_JOB_RECORDS),
+                        show_default="$CLUSTERCTL_JOB_RECORDS or " + DEFAULT_JOB_RECORDS,
+                        help="Where the epilog writes per-job health records (healthd.toml job_records_dir).")(f)
 
 
 def _common_overrides(f):
@@ -89,9 +100,11 @@ def _load_spec_with(spec_file: Path, nodes, gpus_per_node, time_limit, partition
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable summary.")
 @click.option("--wait", is_flag=True, help="Wait for the job to end (like sbatch -W); exit 1 unless it completed.")
 @click.option("--supervise", is_flag=True, help="Keep watching and resubmit after node failures (see `supervise`).")
+@click.option("--detach", is_flag=True, help="With --supervise: supervise in the background (log in the run dir).")
+@_records_option
 def submit(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account, name, exclude, env,
            run_dir: Path | None, resume_from: str | None, dry_run: bool, as_json: bool, wait: bool,
-           supervise: bool) -> None:
+           supervise: bool, detach: bool, job_records: Path) -> None:
     """Submit the job described by SPEC (a TOML job spec; see `clusterctl spec`).
 
     \b
@@ -123,6 +136,9 @@ def submit(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account
             click.echo(request.script, nl=False)
         return
     run = create_run(path, spec, spec_file.read_text())
+    if supervise:  # the supervisor submits every attempt itself (tagged, so a restart can find it)
+        click.echo(f"run directory {path}")
+        sys.exit(_start_supervisor(run, slurm, job_records, detach))
     job_id = submit_attempt(run, request, slurm, 1, None)
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "run_dir": str(path), "sbatch_argv": list(request.sbatch_argv),
@@ -131,9 +147,7 @@ def submit(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account
         click.echo(f"Submitted job {job_id}; run directory {path}")
         click.echo(f"  log:    {run.log_path(job_id)}")
         click.echo(f"  status: clusterctl status {path}")
-    if supervise:
-        _supervise(run, slurm)
-    elif wait:
+    if wait:
         state = _wait_for(slurm, job_id)
         Console(stderr=True).print(status_renderables(run_status(run, slurm.queue(), {})))
         if state != "COMPLETED":
@@ -153,8 +167,73 @@ def _wait_for(slurm: Slurm, job_id: str, poll: float = 1.0) -> str:
         time.sleep(poll)
 
 
-def _supervise(run, slurm) -> None:
-    _not_yet("supervise")
+def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool) -> int:
+    if detach:
+        log = run.path / "supervisor.log"
+        with open(log, "ab") as out:
+            child = subprocess.Popen([sys.executable, "-c", "from launcher.cli import main; main()", "supervise",
+                                      str(run.path), "--job-records", str(job_records)],
+                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        click.echo(f"supervising in the background (pid {child.pid}); log {log}; "
+                   f"re-attach with `clusterctl supervise {run.path}`")
+        return 0
+    console = Console()
+    spec = run.spec()
+
+    def say(message: str) -> None:
+        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False, soft_wrap=True)
+
+    hooks = Hooks(say=say, notify=webhook_notifier(spec.restart.webhook, say))
+    supervisor = Supervisor(run, slurm, sys.executable, job_records, hooks)
+    if not console.is_terminal:
+        return supervisor.supervise()
+    with Live(console=console, auto_refresh=False, transient=True) as live:
+        def show(snapshot: dict) -> None:
+            blamed = "; ".join(f"{n}: {r}" for n, r in snapshot["blamed"].items()) or "none"
+            live.update(Text(f"attempt {snapshot['attempt']} job {snapshot['job_id']} {snapshot['state']} on "
+                             f"{snapshot['nodes'] or '-'} | checkpoint step {snapshot['checkpoint_step']} | "
+                             f"blamed: {blamed}"), refresh=True)
+        hooks.say = lambda message: live.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}",
+                                                      highlight=False, soft_wrap=True)
+        hooks.show = show
+        return supervisor.supervise()
+
+
+@cli.command()
+@click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--detach", is_flag=True, help="Supervise in the background (log in RUN/supervisor.log).")
+@_records_option
+def supervise(run_dir: Path, detach: bool, job_records: Path) -> None:
+    """Supervise RUN: resubmit after node failures, from the last complete checkpoint,
+    with the failed nodes excluded; stop on the program's own failures.
+
+    \b
+    Re-attach after the supervisor or the login session died: the journal in RUN says what
+    was already done, and nothing is done twice.  Exit 0 when the run completed, 1 when it
+    stopped (the reason is printed), 2 when it was cancelled.
+    """
+    run = RunDir(run_dir.absolute())
+    if not run.exists():
+        raise RunError(f"{run_dir} is not a clusterctl run directory (no spec.json); make one with "
+                       "`clusterctl submit SPEC --supervise`")
+    sys.exit(_start_supervisor(run, Slurm(), job_records, detach))
+
+
+@cli.command()
+@click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def report(run_dir: Path, as_json: bool) -> None:
+    """Report RUN: attempts, blamed nodes with evidence, checkpoints, goodput and the
+    Young/Daly checkpoint-interval advice."""
+    run = RunDir(run_dir.absolute())
+    if not run.exists():
+        raise RunError(f"{run_dir} is not a clusterctl run directory (no spec.json)")
+    document = run_report(run, time.time())
+    if as_json:
+        click.echo(json.dumps(document, indent=2, sort_keys=True))
+    else:
+        Console().print(report_renderables(document))
 
 
 def _resolve_target(target: str | None) -> list:
@@ -235,13 +314,6 @@ def spec_command(spec_file: Path | None, markdown: bool) -> None:
     for row in rows:
         table.add_row(*row)
     Console().print(table)
-
-
-@cli.command(context_settings={"ignore_unknown_options": True})
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def supervise(args: tuple[str, ...]) -> None:
-    """Supervise a run across node failures (not available yet)."""
-    _not_yet("supervise")
 
 
 @cli.group("hostlist")

@@ -156,7 +156,8 @@ def render_script(spec: JobSpec, template: Template, *, run_dir: str, python: st
 
 
 def sbatch_argv(spec: JobSpec, facts: SlurmFacts, *, run_dir: str, script_path: str,
-                exclude: str | None = None, no_requeue: bool = False) -> tuple[list[str], list[str]]:
+                exclude: str | None = None, no_requeue: bool = False,
+                comment: str | None = None) -> tuple[list[str], list[str]]:
     """sbatch's argv (script path last) and the warnings about what could not be asked for."""
     job = spec.job
     ranks_per_task_node = job.gpus_per_node if spec.launch.style == "srun" else 1
@@ -174,6 +175,8 @@ def sbatch_argv(spec: JobSpec, facts: SlurmFacts, *, run_dir: str, script_path: 
         # The supervisor decides every resubmission itself; Slurm's own requeue after
         # NODE_FAIL (JobRequeue=1) would bring the attempt back behind its back.
         argv.append("--no-requeue")
+    if comment:
+        argv.append(f"--comment={comment}")  # lets a restarted supervisor find a job it submitted
     compact, warnings = compact_request(spec, facts)
     argv += compact
     argv += list(job.sbatch_options)
@@ -182,10 +185,11 @@ def sbatch_argv(spec: JobSpec, facts: SlurmFacts, *, run_dir: str, script_path: 
 
 
 def prepare(spec: JobSpec, template: Template, facts: SlurmFacts, *, run_dir: str, python: str, attempt: int = 1,
-            resume_from: str | None = None, exclude: str | None = None, no_requeue: bool = False) -> SubmitRequest:
+            resume_from: str | None = None, exclude: str | None = None, no_requeue: bool = False,
+            comment: str | None = None) -> SubmitRequest:
     """The complete submission of one attempt, before anything is written or run."""
     script_path = f"{run_dir}/attempts/{attempt}/job.sbatch"
     script = render_script(spec, template, run_dir=run_dir, python=python, attempt=attempt, resume_from=resume_from)
     argv, warnings = sbatch_argv(spec, facts, run_dir=run_dir, script_path=script_path, exclude=exclude,
-                                 no_requeue=no_requeue)
+                                 no_requeue=no_requeue, comment=comment)
     return SubmitRequest(run_dir, script_path, script, tuple(argv), tuple(warnings), resume_from)

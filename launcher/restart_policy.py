@@ -85,6 +85,8 @@ def replay(events: Sequence[dict]) -> RunState:
                 restarts += 1
                 without_progress += 1
                 next_submit_at = e["at"] + e.get("delay", 0.0)
+        elif kind == "submit-lost":
+            attempts.pop(e["attempt"], None)
         elif kind == "forgiven":
             blamed.pop(e["node"], None)
         elif kind in END_EVENTS:
@@ -119,6 +121,8 @@ def decide(outcome: Outcome, state: RunState, policy: RestartSection, checkpoint
     if without_progress > policy.retry_budget:
         return Decision("stop", f"{outcome.message}; {without_progress} attempts in a row without the checkpoint "
                                 f"advancing (restart.retry_budget = {policy.retry_budget}): stopping")
-    # Backoff doubles with each attempt that made no progress; progress resets it.
-    delay = min(policy.backoff_max_seconds, policy.backoff_seconds * (2 ** max(0, without_progress - 1)))
+    # After progress, go again at once (the bad node is excluded); each attempt in a row
+    # without progress doubles the wait.
+    delay = 0.0 if without_progress == 0 else min(policy.backoff_max_seconds,
+                                                  policy.backoff_seconds * 2 ** (without_progress - 1))
     return Decision("resubmit", outcome.message, delay)

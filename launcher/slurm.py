@@ -91,6 +91,10 @@ class Slurm:
             return {}
         return parse_sacct_json(self._run(["sacct", "--json", "-j", ",".join(job_ids)]))
 
+    def nodes_json(self) -> str:
+        """`sinfo --json` (parse with healthd.slurm_node.parse_sinfo_json)."""
+        return self._run(["sinfo", "--json"])
+
     def cancel(self, job_ids: list[str]) -> None:
         """scancel the given jobs."""
         if job_ids:

@@ -48,6 +48,7 @@ class JobReport:
     restarts: int = 0
     steps: tuple[StepReport, ...] = ()
     source: str = "squeue"
+    comment: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -80,7 +81,8 @@ def parse_squeue_json(text: str) -> dict[str, JobReport]:
         jobs[job_id] = JobReport(job_id, str(job.get("name", "")), str(job.get("job_state", "UNKNOWN")),
                                  str(job.get("state_reason", "")), str(job.get("nodes") or ""), exit_code, signal,
                                  _time(job.get("submit_time")), _time(job.get("start_time")),
-                                 _time(job.get("end_time")), int(job.get("restart_cnt") or 0))
+                                 _time(job.get("end_time")), int(job.get("restart_cnt") or 0),
+                                 comment=str(job.get("comment") or ""))
     return jobs
 
 
@@ -108,10 +110,15 @@ def parse_sacct_json(text: str) -> dict[str, JobReport]:
                                     step_code, step_signal,
                                     tuple(nodes.get("list", [])) if isinstance(nodes, dict) else ()))
         job_id = str(job["job_id"])
-        jobs[job_id] = JobReport(job_id, str(job.get("name", "")), str(state.get("current", "UNKNOWN")),
-                                 str(state.get("reason", "")), str(job.get("nodes") or ""), exit_code, signal,
-                                 _time(times.get("submission")), _time(times.get("start")), _time(times.get("end")),
-                                 0, tuple(steps), "sacct")
+        comment = job.get("comment")
+        report = JobReport(job_id, str(job.get("name", "")), str(state.get("current", "UNKNOWN")),
+                           str(state.get("reason", "")), str(job.get("nodes") or ""), exit_code, signal,
+                           _time(times.get("submission")), _time(times.get("start")), _time(times.get("end")),
+                           0, tuple(steps), "sacct",
+                           str(comment.get("job") or "") if isinstance(comment, dict) else str(comment or ""))
+        # A fresh cluster reuses job ids: keep the newest submission of each id.
+        if job_id not in jobs or report.submit_time >= jobs[job_id].submit_time:
+            jobs[job_id] = report
     return jobs
 
 

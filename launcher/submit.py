@@ -59,7 +59,8 @@ def submit_attempt(run: RunDir, request: SubmitRequest, slurm: Slurm, attempt: i
 
 
 def prepare(spec: JobSpec, facts: SlurmFacts, *, run_dir: str, python: str, attempt: int = 1,
-            resume_from: str | None = None, exclude: str | None = None, no_requeue: bool = False) -> SubmitRequest:
+            resume_from: str | None = None, exclude: str | None = None, no_requeue: bool = False,
+            comment: str | None = None) -> SubmitRequest:
     """The full request of one attempt (template read from disk, everything else pure)."""
     return prepare_request(spec, load_template(spec), facts, run_dir=run_dir, python=python, attempt=attempt,
-                           resume_from=resume_from, exclude=exclude, no_requeue=no_requeue)
+                           resume_from=resume_from, exclude=exclude, no_requeue=no_requeue, comment=comment)

@@ -9,7 +9,6 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from healthd.cli import cli as healthd_cli
-from launcher.cli import EXIT_NOT_AVAILABLE
 from launcher.cli import cli as clusterctl_cli
 from testbed.cli import cli as bed_cli
 
@@ -20,12 +19,6 @@ def test_clusterctl_help_lists_the_plan():
     result = CliRunner().invoke(clusterctl_cli, ["--help"])
     assert result.exit_code == 0
     assert "submit" in result.output and "supervise" in result.output
-
-
-def test_unbuilt_subcommands_say_so_plainly():
-    result = CliRunner().invoke(clusterctl_cli, ["supervise", "run"])
-    assert result.exit_code == EXIT_NOT_AVAILABLE
-    assert "`supervise` is not available in clusterctl 0.1.0 yet." in result.output
 
 
 def test_healthd_status_without_a_daemon_and_a_bad_config(tmp_path):

@@ -1,0 +1,90 @@
+"""Where a run's time went, and how often it should checkpoint (pure).
+
+Per attempt (times from Slurm, kept in the journal's `decided` events):
+queue wait = start − submit; run = end − start; for an attempt that failed, the work redone
+is the time since its last complete checkpoint (or since its start).  Restart overhead is the
+gap between one attempt's end and the next one's submission.  Productive time is run time
+minus work redone, and goodput is productive time over the run's wall time.
+
+Advice: the Young/Daly interval sqrt(2 · C · MTBF), with C the measured time to write a
+checkpoint and MTBF the observed run time per node failure.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from launcher.checkpoints import Checkpoint
+
+
+@dataclass(frozen=True)
+class AttemptTimes:
+    """One attempt's clock readings (epoch seconds; 0 = did not happen)."""
+
+    number: int
+    submit: float
+    start: float
+    end: float
+    failed: bool
+    node_failure: bool
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """The run's time budget and the checkpoint-interval advice."""
+
+    wall_seconds: float
+    productive_seconds: float
+    redone_seconds: float
+    queue_seconds: float
+    restart_overhead_seconds: float
+    goodput: float | None
+    node_failures: int
+    mtbf_seconds: float | None
+    checkpoint_cost_seconds: float | None
+    checkpoint_interval_seconds: float | None
+    advised_interval_seconds: float | None
+
+    def to_json(self) -> dict:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def young_daly(checkpoint_cost: float, mtbf: float) -> float:
+    """The checkpoint interval that minimises expected lost time: sqrt(2 · C · MTBF)."""
+    return math.sqrt(2.0 * checkpoint_cost * mtbf)
+
+
+def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint], now: float) -> Goodput:
+    """Account a run's time from its attempts and the checkpoints it wrote."""
+    stamps = sorted(c.written_at for c in checkpoints if c.written_at)
+    run = redone = queue = overhead = 0.0
+    previous_end = None
+    for a in attempts:
+        end = a.end or now
+        if previous_end is not None and a.submit:
+            overhead += max(0.0, a.submit - previous_end)
+        if a.start:
+            queue += max(0.0, a.start - a.submit)
+            run += max(0.0, end - a.start)
+            if a.failed:
+                saved = [t for t in stamps if a.start <= t <= end]
+                redone += max(0.0, end - (saved[-1] if saved else a.start))
+        elif a.submit:
+            queue += max(0.0, end - a.submit)
+        previous_end = end if a.end else None
+    first = min((a.submit for a in attempts if a.submit), default=now)
+    last = max((a.end or now for a in attempts), default=now)
+    wall = max(0.0, last - first)
+    productive = max(0.0, run - redone)
+    failures = sum(1 for a in attempts if a.node_failure)
+    mtbf = run / failures if failures else None
+    costs = [c.save_seconds for c in checkpoints if c.save_seconds is not None]
+    cost = statistics.median(costs) if costs else None
+    gaps = [b - a for a, b in zip(stamps, stamps[1:]) if b > a]
+    interval = statistics.median(gaps) if gaps else None
+    advice = young_daly(cost, mtbf) if cost is not None and mtbf is not None else None
+    return Goodput(wall, productive, redone, queue, overhead, productive / wall if wall > 0 else None, failures,
+                   mtbf, cost, interval, advice)

@@ -1,0 +1,81 @@
+"""`clusterctl report RUN`: attempts, blame with evidence, checkpoints and goodput (pure)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from launcher.checkpoints import find_checkpoints
+from launcher.goodput import AttemptTimes, account
+from launcher.restart_policy import replay
+from launcher.runs import RunDir
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def run_report(run: RunDir, now: float) -> dict:
+    """The report as a JSON-ready dict."""
+    events = run.events()
+    state = replay(events)
+    spec = run.spec()
+    directory = spec.checkpoint_dir(str(run.path))
+    checkpoints, skipped = find_checkpoints(Path(directory), spec.checkpoint.validator) if directory else ([], [])
+    times = []
+    attempts = []
+    for a in state.attempts:
+        d = a.decided or {}
+        t = d.get("times") or {}
+        times.append(AttemptTimes(a.number, t.get("submit") or a.submitted_at, t.get("start") or 0.0,
+                                  t.get("end") or 0.0, d.get("outcome") not in (None, "completed"),
+                                  d.get("outcome") == "node-failure"))
+        attempts.append({"attempt": a.number, "job_id": a.job_id, "state": d.get("state", "running"),
+                         "outcome": d.get("outcome"), "message": d.get("message"), "blame": d.get("blame", []),
+                         "checkpoint_step": d.get("checkpoint_step"), "action": d.get("action")})
+    goodput = account(times, checkpoints, now)
+    return {"run": str(run.path), "state": state.ended["event"] if state.ended else "running",
+            "message": state.ended.get("message") if state.ended else "",
+            "attempts": attempts, "excluded_now": state.excluded(now),
+            "checkpoints": {"complete": len(checkpoints), "latest_step": checkpoints[-1].step if checkpoints else None,
+                            "skipped": [{"path": s.path, "why": s.why} for s in skipped]},
+            "goodput": goodput.to_json()}
+
+
+def report_renderables(report: dict) -> Group:
+    """The report for a terminal."""
+    g = report["goodput"]
+    parts: list = [Text.assemble(("run ", "bold"), report["run"], "  ", (report["state"], "bold"),
+                                 f"  {report['message']}" if report["message"] else "")]
+    table = Table(box=None, pad_edge=False)
+    for column in ("attempt", "job", "ended", "outcome", "checkpoint", "decision"):
+        table.add_column(column)
+    for a in report["attempts"]:
+        table.add_row(str(a["attempt"]), str(a["job_id"]), a["state"], a["outcome"] or "-",
+                      str(a["checkpoint_step"]) if a["checkpoint_step"] is not None else "-", a["action"] or "-")
+    parts.append(table)
+    for a in report["attempts"]:
+        for b in a["blame"]:
+            parts.append(Text(f"attempt {a['attempt']}: blamed {b['node']}: {b['reason']}"))
+            parts += [Text(f"    {line}", style="dim") for line in b["evidence"]]
+    share = f"{g['goodput'] * 100:.1f}%" if g["goodput"] is not None else "-"
+    parts.append(Text(
+        f"goodput {share}: productive {_duration(g['productive_seconds'])} of {_duration(g['wall_seconds'])}; "
+        f"lost: redone work {_duration(g['redone_seconds'])}, queue {_duration(g['queue_seconds'])}, "
+        f"restart overhead {_duration(g['restart_overhead_seconds'])}; node failures {g['node_failures']}"))
+    if g["advised_interval_seconds"] is not None:
+        parts.append(Text(
+            f"checkpoint every {_duration(g['checkpoint_interval_seconds'])} now; Young/Daly advises "
+            f"{_duration(g['advised_interval_seconds'])} (cost {_duration(g['checkpoint_cost_seconds'])}, "
+            f"MTBF {_duration(g['mtbf_seconds'])})"))
+    else:
+        parts.append(Text("checkpoint-interval advice needs a measured checkpoint cost and at least one node failure",
+                          style="dim"))
+    return Group(*parts)

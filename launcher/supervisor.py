@@ -1,0 +1,304 @@
+"""The supervisor: watch a run's attempt, and when a node kills it, resubmit from the last
+complete checkpoint with that node excluded; stop when the failure is the program's own.
+
+Everything it decides is appended to the run's journal before it acts, and everything it
+knows is replayed from that journal, so a supervisor killed at any point and started again
+(`clusterctl supervise RUN`) carries on without a duplicate job or a repeated decision.
+Slurm, the clock, sleeping and notifications are passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from healthd.slurm_node import NodeState, parse_sinfo_json
+from launcher import hostlist
+from launcher.checkpoints import Checkpoint, latest_complete
+from launcher.classify import NODE_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down
+from launcher.errors import SlurmCommandError
+from launcher.render import SlurmFacts
+from launcher.restart_policy import AttemptState, RunState, decide, replay
+from launcher.runs import RunDir
+from launcher.slurm import Slurm
+from launcher.slurm_jobs import JobReport
+from launcher.spec import JobSpec
+from launcher.submit import gather_facts, prepare, submit_attempt
+
+EXIT_DONE, EXIT_STOPPED, EXIT_CANCELLED = 0, 1, 2
+JOB_ID_REUSE_SLACK = 60.0  # a report submitted this long before our sbatch is another job with a reused id
+MISSING_POLLS = 15  # polls a submitted job may be absent from squeue and sacct before it counts as lost
+LOG_TAIL_BYTES = 64 * 1024
+
+
+@dataclass
+class Hooks:
+    """The supervisor's side effects, swappable in tests."""
+
+    clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    say: Callable[[str], None] = print
+    notify: Callable[[str, dict], None] = lambda event, payload: None
+    show: Callable[[dict], None] = lambda snapshot: None
+
+
+@dataclass
+class Supervisor:
+    """Supervise one run until it is done, stopped or cancelled."""
+
+    run: RunDir
+    slurm: Slurm
+    python: str
+    records_dir: Path | None = None
+    hooks: Hooks = field(default_factory=Hooks)
+    evidence_grace: float = 3.0
+
+    def __post_init__(self) -> None:
+        self.spec: JobSpec = self.run.spec()
+        self.facts: SlurmFacts | None = None
+        self._missing = 0
+        self._slurm_errors = 0
+        self._last_wait_message = ""
+
+    # ---- the loop ---------------------------------------------------------------
+    def supervise(self) -> int:
+        """Run until the run ends; the exit code (0 done, 1 stopped, 2 cancelled)."""
+        lock = self.run.lock()
+        try:
+            while True:
+                state = replay(self.run.events())
+                if state.ended is not None:
+                    return self._finish(state.ended)
+                try:
+                    self._step(state)
+                    self._slurm_errors = 0
+                except SlurmCommandError as exc:
+                    # slurmctld restarting or briefly unreachable: back off, never give up on the run.
+                    self._slurm_errors += 1
+                    delay = min(30.0, self.spec.restart.poll_seconds * 2 ** min(self._slurm_errors, 5))
+                    self.hooks.say(f"Slurm did not answer ({exc}); retrying in {delay:.0f} s")
+                    self.hooks.sleep(delay)
+        finally:
+            os.close(lock)
+
+    def _step(self, state: RunState) -> None:
+        current = state.current
+        if current is None or (current.decided is not None and current.decided["action"] == "resubmit"):
+            wait = state.next_submit_at - self.hooks.clock()
+            if wait > 0:
+                self.hooks.sleep(wait)
+            self._submit_next(state, 1 if current is None else current.number + 1)
+        elif current.decided is not None:  # decided done/stop but the end event is missing (crash between)
+            self._end("done" if current.decided["action"] == "done" else "stopped", current.decided["message"])
+        elif current.job_id is None:
+            self._reconcile(current)
+        else:
+            self._watch(current, state)
+
+    # ---- submitting ---------------------------------------------------------------
+    def _nodes(self) -> dict[str, NodeState]:
+        return {n.name: n for n in parse_sinfo_json(self.slurm.nodes_json())}
+
+    def _checkpoint(self) -> Checkpoint | None:
+        directory = self.spec.checkpoint_dir(str(self.run.path))
+        if not directory:
+            return None
+        best, skipped = latest_complete(Path(directory), self.spec.checkpoint.validator)
+        for item in skipped:
+            self.hooks.say(f"skipping checkpoint {item.path}: {item.why}")
+        return best
+
+    def _usable_nodes(self, nodes: dict[str, NodeState], excluded: list[str]) -> list[str]:
+        partition = self.spec.job.partition
+        permanent = set(hostlist.expand(self.spec.job.exclude)) if self.spec.job.exclude else set()
+        return [n.name for n in nodes.values()
+                if (partition is None or partition in n.partitions) and not n.draining and not node_down(n)
+                and n.name not in excluded and n.name not in permanent]
+
+    def _live_copies(self) -> list[JobReport]:
+        prefix = f"clusterctl:{self.run.path.name}:"
+        return [j for j in self.slurm.queue().values() if j.comment.startswith(prefix) and not j.terminal]
+
+    def _submit_next(self, state: RunState, number: int) -> None:
+        now = self.hooks.clock()
+        excluded = state.excluded(now)
+        needed = self.spec.job.nodes + self.spec.job.spare_nodes
+        usable = self._usable_nodes(self._nodes(), excluded)
+        if len(usable) < needed:
+            message = (f"only {len(usable)} usable nodes ({hostlist.compress(usable) if usable else 'none'}) "
+                       f"for {needed}; excluded: {', '.join(excluded) or 'none'}")
+            if self.spec.restart.on_too_few_nodes == "stop":
+                self._end("stopped", f"{message}; restart.on_too_few_nodes = stop")
+            else:
+                if message != self._last_wait_message:
+                    self.run.record("waiting", message=message)
+                    self.hooks.say(f"waiting: {message}")
+                    self._last_wait_message = message
+                self.hooks.sleep(max(self.spec.restart.poll_seconds, 5.0))
+            return
+        live = self._live_copies()
+        if live:  # never two live copies: an earlier attempt is still in Slurm's hands
+            self.hooks.say(f"waiting for job {live[0].job_id} ({live[0].state}) to end before resubmitting")
+            self.hooks.sleep(self.spec.restart.poll_seconds)
+            return
+        if self.facts is None:
+            self.facts, warnings = gather_facts(self.slurm, self.spec)
+            for warning in warnings:
+                self.hooks.say(f"warning: {warning}")
+        checkpoint = self._checkpoint()
+        resume_from = checkpoint.path if checkpoint else None
+        exclude = hostlist.compress(excluded) if excluded else None
+        comment = f"clusterctl:{self.run.path.name}:{number}:{secrets.token_hex(4)}"
+        self.run.record("submitting", attempt=number, comment=comment)
+        request = prepare(self.spec, self.facts, run_dir=str(self.run.path), python=self.python, attempt=number,
+                          resume_from=resume_from, exclude=exclude, no_requeue=True, comment=comment)
+        try:
+            job_id = submit_attempt(self.run, request, self.slurm, number, exclude)
+        except SlurmCommandError as exc:
+            if exc.returncode is None or "Unable to contact" in exc.stderr or "Socket timed out" in exc.stderr:
+                raise  # the controller is away: retried by the loop, reconciled by comment
+            self._end("stopped", f"Slurm refused attempt {number}: {exc.stderr.strip() or exc}")
+            return
+        self._missing = 0
+        where = f" from {resume_from} (step {checkpoint.step})" if checkpoint else " from the start"
+        self.hooks.say(f"attempt {number}: submitted job {job_id}{where}"
+                       + (f", excluding {exclude}" if exclude else ""))
+
+    def _reconcile(self, attempt: AttemptState) -> None:
+        """A `submitting` with no `submitted`: did sbatch get through before we died?"""
+        for job in self.slurm.queue().values():
+            if job.comment == attempt.comment:
+                self.run.record("submitted", attempt=attempt.number, job_id=job.job_id, argv=[], resume_from=None,
+                                exclude=None, reconciled=True)
+                self.hooks.say(f"attempt {attempt.number}: found job {job.job_id} submitted before a restart")
+                return
+        # Not in Slurm: forget it; the loop submits this attempt number again.
+        self.run.record("submit-lost", attempt=attempt.number, comment=attempt.comment)
+        self.hooks.say(f"attempt {attempt.number}: sbatch did not get through before a restart; submitting again")
+
+    # ---- watching -----------------------------------------------------------------
+    def _report(self, attempt: AttemptState) -> JobReport | None:
+        assert attempt.job_id is not None
+        report = self.slurm.queue().get(attempt.job_id)
+        if report is not None and report.submit_time and report.submit_time < attempt.submitted_at - JOB_ID_REUSE_SLACK:
+            report = None  # the controller's job with this id is an older one (ids restart on a fresh cluster)
+        if report is None:
+            found = self.slurm.accounting([attempt.job_id]).get(attempt.job_id)
+            if found is not None and (not found.submit_time
+                                      or found.submit_time >= attempt.submitted_at - JOB_ID_REUSE_SLACK):
+                report = found
+        return report
+
+    def _watch(self, attempt: AttemptState, state: RunState) -> None:
+        report = self._report(attempt)
+        if report is None:
+            self._missing += 1
+            if self._missing >= MISSING_POLLS:
+                self._decide(attempt, state, None, Outcome(NODE_FAILURE, f"job {attempt.job_id} vanished from "
+                                                                         "Slurm; resubmitting"))
+                return
+        elif report.terminal:
+            self._missing = 0
+            self._decide(attempt, state, report, None)
+            return
+        elif report.state == "RUNNING" and not attempt.ended_by_us:
+            suspects = hardware_suspects(hostlist.expand(report.nodes) if report.nodes else [], self._nodes())
+            if suspects:
+                self._end_attempt(attempt, suspects)
+        self._show(attempt, state, report)
+        self.hooks.sleep(self.spec.restart.poll_seconds)
+
+    def _end_attempt(self, attempt: AttemptState, suspects: list[Blame]) -> None:
+        """Don't wait for ranks hung in a collective behind a dead node: end the attempt now."""
+        self.run.record("ending", attempt=attempt.number, job_id=attempt.job_id,
+                        blame=[b.to_json() for b in suspects])
+        self.hooks.say(f"attempt {attempt.number}: ending job {attempt.job_id} now: "
+                       + "; ".join(f"{b.node}: {b.reason}" for b in suspects))
+        self.slurm.cancel([attempt.job_id])  # type: ignore[list-item]
+
+    def _evidence(self, attempt: AttemptState, report: JobReport) -> Outcome:
+        nodes = self._nodes()
+        job_nodes = hostlist.expand(report.nodes) if report.nodes else []
+        records = self._epilog_records(report.job_id, attempt.submitted_at)
+        log = self._log_tail(report.job_id)
+        ended_by_us = [Blame(b["node"], b["reason"], tuple(b["evidence"])) for b in attempt.ended_by_us]
+        return classify(report, job_nodes, nodes, records, log, ended_by_us)
+
+    def _decide(self, attempt: AttemptState, state: RunState, report: JobReport | None,
+                outcome: Outcome | None) -> None:
+        if outcome is None:
+            assert report is not None
+            outcome = self._evidence(attempt, report)
+            # healthd drains and the epilog writes its record while Slurm already shows the job
+            # ended: give the evidence a moment before calling a failure the program's own.
+            deadline = self.hooks.clock() + self.evidence_grace
+            while outcome.kind == "program-failure" and self.hooks.clock() < deadline:
+                self.hooks.sleep(0.5)
+                outcome = self._evidence(attempt, report)
+        checkpoint = self._checkpoint()
+        decision = decide(outcome, state, self.spec.restart, checkpoint.step if checkpoint else None)
+        until = self.hooks.clock() + self.spec.restart.blame_hours * 3600
+        blame = [{**b.to_json(), "until": until} for b in outcome.blame]
+        times = {"submit": report.submit_time, "start": report.start_time, "end": report.end_time} if report else {}
+        self.run.record("decided", attempt=attempt.number, job_id=attempt.job_id,
+                        state=report.state if report else "LOST", exit_code=report.exit_code if report else None,
+                        outcome=outcome.kind, message=decision.message, blame=blame,
+                        checkpoint_step=checkpoint.step if checkpoint else None,
+                        checkpoint=checkpoint.path if checkpoint else None, action=decision.action,
+                        delay=decision.delay, times=times)
+        self.hooks.say(f"attempt {attempt.number} (job {attempt.job_id}) ended "
+                       f"{report.state if report else 'LOST'}: {outcome.kind}: {decision.message}"
+                       + (f"; next attempt in {decision.delay:.1f} s" if decision.action == "resubmit" else ""))
+        for b in outcome.blame:
+            self.hooks.say(f"  blamed {b.node} for {self.spec.restart.blame_hours:g} h: {b.reason}")
+            for line in b.evidence:
+                self.hooks.say(f"    {line}")
+        if blame:
+            self.hooks.notify("blame", {"run": str(self.run.path), "attempt": attempt.number, "blame": blame})
+        if decision.action == "done":
+            self._end("done", decision.message)
+        elif decision.action == "stop":
+            self._end("stopped", decision.message)
+
+    def _end(self, event: str, message: str) -> None:
+        self.run.record(event, message=message)
+        self.hooks.notify(event, {"run": str(self.run.path), "message": message})
+
+    def _finish(self, ended: dict) -> int:
+        self.hooks.say(f"run {ended['event']}: {ended.get('message', '')}")
+        return {"done": EXIT_DONE, "stopped": EXIT_STOPPED}.get(ended["event"], EXIT_CANCELLED)
+
+    # ---- evidence on disk ------------------------------------------------------------
+    def _epilog_records(self, job_id: str, since: float) -> dict[str, dict]:
+        if self.records_dir is None:
+            return {}
+        records = {}
+        for path in (self.records_dir / job_id).glob("*.json"):
+            try:
+                if path.stat().st_mtime < since - JOB_ID_REUSE_SLACK:
+                    continue  # a record of an older job with the same id
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            records[str(record.get("node", path.stem))] = record
+        return records
+
+    def _log_tail(self, job_id: str) -> str:
+        try:
+            with open(self.run.log_path(job_id), "rb") as log:
+                log.seek(0, 2)
+                log.seek(max(0, log.tell() - LOG_TAIL_BYTES))
+                return log.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _show(self, attempt: AttemptState, state: RunState, report: JobReport | None) -> None:
+        self.hooks.show({"attempt": attempt.number, "job_id": attempt.job_id,
+                         "state": report.state if report else "?", "nodes": report.nodes if report else "",
+                         "blamed": {n: r for n, (u, r) in state.blamed.items() if u > self.hooks.clock()},
+                         "checkpoint_step": state.best_step})
