@@ -88,8 +88,11 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
                                                   *b.evidence, *extra)))
         return Outcome(NODE_FAILURE, f"a node failed under job {report.job_id}; ended it at once; blamed "
                                      f"{', '.join(b.node for b in blame)}", tuple(blame))
-    if state == "CANCELLED":
+    refused = [n for n in job_nodes if n in nodes and nodes[n].draining and nodes[n].reason.startswith(REASON_PREFIX)]
+    if state == "CANCELLED" and not refused:
         return Outcome(USER_CANCELLED, "cancelled by someone else (scancel); not resubmitting")
+    # CANCELLED with a node drained by healthd's rules: the prolog refused that node, and with
+    # --no-requeue Slurm cancels the job instead of requeueing it.  That is a node failure.
     if state in ("TIMEOUT", "PREEMPTED", "DEADLINE"):
         return Outcome(RESUBMIT, f"{state.lower()}: resubmitting from the last checkpoint")
     if STORAGE_WORDS.search(log_tail):

@@ -17,6 +17,8 @@ from launcher.runs import RunDir
 def _duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
     if seconds < 120:
         return f"{seconds:.1f} s"
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"

@@ -80,10 +80,11 @@ def replay(events: Sequence[dict]) -> RunState:
                 program_failures += 1
             step = e.get("checkpoint_step")
             if step is not None and (best_step is None or step > best_step):
-                best_step, without_progress = step, 0
+                best_step, without_progress = step, 0  # same rule as decide(): progress resets the count
+            else:
+                without_progress += 1
             if e["action"] == "resubmit":
                 restarts += 1
-                without_progress += 1
                 next_submit_at = e["at"] + e.get("delay", 0.0)
         elif kind == "submit-lost":
             attempts.pop(e["attempt"], None)

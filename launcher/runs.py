@@ -15,6 +15,7 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,8 +38,9 @@ class Attempt:
 class RunDir:
     """Read and append to a run directory."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(path)
+        self.clock = clock
 
     @property
     def journal_path(self) -> Path:
@@ -58,7 +60,7 @@ class RunDir:
 
     def record(self, event: str, **fields: object) -> dict:
         """Append an event to the journal (durable when this returns)."""
-        entry = {"event": event, "at": round(time.time(), 3), **fields}
+        entry = {"event": event, "at": round(self.clock(), 3), **fields}
         append_json_line(self.journal_path, entry)
         return entry
 

@@ -59,6 +59,7 @@ class Supervisor:
     evidence_grace: float = 3.0
 
     def __post_init__(self) -> None:
+        self.run = RunDir(self.run.path, clock=self.hooks.clock)  # the journal keeps the supervisor's time
         self.spec: JobSpec = self.run.spec()
         self.facts: SlurmFacts | None = None
         self._missing = 0

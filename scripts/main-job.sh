@@ -1,34 +1,54 @@
 #!/usr/bin/env bash
-# Set everything up, bring the local testbed up (4 Slurm nodes, 8 emulated GPUs each) and
-# submit the example trainer with `clusterctl submit` (3 nodes x 8 GPUs, TP=8, PP=3), then
-# show where every rank ran according to the rank map.
+# The whole story on a local testbed (4 Slurm nodes, 8 emulated GPUs each):
+#   1. set everything up and start the testbed;
+#   2. `clusterctl submit --supervise` the example trainer (3 nodes x 8 GPUs, TP=8, PP=3);
+#   3. once it has checkpointed, inject an Xid 79 ("GPU fallen off the bus") on one of its nodes;
+#   4. watch: healthd drains the node, the supervisor blames it with evidence, ends the attempt
+#      and resubmits without it from the last complete checkpoint; the run completes;
+#   5. show where the ranks ran, the final state and the run's report (goodput, advice).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 tb=.venv/bin/clusterctl-testbed
 clusterctl=$PWD/.venv/bin/clusterctl
 $tb up
+records=$($tb status --json 2>/dev/null | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["root"])' \
+  2>/dev/null || echo /tmp/ctb)/job-health
 
 run=$(mktemp -d /tmp/clusterctl-example.XXXXXX)/run
-echo "main-job: clusterctl submit examples/toy_trainer.toml (run directory $run)" >&2
-# The testbed's controller host is the login node: Slurm commands run there.
-$tb on ctl "$clusterctl" submit examples/toy_trainer.toml --run-dir "$run" --wait
-job=$(ls "$run/jobs")
+echo "main-job: clusterctl submit examples/toy_trainer.toml --supervise   (run directory $run)" >&2
+# The testbed's controller host is the login node: clusterctl runs there, like Slurm's commands.
+$tb on ctl "$clusterctl" submit examples/toy_trainer.toml --run-dir "$run" --supervise --job-records "$records" &
+supervisor=$!
+
+for _ in $(seq 600); do [[ -d $run/checkpoints/step-00000020 ]] && break; sleep 0.1; done
+job=$(ls "$run/jobs" | head -n 1)
+victim=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["slots"][1])' "$run/jobs/$job/rankmap.json")
+echo "main-job: checkpoint 20 written; injecting Xid 79 on $victim gpu 3" >&2
+$tb inject "$victim" xid 79 --gpu 3
+wait "$supervisor"
+
 echo
-grep -F "clusterctl: rank map" "$run/logs/$job.out"
-grep -F "rank 0]" "$run/logs/$job.out"
-echo
-echo "where each rank ran (recorded by the rank itself; the map's order):"
-.venv/bin/python - "$run/jobs/$job" <<'PY'
+echo "where each rank ran, per attempt (recorded by every rank itself):"
+for dir in "$run"/jobs/*; do
+  .venv/bin/python - "$dir" <<'PY'
 import json, sys
 from pathlib import Path
 job = Path(sys.argv[1])
 rank_map = json.loads((job / "rankmap.json").read_text())
-for slot, node in enumerate(rank_map["slots"]):
-    ranks = [json.loads((job / "ranks" / f"{r}.json").read_text()) for r in range(slot * 8, slot * 8 + 8)]
-    ok = all(r["hostname"] == node for r in ranks)
-    print(f"  slot {slot}: {node}  ranks {slot * 8}-{slot * 8 + 7}  {'all on ' + node if ok else 'MISPLACED'}")
+hosts = {}
+for record in (job / "ranks").glob("*.json"):
+    r = json.loads(record.read_text())
+    hosts.setdefault(r["hostname"], []).append(r["rank"])
+placed = all(rank_map["slots"][r // 8] == h for h, ranks in hosts.items() for r in ranks)
+print(f"  job {job.name}: slots {' '.join(rank_map['slots'])}; every rank where the map says: {placed}")
 PY
+done
 echo
 echo "main-job: final state: $(cat "$run/checkpoints/final.json")"
-echo "main-job: the testbed stays up: try \`$tb on ctl $clusterctl status $run\`, \`$tb inject node3 xid 79 --gpu 3\`, \`$tb down\`."
+echo
+$tb on ctl "$clusterctl" report "$run"
+$tb inject "$victim" clear >/dev/null
+$tb on ctl scontrol update NodeName="$victim" State=RESUME
+echo
+echo "main-job: the testbed stays up: try \`$tb on ctl $clusterctl status $run\`, \`$tb down\`."

@@ -161,7 +161,11 @@ KIND and ARGS:
 def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int) -> None:
     tb = Testbed()
     fault = _parse_fault(kind, args, gpu)
-    inject(tb.nvml_dir(node), fault)
+    directory = tb.nvml_dir(node)
+    if not directory.is_dir():
+        raise click.ClickException(f"{node} has no emulated GPUs at {directory}: is the testbed up? "
+                                   "(`clusterctl-testbed up`)")
+    inject(directory, fault)
     click.echo(f"injected {kind} {' '.join(args)} on {node} gpu{gpu}".rstrip())
 
 

@@ -47,13 +47,21 @@ def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
     if not is_alive(pids.get("slurmctld", 0)):
         tb.start_controller()
     tb.run_on("ctl", ["scancel", "--user=root"], check=False)
+    faulted = False
     for node in tb.layout.nodes:
         if not is_alive(pids.get(f"holder:{node}", 0)):
             tb.boot_node(node)
         elif not is_alive(tb._pids().get(f"healthd:{node}", 0)):
             tb.start_healthd(node)
         tb.heal_link(node)
+        state = tb.nvml_dir(node) / "state"
+        before = state.read_text() if state.exists() else ""
         inject(tb.nvml_dir(node), Fault("clear"))
+        faulted = faulted or state.read_text() != before
+    if faulted:
+        # Let healthd sample the healed GPUs once: a resume before that meets a prolog that
+        # still trusts healthd's last (faulty) state and drains the node again.
+        time.sleep(tb.layout.healthd_interval + 0.5)
     # healthd acts asynchronously: a drain may land just after the test ended, so keep resuming.
     deadline = time.monotonic() + 90
     while True:

@@ -119,3 +119,30 @@ def test_the_spec_reference_page_is_current():
     result = CliRunner().invoke(cli, ["spec", "--markdown"])
     page = (REPO / "docs" / "spec.md").read_text()
     assert page.split("\n\n", 2)[2] == result.output, "regenerate docs/spec.md (see its first lines)"
+
+
+def test_supervise_and_report_refuse_what_is_not_a_run(tmp_path):
+    for command in ("supervise", "report"):
+        done = _clusterctl(command, str(tmp_path))
+        assert done.returncode == 9 and "is not a clusterctl run directory (no spec.json)" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_report_of_a_supervised_run_from_its_journal(slurm, tmp_path):
+    from launcher.runs import create_run
+    from launcher.spec import load_spec
+    run = create_run(tmp_path / "run", load_spec(REPO / "examples" / "toy_trainer.toml"), "")
+    run.record("submitted", attempt=1, job_id="4", argv=[], resume_from=None, exclude=None)
+    run.record("decided", attempt=1, job_id="4", state="FAILED", exit_code=3, outcome="node-failure",
+               message="FAILED (exit 3); blamed node3", checkpoint_step=20, checkpoint=None, action="resubmit",
+               delay=0.0, times={"submit": 100.0, "start": 110.0, "end": 200.0},
+               blame=[{"node": "node3", "reason": "healthd: xid 79 gpu3", "evidence": ["epilog record: x"],
+                       "until": 9e12}])
+    result = CliRunner().invoke(cli, ["report", str(tmp_path / "run"), "--json"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.output)
+    assert document["state"] == "running" and document["excluded_now"] == ["node3"]
+    assert document["attempts"][0]["blame"][0]["reason"] == "healthd: xid 79 gpu3"
+    assert document["goodput"]["node_failures"] == 1
+    text = CliRunner().invoke(cli, ["report", str(tmp_path / "run")]).output
+    assert "attempt 1: blamed node3: healthd: xid 79 gpu3" in text and "goodput" in text

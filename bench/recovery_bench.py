@@ -1,0 +1,148 @@
+"""Benchmark the whole recovery: fault injected → training stepping again on healthy nodes.
+
+    sudo .venv/bin/python bench/recovery_bench.py [--trials 5]
+
+Each trial supervises the example trainer (3 nodes × 8 ranks, TP=8 PP=3, a step every 0.1 s,
+a checkpoint every 10 steps) on its own testbed (/tmp/ctb-recovery), injects Xid 79 on a GPU
+of the second node after the checkpoint at step 20, and times each stage from the run's
+journal (written by the supervisor) and the new attempt's files, watched every 20 ms:
+
+  detect    injection → the supervisor sees the node drained by healthd and ends the attempt
+  job end   → the attempt is terminal in Slurm and the decision is journaled
+  submit    → sbatch of the next attempt returned
+  start     → the new job computed its rank map (queue, allocation, prolog, batch script)
+  resume    → rank 0 reports it resumed from the checkpoint
+  step      → the first training step after the resume
+Writes bench/results/recovery.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stats import percentile  # noqa: E402
+
+from testbed.cluster import Testbed  # noqa: E402
+from testbed.gpu_faults import Fault, inject  # noqa: E402
+from testbed.layout import Layout  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+LAYOUT = Layout(root=Path("/tmp/ctb-recovery"), namespace_prefix="ctbr-")
+STAGES = ("detect", "job end", "submit", "start", "resume", "step")
+SPEC = """\
+[job]
+name = "recovery-bench"
+nodes = 3
+[launch]
+command = ["python3", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "2000",
+           "--checkpoint-every", "10", "--step-time", "0.1", "--log-every", "1", "--peer-timeout", "15"]
+workdir = "{examples}"
+[parallel]
+tp = 8
+pp = 3
+[checkpoint]
+dir = "{{run_dir}}/checkpoints"
+validator = "manifest"
+resume_args = ["--resume", "{{path}}"]
+[restart]
+poll_seconds = 0.5
+"""
+
+
+def _events(run: Path) -> dict[str, list[dict]]:
+    found: dict[str, list[dict]] = {}
+    for line in (run / "journal.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        found.setdefault(event["event"], []).append(event)
+    return found
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def trial(tb: Testbed, work: Path, number: int, records: str) -> dict[str, float]:
+    run = work / f"run-{number}"
+    spec = work / f"spec-{number}.toml"
+    spec.write_text(SPEC.format(examples=REPO / "examples"))
+    cli = [*tb.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from launcher.cli import main; main()"]
+    supervisor = subprocess.Popen([*cli, "submit", str(spec), "--run-dir", str(run), "--supervise",
+                                   "--job-records", records], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        _wait(lambda: (run / "checkpoints" / "step-00000020").exists(), 90, "the step-20 checkpoint")
+        first_job = _events(run)["submitted"][0]["job_id"]
+        node = json.loads((run / "jobs" / first_job / "rankmap.json").read_text())["slots"][1]
+        injected = time.time()
+        inject(tb.nvml_dir(node), Fault("xid", gpu=number % 8, value=79))
+        second = _wait(lambda: len(_events(run).get("submitted", [])) > 1 and _events(run)["submitted"][1], 60,
+                       "the second attempt")
+        job_dir = run / "jobs" / second["job_id"]
+        rank_map = _wait(lambda: (job_dir / "rankmap.json").exists() and job_dir / "rankmap.json", 60, "rank map")
+        log = run / "logs" / f"{second['job_id']}.out"
+
+        def seen(pattern: str):
+            return log.exists() and re.search(pattern, log.read_text(errors="replace"), re.M) and time.time()
+        resumed = _wait(lambda: seen(r"rank 0\] resumed from"), 60, "the resume")
+        stepped = _wait(lambda: seen(r"rank 0\] step \d+ took"), 60, "a step after the resume")
+        events = _events(run)
+        ending = events["ending"][0]["at"] if "ending" in events else events["decided"][0]["at"]
+        marks = [injected, ending, events["decided"][0]["at"], second["at"], rank_map.stat().st_mtime, resumed,
+                 stepped]
+        result = {stage: round(b - a, 3) for stage, a, b in zip(STAGES, marks, marks[1:])}
+        result["total"] = round(stepped - injected, 3)
+        result["node"] = node
+        return result
+    finally:
+        subprocess.run([*cli, "cancel", str(run)], capture_output=True)
+        supervisor.wait(timeout=60)
+        if "node" in locals():
+            inject(tb.nvml_dir(node), Fault("clear"))
+            time.sleep(LAYOUT.healthd_interval + 0.5)  # healthd samples the healed GPU before any resume
+        tb.run_on("ctl", ["scontrol", "update", "NodeName=ALL", "State=RESUME"], check=False)
+        deadline = time.time() + 60
+        while time.time() < deadline and not all(n.state == "idle" and n.responding for n in tb.nodes()):
+            tb.run_on("ctl", ["scontrol", "update", "NodeName=ALL", "State=RESUME"], check=False)
+            time.sleep(0.5)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--trials", type=int, default=5)
+    args = parser.parse_args()
+    tb = Testbed(LAYOUT)
+    tb.up(timeout=90)
+    work = Path("/tmp/clusterctl-recovery-bench")
+    subprocess.run(["rm", "-rf", str(work)], check=True)
+    work.mkdir()
+    try:
+        trials = [trial(tb, work, n, str(LAYOUT.root / "job-health")) for n in range(args.trials)]
+    finally:
+        tb.down(quiet=True)
+    summary = {stage: {"median": round(statistics.median(t[stage] for t in trials), 3),
+                       "max": round(max(t[stage] for t in trials), 3)} for stage in (*STAGES, "total")}
+    summary["p90_total"] = round(percentile([t["total"] for t in trials], 0.9), 3)
+    out = REPO / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "recovery.json").write_text(json.dumps({"trials": trials, "summary": summary}, indent=2) + "\n")
+    for stage in (*STAGES, "total"):
+        print(f"{stage:8s} median {summary[stage]['median']:6.2f} s   max {summary[stage]['max']:6.2f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""The supervisor's judgement, pure: checkpoints, classification, restart policy, goodput."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from healthd.slurm_node import parse_sinfo_json
+from launcher.checkpoints import Checkpoint, latest_complete
+from launcher.classify import (
+    COMPLETED, MISPLACED, NODE_FAILURE, PROGRAM_FAILURE, RESUBMIT, STORAGE, USER_CANCELLED, Blame, Outcome, classify,
+    hardware_suspects,
+)
+from launcher.goodput import AttemptTimes, account, young_daly
+from launcher.restart_policy import RunState, decide, replay
+from launcher.slurm_jobs import JobReport
+from launcher.spec import RestartSection
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "examples"))
+import toy_trainer  # noqa: E402 - the example's own checkpoint writer is the protocol under test
+
+NODES = {n.name: n for n in parse_sinfo_json((REPO / "tests/data/slurm/sinfo-json-healthd-drain.json").read_text())}
+HEALTHY = {name: replace(n, flags=(), reason="") for name, n in NODES.items()}
+
+
+def _report(state: str, exit_code: int | None = 1, nodes: str = "node[1-3]") -> JobReport:
+    return JobReport("42", "job", state, "", nodes, exit_code, None, 100.0, 110.0, 200.0)
+
+
+# ---- checkpoints ------------------------------------------------------------------
+def _state(step: int) -> dict:
+    return {**toy_trainer.initial_state(7), "step": step}
+
+
+def test_the_newest_complete_checkpoint_wins_and_torn_ones_are_skipped_with_a_reason(tmp_path):
+    for step in (10, 20, 30):
+        toy_trainer.write_checkpoint(tmp_path, _state(step))
+    (tmp_path / "step-00000030" / "manifest.json").unlink()             # torn: marker missing
+    corrupt = toy_trainer.write_checkpoint(tmp_path, _state(40))
+    (corrupt / "params.json").write_text('{"params": [0]}')               # payload changed after the manifest
+    (tmp_path / ".tmp-step-00000050-99").mkdir()                          # a writer died before the rename
+    best, skipped = latest_complete(tmp_path, "manifest")
+    assert best is not None and (best.step, Path(best.path).name, best.validator) == (20, "step-00000020", "manifest")
+    assert best.save_seconds is not None and best.written_at is not None
+    assert [(Path(s.path).name, s.why) for s in skipped] == [
+        ("step-00000030", "no manifest.json (written last): incomplete"),
+        ("step-00000040", "params.json does not match the manifest's checksum")]
+
+
+def test_dcp_and_megatron_layouts_are_recognised(tmp_path):
+    dcp = tmp_path / "dcp"
+    for step, complete in ((100, True), (200, False)):
+        (dcp / f"step_{step}").mkdir(parents=True)
+        (dcp / f"step_{step}" / "__0_0.distcp").write_bytes(b"x")
+        if complete:
+            (dcp / f"step_{step}" / ".metadata").write_bytes(b"meta")
+    best, skipped = latest_complete(dcp, "auto")
+    assert best.step == 100 and best.validator == "dcp" and "no .metadata" in skipped[0].why
+    mega = tmp_path / "mega"
+    (mega / "iter_0000300").mkdir(parents=True)
+    (mega / "latest_checkpointed_iteration.txt").write_text("300\n")
+    assert latest_complete(mega, "megatron")[0].path == str(mega / "iter_0000300")
+    (mega / "latest_checkpointed_iteration.txt").write_text("400\n")
+    best, skipped = latest_complete(mega, "megatron")
+    assert best is None and "missing" in skipped[0].why
+    assert latest_complete(tmp_path / "nothing-here")[0] is None
+
+
+# ---- classification ------------------------------------------------------------------
+def test_a_healthd_drain_and_an_epilog_record_blame_the_node_with_their_evidence():
+    record = {"node": "node3", "hardware_fault": True, "verdict": "drain-reboot",
+              "findings": [{"kind": "xid", "gpu": 3, "action": "drain-reboot"}]}
+    outcome = classify(_report("FAILED", 143), ["node1", "node3", "node4"], NODES, {"node3": record}, "")
+    assert outcome.kind == NODE_FAILURE and [b.node for b in outcome.blame] == ["node3"]
+    assert outcome.blame[0].reason.startswith("healthd: xid 79 gpu3")
+    assert outcome.blame[0].evidence == ("job 42 ended FAILED (exit 143)",
+                                         "drained by healthd: healthd: xid 79 gpu3 (GPU-abc) 2026-11-22T03:00:00Z",
+                                         "epilog record: drain-reboot (xid gpu3 drain-reboot)")
+
+
+def test_node_fail_blames_the_node_that_stopped_responding():
+    outcome = classify(_report("NODE_FAIL", 0), ["node1", "node2"], NODES, {}, "")
+    assert outcome.kind == NODE_FAILURE and [b.node for b in outcome.blame] == ["node2"]
+    assert "NOT_RESPONDING" in outcome.blame[0].evidence[1]
+    lost = classify(_report("NODE_FAIL", 0), ["node1"], HEALTHY, {}, "")
+    assert lost.kind == NODE_FAILURE and lost.blame == ()
+
+
+@pytest.mark.parametrize(("state", "log", "kind"), [
+    ("COMPLETED", "", COMPLETED),
+    ("CANCELLED", "", USER_CANCELLED),
+    ("TIMEOUT", "", RESUBMIT),
+    ("PREEMPTED", "", RESUBMIT),
+    ("FAILED", "OSError: [Errno 28] No space left on device: '/ckpt/step-9'", STORAGE),
+    ("FAILED", "clusterctl: preflight failed: rank 0 runs on node1 but ...", MISPLACED),
+    ("FAILED", "Traceback: ZeroDivisionError", PROGRAM_FAILURE),
+    ("OUT_OF_MEMORY", "", PROGRAM_FAILURE),
+])
+def test_every_way_an_attempt_ends_has_one_meaning(state, log, kind):
+    assert classify(_report(state), ["node1", "node4"], HEALTHY, {}, log).kind == kind
+
+
+def test_an_admin_drain_is_weak_evidence_and_never_ends_a_running_attempt():
+    admin = {**HEALTHY, "node4": replace(HEALTHY["node4"], flags=("DRAIN",), reason="maintenance")}
+    assert hardware_suspects(["node1", "node4"], admin) == []
+    assert [b.node for b in hardware_suspects(["node2", "node3"], NODES)] == ["node2", "node3"]
+    outcome = classify(_report("FAILED"), ["node1", "node4"], admin, {}, "")
+    assert outcome.kind == NODE_FAILURE and outcome.blame[0].reason == "drained: maintenance"
+
+
+def test_an_attempt_ended_by_the_supervisor_keeps_the_blame_it_was_ended_for():
+    ended = [Blame("node3", "healthd: xid 79", ("drained by healthd: healthd: xid 79",))]
+    outcome = classify(_report("CANCELLED", 0), ["node3"], NODES, {}, "", ended)
+    assert outcome.kind == NODE_FAILURE and outcome.blame[0].node == "node3"
+
+
+# ---- restart policy ------------------------------------------------------------------
+POLICY = RestartSection(max_restarts=5, max_program_failures=1, retry_budget=2, backoff_seconds=2.0,
+                        backoff_max_seconds=5.0)
+NODE = Outcome(NODE_FAILURE, "node", (Blame("node3", "xid", ()),))
+PROGRAM = Outcome(PROGRAM_FAILURE, "exit 1")
+
+
+def _journal(outcomes: list[tuple[Outcome, int | None]]) -> list[dict]:
+    """A journal as the supervisor writes it, deciding each outcome in turn."""
+    events: list[dict] = [{"event": "created", "at": 0.0}]
+    for number, (outcome, step) in enumerate(outcomes, 1):
+        events.append({"event": "submitted", "at": float(number), "attempt": number, "job_id": str(number)})
+        decision = decide(outcome, replay(events), POLICY, step)
+        events.append({"event": "decided", "at": float(number), "attempt": number, "outcome": outcome.kind,
+                       "blame": [{"node": b.node, "reason": b.reason, "until": 1000.0} for b in outcome.blame],
+                       "checkpoint_step": step, "action": decision.action, "delay": decision.delay,
+                       "message": decision.message})
+        if decision.action != "resubmit":
+            events.append({"event": "done" if decision.action == "done" else "stopped", "at": float(number),
+                           "message": decision.message})
+            break
+    return events
+
+
+def test_progress_resubmits_at_once_and_stalls_back_off_then_stop():
+    events = _journal([(NODE, 10), (NODE, 20), (NODE, 20), (NODE, 20), (NODE, 20)])
+    decided = [e for e in events if e["event"] == "decided"]
+    assert [(d["action"], d["delay"]) for d in decided] == [("resubmit", 0.0), ("resubmit", 0.0),
+                                                            ("resubmit", 2.0), ("resubmit", 4.0), ("stop", 0.0)]
+    assert "retry_budget = 2" in decided[-1]["message"]
+    state = replay(events)
+    assert state.excluded(999.0) == ["node3"] and state.excluded(1000.0) == []
+
+
+def test_the_programs_own_failures_stop_after_the_allowed_retries_without_blame():
+    events = _journal([(PROGRAM, None), (PROGRAM, None)])
+    assert [e["action"] for e in events if e["event"] == "decided"] == ["resubmit", "stop"]
+    assert events[-1]["event"] == "stopped" and "no node blamed" in events[-1]["message"]
+    assert replay(events).blamed == {}
+
+
+def test_max_restarts_is_a_hard_limit_even_with_progress():
+    events = _journal([(NODE, step) for step in range(10, 100, 10)])
+    assert sum(1 for e in events if e.get("action") == "resubmit") == POLICY.max_restarts
+    assert "max_restarts = 5 reached" in events[-1]["message"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([NODE, PROGRAM, Outcome(RESUBMIT, "timeout")]),
+                          st.one_of(st.none(), st.integers(0, 50))), min_size=1, max_size=15))
+def test_no_sequence_of_failures_loops_forever_or_outlives_its_limits(outcomes):
+    events = _journal(outcomes)
+    decided = [e for e in events if e["event"] == "decided"]
+    resubmits = sum(1 for d in decided if d["action"] == "resubmit")
+    assert resubmits <= POLICY.max_restarts
+    assert sum(1 for d in decided if d["outcome"] == PROGRAM_FAILURE and d["action"] == "resubmit") \
+        <= POLICY.max_program_failures
+    assert all(0 <= d["delay"] <= POLICY.backoff_max_seconds for d in decided)
+    # Replaying any prefix of the journal never yields more attempts than were submitted.
+    for cut in range(len(events) + 1):
+        assert len(replay(events[:cut]).attempts) <= sum(1 for e in events[:cut] if e["event"] == "submitted")
+    if len(decided) < len(outcomes):
+        assert events[-1]["event"] in ("stopped", "done")
+
+
+def test_a_submission_cut_short_by_a_crash_is_forgotten_so_it_can_be_made_again():
+    events = [{"event": "submitting", "at": 1.0, "attempt": 1, "comment": "c1"},
+              {"event": "submit-lost", "at": 2.0, "attempt": 1}]
+    assert replay(events[:1]).current.job_id is None and replay(events) == RunState()
+
+
+# ---- goodput -------------------------------------------------------------------------
+def test_goodput_accounts_redone_work_queue_and_restart_overhead():
+    checkpoints = [Checkpoint(f"/c/{s}", s, "manifest", written_at=t, save_seconds=2.0)
+                   for s, t in ((10, 150.0), (20, 250.0), (30, 450.0))]
+    attempts = [AttemptTimes(1, 100.0, 110.0, 300.0, failed=True, node_failure=True),  # last checkpoint at 250
+                AttemptTimes(2, 310.0, 320.0, 500.0, failed=False, node_failure=False)]
+    g = account(attempts, checkpoints, now=1000.0)
+    assert (g.wall_seconds, g.queue_seconds, g.redone_seconds, g.restart_overhead_seconds) == (400.0, 20.0, 50.0, 10.0)
+    assert g.productive_seconds == 190.0 + 180.0 - 50.0 and math.isclose(g.goodput, 320.0 / 400.0)
+    assert g.node_failures == 1 and g.mtbf_seconds == 370.0 and g.checkpoint_interval_seconds == 150.0
+    assert math.isclose(g.advised_interval_seconds, math.sqrt(2 * 2.0 * 370.0))
+    assert young_daly(30.0, 3600.0 * 24) == pytest.approx(2276.8, rel=1e-3)
+
+
+def test_the_example_trainer_records_its_checkpoint_cost(tmp_path):
+    path = toy_trainer.write_checkpoint(tmp_path, _state(10))
+    manifest = json.loads((path / "manifest.json").read_text())
+    assert manifest["save_seconds"] >= 0
+    assert hashlib.sha256((path / "params.json").read_bytes()).hexdigest() == manifest["params_sha256"]
+
+
+def test_a_job_cancelled_because_the_prolog_refused_a_node_is_a_node_failure():
+    # Slurm 22.05 with --no-requeue: "Prolog launch failure" → the job is killed (CANCELLED),
+    # and the prolog has drained the node with healthd's reason.
+    outcome = classify(_report("CANCELLED", 0), ["node1", "node3"], NODES, {}, "")
+    assert outcome.kind == NODE_FAILURE and [b.node for b in outcome.blame] == ["node3"]

@@ -1,0 +1,195 @@
+"""The supervisor's loop against a scripted Slurm: restarts repeat nothing, outages are ridden out."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from launcher.errors import RunError
+from launcher.runs import RunDir, create_run
+from launcher.slurm import Completed, Slurm
+from launcher.spec import load_spec
+from launcher.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks, Supervisor
+from tests.conftest import REPO
+
+TOPOLOGY = (REPO / "tests" / "data" / "slurm" / "scontrol-show-topology.txt").read_text()
+
+
+class ScriptedSlurm:
+    """A small Slurm: jobs run until the test ends them; outputs in 22.05's JSON shapes."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.jobs: dict[str, dict] = {}
+        self.nodes = {f"node{i}": {"state": "idle", "flags": [], "reason": ""} for i in range(1, 5)}
+        self.sbatch_calls: list[list[str]] = []
+        self.down_for = 0  # answer this many next calls with "unable to contact"
+        self.on_poll = lambda: None
+        self.next_id = 1
+
+    def __call__(self, argv, timeout) -> Completed:
+        if self.down_for:
+            self.down_for -= 1
+            return Completed(1, "", "slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
+        if argv[:2] == ["sbatch", "--version"]:
+            return Completed(0, "slurm-wlm 22.05.8\n", "")
+        if argv[:3] == ["scontrol", "show", "topology"]:
+            return Completed(0, TOPOLOGY, "")
+        if argv[0] == "sbatch":
+            self.sbatch_calls.append(list(argv))
+            job_id = str(self.next_id)
+            self.next_id += 1
+            comment = next(a.split("=", 1)[1] for a in argv if a.startswith("--comment="))
+            excluded = next((a.split("=", 1)[1] for a in argv if a.startswith("--exclude=")), "")
+            nodes = [n for n in self.nodes if n not in excluded][:3]
+            self.jobs[job_id] = {"job_id": int(job_id), "name": "toy", "job_state": "RUNNING",
+                                 "state_reason": "None", "nodes": ",".join(nodes), "exit_code": 0,
+                                 "submit_time": self.clock.now, "start_time": self.clock.now, "end_time": 0,
+                                 "comment": comment}
+            return Completed(0, f"{job_id}\n", "")
+        if argv[:2] == ["squeue", "--json"]:
+            self.on_poll()
+            return Completed(0, json.dumps({"jobs": list(self.jobs.values())}), "")
+        if argv[:2] == ["sacct", "--json"]:
+            return Completed(0, json.dumps({"jobs": []}), "")
+        if argv[:2] == ["sinfo", "--json"]:
+            return Completed(0, json.dumps({"nodes": [
+                {"name": n, "state": s["state"], "state_flags": s["flags"], "reason": s["reason"],
+                 "partitions": ["gpu"]} for n, s in self.nodes.items()]}), "")
+        if argv[0] == "scancel":
+            for job_id in argv[1:]:
+                self.jobs[job_id]["job_state"] = "CANCELLED"
+            return Completed(0, "", "")
+        return Completed(1, "", f"unexpected {argv}")
+
+    def end(self, job_id: str, state: str, exit_status: int = 0) -> None:
+        self.jobs[job_id].update(job_state=state, exit_code=exit_status, end_time=self.clock.now)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1e9
+
+    def time(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.01)
+
+
+@pytest.fixture
+def world(tmp_path):
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    run = create_run(tmp_path / "run", spec, "")
+    clock = Clock()
+    slurm = ScriptedSlurm(clock)
+    said: list[str] = []
+    hooks = Hooks(clock=clock.time, sleep=clock.sleep, say=said.append)
+    return run, slurm, clock, said, hooks
+
+
+def _supervisor(run: RunDir, slurm: ScriptedSlurm, hooks: Hooks) -> Supervisor:
+    return Supervisor(RunDir(run.path), Slurm(slurm), "/py", None, hooks, evidence_grace=0.0)
+
+
+def _events(run: RunDir, kind: str) -> list[dict]:
+    return [e for e in run.events() if e["event"] == kind]
+
+
+def test_a_healthd_drain_ends_the_attempt_and_the_next_one_excludes_the_node(world):
+    run, slurm, clock, said, hooks = world
+
+    def script() -> None:
+        jobs = list(slurm.jobs)
+        if jobs == ["1"] and slurm.jobs["1"]["job_state"] == "RUNNING":
+            slurm.nodes["node2"].update(flags=["DRAIN"], reason="healthd: xid 79 gpu3 (GPU-x) drain-reboot")
+        elif jobs == ["1", "2"]:
+            slurm.end("2", "COMPLETED")
+    slurm.on_poll = script
+    assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
+    assert slurm.jobs["1"]["job_state"] == "CANCELLED"
+    assert "--exclude=node2" in slurm.sbatch_calls[1] and "--no-requeue" in slurm.sbatch_calls[1]
+    decided = _events(run, "decided")
+    assert decided[0]["outcome"] == "node-failure" and decided[0]["blame"][0]["node"] == "node2"
+    assert any("ending job 1 now: node2: healthd: xid 79" in line for line in said)
+
+
+def test_a_restarted_supervisor_finds_a_job_submitted_just_before_it_died(world):
+    run, slurm, clock, said, hooks = world
+    # The journal says "submitting" and Slurm has the job (sbatch got through), but "submitted" was never written.
+    run.record("submitting", attempt=1, comment=f"clusterctl:{run.path.name}:1:abcd")
+    slurm.jobs["7"] = {"job_id": 7, "name": "toy", "job_state": "COMPLETED", "state_reason": "None",
+                       "nodes": "node[1-3]", "exit_code": 0, "submit_time": clock.now, "start_time": clock.now,
+                       "end_time": clock.now, "comment": f"clusterctl:{run.path.name}:1:abcd"}
+    assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
+    assert slurm.sbatch_calls == [] and _events(run, "submitted")[0]["job_id"] == "7"
+
+
+def test_a_restart_after_a_decision_repeats_nothing(world):
+    run, slurm, clock, said, hooks = world
+    slurm.on_poll = lambda: "1" in slurm.jobs and slurm.end("1", "COMPLETED")
+    assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
+    events = len(run.events())
+    assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
+    assert len(slurm.sbatch_calls) == 1 and len(run.events()) == events
+
+
+def test_an_unreachable_controller_is_waited_out(world):
+    run, slurm, clock, said, hooks = world
+    polls = {"n": 0}
+
+    def script() -> None:
+        polls["n"] += 1
+        if polls["n"] == 2:
+            slurm.down_for = 4
+        if polls["n"] == 4:
+            slurm.end("1", "COMPLETED")
+    slurm.on_poll = script
+    assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
+    assert sum("Slurm did not answer" in line for line in said) == 4 and len(slurm.sbatch_calls) == 1
+
+
+def test_a_job_id_reused_by_a_fresh_cluster_is_not_mistaken_for_ours(world):
+    run, slurm, clock, said, hooks = world
+
+    def script() -> None:
+        # The controller now shows job 1 as an old, completed job submitted long before ours.
+        if "1" in slurm.jobs:
+            slurm.jobs["1"].update(submit_time=clock.now - 3600, job_state="COMPLETED", comment="")
+    slurm.on_poll = script
+    supervisor = _supervisor(run, slurm, hooks)
+    with pytest.raises(AssertionError):  # it keeps waiting (and would declare the job lost), never "completed"
+        clock_limit = clock.now + 3
+
+        def sleep(seconds: float) -> None:
+            clock.now += seconds
+            assert clock.now < clock_limit
+        supervisor.hooks.sleep = sleep
+        supervisor.supervise()
+    assert _events(run, "decided") == []
+
+
+def test_too_few_nodes_waits_or_stops_as_the_policy_says(world, tmp_path):
+    run, slurm, clock, said, hooks = world
+    for name in ("node1", "node2"):
+        slurm.nodes[name].update(state="down", flags=["NOT_RESPONDING"])
+    text = (REPO / "examples" / "toy_trainer.toml").read_text()
+    spec_path = tmp_path / "stop.toml"
+    spec_path.write_text(text.replace("workdir = \".\"", f"workdir = \"{REPO / 'examples'}\"")
+                         .replace("max_program_failures = 1", "max_program_failures = 1\non_too_few_nodes = \"stop\""))
+    stop_run = create_run(tmp_path / "stop-run", load_spec(spec_path), "")
+    assert _supervisor(stop_run, slurm, hooks).supervise() == EXIT_STOPPED
+    message = _events(stop_run, "stopped")[0]["message"]
+    assert re.match(r"only 2 usable nodes \(node\[3-4\]\) for 3; excluded: none; restart.on_too_few_nodes = stop",
+                    message) and slurm.sbatch_calls == []
+
+
+def test_one_supervisor_per_run(world):
+    run, slurm, clock, said, hooks = world
+    held = RunDir(run.path).lock()
+    with pytest.raises(RunError, match="is already supervised by pid"):
+        _supervisor(run, slurm, hooks).supervise()
+    import os
+    os.close(held)
