@@ -135,3 +135,18 @@ def test_a_bad_spec_is_refused_before_anything_reaches_slurm(cluster, tmp_path):
     assert done.returncode in (5, 7) and "Traceback" not in done.stderr and "tp" in done.stderr
     assert not (tmp_path / "run").exists()
     assert cluster.run_on("ctl", ["squeue", "-h", "-o", "%i"]).stdout == before
+
+
+def test_the_torchrun_style_uses_static_rendezvous_and_the_maps_node_ranks(cluster, tmp_path):
+    # PyTorch is not installed on the testbed: tests/data/bin/torchrun models exactly what
+    # torchrun's static rendezvous does to ranks (RANK = node_rank × nproc + local_rank).
+    bin_dir = REPO / "tests" / "data" / "bin"
+    spec = _spec(tmp_path, REORDERING.replace('name = "reorder"', 'name = "torchrun"')
+                 .replace("[launch]", f'[launch]\nstyle = "torchrun"\nenv = {{PATH = "{bin_dir}:/usr/bin:/bin"}}'))
+    run_dir = tmp_path / "run"
+    job_id, summary = _submit(cluster, spec, run_dir)
+    assert "--ntasks-per-node=1" in summary["sbatch_argv"]
+    assert wait_job(cluster, job_id) == "COMPLETED", (run_dir / "logs" / f"{job_id}.out").read_text()
+    rank_map, records = _ranks(run_dir, job_id)
+    assert rank_map["slots"] == ["node1", "node3", "node2", "node4"]
+    _assert_every_rank_where_the_map_says(rank_map, records, (run_dir / "logs" / f"{job_id}.out").read_text())

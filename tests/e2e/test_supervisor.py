@@ -187,3 +187,26 @@ def test_a_supervisor_killed_mid_run_is_reattached_with_no_duplicate_job_or_deci
     last = _clusterctl(cluster, "supervise", str(run_dir), "--job-records", RECORDS)
     code, out = _finish(last, timeout=60)
     assert code == 0 and "run done" in out and len(_events(run_dir, "submitted")) == 2
+
+
+def test_a_detached_supervisor_rides_out_a_controller_restart(cluster, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    done = clusterctl_on(cluster, "submit", str(_spec(tmp_path)), "--run-dir", str(run_dir), "--supervise",
+                         "--detach", "--job-records", RECORDS)
+    assert "supervising in the background" in done.stdout
+    deadline = time.monotonic() + 60
+    while not (run_dir / "checkpoints" / "step-00000010").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    cluster.stop_daemon("slurmctld")  # the jobs keep running on their nodes
+    time.sleep(4)
+    cluster.start_controller()
+    deadline = time.monotonic() + 120
+    while not _events(run_dir, "done"):
+        assert time.monotonic() < deadline, (run_dir / "supervisor.log").read_text()
+        time.sleep(0.5)
+    # Slurm's clients retry a missing controller themselves, so the supervisor may only see slow
+    # answers (or, for longer outages, errors it backs off from); either way: one attempt, done.
+    assert "run done" in (run_dir / "supervisor.log").read_text()
+    assert len(_events(run_dir, "submitted")) == 1 and not _events(run_dir, "decided")[0]["blame"]
+    assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference
