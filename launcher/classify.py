@@ -45,16 +45,30 @@ class Outcome:
 
 
 def node_down(state: NodeState) -> bool:
-    """DOWN, or flagged not responding (the way a dead or cut-off node first shows)."""
-    return state.state.startswith("down") or "NOT_RESPONDING" in state.flags or state.state.endswith("*")
+    """Slurm declared the node DOWN (it missed pings for SlurmdTimeout, or an admin said so)."""
+    return state.state.startswith("down")
 
 
-def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState]) -> list[Blame]:
-    """Nodes of a running job that healthd drained or that stopped responding: end the attempt now.
+def not_responding(state: NodeState) -> bool:
+    """A missed ping: on a busy controller healthy nodes show this for a moment too."""
+    return "NOT_RESPONDING" in state.flags or state.state.endswith("*")
+
+
+def _too_many_to_believe(nodes: Sequence[str], job_nodes: Sequence[str]) -> bool:
+    # Most of a job's nodes going quiet at once is the controller's (or the network's) trouble,
+    # not a hardware fault on each of them: blaming them would exclude healthy nodes.
+    return len(nodes) >= 2 and len(nodes) * 2 > len(job_nodes)
+
+
+def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
+                      unresponsive_for: Mapping[str, float] | None = None, grace: float = 30.0) -> list[Blame]:
+    """Nodes of a running job to end the attempt for: drained by healthd, DOWN, or silent for
+    `grace` seconds (`unresponsive_for`: how long each node has been seen not responding).
 
     An admin's drain is not here: Slurm lets running jobs finish on a drained node, and so do we.
     """
-    found = []
+    unresponsive_for = unresponsive_for or {}
+    found, silent = [], []
     for name in job_nodes:
         state = nodes.get(name)
         if state is None:
@@ -62,8 +76,14 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState]) 
         if state.draining and state.reason.startswith(REASON_PREFIX):
             found.append(Blame(name, state.reason, (f"drained by healthd: {state.reason}",)))
         elif node_down(state):
-            found.append(Blame(name, f"node {state.state} ({', '.join(state.flags) or 'no flags'})",
+            found.append(Blame(name, f"node {state.state} ({state.reason or 'no reason'})",
                                (f"Slurm: {name} is {state.state} {list(state.flags)} reason {state.reason!r}",)))
+        elif not_responding(state) and unresponsive_for.get(name, 0.0) >= grace:
+            silent.append(Blame(name, f"not responding for {unresponsive_for[name]:.0f} s",
+                                (f"Slurm: {name} is {state.state} {list(state.flags)} for "
+                                 f"{unresponsive_for[name]:.0f} s",)))
+    if silent and not _too_many_to_believe([b.node for b in silent], job_nodes):
+        found += silent
     return found
 
 
@@ -117,6 +137,13 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
             evidence.setdefault(name, []).append(f"Slurm: {name} is {node_state.state} {list(node_state.flags)}"
                                                  f" reason {node_state.reason!r}")
             reasons.setdefault(name, f"node {node_state.state}")
+    silent = [n for n in job_nodes if n in nodes and not_responding(nodes[n]) and n not in evidence]
+    if state == "NODE_FAIL" and not any(node_down(nodes[n]) for n in job_nodes if n in nodes) and silent \
+            and not _too_many_to_believe(silent, job_nodes):
+        # Slurm failed the job for a node it has not marked DOWN yet: the silent one.
+        for name in silent:
+            evidence.setdefault(name, []).append(f"Slurm: job NODE_FAIL and {name} is not responding")
+            reasons.setdefault(name, "not responding (NODE_FAIL)")
     if not evidence:
         for name in job_nodes:  # weakest: somebody drained it while the job ran
             node_state = nodes.get(name)

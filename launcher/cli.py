@@ -304,6 +304,7 @@ def spec_command(spec_file: Path | None, markdown: bool) -> None:
     if markdown:
         click.echo("| key | type | default | meaning |\n|---|---|---|---|")
         for key, kind, default, doc in rows:
+            kind, default, doc = (cell.replace("|", "\\|") for cell in (kind, default, doc))
             click.echo(f"| `{key}` | {kind} | {default} | {doc} |")
         return
     table = Table(title="clusterctl job spec (TOML); `clusterctl spec --markdown` for docs/spec.md")

@@ -116,6 +116,9 @@ FIELDS: tuple[Field, ...] = (
           "without progress.", 2.0, minimum=0),
     Field("restart", "backoff_max_seconds", "float", "Longest wait between resubmissions.", 300.0, minimum=0),
     Field("restart", "blame_hours", "float", "How long a blamed node stays excluded.", 24.0, minimum=0),
+    Field("restart", "unresponsive_seconds", "float", "A node of a running attempt that Slurm flags not "
+          "responding this long (and is not one of most of the job's nodes going quiet at once) ends the "
+          "attempt; DOWN or drained by healthd ends it at once.", 30.0, minimum=0),
     Field("restart", "on_too_few_nodes", "choice", "When exclusions leave too few usable nodes: wait for "
           "nodes to come back, or stop.", "wait", choices=("wait", "stop")),
     Field("restart", "poll_seconds", "float", "How often the supervisor asks Slurm (one squeue for all "
@@ -180,6 +183,7 @@ class RestartSection:
     backoff_seconds: float = 2.0
     backoff_max_seconds: float = 300.0
     blame_hours: float = 24.0
+    unresponsive_seconds: float = 30.0
     on_too_few_nodes: str = "wait"
     poll_seconds: float = 2.0
     webhook: str | None = None

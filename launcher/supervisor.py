@@ -20,7 +20,9 @@ from pathlib import Path
 from healthd.slurm_node import NodeState, parse_sinfo_json
 from launcher import hostlist
 from launcher.checkpoints import Checkpoint, latest_complete
-from launcher.classify import NODE_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down
+from launcher.classify import (
+    NODE_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down, not_responding,
+)
 from launcher.errors import SlurmCommandError
 from launcher.render import SlurmFacts
 from launcher.restart_policy import AttemptState, RunState, decide, replay
@@ -65,6 +67,7 @@ class Supervisor:
         self._missing = 0
         self._slurm_errors = 0
         self._last_wait_message = ""
+        self._silent_since: dict[str, float] = {}
 
     # ---- the loop ---------------------------------------------------------------
     def supervise(self) -> int:
@@ -119,6 +122,7 @@ class Supervisor:
         permanent = set(hostlist.expand(self.spec.job.exclude)) if self.spec.job.exclude else set()
         return [n.name for n in nodes.values()
                 if (partition is None or partition in n.partitions) and not n.draining and not node_down(n)
+                and not not_responding(n)
                 and n.name not in excluded and n.name not in permanent]
 
     def _live_copies(self) -> list[JobReport]:
@@ -208,7 +212,16 @@ class Supervisor:
             self._decide(attempt, state, report, None)
             return
         elif report.state == "RUNNING" and not attempt.ended_by_us:
-            suspects = hardware_suspects(hostlist.expand(report.nodes) if report.nodes else [], self._nodes())
+            nodes = self._nodes()
+            now = self.hooks.clock()
+            for name, node in nodes.items():  # how long each node has been silent, as we saw it
+                if not_responding(node):
+                    self._silent_since.setdefault(name, now)
+                else:
+                    self._silent_since.pop(name, None)
+            silent_for = {name: now - since for name, since in self._silent_since.items()}
+            suspects = hardware_suspects(hostlist.expand(report.nodes) if report.nodes else [], nodes, silent_for,
+                                         self.spec.restart.unresponsive_seconds)
             if suspects:
                 self._end_attempt(attempt, suspects)
         self._show(attempt, state, report)
