@@ -36,7 +36,8 @@ def run_report(run: RunDir, now: float) -> dict:
     for a in state.attempts:
         d = a.decided or {}
         t = d.get("times") or {}
-        times.append(AttemptTimes(a.number, t.get("submit") or a.submitted_at, t.get("start") or 0.0,
+        # The journal's sbatch time is sub-second; Slurm's times are whole seconds.
+        times.append(AttemptTimes(a.number, a.submitted_at or t.get("submit") or 0.0, t.get("start") or 0.0,
                                   t.get("end") or 0.0, d.get("outcome") not in (None, "completed"),
                                   d.get("outcome") == "node-failure"))
         attempts.append({"attempt": a.number, "job_id": a.job_id, "state": d.get("state", "running"),

@@ -81,9 +81,13 @@ class Slurm:
         """Submit; the job id.  A refusal raises SlurmCommandError with sbatch's own message."""
         return parse_sbatch_parsable(self._run(argv))
 
+    def queue_json(self) -> str:
+        """`squeue --json`: every job slurmctld holds (22.05 ignores filters with --json)."""
+        return self._run(["squeue", "--json"])
+
     def queue(self) -> dict[str, JobReport]:
-        """Every job slurmctld holds, in one call (22.05's `squeue --json` ignores filters)."""
-        return parse_squeue_json(self._run(["squeue", "--json"]))
+        """Every job slurmctld holds, in one call, parsed."""
+        return parse_squeue_json(self.queue_json())
 
     def accounting(self, job_ids: list[str]) -> dict[str, JobReport]:
         """Accounting records (with steps) of the given jobs, in one call."""

@@ -27,6 +27,7 @@ from launcher.errors import SlurmCommandError
 from launcher.render import SlurmFacts
 from launcher.restart_policy import AttemptState, RunState, decide, replay
 from launcher.runs import RunDir
+from launcher.shared_reads import SharedReads
 from launcher.slurm import Slurm
 from launcher.slurm_jobs import JobReport
 from launcher.spec import JobSpec
@@ -68,6 +69,9 @@ class Supervisor:
         self._slurm_errors = 0
         self._last_wait_message = ""
         self._silent_since: dict[str, float] = {}
+        # Watching reads go through a cache shared with the other supervisors of this runs
+        # directory; checks before an sbatch (live copies, reconciling) ask Slurm directly.
+        self.reads = SharedReads(self.slurm, self.run.path.parent, self.spec.restart.poll_seconds, self.hooks.clock)
 
     # ---- the loop ---------------------------------------------------------------
     def supervise(self) -> int:
@@ -106,7 +110,7 @@ class Supervisor:
 
     # ---- submitting ---------------------------------------------------------------
     def _nodes(self) -> dict[str, NodeState]:
-        return {n.name: n for n in parse_sinfo_json(self.slurm.nodes_json())}
+        return {n.name: n for n in parse_sinfo_json(self.reads.nodes_json())}
 
     def _checkpoint(self) -> Checkpoint | None:
         directory = self.spec.checkpoint_dir(str(self.run.path))
@@ -189,7 +193,7 @@ class Supervisor:
     # ---- watching -----------------------------------------------------------------
     def _report(self, attempt: AttemptState) -> JobReport | None:
         assert attempt.job_id is not None
-        report = self.slurm.queue().get(attempt.job_id)
+        report = self.reads.queue().get(attempt.job_id)
         if report is not None and report.submit_time and report.submit_time < attempt.submitted_at - JOB_ID_REUSE_SLACK:
             report = None  # the controller's job with this id is an older one (ids restart on a fresh cluster)
         if report is None:

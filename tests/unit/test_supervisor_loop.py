@@ -193,3 +193,17 @@ def test_one_supervisor_per_run(world):
         _supervisor(run, slurm, hooks).supervise()
     import os
     os.close(held)
+
+
+def test_supervisors_of_one_runs_directory_share_one_squeue_per_interval(tmp_path):
+    from launcher.shared_reads import SharedReads
+    clock = Clock()
+    slurm = ScriptedSlurm(clock)
+    calls = {"squeue": 0}
+    slurm.on_poll = lambda: calls.__setitem__("squeue", calls["squeue"] + 1)
+    readers = [SharedReads(Slurm(slurm), tmp_path, 2.0, clock.time) for _ in range(10)]
+    for reader in readers:
+        assert reader.queue() == {}
+    assert calls["squeue"] == 1
+    clock.sleep(2.0)
+    assert readers[3].queue() == {} and readers[7].queue() == {} and calls["squeue"] == 2

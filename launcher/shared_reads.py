@@ -1,0 +1,57 @@
+"""Slurm reads shared by every supervisor under one runs directory.
+
+Each supervisor polls `squeue --json` and `sinfo --json`; ten supervised runs on a login
+node would ask slurmctld ten times per interval for the same answer.  The answer is kept in
+a file next to the runs (written atomically, read by all) and reused while it is younger
+than the poll interval, so slurmctld sees one query per interval however many runs are
+supervised.  A lock makes only one supervisor refresh at a time.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from launcher.files import atomic_write
+from launcher.slurm import Slurm
+from launcher.slurm_jobs import JobReport, parse_squeue_json
+
+
+class SharedReads:
+    """`queue()` and `nodes_json()` through a cache file shared by supervisors."""
+
+    def __init__(self, slurm: Slurm, directory: Path, max_age: float, clock: Callable[[], float]) -> None:
+        self.slurm, self.directory, self.max_age, self.clock = slurm, directory, max_age, clock
+
+    def _read(self, name: str, fetch: Callable[[], str]) -> str:
+        path = self.directory / f".slurm-{name}.json"
+        fresh = self._fresh(path)
+        if fresh is not None:
+            return fresh
+        with open(self.directory / f".slurm-{name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one refresher; the others then read its answer
+            fresh = self._fresh(path)
+            if fresh is not None:
+                return fresh
+            text = fetch()
+            atomic_write(path, json.dumps({"at": self.clock(), "pid": os.getpid(), "text": text}))
+            return text
+
+    def _fresh(self, path: Path) -> str | None:
+        try:
+            cached = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        age = self.clock() - float(cached.get("at", 0))
+        return cached["text"] if 0 <= age < self.max_age else None
+
+    def queue(self) -> dict[str, JobReport]:
+        """Every job slurmctld holds (one `squeue --json` per interval for all supervisors)."""
+        return parse_squeue_json(self._read("squeue", self.slurm.queue_json))
+
+    def nodes_json(self) -> str:
+        """`sinfo --json`, shared the same way."""
+        return self._read("sinfo", self.slurm.nodes_json)
