@@ -86,12 +86,13 @@ def trial(tb: Testbed, work: Path, number: int, records: str) -> dict[str, float
                                    "--job-records", records], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         _wait(lambda: (run / "checkpoints" / "step-00000020").exists(), 90, "the step-20 checkpoint")
-        first_job = _events(run)["submitted"][0]["job_id"]
+        first_job = _events(run)["submitted"][-1]["job_id"]  # the attempt that is training now
         node = json.loads((run / "jobs" / first_job / "rankmap.json").read_text())["slots"][1]
         injected = time.time()
         inject(tb.nvml_dir(node), Fault("xid", gpu=number % 8, value=79))
-        second = _wait(lambda: len(_events(run).get("submitted", [])) > 1 and _events(run)["submitted"][1], 60,
-                       "the second attempt")
+        attempts = len(_events(run)["submitted"])
+        second = _wait(lambda: len(_events(run).get("submitted", [])) > attempts and _events(run)["submitted"][-1],
+                       60, "the next attempt")
         job_dir = run / "jobs" / second["job_id"]
         rank_map = _wait(lambda: (job_dir / "rankmap.json").exists() and job_dir / "rankmap.json", 60, "rank map")
         log = run / "logs" / f"{second['job_id']}.out"
@@ -101,9 +102,9 @@ def trial(tb: Testbed, work: Path, number: int, records: str) -> dict[str, float
         resumed = _wait(lambda: seen(r"rank 0\] resumed from"), 60, "the resume")
         stepped = _wait(lambda: seen(r"rank 0\] step \d+ took"), 60, "a step after the resume")
         events = _events(run)
-        ending = events["ending"][0]["at"] if "ending" in events else events["decided"][0]["at"]
-        marks = [injected, ending, events["decided"][0]["at"], second["at"], rank_map.stat().st_mtime, resumed,
-                 stepped]
+        decided = next(e for e in events["decided"] if e["job_id"] == first_job)
+        ending = next((e["at"] for e in events.get("ending", []) if e["job_id"] == first_job), decided["at"])
+        marks = [injected, ending, decided["at"], second["at"], rank_map.stat().st_mtime, resumed, stepped]
         result = {stage: round(b - a, 3) for stage, a, b in zip(STAGES, marks, marks[1:])}
         result["total"] = round(stepped - injected, 3)
         result["node"] = node
@@ -113,11 +114,14 @@ def trial(tb: Testbed, work: Path, number: int, records: str) -> dict[str, float
         supervisor.wait(timeout=60)
         if "node" in locals():
             inject(tb.nvml_dir(node), Fault("clear"))
-            time.sleep(LAYOUT.healthd_interval + 0.5)  # healthd samples the healed GPU before any resume
-        tb.run_on("ctl", ["scontrol", "update", "NodeName=ALL", "State=RESUME"], check=False)
+        # healthd resumes a node it drained once its GPUs read clean a few times in a row
+        # (resume_when_clean); forcing it earlier meets a prolog that still trusts the fault.
         deadline = time.time() + 60
-        while time.time() < deadline and not all(n.state == "idle" and n.responding for n in tb.nodes()):
-            tb.run_on("ctl", ["scontrol", "update", "NodeName=ALL", "State=RESUME"], check=False)
+        while not all(n.state == "idle" and n.responding for n in tb.nodes()):
+            if time.time() > deadline - 30:
+                tb.run_on("ctl", ["scontrol", "update", "NodeName=ALL", "State=RESUME"], check=False)
+            if time.time() > deadline:
+                raise RuntimeError(f"nodes not back: {tb.nodes()}")
             time.sleep(0.5)
 
 
