@@ -13,7 +13,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from healthd.policy import REASON_PREFIX
 from healthd.slurm_node import NodeState
 from launcher.slurm_jobs import JobReport
 
@@ -73,7 +72,7 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
         state = nodes.get(name)
         if state is None:
             continue
-        if state.draining and state.reason.startswith(REASON_PREFIX):
+        if state.drained_by_us:  # healthd's (or the prolog's, same rules) `healthd: ...` reason
             found.append(Blame(name, state.reason, (f"drained by healthd: {state.reason}",)))
         elif node_down(state):
             found.append(Blame(name, f"node {state.state} ({state.reason or 'no reason'})",
@@ -108,11 +107,11 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
                                                   *b.evidence, *extra)))
         return Outcome(NODE_FAILURE, f"a node failed under job {report.job_id}; ended it at once; blamed "
                                      f"{', '.join(b.node for b in blame)}", tuple(blame))
-    refused = [n for n in job_nodes if n in nodes and nodes[n].draining and nodes[n].reason.startswith(REASON_PREFIX)]
-    if state == "CANCELLED" and not refused:
-        return Outcome(USER_CANCELLED, "cancelled by someone else (scancel); not resubmitting")
     # CANCELLED with a node drained by healthd's rules: the prolog refused that node, and with
     # --no-requeue Slurm cancels the job instead of requeueing it.  That is a node failure.
+    refused = any(nodes[n].drained_by_us for n in job_nodes if n in nodes)
+    if state == "CANCELLED" and not refused:
+        return Outcome(USER_CANCELLED, "cancelled by someone else (scancel); not resubmitting")
     if state in ("TIMEOUT", "PREEMPTED", "DEADLINE"):
         return Outcome(RESUBMIT, f"{state.lower()}: resubmitting from the last checkpoint")
     if STORAGE_WORDS.search(log_tail):
@@ -127,7 +126,7 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
     for name in job_nodes:
         node_state = nodes.get(name)
         record = epilog_records.get(name)
-        if node_state is not None and node_state.draining and node_state.reason.startswith(REASON_PREFIX):
+        if node_state is not None and node_state.drained_by_us:
             evidence.setdefault(name, []).append(f"drained by healthd: {node_state.reason}")
             reasons.setdefault(name, node_state.reason)
         if record is not None and record.get("hardware_fault"):

@@ -26,6 +26,7 @@ from launcher.placement import plan as make_plan
 from launcher.plan_view import plan_json, plan_renderables, plan_svg
 from launcher.notify import webhook_notifier
 from launcher.report import report_renderables, run_report
+from launcher.render import SlurmFacts
 from launcher.runs import RunDir, create_run, unique_run_path
 from launcher.slurm import Slurm
 from launcher.spec import default_runs_dir, load_spec, parse_overrides, reference_rows
@@ -117,6 +118,13 @@ def submit(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account
       clusterctl submit job.toml --dry-run
       clusterctl submit job.toml --nodes 16 --time 4:00:00 -e NCCL_DEBUG=INFO
     """
+    if detach and not supervise:
+        raise click.UsageError("--detach only goes with --supervise")
+    if supervise and not dry_run:
+        for flag, given in (("--resume", resume_from), ("--wait", wait), ("--json", as_json)):
+            if given:
+                raise click.UsageError(f"{flag} does not go with --supervise: the supervisor picks the newest "
+                                       "complete checkpoint itself, waits until the run ends and logs as it goes")
     spec = _load_spec_with(spec_file, nodes, gpus_per_node, time_limit, partition, account, name, exclude, env)
     slurm = Slurm()
     facts, warnings = gather_facts(slurm, spec)
@@ -138,7 +146,7 @@ def submit(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account
     run = create_run(path, spec, spec_file.read_text())
     if supervise:  # the supervisor submits every attempt itself (tagged, so a restart can find it)
         click.echo(f"run directory {path}")
-        sys.exit(_start_supervisor(run, slurm, job_records, detach))
+        sys.exit(_start_supervisor(run, slurm, job_records, detach, facts))
     job_id = submit_attempt(run, request, slurm, 1, None)
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "run_dir": str(path), "sbatch_argv": list(request.sbatch_argv),
@@ -167,7 +175,8 @@ def _wait_for(slurm: Slurm, job_id: str, poll: float = 1.0) -> str:
         time.sleep(poll)
 
 
-def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool) -> int:
+def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool,
+                      facts: SlurmFacts | None = None) -> int:
     if detach:
         log = run.path / "supervisor.log"
         with open(log, "ab") as out:
@@ -186,6 +195,7 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
 
     hooks = Hooks(say=say, notify=webhook_notifier(spec.restart.webhook, say))
     supervisor = Supervisor(run, slurm, sys.executable, job_records, hooks)
+    supervisor.facts = facts  # already asked of Slurm by `submit`; None makes the supervisor ask
     if not console.is_terminal:
         return supervisor.supervise()
     with Live(console=console, auto_refresh=False, transient=True) as live:

@@ -10,10 +10,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from launcher.restart_policy import END_EVENTS
 from launcher.runs import RunDir
 from launcher.slurm_jobs import JobReport
 
-RUN_END_EVENTS = ("done", "stopped", "cancelled")
 
 
 def _rank_map_summary(job_dir: Path) -> dict | None:
@@ -48,7 +48,7 @@ def run_status(run: RunDir, queue: Mapping[str, JobReport], accounting: Mapping[
             "resume_from": attempt.resume_from, "exclude": attempt.exclude,
             "log": str(run.log_path(attempt.job_id)), "rank_map": _rank_map_summary(run.job_dir(attempt.job_id)),
         })
-    ended = [e for e in events if e["event"] in RUN_END_EVENTS]
+    ended = [e for e in events if e["event"] in END_EVENTS]
     if ended:
         state = ended[-1]["event"]
     elif attempts:

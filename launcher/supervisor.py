@@ -21,7 +21,7 @@ from healthd.slurm_node import NodeState, parse_sinfo_json
 from launcher import hostlist
 from launcher.checkpoints import Checkpoint, latest_complete
 from launcher.classify import (
-    NODE_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down, not_responding,
+    NODE_FAILURE, PROGRAM_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down, not_responding,
 )
 from launcher.errors import SlurmCommandError
 from launcher.render import SlurmFacts
@@ -255,7 +255,7 @@ class Supervisor:
             # healthd drains and the epilog writes its record while Slurm already shows the job
             # ended: give the evidence a moment before calling a failure the program's own.
             deadline = self.hooks.clock() + self.evidence_grace
-            while outcome.kind == "program-failure" and self.hooks.clock() < deadline:
+            while outcome.kind == PROGRAM_FAILURE and self.hooks.clock() < deadline:
                 self.hooks.sleep(0.5)
                 outcome = self._evidence(attempt, report)
         checkpoint = self._checkpoint()

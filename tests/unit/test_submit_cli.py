@@ -146,3 +146,11 @@ def test_report_of_a_supervised_run_from_its_journal(slurm, tmp_path):
     assert document["goodput"]["node_failures"] == 1
     text = CliRunner().invoke(cli, ["report", str(tmp_path / "run")]).output
     assert "attempt 1: blamed node3: healthd: xid 79 gpu3" in text and "goodput" in text
+
+
+def test_options_that_contradict_supervise_are_refused_before_anything_is_written(slurm, tmp_path):
+    for extra in (["--supervise", "--resume", "/ck/step-9"], ["--supervise", "--json"], ["--detach"]):
+        result = CliRunner().invoke(cli, ["submit", EXAMPLE, "--run-dir", str(tmp_path / "r"), *extra])
+        assert result.exit_code == 2, result.output
+        assert "does not go with --supervise" in result.output or "--detach only goes with --supervise" in result.output
+    assert not (tmp_path / "r").exists() and not any(c[0] == "sbatch" and "--parsable" in c for c in slurm.calls)
