@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stats import percentile  # noqa: E402
 
-from testbed.cluster import Testbed  # noqa: E402
-from testbed.gpu_faults import Fault, inject  # noqa: E402
-from testbed.layout import Layout  # noqa: E402
+from clusterctl_testbed.cluster import Testbed  # noqa: E402
+from clusterctl_testbed.gpu_faults import Fault, inject  # noqa: E402
+from clusterctl_testbed.layout import Layout  # noqa: E402
 
 LAYOUT = Layout(root=Path("/tmp/ctb-bench"), namespace_prefix="ctbb-")
 DRAIN_XIDS = (48, 62, 95, 109, 110, 119, 120, 136, 143)

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stats import percentile  # noqa: E402
 
-from testbed.cluster import Testbed  # noqa: E402
-from testbed.layout import Layout  # noqa: E402
+from clusterctl_testbed.cluster import Testbed  # noqa: E402
+from clusterctl_testbed.layout import Layout  # noqa: E402
 
 LAYOUT = Layout(root=Path("/tmp/ctb-hooks"), namespace_prefix="ctbh-")
 BIN = Path(sys.executable).parent

@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from launcher.parallel import ParallelLayout  # noqa: E402
-from launcher.placement import plan  # noqa: E402
-from launcher.topology import parse_topology_conf  # noqa: E402
+from clusterctl.launcher.parallel import ParallelLayout  # noqa: E402
+from clusterctl.launcher.placement import plan  # noqa: E402
+from clusterctl.slurm.topology import parse_topology_conf  # noqa: E402
 
 GPN = 8
 

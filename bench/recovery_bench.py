@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stats import percentile  # noqa: E402
 
-from testbed.cluster import Testbed  # noqa: E402
-from testbed.gpu_faults import Fault, inject  # noqa: E402
-from testbed.layout import Layout  # noqa: E402
+from clusterctl_testbed.cluster import Testbed  # noqa: E402
+from clusterctl_testbed.gpu_faults import Fault, inject  # noqa: E402
+from clusterctl_testbed.layout import Layout  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT = Layout(root=Path("/tmp/ctb-recovery"), namespace_prefix="ctbr-")
@@ -81,7 +81,7 @@ def trial(tb: Testbed, work: Path, number: int, records: str) -> dict[str, float
     run = work / f"run-{number}"
     spec = work / f"spec-{number}.toml"
     spec.write_text(SPEC.format(examples=REPO / "examples"))
-    cli = [*tb.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from launcher.cli import main; main()"]
+    cli = [*tb.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from clusterctl.launcher.cli import main; main()"]
     supervisor = subprocess.Popen([*cli, "submit", str(spec), "--run-dir", str(run), "--supervise",
                                    "--job-records", records], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:

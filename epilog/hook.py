@@ -14,6 +14,6 @@ import sys
 
 
 def main() -> None:
-    from healthd.hooks import run_epilog
+    from clusterctl.healthd.hooks import run_epilog
 
     sys.exit(run_epilog(dict(os.environ)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from healthd.findings import Finding
+from clusterctl.healthd.findings import Finding
 
 # NVML clock event reasons (nvmlClocksEventReason*): hardware slowdowns worth a warning.
 # A software power cap (0x4) is a site's own setting and never a fault.
@@ -53,7 +53,7 @@ class HostSample:
 
 @dataclass(frozen=True)
 class CheckLimits:
-    """Thresholds of the periodic checks (from healthd.toml [checks])."""
+    """Thresholds of the periodic checks (from clusterctl.healthd.toml [checks])."""
 
     expected_gpus: int = 8
     uncorrectable_remap_limit: int = 512

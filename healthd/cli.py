@@ -12,9 +12,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from healthd.config import ConfigError, load_config
-from healthd.policy import POLICY_VERSION, policy_rows
-from healthd.state_file import read_state
+from clusterctl.healthd.config import ConfigError, load_config
+from clusterctl.healthd.policy import POLICY_VERSION, policy_rows
+from clusterctl.healthd.state_file import read_state
 
 EXIT_CONFIG = 78  # EX_CONFIG
 EXIT_NO_STATE = 3
@@ -56,7 +56,7 @@ def run(config_path: Path | None, dry_run: bool, log_format: str, verbose: bool)
     """Run the daemon in the foreground (logs to stdout, for journald). SIGHUP reloads the config."""
     from dataclasses import replace
 
-    from healthd.daemon import Daemon
+    from clusterctl.healthd.daemon import Daemon
 
     handler = logging.StreamHandler(sys.stdout)
     handler.setFormatter(_JsonFormatter() if log_format == "json" else
@@ -72,7 +72,7 @@ def run(config_path: Path | None, dry_run: bool, log_format: str, verbose: bool)
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the state file as JSON.")
 def status(config_path: Path | None, as_json: bool) -> None:
-    """The current verdict per GPU, from healthd's state file (never touches NVML)."""
+    """The current verdict per GPU, from clusterctl.healthd's state file (never touches NVML)."""
     config = _config(config_path)
     state = read_state(config.state_dir)
     if state is None:
@@ -81,7 +81,7 @@ def status(config_path: Path | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(state, indent=2, sort_keys=True))
         return
-    from healthd.gate import state_is_fresh
+    from clusterctl.healthd.gate import state_is_fresh
 
     age = time.time() - state["updated_at"]
     console = Console()
@@ -113,7 +113,7 @@ def check() -> None:
     """A quick node check for Slurm's HealthCheckProgram (drains on a blocking verdict)."""
     import os
 
-    from healthd.hooks import run_health_check
+    from clusterctl.healthd.hooks import run_health_check
 
     sys.exit(run_health_check(dict(os.environ)))
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from healthd.checks import CheckLimits
-from healthd.findings import Action
-from healthd.policy import PolicyConfig
+from clusterctl.healthd.checks import CheckLimits
+from clusterctl.healthd.findings import Action
+from clusterctl.healthd.policy import PolicyConfig
 
 DEFAULT_PATH = Path("/etc/clusterctl/healthd.toml")
 

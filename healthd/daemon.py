@@ -28,18 +28,18 @@ from pathlib import Path
 import psutil
 import pynvml
 
-from healthd import sdnotify
-from healthd.checks import HostSample, Sustained, check_gpu, check_gpu_count, check_host
-from healthd.config import ConfigError, HealthdConfig, load_config
-from healthd.findings import Action, Finding, Verdict
-from healthd.journal import Journal, PlannedAction
-from healthd.kmsg import Cursor, Deduplicator, KernelLog, load_cursor, parse_gpu_event, read_boot_id, save_cursor
-from healthd.metrics import Metrics
-from healthd.nvml import EventWatcher, GpuIdentity, Nvml, NvmlHang, TimedCalls
-from healthd.policy import POLICY_VERSION, drain_reason, judge
-from healthd.slurm_node import NodeState, SlurmNode
-from healthd.state_file import write_state
-from launcher.errors import SlurmCommandError
+from clusterctl.healthd import sdnotify
+from clusterctl.healthd.checks import HostSample, Sustained, check_gpu, check_gpu_count, check_host
+from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
+from clusterctl.healthd.findings import Action, Finding, Verdict
+from clusterctl.healthd.journal import Journal, PlannedAction
+from clusterctl.healthd.kmsg import Cursor, Deduplicator, KernelLog, load_cursor, parse_gpu_event, read_boot_id, save_cursor
+from clusterctl.healthd.metrics import Metrics
+from clusterctl.healthd.nvml import EventWatcher, GpuIdentity, Nvml, NvmlHang, TimedCalls
+from clusterctl.healthd.policy import POLICY_VERSION, drain_reason, judge
+from clusterctl.slurm.nodes import NodeState, SlurmNode
+from clusterctl.healthd.state_file import write_state
+from clusterctl.errors import SlurmCommandError
 
 log = logging.getLogger("healthd")
 

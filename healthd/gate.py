@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from healthd.checks import Sustained, check_gpu, check_gpu_count, check_host
-from healthd.config import HealthdConfig
-from healthd.findings import Action, Finding, Verdict
-from healthd.policy import judge
-from healthd.state_file import read_state
+from clusterctl.healthd.checks import Sustained, check_gpu, check_gpu_count, check_host
+from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.findings import Action, Finding, Verdict
+from clusterctl.healthd.policy import judge
+from clusterctl.healthd.state_file import read_state
 
 # Hooks get no PATH: Slurm's commands and coreutils live here on Debian and most distributions.
 HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -111,7 +111,7 @@ def direct_check(config: HealthdConfig, gpus: list[int] | None, *, nvml_timeout:
     try:
         import pynvml
 
-        from healthd.nvml import Nvml, NvmlHang, TimedCalls
+        from clusterctl.healthd.nvml import Nvml, NvmlHang, TimedCalls
 
         nvml = Nvml(TimedCalls(nvml_timeout, max_abandoned=1))
         try:
@@ -147,7 +147,7 @@ def direct_check(config: HealthdConfig, gpus: list[int] | None, *, nvml_timeout:
 def _host_sample(config: HealthdConfig):
     import shutil
 
-    from healthd.checks import HostSample
+    from clusterctl.healthd.checks import HostSample
 
     free = {}
     readonly = []

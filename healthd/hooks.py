@@ -16,14 +16,14 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from healthd.config import ConfigError, HealthdConfig, load_config
-from healthd.findings import Action, Finding
-from healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, state_is_fresh
-from healthd.kmsg import RecordReader, parse_gpu_event
-from healthd.policy import drain_reason, judge
-from healthd.slurm_node import SlurmNode
-from healthd.state_file import read_state
-from launcher.errors import SlurmCommandError
+from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
+from clusterctl.healthd.findings import Action, Finding
+from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, state_is_fresh
+from clusterctl.healthd.kmsg import RecordReader, parse_gpu_event
+from clusterctl.healthd.policy import drain_reason, judge
+from clusterctl.slurm.nodes import SlurmNode
+from clusterctl.healthd.state_file import read_state
+from clusterctl.errors import SlurmCommandError
 
 
 def _say(hook: str, message: str) -> None:
@@ -185,7 +185,7 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], 
         verdict = judge(finding, (), config.policy)
         if verdict.action > Action.IGNORE:
             add(finding, verdict.action, verdict.reason, "kernel log")
-    # What is still wrong now: from healthd when it is alive (cheap), else NVML directly.
+    # What is still wrong now: from clusterctl.healthd when it is alive (cheap), else NVML directly.
     for problem in node_check(config, gpus, direct=not state_is_fresh(state, config, end)).problems:
         add(Finding(problem.finding.kind, "epilog", end, gpu=problem.finding.gpu, uuid=problem.finding.uuid,
                     detail=problem.finding.detail), problem.verdict.action, problem.verdict.reason, "epilog check")
@@ -207,7 +207,7 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], 
 
 
 def _write_job_record(config: HealthdConfig, job: str, node: str, record: dict) -> Path:
-    from healthd.gate import write_record
+    from clusterctl.healthd.gate import write_record
 
     return write_record(config.job_records_dir / job, f"{node}.json", record)
 

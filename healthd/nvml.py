@@ -20,8 +20,8 @@ from typing import Any
 
 import pynvml
 
-from healthd.checks import GpuSample
-from healthd.kmsg import normalise_pci
+from clusterctl.healthd.checks import GpuSample
+from clusterctl.healthd.kmsg import normalise_pci
 
 
 class NvmlHang(Exception):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from healthd.findings import Action, Finding, Verdict
+from clusterctl.healthd.findings import Action, Finding, Verdict
 
 POLICY_VERSION = "2026.11.1"
 
@@ -130,7 +130,7 @@ def drain_reason(finding: Finding, verdict: Verdict, when: str) -> str:
     return f"{REASON_PREFIX} {finding.what}{gpu}{uuid} {verdict.action.label} {when}"
 
 
-REASON_PREFIX = "healthd:"
+from clusterctl.records.drain_reason import REASON_PREFIX  # noqa: E402  (re-exported)
 
 
 def policy_rows() -> list[tuple[str, str, str]]:

@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from healthd.slurm_node import NodeState
-from launcher.slurm_jobs import JobReport
+from clusterctl.slurm.nodes import NodeState
+from clusterctl.slurm.jobs import JobReport
 
 COMPLETED, USER_CANCELLED, RESUBMIT, NODE_FAILURE, PROGRAM_FAILURE, STORAGE, MISPLACED = (
     "completed", "user-cancelled", "resubmit", "node-failure", "program-failure", "storage-full", "misplaced")

@@ -18,22 +18,23 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from launcher import __version__, hostlist
-from launcher.cost import DEFAULT_WEIGHTS
-from launcher.errors import ClusterctlError, LayoutError, RunError, SpecError
-from launcher.parallel import DIMS, layout_from_mapping
-from launcher.placement import plan as make_plan
-from launcher.plan_view import plan_json, plan_renderables, plan_svg
-from launcher.notify import webhook_notifier
-from launcher.report import report_renderables, run_report
-from launcher.render import SlurmFacts
-from launcher.runs import RunDir, create_run, unique_run_path
-from launcher.slurm import Slurm
-from launcher.spec import default_runs_dir, load_spec, parse_overrides, reference_rows
-from launcher.status import find_run_of_job, list_runs, run_status, status_renderables
-from launcher.submit import gather_facts, prepare, submit_attempt
-from launcher.supervisor import Hooks, Supervisor
-from launcher.topology import load_nvlink_domains, load_topology, parse_scontrol_topology
+from clusterctl import __version__
+from clusterctl.slurm import hostlist
+from clusterctl.launcher.cost import DEFAULT_WEIGHTS
+from clusterctl.errors import ClusterctlError, LayoutError, RunError, SpecError
+from clusterctl.launcher.parallel import DIMS, layout_from_mapping
+from clusterctl.launcher.placement import plan as make_plan
+from clusterctl.launcher.plan_view import plan_json, plan_renderables, plan_svg
+from clusterctl.launcher.notify import webhook_notifier
+from clusterctl.launcher.report import report_renderables, run_report
+from clusterctl.launcher.render import SlurmFacts
+from clusterctl.launcher.runs import RunDir, create_run, unique_run_path
+from clusterctl.slurm.commands import Slurm
+from clusterctl.launcher.spec import default_runs_dir, load_spec, parse_overrides, reference_rows
+from clusterctl.launcher.status import find_run_of_job, list_runs, run_status, status_renderables
+from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
+from clusterctl.launcher.supervisor import Hooks, Supervisor
+from clusterctl.slurm.topology import load_nvlink_domains, load_topology, parse_scontrol_topology
 
 DEFAULT_JOB_RECORDS = "/var/spool/clusterctl/job-health"
 
@@ -180,7 +181,7 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
     if detach:
         log = run.path / "supervisor.log"
         with open(log, "ab") as out:
-            child = subprocess.Popen([sys.executable, "-c", "from launcher.cli import main; main()", "supervise",
+            child = subprocess.Popen([sys.executable, "-c", "from clusterctl.launcher.cli import main; main()", "supervise",
                                       str(run.path), "--job-records", str(job_records)],
                                      stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from launcher.parallel import DIMS, ParallelLayout
-from launcher.topology import Topology
+from clusterctl.launcher.parallel import DIMS, ParallelLayout
+from clusterctl.slurm.topology import Topology
 
 DEFAULT_WEIGHTS: Mapping[str, float] = {"tp": 8.0, "cp": 4.0, "ep": 2.0, "dp": 1.0, "pp": 1.0}
 """Relative traffic of each group kind; tunable (`--weight dp=2`)."""

@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from launcher.checkpoints import Checkpoint
+from clusterctl.launcher.checkpoints import Checkpoint
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""What a generated sbatch script runs inside the job (`python -m launcher.in_job ...`).
+"""What a generated sbatch script runs inside the job (`python -m clusterctl.launcher.in_job ...`).
 
 - `plan`: rank map for SLURM_JOB_NODELIST → `<job dir>/rankmap.json`, `hostfile`, `nodefile`.
 - `rank`: one per rank; checks (node, local GPU) against the map, records where it ran,
@@ -19,16 +19,16 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from launcher.errors import ClusterctlError
-from launcher.files import atomic_write
-from launcher.preflight import (
+from clusterctl.errors import ClusterctlError
+from clusterctl.files import atomic_write
+from clusterctl.launcher.preflight import (
     JobRankMap, hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv,
     visible_gpus,
 )
 
 if TYPE_CHECKING:
-    from launcher.slurm import Slurm
-    from launcher.topology import Topology
+    from clusterctl.slurm.commands import Slurm
+    from clusterctl.slurm.topology import Topology
 
 EXIT_PREFLIGHT = 86  # a rank is not where the map says: fail the job before any work
 
@@ -39,13 +39,13 @@ def _say(message: str) -> None:
 
 def flat_topology(nodes: Sequence[str]) -> Topology:
     """All nodes under one switch: what we know when Slurm has no topology plugin."""
-    from launcher.topology import Topology
+    from clusterctl.slurm.topology import Topology
     return Topology({"(flat)": None}, {n: "(flat)" for n in nodes}, source="no topology")
 
 
 def job_topology(spec_topology: str | None, slurm: Slurm, nodes: Sequence[str]) -> tuple[Topology, str | None]:
     """The spec's topology file, else Slurm's; a flat one (with a warning) when Slurm has none."""
-    from launcher.topology import load_topology, parse_scontrol_topology
+    from clusterctl.slurm.topology import load_topology, parse_scontrol_topology
     if spec_topology:
         return load_topology(Path(spec_topology)), None
     text = slurm.show_topology()
@@ -58,10 +58,10 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
     """Compute and write the job's rank map; returns it."""
     # Imported here, not at the top: every rank runs this module (the `rank` step), and on a
     # node starting 8 ranks the planner's imports (rich among them) cost more than the check.
-    from launcher import hostlist
-    from launcher.placement import plan as make_plan
-    from launcher.plan_view import plan_json
-    from launcher.runs import RunDir
+    from clusterctl.slurm import hostlist
+    from clusterctl.launcher.placement import plan as make_plan
+    from clusterctl.launcher.plan_view import plan_json
+    from clusterctl.launcher.runs import RunDir
     spec = RunDir(run_dir).spec()
     job_id = environ.get("SLURM_JOB_ID", "0")
     allocated = hostlist.expand(environ["SLURM_JOB_NODELIST"])
@@ -147,7 +147,7 @@ def _exec(command: Sequence[str], env: Mapping[str, str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.in_job", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m clusterctl.launcher.in_job", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
     p_plan = sub.add_parser("plan")
@@ -161,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.what == "plan":
-            from launcher.slurm import Slurm
+            from clusterctl.slurm.commands import Slurm
             plan_for_job(args.run_dir, args.job_dir, os.environ, Slurm())
             return 0
         command = args.command[1:] if args.command[:1] == ["--"] else args.command

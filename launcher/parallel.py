@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from math import prod
 
-from launcher.errors import LayoutError
+from clusterctl.errors import LayoutError
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
 FRAMEWORK_ORDERS = {

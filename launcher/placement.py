@@ -22,13 +22,13 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from launcher import hostlist
-from launcher.cost import (
+from clusterctl.slurm import hostlist
+from clusterctl.launcher.cost import (
     DEFAULT_WEIGHTS, CostReport, SlotGroups, evaluate, group_penalty, level_weight, slot_groups, unit_ids,
 )
-from launcher.errors import PlacementError
-from launcher.parallel import ParallelLayout, validate_for_cluster
-from launcher.topology import Topology
+from clusterctl.errors import PlacementError
+from clusterctl.launcher.parallel import ParallelLayout, validate_for_cluster
+from clusterctl.slurm.topology import Topology
 
 
 @dataclass(frozen=True)

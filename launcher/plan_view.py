@@ -9,9 +9,9 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from launcher.cost import CostReport
-from launcher.placement import Plan
-from launcher.topology import Topology
+from clusterctl.launcher.cost import CostReport
+from clusterctl.launcher.placement import Plan
+from clusterctl.slurm.topology import Topology
 
 COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")

@@ -6,18 +6,18 @@ The request is complete before anything runs, so `--dry-run` shows exactly what
 
 from __future__ import annotations
 
+import importlib.resources
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher import __version__
-from launcher.errors import SpecError
-from launcher.parallel import DIMS, FRAMEWORK_ORDERS
-from launcher.shell import comment, quote, words
-from launcher.spec import JobSpec
-from launcher.topology import Topology
+from clusterctl import __version__
+from clusterctl.errors import SpecError
+from clusterctl.launcher.parallel import DIMS, FRAMEWORK_ORDERS
+from clusterctl.launcher.shell import comment, quote, words
+from clusterctl.launcher.spec import JobSpec
+from clusterctl.slurm.topology import Topology
 
-TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_]+)\s*\}\}")
 BLOCK_TOPOLOGY_SINCE = (23, 11)  # --segment and topology/block arrived in Slurm 23.11
 
@@ -52,9 +52,9 @@ class SubmitRequest:
 
 
 def builtin_template(style: str) -> Template:
-    """sbatch_templates/<style>.sbatch."""
-    path = TEMPLATES_DIR / f"{style}.sbatch"
-    return Template(path.read_text(), str(path))
+    """sbatch_templates/<style>.sbatch, read from the installed package (a wheel has no source tree)."""
+    resource = importlib.resources.files("clusterctl.sbatch_templates").joinpath(f"{style}.sbatch")
+    return Template(resource.read_text(encoding="utf-8"), f"sbatch_templates/{style}.sbatch")
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:

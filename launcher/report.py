@@ -8,10 +8,10 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from launcher.checkpoints import find_checkpoints
-from launcher.goodput import AttemptTimes, account
-from launcher.restart_policy import replay
-from launcher.runs import RunDir
+from clusterctl.launcher.checkpoints import find_checkpoints
+from clusterctl.launcher.goodput import AttemptTimes, account
+from clusterctl.launcher.restart_policy import replay
+from clusterctl.launcher.runs import RunDir
 
 
 def _duration(seconds: float | None) -> str:

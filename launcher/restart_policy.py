@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from launcher.classify import COMPLETED, NODE_FAILURE, PROGRAM_FAILURE, RESUBMIT, Outcome
-from launcher.spec import RestartSection
+from clusterctl.launcher.classify import COMPLETED, NODE_FAILURE, PROGRAM_FAILURE, RESUBMIT, Outcome
+from clusterctl.launcher.spec import RestartSection
 
 END_EVENTS = ("done", "stopped", "cancelled")
 

@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.errors import RunError
-from launcher.files import append_json_line, atomic_write, read_json_lines
-from launcher.spec import JobSpec, spec_from_dict
+from clusterctl.errors import RunError
+from clusterctl.files import append_json_line, atomic_write, read_json_lines
+from clusterctl.launcher.spec import JobSpec, spec_from_dict
 
 
 @dataclass(frozen=True)

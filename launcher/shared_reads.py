@@ -15,9 +15,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from launcher.files import atomic_write
-from launcher.slurm import Slurm
-from launcher.slurm_jobs import JobReport, parse_squeue_json
+from clusterctl.files import atomic_write
+from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.jobs import JobReport, parse_squeue_json
 
 
 class SharedReads:

@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from launcher import hostlist
-from launcher.cost import DEFAULT_WEIGHTS
-from launcher.errors import HostlistError, LayoutError, SpecError
-from launcher.parallel import DIMS, ParallelLayout, layout_from_mapping
+from clusterctl.slurm import hostlist
+from clusterctl.launcher.cost import DEFAULT_WEIGHTS
+from clusterctl.errors import HostlistError, LayoutError, SpecError
+from clusterctl.launcher.parallel import DIMS, ParallelLayout, layout_from_mapping
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from launcher.restart_policy import END_EVENTS
-from launcher.runs import RunDir
-from launcher.slurm_jobs import JobReport
+from clusterctl.launcher.restart_policy import END_EVENTS
+from clusterctl.launcher.runs import RunDir
+from clusterctl.slurm.jobs import JobReport
 
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launcher.errors import ClusterctlError, SlurmCommandError
-from launcher.render import BLOCK_TOPOLOGY_SINCE, SlurmFacts, SubmitRequest, Template, builtin_template, parse_version
-from launcher.render import prepare as prepare_request
-from launcher.runs import RunDir
-from launcher.slurm import Slurm
-from launcher.spec import JobSpec
-from launcher.topology import load_topology, parse_scontrol_topology
+from clusterctl.errors import ClusterctlError, SlurmCommandError
+from clusterctl.launcher.render import BLOCK_TOPOLOGY_SINCE, SlurmFacts, SubmitRequest, Template, builtin_template, parse_version
+from clusterctl.launcher.render import prepare as prepare_request
+from clusterctl.launcher.runs import RunDir
+from clusterctl.slurm.commands import Slurm
+from clusterctl.launcher.spec import JobSpec
+from clusterctl.slurm.topology import load_topology, parse_scontrol_topology
 
 
 def load_template(spec: JobSpec) -> Template:

@@ -17,21 +17,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from healthd.slurm_node import NodeState, parse_sinfo_json
-from launcher import hostlist
-from launcher.checkpoints import Checkpoint, latest_complete
-from launcher.classify import (
+from clusterctl.slurm.nodes import NodeState, parse_sinfo_json
+from clusterctl.slurm import hostlist
+from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
+from clusterctl.launcher.classify import (
     NODE_FAILURE, PROGRAM_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down, not_responding,
 )
-from launcher.errors import SlurmCommandError
-from launcher.render import SlurmFacts
-from launcher.restart_policy import AttemptState, RunState, decide, replay
-from launcher.runs import RunDir
-from launcher.shared_reads import SharedReads
-from launcher.slurm import Slurm
-from launcher.slurm_jobs import JobReport
-from launcher.spec import JobSpec
-from launcher.submit import gather_facts, prepare, submit_attempt
+from clusterctl.errors import SlurmCommandError
+from clusterctl.launcher.render import SlurmFacts
+from clusterctl.launcher.restart_policy import AttemptState, RunState, decide, replay
+from clusterctl.launcher.runs import RunDir
+from clusterctl.launcher.shared_reads import SharedReads
+from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.jobs import JobReport
+from clusterctl.launcher.spec import JobSpec
+from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
 
 EXIT_DONE, EXIT_STOPPED, EXIT_CANCELLED = 0, 1, 2
 JOB_ID_REUSE_SLACK = 60.0  # a report submitted this long before our sbatch is another job with a reused id

@@ -14,6 +14,6 @@ import sys
 
 
 def main() -> None:
-    from healthd.hooks import run_prolog
+    from clusterctl.healthd.hooks import run_prolog
 
     sys.exit(run_prolog(dict(os.environ)))

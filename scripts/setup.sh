@@ -32,5 +32,5 @@ if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   exit 1
 fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' -e ./testbed
 echo "setup: ready (.venv/bin has clusterctl, healthd, clusterctl-testbed)" >&2

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cluster import Testbed
-from testbed.gpu_faults import Fault, inject
-from testbed.layout import Layout
-from testbed.system import is_alive
+from clusterctl_testbed.cluster import Testbed
+from clusterctl_testbed.gpu_faults import Fault, inject
+from clusterctl_testbed.layout import Layout
+from clusterctl_testbed.system import is_alive
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_LAYOUT = Layout(root=Path("/tmp/ctb-test"), namespace_prefix="ctbt-")
@@ -98,5 +98,5 @@ def wait_job(tb: Testbed, job_id: str, timeout: float = 120) -> str:
 
 def clusterctl_on(tb: Testbed, *args: str, check: bool = True, timeout: float = 60):
     """Run this checkout's `clusterctl` on the login node (the testbed's controller host)."""
-    return tb.run_on("ctl", [sys.executable, "-c", "from launcher.cli import main; main()", *args], check=check,
+    return tb.run_on("ctl", [sys.executable, "-c", "from clusterctl.launcher.cli import main; main()", *args], check=check,
                      timeout=timeout, cwd=str(REPO))

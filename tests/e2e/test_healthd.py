@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from testbed.gpu_faults import Fault, inject
+from clusterctl_testbed.gpu_faults import Fault, inject
 
 pytestmark = pytest.mark.e2e
 

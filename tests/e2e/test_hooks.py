@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from testbed.gpu_faults import Fault, inject
+from clusterctl_testbed.gpu_faults import Fault, inject
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.gpu_faults import Fault, inject
+from clusterctl_testbed.gpu_faults import Fault, inject
 from tests.conftest import REPO, TEST_LAYOUT, clusterctl_on
 
 pytestmark = pytest.mark.e2e
@@ -51,7 +51,7 @@ backoff_seconds = 0.5
 
 def _clusterctl(cluster, *args: str) -> subprocess.Popen:
     """clusterctl on the login node, in the background (the supervisor is long-lived)."""
-    argv = [*cluster.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from launcher.cli import main; main()", *args]
+    argv = [*cluster.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from clusterctl.launcher.cli import main; main()", *args]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cluster import Testbed
-from testbed.layout import Layout
-from testbed.system import is_alive, namespaces
+from clusterctl_testbed.cluster import Testbed
+from clusterctl_testbed.layout import Layout
+from clusterctl_testbed.system import is_alive, namespaces
 
 pytestmark = pytest.mark.e2e
 

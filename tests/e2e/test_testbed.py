@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from testbed.gpu_faults import Fault, inject
+from clusterctl_testbed.gpu_faults import Fault, inject
 from tests.conftest import run_python_on
 
 pytestmark = pytest.mark.e2e

@@ -54,7 +54,7 @@ def test_killed_node_then_resume_gives_the_uninterrupted_final_state(cluster, tm
 
 
 def test_ranks_fail_like_cuda_when_their_gpu_is_lost(cluster, tmp_path):
-    from testbed.gpu_faults import Fault, inject
+    from clusterctl_testbed.gpu_faults import Fault, inject
 
     ckpt = tmp_path / "ck"
     job = _sbatch(cluster, tmp_path / "out", "-N1", "-w", "node3", "--ntasks-per-node=8", SBATCH, str(ckpt),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.gpu_faults import FAULT_KINDS, Fault, apply_fault, inject, parse_state, render_state
+from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, apply_fault, inject, parse_state, render_state
 
 
 def test_xid_79_is_an_event_then_a_lost_gpu():

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 import pytest
 
-from healthd.config import HealthdConfig
-from healthd.daemon import Daemon
-from healthd.findings import Finding
-from healthd.slurm_node import NodeState
-from launcher.errors import SlurmCommandError
+from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.daemon import Daemon
+from clusterctl.healthd.findings import Finding
+from clusterctl.slurm.nodes import NodeState
+from clusterctl.errors import SlurmCommandError
 
 
 class FakeSlurm:
@@ -143,7 +143,7 @@ def test_resume_only_our_non_rma_drains_after_clean_checks(make):
 
 
 def test_resume_evidence_rules():
-    from healthd.daemon import resume_allowed
+    from clusterctl.healthd.daemon import resume_allowed
 
     assert resume_allowed("healthd: ecc-dbe gpu1 drain-reset 2026-11-22T00:00:00Z", boot_time=0)
     assert not resume_allowed("healthd: remap-failure gpu2 drain-rma 2026-11-22T00:00:00Z", boot_time=2e9)
@@ -156,7 +156,7 @@ def test_sighup_reload_applies_a_good_config_and_keeps_the_old_one_on_a_bad_edit
     path = tmp_path / "healthd.toml"
     base = f'node = "node3"\nstate_dir = "{tmp_path}/run"\njournal_dir = "{tmp_path}/lib"\nmetrics = ""\n'
     path.write_text(base + "check_interval = 15\n")
-    from healthd.config import load_config
+    from clusterctl.healthd.config import load_config
 
     daemon = Daemon(load_config(path), config_path=path, slurm=FakeSlurm())  # type: ignore[arg-type]
     path.write_text(base + "check_interval = 5\nnvml_timeout = 1\n")

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from healthd.config import ConfigError, config_from_mapping, load_config
-from healthd.findings import Action
-from healthd.journal import Journal, PlannedAction
-from healthd.kmsg import (
+from clusterctl.healthd.config import ConfigError, config_from_mapping, load_config
+from clusterctl.healthd.findings import Action
+from clusterctl.healthd.journal import Journal, PlannedAction
+from clusterctl.healthd.kmsg import (
     Cursor, Deduplicator, KernelLog, load_cursor, normalise_pci, parse_gpu_event, parse_record, save_cursor,
 )
-from healthd.slurm_node import SlurmNode, parse_sinfo_json
-from launcher.slurm import Completed
+from clusterctl.slurm.nodes import SlurmNode, parse_sinfo_json
+from clusterctl.slurm.commands import Completed
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from healthd.checks import CheckLimits, GpuSample, HostSample, Sustained, check_gpu, check_gpu_count, check_host
-from healthd.findings import Action, Finding
-from healthd.policy import PolicyConfig, drain_reason, judge, policy_rows
+from clusterctl.healthd.checks import CheckLimits, GpuSample, HostSample, Sustained, check_gpu, check_gpu_count, check_host
+from clusterctl.healthd.findings import Action, Finding
+from clusterctl.healthd.policy import PolicyConfig, drain_reason, judge, policy_rows
 
 
 def xid(n: int, gpu: int = 3, at: float = 1000.0, jobs: tuple[str, ...] = ()) -> Finding:

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from healthd.checks import CheckLimits
-from healthd.config import HealthdConfig
-from healthd.gate import GateReport, Problem, from_state, parse_job_gpus
-from healthd.hooks import run_epilog, run_health_check, run_prolog
-from healthd.slurm_node import NodeState
+from clusterctl.healthd.checks import CheckLimits
+from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.gate import GateReport, Problem, from_state, parse_job_gpus
+from clusterctl.healthd.hooks import run_epilog, run_health_check, run_prolog
+from clusterctl.slurm.nodes import NodeState
 
 
 class FakeSlurm:
@@ -150,7 +150,7 @@ def test_health_check_answers_from_fresh_state(config, capsys):
 
 
 def test_problem_description():
-    from healthd.findings import Action, Finding, Verdict
+    from clusterctl.healthd.findings import Action, Finding, Verdict
 
     p = Problem(Finding("gpu-lost", "prolog", 0, gpu=2, detail="NVML_ERROR_GPU_IS_LOST"),
                 Verdict(Action.DRAIN_REBOOT, "NVML reports the GPU lost", "gpu-lost"))
@@ -158,7 +158,7 @@ def test_problem_description():
 
 
 def test_hooks_leave_no_half_written_record(config):
-    from healthd.gate import write_record
+    from clusterctl.healthd.gate import write_record
 
     write_record(config.job_records_dir / "9", "node3.json", {"a": 1})
     assert [p.name for p in (config.job_records_dir / "9").iterdir()] == ["node3.json"]
@@ -176,7 +176,7 @@ def test_stray_cleanup_spares_the_hook_and_its_parents(monkeypatch):
     import subprocess
     import sys as _sys
 
-    from healthd.hooks import _kill_strays
+    from clusterctl.healthd.hooks import _kill_strays
 
     env = {"SLURM_JOB_ID": "4711", "PATH": "/usr/bin:/bin"}
     runner = subprocess.Popen([_sys.executable, "-c", "import time; time.sleep(30)"], env=env)  # like slurmd's runner
@@ -196,7 +196,7 @@ def test_a_killed_healthd_lingering_as_a_zombie_is_not_alive():
     import subprocess
     import sys
 
-    from healthd.gate import healthd_alive
+    from clusterctl.healthd.gate import healthd_alive
 
     proc = subprocess.Popen([sys.executable, "-c", "pass", "healthd"])
     deadline = time.monotonic() + 10

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import HostlistError
-from launcher.hostlist import compress, expand
+from clusterctl.errors import HostlistError
+from clusterctl.slurm.hostlist import compress, expand
 
 MINIMAL_CONF = "ClusterName=x\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1\n"
 

@@ -6,7 +6,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from launcher.notify import webhook_notifier
+from clusterctl.launcher.notify import webhook_notifier
 
 
 def test_events_are_posted_as_json_and_failures_are_only_reported():

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.cluster import build_nvml
-from testbed.gpu_faults import Fault, inject
+from clusterctl_testbed.cluster import build_nvml
+from clusterctl_testbed.gpu_faults import Fault, inject
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.cost import evaluate, slot_groups, unit_ids
-from launcher.errors import LayoutError, PlacementError
-from launcher.parallel import ParallelLayout
-from launcher.placement import plan, slurm_order
-from launcher.topology import parse_topology_conf
+from clusterctl.launcher.cost import evaluate, slot_groups, unit_ids
+from clusterctl.errors import LayoutError, PlacementError
+from clusterctl.launcher.parallel import ParallelLayout
+from clusterctl.launcher.placement import plan, slurm_order
+from clusterctl.slurm.topology import parse_topology_conf
 
 
 def tree(leaf_sizes: list[int], leaves_per_agg: int = 0):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from launcher.cli import cli
+from clusterctl.launcher.cli import cli
 from tests.golden import assert_golden
 
 DATA = Path(__file__).resolve().parents[1] / "data"

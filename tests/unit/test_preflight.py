@@ -11,15 +11,15 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from launcher.in_job import EXIT_PREFLIGHT, plan_for_job
-from launcher.preflight import (
+from clusterctl.launcher.in_job import EXIT_PREFLIGHT, plan_for_job
+from clusterctl.launcher.preflight import (
     JobRankMap, hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv,
 )
-from launcher.render import SlurmFacts
-from launcher.runs import create_run
-from launcher.slurm import Completed, Slurm
-from launcher.spec import load_spec
-from launcher.submit import prepare
+from clusterctl.launcher.render import SlurmFacts
+from clusterctl.launcher.runs import create_run
+from clusterctl.slurm.commands import Completed, Slurm
+from clusterctl.launcher.spec import load_spec
+from clusterctl.launcher.submit import prepare
 from tests.conftest import REPO
 
 MAP = JobRankMap("42", ("node3", "node1", "node4"), 8, 20042)
@@ -87,7 +87,7 @@ def test_the_job_writes_its_map_and_hostfile_for_the_nodes_slurm_gave(tmp_path):
 
 def _rank(job_dir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     probe = "import json, os; print(json.dumps({k: os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'MASTER_ADDR')}))"
-    return subprocess.run([sys.executable, "-m", "launcher.in_job", "rank", "--job-dir", str(job_dir), "--",
+    return subprocess.run([sys.executable, "-m", "clusterctl.launcher.in_job", "rank", "--job-dir", str(job_dir), "--",
                            sys.executable, "-c", probe], capture_output=True, text=True,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}, cwd=REPO)
 

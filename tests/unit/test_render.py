@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import SpecError
-from launcher.render import SlurmFacts, Template, compact_request, prepare, render_script
-from launcher.shell import quote
-from launcher.spec import load_spec, parse_spec
-from launcher.submit import load_template
-from launcher.topology import parse_scontrol_topology
+from clusterctl.errors import SpecError
+from clusterctl.launcher.render import SlurmFacts, Template, compact_request, prepare, render_script
+from clusterctl.launcher.shell import quote
+from clusterctl.launcher.spec import load_spec, parse_spec
+from clusterctl.launcher.submit import load_template
+from clusterctl.slurm.topology import parse_scontrol_topology
 from tests.conftest import REPO
 from tests.golden import assert_golden
 

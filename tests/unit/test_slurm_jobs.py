@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.errors import SlurmCommandError
-from launcher.slurm_jobs import parse_sacct_json, parse_sbatch_parsable, parse_squeue_json
+from clusterctl.errors import SlurmCommandError
+from clusterctl.slurm.jobs import parse_sacct_json, parse_sbatch_parsable, parse_squeue_json
 from tests.conftest import REPO
 
 DATA = REPO / "tests" / "data" / "slurm"

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import SpecError
-from launcher.spec import (
+from clusterctl.errors import SpecError
+from clusterctl.launcher.spec import (
     FIELDS, CheckpointSection, JobSection, LaunchSection, PlacementSection, RestartSection, load_spec, parse_overrides,
     parse_spec, reference_rows, spec_from_dict,
 )

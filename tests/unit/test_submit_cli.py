@@ -9,9 +9,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-import launcher.cli as cli_module
-from launcher.cli import cli
-from launcher.slurm import Completed, Slurm
+import clusterctl.launcher.cli as cli_module
+from clusterctl.launcher.cli import cli
+from clusterctl.slurm.commands import Completed, Slurm
 from tests.conftest import REPO
 
 DATA = REPO / "tests" / "data" / "slurm"
@@ -92,7 +92,7 @@ def test_status_of_a_recorded_job_and_cancel_of_a_live_one(slurm, tmp_path):
 
 
 def _clusterctl(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from launcher.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from clusterctl.launcher.cli import main; main()", *args],
                           capture_output=True, text=True, cwd=cwd)
 
 
@@ -129,8 +129,8 @@ def test_supervise_and_report_refuse_what_is_not_a_run(tmp_path):
 
 
 def test_report_of_a_supervised_run_from_its_journal(slurm, tmp_path):
-    from launcher.runs import create_run
-    from launcher.spec import load_spec
+    from clusterctl.launcher.runs import create_run
+    from clusterctl.launcher.spec import load_spec
     run = create_run(tmp_path / "run", load_spec(REPO / "examples" / "toy_trainer.toml"), "")
     run.record("submitted", attempt=1, job_id="4", argv=[], resume_from=None, exclude=None)
     run.record("decided", attempt=1, job_id="4", state="FAILED", exit_code=3, outcome="node-failure",

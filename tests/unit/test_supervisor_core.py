@@ -13,16 +13,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from healthd.slurm_node import parse_sinfo_json
-from launcher.checkpoints import Checkpoint, latest_complete
-from launcher.classify import (
+from clusterctl.slurm.nodes import parse_sinfo_json
+from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
+from clusterctl.launcher.classify import (
     COMPLETED, MISPLACED, NODE_FAILURE, PROGRAM_FAILURE, RESUBMIT, STORAGE, USER_CANCELLED, Blame, Outcome, classify,
     hardware_suspects,
 )
-from launcher.goodput import AttemptTimes, account, young_daly
-from launcher.restart_policy import RunState, decide, replay
-from launcher.slurm_jobs import JobReport
-from launcher.spec import RestartSection
+from clusterctl.launcher.goodput import AttemptTimes, account, young_daly
+from clusterctl.launcher.restart_policy import RunState, decide, replay
+from clusterctl.slurm.jobs import JobReport
+from clusterctl.launcher.spec import RestartSection
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "examples"))

@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from launcher.errors import RunError
-from launcher.runs import RunDir, create_run
-from launcher.slurm import Completed, Slurm
-from launcher.spec import load_spec
-from launcher.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks, Supervisor
+from clusterctl.errors import RunError
+from clusterctl.launcher.runs import RunDir, create_run
+from clusterctl.slurm.commands import Completed, Slurm
+from clusterctl.launcher.spec import load_spec
+from clusterctl.launcher.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks, Supervisor
 from tests.conftest import REPO
 
 TOPOLOGY = (REPO / "tests" / "data" / "slurm" / "scontrol-show-topology.txt").read_text()
@@ -199,7 +199,7 @@ def test_one_supervisor_per_run(world):
 
 
 def test_supervisors_of_one_runs_directory_share_one_squeue_per_interval(tmp_path):
-    from launcher.shared_reads import SharedReads
+    from clusterctl.launcher.shared_reads import SharedReads
     clock = Clock()
     slurm = ScriptedSlurm(clock)
     calls = {"squeue": 0}

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import slurm_config
-from testbed.layout import Layout
+from clusterctl_testbed import slurm_config
+from clusterctl_testbed.layout import Layout
 from tests.golden import assert_golden
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden" / "testbed"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import TopologyError
-from launcher.topology import (
+from clusterctl.errors import TopologyError
+from clusterctl.slurm.topology import (
     load_nvlink_domains, load_topology, parse_scontrol_topology, parse_topology_addrs, parse_topology_conf,
 )
 

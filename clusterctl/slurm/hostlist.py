@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from launcher.errors import HostlistError
+from clusterctl.errors import HostlistError
 
 MAX_HOSTS = 1_000_000  # one expression may not name more hosts than this
 

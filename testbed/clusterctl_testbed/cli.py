@@ -8,9 +8,9 @@ import sys
 
 import click
 
-from testbed.cluster import Testbed
-from testbed.gpu_faults import FAULT_KINDS, Fault, inject
-from testbed.system import TestbedError
+from clusterctl_testbed.cluster import Testbed
+from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
+from clusterctl_testbed.system import TestbedError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,7 +26,7 @@ def cli() -> None:
 @cli.command()
 def install() -> None:
     """Install the Debian packages the testbed needs (Slurm, munge, MariaDB, iproute2, gcc)."""
-    from testbed.cluster import install_packages
+    from clusterctl_testbed.cluster import install_packages
 
     install_packages()
 

@@ -16,7 +16,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="testbed.holder")
+    parser = argparse.ArgumentParser(prog="clusterctl_testbed.holder")
     parser.add_argument("--hostname", required=True)
     parser.add_argument("--bind", action="append", default=[], metavar="SRC:DST")
     args = parser.parse_args(argv)

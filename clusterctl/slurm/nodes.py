@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from launcher.errors import SlurmCommandError
-from launcher.slurm import Runner, run_checked, subprocess_runner
+from clusterctl.errors import SlurmCommandError
+from clusterctl.slurm.commands import Runner, run_checked, subprocess_runner
 
-from healthd.policy import REASON_PREFIX
+from clusterctl.records.drain_reason import REASON_PREFIX
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from launcher.errors import SlurmCommandError
-from launcher.slurm_jobs import JobReport, parse_sacct_json, parse_sbatch_parsable, parse_squeue_json
+from clusterctl.errors import SlurmCommandError
+from clusterctl.slurm.jobs import JobReport, parse_sacct_json, parse_sbatch_parsable, parse_squeue_json
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Slurm:
         return run_checked(self.runner, argv, self.timeout)
 
     def show_topology(self) -> str:
-        """`scontrol show topology` as text (parse with launcher.topology)."""
+        """`scontrol show topology` as text (parse with clusterctl.slurm.topology)."""
         return self._run(["scontrol", "show", "topology"])
 
     def idle_nodes(self, partition: str | None = None) -> list[str]:
@@ -96,7 +96,7 @@ class Slurm:
         return parse_sacct_json(self._run(["sacct", "--json", "-j", ",".join(job_ids)]))
 
     def nodes_json(self) -> str:
-        """`sinfo --json` (parse with healthd.slurm_node.parse_sinfo_json)."""
+        """`sinfo --json` (parse with clusterctl.slurm.nodes.parse_sinfo_json)."""
         return self._run(["sinfo", "--json"])
 
     def cancel(self, job_ids: list[str]) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed.layout import CONTROLLER, Layout
+from clusterctl_testbed.layout import CONTROLLER, Layout
 
 
 @dataclass(frozen=True)

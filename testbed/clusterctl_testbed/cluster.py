@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from testbed import slurm_config
-from testbed.layout import CONTROLLER, Layout
-from testbed.system import (
+from clusterctl_testbed import slurm_config
+from clusterctl_testbed.layout import CONTROLLER, Layout
+from clusterctl_testbed.system import (
     CommandResult, TestbedError, is_alive, kill_all, namespace_pids, namespaces, run, spawn, wait_for,
 )
 
@@ -248,7 +248,7 @@ class Testbed:
                 binds.append(f"{layout.host_dir(host) / sub}:{target}")
         argv = ["nsenter", f"--net=/run/netns/{layout.namespace(host)}", "--",
                 "unshare", "--uts", "--mount", "--propagation", "private", "--",
-                sys.executable, "-m", "testbed.holder", "--hostname", host]
+                sys.executable, "-m", "clusterctl_testbed.holder", "--hostname", host]
         for bind in binds:
             argv += ["--bind", bind]
         log = open(layout.log_dir / f"holder-{host}.out", "ab")

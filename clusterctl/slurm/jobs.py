@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from launcher.errors import SlurmCommandError
+from clusterctl.errors import SlurmCommandError
 
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                              "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
