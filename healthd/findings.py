@@ -2,28 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
+from clusterctl.records.actions import Action
 
-class Action(enum.IntEnum):
-    """What a finding calls for, in increasing severity (comparisons pick the worst)."""
-
-    IGNORE = 0
-    APP_FAULT = 1  # the job's own fault: record against the job, keep the node
-    WARN = 2
-    RESET_AT_IDLE = 3  # healthy enough to run, reset the GPU when the node is idle
-    DRAIN_RESET = 4
-    DRAIN_REBOOT = 5
-    DRAIN_RMA = 6  # hardware must be replaced: never resumed automatically
-
-    @property
-    def drains(self) -> bool:
-        return self >= Action.DRAIN_RESET
-
-    @property
-    def label(self) -> str:
-        return self.name.lower().replace("_", "-")
+__all__ = ["Action", "Finding", "Verdict"]
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ class RunDir:
             raise RunError(f"{self.path} is not a clusterctl run (no spec.json)") from None
 
     def events(self) -> list[dict]:
-        return read_json_lines(self.journal_path)
+        return list(read_json_lines(self.journal_path).records)
 
     def record(self, event: str, **fields: object) -> dict:
         """Append an event to the journal (durable when this returns)."""

@@ -1,0 +1,56 @@
+"""What every cross-process record shares: a kind, a version, and one error for a file not understood."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from clusterctl.errors import ClusterctlError
+
+
+class RecordError(ClusterctlError):
+    """A record file that is not what its reader understands (damaged, foreign, or from a newer clusterctl)."""
+
+    exit_code = 10
+
+    def __init__(self, where: str, message: str) -> None:
+        super().__init__(f"{where}: {message}")
+        self.where = where
+
+
+def header(kind: str, version: int) -> dict[str, Any]:
+    """The two fields every record starts with."""
+    return {"kind": kind, "version": version}
+
+
+def check_header(data: object, kind: str, version: int, where: str) -> Mapping[str, Any]:
+    """`data` as a mapping of this kind at this version, or RecordError saying what to do.
+
+    A newer version is refused rather than half-read: the writer knows something this reader does not.
+    """
+    if not isinstance(data, Mapping):
+        raise RecordError(where, f"not a {kind} record (expected a JSON object)")
+    if data.get("kind") != kind:
+        raise RecordError(where, f"not a {kind} record (kind {data.get('kind')!r})")
+    found = data.get("version")
+    if not isinstance(found, int) or isinstance(found, bool):
+        raise RecordError(where, f"{kind} record without a version number")
+    if found > version:
+        raise RecordError(where, f"{kind} record version {found} is newer than this clusterctl understands "
+                                 f"({version}); upgrade clusterctl on this host")
+    if found < version:
+        raise RecordError(where, f"{kind} record version {found} is older than this clusterctl reads ({version})")
+    return data
+
+
+def field(data: Mapping[str, Any], key: str, types: type | tuple[type, ...], where: str) -> Any:
+    """One required field of the expected type (bool is never accepted as int)."""
+    if key not in data:
+        raise RecordError(where, f"missing field `{key}`")
+    value = data[key]
+    wanted = types if isinstance(types, tuple) else (types,)
+    if isinstance(value, bool) and bool not in wanted:
+        raise RecordError(where, f"field `{key}` has the wrong type (bool)")
+    if not isinstance(value, wanted):
+        raise RecordError(where, f"field `{key}` has the wrong type ({type(value).__name__})")
+    return value
