@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -46,7 +47,7 @@ def atomic_write(path: Path, text: str, *, mode: int = 0o644) -> Path:
     return path
 
 
-def append_json_line(path: Path, record: dict, *, mode: int = 0o644) -> None:
+def append_json_line(path: Path, record: dict[str, Any], *, mode: int = 0o644) -> None:
     """Append one JSON record as a line and make it durable before returning (a journal)."""
     line = json.dumps(record, sort_keys=True) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, mode)
@@ -61,7 +62,7 @@ def append_json_line(path: Path, record: dict, *, mode: int = 0o644) -> None:
 class JsonLines:
     """The records of a journal, and the line numbers (1-based) that could not be read."""
 
-    records: tuple[dict, ...]
+    records: tuple[dict[str, Any], ...]
     unreadable_lines: tuple[int, ...] = ()
     line_count: int = 0
 
@@ -81,7 +82,7 @@ def read_json_lines(path: Path) -> JsonLines:
         data = path.read_bytes()
     except FileNotFoundError:
         return JsonLines(())
-    records: list[dict] = []
+    records: list[dict[str, Any]] = []
     bad: list[int] = []
     lines = data.split(b"\n")
     if lines and lines[-1] == b"":

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything clusterctl and its testbed need on a Debian machine, as root:
 # Debian packages (Python, compiler, Slurm, munge, MariaDB, shellcheck) and a virtualenv
-# at .venv with clusterctl installed (editable) and its test extras. Idempotent.
+# at .venv with clusterctl installed (editable) and its test extras (pytest, ruff, mypy, build),
+# and the testbed, a separate development-only package. Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

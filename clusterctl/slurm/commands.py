@@ -12,6 +12,8 @@ from clusterctl.slurm.jobs import JobReport, parse_sacct_json, parse_sbatch_pars
 
 @dataclass(frozen=True)
 class Completed:
+    """What a finished Slurm command returned."""
+
     returncode: int
     stdout: str
     stderr: str

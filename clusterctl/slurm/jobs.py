@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 from clusterctl.errors import SlurmCommandError
 
@@ -52,10 +53,11 @@ class JobReport:
 
     @property
     def terminal(self) -> bool:
+        """Slurm is done with the job (it will not run again unless resubmitted)."""
         return self.state in TERMINAL_STATES
 
 
-def _load(text: str, argv: list[str]) -> dict:
+def _load(text: str, argv: list[str]) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -71,7 +73,7 @@ def _time(value: object) -> float:
 
 def parse_squeue_json(text: str) -> dict[str, JobReport]:
     """`squeue --json` → job id → report (every job slurmctld still holds)."""
-    jobs = {}
+    jobs: dict[str, JobReport] = {}
     for job in _load(text, ["squeue", "--json"])["jobs"]:
         status = job.get("exit_code")
         exit_code = signal = None
@@ -96,7 +98,7 @@ def _exit(value: object) -> tuple[int | None, int | None]:
 
 def parse_sacct_json(text: str) -> dict[str, JobReport]:
     """`sacct --json -j ...` → job id → report with its steps."""
-    jobs = {}
+    jobs: dict[str, JobReport] = {}
     for job in _load(text, ["sacct", "--json"])["jobs"]:
         state = job.get("state", {})
         times = job.get("time", {})

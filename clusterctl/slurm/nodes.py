@@ -10,13 +10,14 @@ import json
 from dataclasses import dataclass
 
 from clusterctl.errors import SlurmCommandError
-from clusterctl.slurm.commands import Runner, run_checked, subprocess_runner
-
 from clusterctl.records.drain_reason import REASON_PREFIX
+from clusterctl.slurm.commands import Runner, run_checked, subprocess_runner
 
 
 @dataclass(frozen=True)
 class NodeState:
+    """One node as `sinfo --json` shows it (state lower-cased, flags as Slurm spells them)."""
+
     name: str
     state: str
     flags: tuple[str, ...]
@@ -30,10 +31,12 @@ class NodeState:
 
     @property
     def drained_by_us(self) -> bool:
+        """Drained with healthd's reason prefix: healthd may resume it."""
         return self.draining and self.reason.startswith(REASON_PREFIX)
 
     @property
     def drained_by_someone_else(self) -> bool:
+        """Drained by an admin or another tool: never ours to resume."""
         return self.draining and not self.reason.startswith(REASON_PREFIX)
 
 
@@ -59,6 +62,7 @@ class SlurmNode:
         return run_checked(self.runner, argv, self.timeout)
 
     def state(self) -> NodeState:
+        """This node's state; SlurmCommandError when Slurm does not know it."""
         nodes = parse_sinfo_json(self._run(["sinfo", "--json", "-n", self.node]))
         for node in nodes:
             if node.name == self.node:
@@ -66,12 +70,15 @@ class SlurmNode:
         raise SlurmCommandError(["sinfo", "--json", "-n", self.node], 0, f"node {self.node} not known to Slurm")
 
     def partition_nodes(self, partition: str) -> list[NodeState]:
+        """Every node of a partition."""
         return parse_sinfo_json(self._run(["sinfo", "--json", "-p", partition]))
 
     def drain(self, reason: str) -> None:
+        """Drain this node with the given reason (one argv element: no shell quoting)."""
         self._run(["scontrol", "update", f"NodeName={self.node}", "State=DRAIN", f"Reason={reason}"])
 
     def resume(self) -> None:
+        """Return this node to service."""
         self._run(["scontrol", "update", f"NodeName={self.node}", "State=RESUME"])
 
     def jobs_here(self) -> tuple[str, ...]:

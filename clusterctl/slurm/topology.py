@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clusterctl.slurm import hostlist
 from clusterctl.errors import HostlistError, TopologyError
+from clusterctl.slurm import hostlist
 
 TOP = "(top)"
 """The unit above every root switch: crossing it means leaving the whole tree."""
