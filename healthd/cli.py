@@ -13,8 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from clusterctl.healthd.config import ConfigError, load_config
+from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import POLICY_VERSION, policy_rows
-from clusterctl.healthd.state_file import read_state
 
 EXIT_CONFIG = 78  # EX_CONFIG
 EXIT_NO_STATE = 3
@@ -72,39 +72,47 @@ def run(config_path: Path | None, dry_run: bool, log_format: str, verbose: bool)
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the state file as JSON.")
 def status(config_path: Path | None, as_json: bool) -> None:
-    """The current verdict per GPU, from clusterctl.healthd's state file (never touches NVML)."""
+    """The current verdict per GPU, from healthd's state file (never touches NVML)."""
+    from clusterctl.healthd.gate import read_state, state_is_fresh
+
     config = _config(config_path)
-    state = read_state(config.state_dir)
+    state, unusable = read_state(config)
+    if unusable:
+        click.echo(f"healthd: error: {unusable}", err=True)
+        sys.exit(EXIT_NO_STATE)
     if state is None:
         click.echo(f"healthd: no state in {config.state_dir}: is healthd running on this node?", err=True)
         sys.exit(EXIT_NO_STATE)
     if as_json:
-        click.echo(json.dumps(state, indent=2, sort_keys=True))
+        click.echo(json.dumps(state.to_json(), indent=2, sort_keys=True))
         return
-    from clusterctl.healthd.gate import state_is_fresh
-
-    age = time.time() - state["updated_at"]
+    now = time.time()
+    age = now - state.updated_at
+    fresh = state_is_fresh(state, config, now)
     console = Console()
-    if not state_is_fresh(state, config, time.time()):
-        console.print(f"[red]stale[/red]: healthd (pid {state.get('pid')}) is not running or stopped writing "
+    if not fresh:
+        console.print(f"[red]stale[/red]: healthd (pid {state.pid}) is not running or stopped writing "
                       f"{age:.0f} s ago; what follows is its last word")
-    shown = {"ignore": "healthy"}
-    console.print(f"[bold]{state['node']}[/bold]: verdict [bold]{shown.get(state['verdict'], state['verdict'])}[/bold], "
-                  f"NVML {state['nvml']}, "
-                  f"updated {age:.1f} s ago, policy {state['policy_version']}"
-                  + (" [yellow](dry run)[/yellow]" if state.get("dry_run") else ""))
+
+    def shown(action: Action) -> str:
+        return "healthy" if action is Action.IGNORE else action.label
+
+    console.print(f"[bold]{state.node}[/bold]: verdict [bold]{shown(state.verdict)}[/bold], "
+                  f"NVML {'ok' if state.nvml_ok else 'unavailable'}, "
+                  f"updated {age:.1f} s ago, policy {state.policy_version}"
+                  + (" [yellow](dry run)[/yellow]" if state.dry_run else ""))
     table = Table("GPU", "UUID", "verdict", "findings")
-    for index, gpu in sorted(state["gpus"].items(), key=lambda kv: int(kv[0])):
-        findings = "; ".join(f"{f['kind']} ({f['action']}) {f['at']}" for f in gpu["findings"]) or "—"
-        table.add_row(index, gpu["uuid"], shown.get(gpu["verdict"], gpu["verdict"]), findings)
+    for gpu in state.gpus:
+        findings = "; ".join(f"{f.what} ({f.action.label}) {f.at}" for f in gpu.findings) or "—"
+        table.add_row(str(gpu.index), gpu.uuid, shown(gpu.verdict), findings)
     console.print(table)
-    for finding in state.get("node_findings", []):
-        console.print(f"node: {finding['kind']} ({finding['action']}): {finding['detail'] or finding['reason']}")
-    for alert in state.get("alerts", []):
-        console.print(f"[red]alert[/red] {alert['at']}: {alert['detail']}")
-    if state.get("pending_actions"):
-        console.print(f"{state['pending_actions']} Slurm action(s) pending (slurmctld unreachable?)")
-    if not state_is_fresh(state, config, time.time()):
+    for finding in state.node_findings:
+        console.print(f"node: {finding.what} ({finding.action.label}): {finding.detail or finding.reason}")
+    for alert in state.alerts:
+        console.print(f"[red]alert[/red] {alert.at}: {alert.detail}")
+    if state.pending_actions:
+        console.print(f"{state.pending_actions} Slurm action(s) pending (slurmctld unreachable?)")
+    if not fresh:
         sys.exit(EXIT_NO_STATE)
 
 

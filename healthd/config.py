@@ -117,7 +117,7 @@ def config_from_mapping(data: dict, where: str = "healthd.toml") -> HealthdConfi
     promote: dict[int, Action] = {}
     for xid, action in (policy.get("promote_xids") or {}).items():
         try:
-            promote[int(xid)] = Action[str(action).upper().replace("-", "_")]
+            promote[int(xid)] = Action.from_label(str(action).lower().replace("_", "-"))
         except (ValueError, KeyError):
             raise ConfigError(f"{where}: key `policy.promote_xids.{xid}`: expected an Xid number and one of "
                               f"{', '.join(a.label for a in Action)}, found {action!r}") from None

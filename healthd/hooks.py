@@ -6,24 +6,28 @@ is read from its default path, and every step is bounded by `hook_timeout`.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 
+from clusterctl.clock import utc
+from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
+from clusterctl.healthd.engine import hook_drain
 from clusterctl.healthd.findings import Action, Finding
-from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, state_is_fresh
+from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, read_state, state_is_fresh
 from clusterctl.healthd.kmsg import RecordReader, parse_gpu_event
 from clusterctl.healthd.policy import drain_reason, judge
+from clusterctl.records.drain_reason import DrainReason
+from clusterctl.records.healthd_job_start import JobStart, job_start_path, read_job_start, write_job_start
+from clusterctl.records.healthd_node_record import NodeRecordEntry, append_node_record
+from clusterctl.records.job_health import HealthFinding, JobHealthRecord, write_job_health
+from clusterctl.records.versioned import RecordError
 from clusterctl.slurm.nodes import SlurmNode
-from clusterctl.healthd.state_file import read_state
-from clusterctl.errors import SlurmCommandError
 
 
 def _say(hook: str, message: str) -> None:
@@ -57,28 +61,22 @@ def _bounded(hook: str, seconds: float, on_timeout_exit: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _utc(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _drain(hook: str, node: str, problem: Problem, slurm_factory: Callable[[str], SlurmNode]) -> str:
+def _drain(node: str, reason: DrainReason, slurm_factory: Callable[[str], SlurmNode]) -> str:
     """Drain with an owned reason unless the node is already drained (by anyone)."""
-    reason = drain_reason(problem.finding, problem.verdict, _utc(time.time()))
     slurm = slurm_factory(node)
     try:
         state = slurm.state()
-        if state.draining:
+        text = hook_drain(state, reason)
+        if text is None:
             return f"already drained ({state.reason})"
-        slurm.drain(reason)
-        return f"drained: {reason}"
+        slurm.drain(text)
+        return f"drained: {text}"
     except SlurmCommandError as exc:
         return f"could not drain ({exc})"
 
 
-def _append_node_record(config: HealthdConfig, record: dict) -> None:
-    config.journal_dir.mkdir(parents=True, exist_ok=True)
-    with open(config.journal_dir / "node-record.jsonl", "a") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+def _problem_reason(problem: Problem) -> DrainReason:
+    return drain_reason(problem.finding, problem.verdict, time.time())
 
 
 def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode] = SlurmNode,
@@ -97,17 +95,15 @@ def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], 
     for note in report.notes:
         _say("prolog", f"job {job}: {note}")
     # The epilog judges findings within the job's window, which starts now.
-    starts = config.journal_dir / "jobs"
-    starts.mkdir(parents=True, exist_ok=True)
-    (starts / f"{job}.json").write_text(json.dumps({"job": job, "start": time.time(), "gpus": gpus}))
+    write_job_start(config.journal_dir, JobStart(job, time.time(), tuple(gpus) if gpus is not None else None))
     if report.ok:
         return 0
     for problem in report.problems:
         _say("prolog", f"job {job} refused on {node}: {problem.describe()}")
-    outcome = _drain("prolog", node, report.problems[0], slurm_factory)
+    outcome = _drain(node, _problem_reason(report.problems[0]), slurm_factory)
     _say("prolog", outcome)
-    _append_node_record(config, {"at": _utc(time.time()), "hook": "prolog", "job": job, "node": node,
-                                 "problems": [p.describe() for p in report.problems], "outcome": outcome})
+    append_node_record(config.journal_dir, NodeRecordEntry(utc(time.time()), "prolog", job, node,
+                                                           tuple(p.describe() for p in report.problems), outcome))
     return 1
 
 
@@ -142,74 +138,69 @@ def run_epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode
         return _epilog(environ, slurm_factory, config, node_check)
 
 
+def _job_start(config: HealthdConfig, job: str, end: float) -> float:
+    try:
+        record = read_job_start(config.journal_dir, job)
+    except RecordError as exc:
+        _say("epilog", f"job {job}: {exc}; looking back a day")
+        record = None
+    return record.start if record is not None else end - 24 * 3600  # no prolog record: look back a day
+
+
 def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig,
             node_check: Callable[..., GateReport]) -> int:
     job = environ.get("SLURM_JOB_ID", "unknown")
     node = environ.get("SLURMD_NODENAME") or config.node_name
     gpus = parse_job_gpus(environ.get("SLURM_JOB_GPUS"))
     end = time.time()
-    start_file = config.journal_dir / "jobs" / f"{job}.json"
-    try:
-        start = float(json.loads(start_file.read_text())["start"])
-    except (OSError, ValueError, KeyError):
-        start = end - 24 * 3600  # no prolog record: look back a day
-    findings: dict[tuple, dict] = {}
+    start = _job_start(config, job, end)
+    findings: dict[tuple, HealthFinding] = {}
 
     def add(finding: Finding, action: Action, reason: str, source: str) -> None:
         if gpus is not None and finding.gpu is not None and finding.gpu not in gpus:
             return
         key = (finding.gpu, finding.kind, finding.xid)
-        entry = {"at": _utc(finding.at) if finding.at else None, "kind": finding.what, "gpu": finding.gpu,
-                 "uuid": finding.uuid, "action": action.label, "reason": reason, "detail": finding.detail,
-                 "source": source, "hardware": action.drains}
-        if key not in findings or Action[findings[key]["action"].upper().replace("-", "_")] < action:
-            findings[key] = entry
+        if key not in findings or findings[key].action < action:
+            findings[key] = HealthFinding(kind=finding.kind, action=action, reason=reason, source=source,
+                                          at=utc(finding.at), xid=finding.xid, gpu=finding.gpu, uuid=finding.uuid,
+                                          detail=finding.detail)
 
-    state = read_state(config.state_dir)
+    state, unusable = read_state(config)
+    if unusable:
+        _say("epilog", f"job {job}: {unusable}")
     identities: dict[str, int] = {}
-    if state:
-        for index, gpu in state.get("gpus", {}).items():
-            identities[gpu.get("pci_bus", "")] = int(index)
-        for index, gpu in state.get("gpus", {}).items():
-            for f in gpu.get("findings", []):
-                at = f.get("at_ts")
-                if at is None or start - 1 <= at <= end:
-                    kind, _, number = f["kind"].partition(" ")
-                    finding = Finding(kind, f.get("source", "healthd"), at or end, gpu=int(index),
-                                      uuid=gpu.get("uuid", ""), xid=int(number) if number.isdigit() else None,
-                                      detail=f.get("detail", ""))
-                    action = Action[f["action"].upper().replace("-", "_")]
-                    if action > Action.IGNORE:
-                        add(finding, action, f["reason"], "healthd")
+    if state is not None:
+        identities = {gpu.pci_bus: gpu.index for gpu in state.gpus}
+        for gpu in state.gpus:
+            for f in gpu.findings:
+                # What the last check still sees holds now; an event counts if it happened during the job.
+                if (f.current or start - 1 <= f.at_ts <= end) and f.action > Action.IGNORE:
+                    finding = Finding(f.kind, f.source, f.at_ts if not f.current else end, gpu=gpu.index,
+                                      uuid=gpu.uuid, xid=f.xid, detail=f.detail)
+                    add(finding, f.action, f.reason, "healthd")
     for finding in _kernel_findings(config, start - 1, end, identities):
         verdict = judge(finding, (), config.policy)
         if verdict.action > Action.IGNORE:
             add(finding, verdict.action, verdict.reason, "kernel log")
-    # What is still wrong now: from clusterctl.healthd when it is alive (cheap), else NVML directly.
+    # What is still wrong now: from healthd when it is alive (cheap), else NVML directly.
     for problem in node_check(config, gpus, direct=not state_is_fresh(state, config, end)).problems:
         add(Finding(problem.finding.kind, "epilog", end, gpu=problem.finding.gpu, uuid=problem.finding.uuid,
-                    detail=problem.finding.detail), problem.verdict.action, problem.verdict.reason, "epilog check")
-    ordered = sorted(findings.values(), key=lambda e: (e["at"] or "", e["gpu"] if e["gpu"] is not None else -1))
-    worst = max((Action[e["action"].upper().replace("-", "_")] for e in ordered), default=Action.IGNORE)
-    record = {"job": job, "node": node, "gpus": gpus, "window": [_utc(start), _utc(end)],
-              "findings": ordered, "verdict": worst.label, "hardware_fault": worst.drains,
-              "exit_code": environ.get("SLURM_JOB_EXIT_CODE"), "written_at": _utc(time.time())}
-    path = _write_job_record(config, job, node, record)
-    _say("epilog", f"job {job}: {worst.label}, {len(ordered)} finding(s) → {path}")
-    if worst.drains:
-        hardware = next(e for e in ordered if Action[e["action"].upper().replace("-", "_")] == worst)
-        finding = Finding(hardware["kind"].split(" ")[0], "epilog", end, gpu=hardware["gpu"], uuid=hardware["uuid"],
-                          xid=int(hardware["kind"].split(" ")[1]) if hardware["kind"].startswith("xid ") else None)
-        _say("epilog", _drain("epilog", node, Problem(finding, judge(finding, (), config.policy)), slurm_factory))
+                    xid=problem.finding.xid, detail=problem.finding.detail),
+            problem.verdict.action, problem.verdict.reason, "epilog check")
+    ordered = tuple(sorted(findings.values(), key=lambda f: (f.at or "", f.gpu if f.gpu is not None else -1)))
+    record = JobHealthRecord(job_id=job, node=node, window_start=utc(start), window_end=utc(end),
+                             written_at=utc(time.time()), gpus=tuple(gpus) if gpus is not None else None,
+                             findings=ordered, exit_code=environ.get("SLURM_JOB_EXIT_CODE"))
+    path = write_job_health(config.job_records_dir, record)
+    _say("epilog", f"job {job}: {record.verdict.label}, {len(ordered)} finding(s) → {path}")
+    hardware = record.worst_finding()
+    if record.hardware_fault and hardware is not None:
+        reason = DrainReason(kind=hardware.kind, action=hardware.action, at=utc(end), xid=hardware.xid,
+                             gpu=hardware.gpu, uuid=hardware.uuid)
+        _say("epilog", _drain(node, reason, slurm_factory))
     _kill_strays(job)
-    start_file.unlink(missing_ok=True)
+    job_start_path(config.journal_dir, job).unlink(missing_ok=True)
     return 0
-
-
-def _write_job_record(config: HealthdConfig, job: str, node: str, record: dict) -> Path:
-    from clusterctl.healthd.gate import write_record
-
-    return write_record(config.job_records_dir / job, f"{node}.json", record)
 
 
 def _ancestors(pid: int) -> set[int]:
@@ -256,9 +247,11 @@ def run_health_check(environ: dict[str, str], slurm_factory: Callable[[str], Slu
 
 def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig) -> int:
     node = environ.get("SLURMD_NODENAME") or config.node_name
-    state = read_state(config.state_dir)
-    if state_is_fresh(state, config, time.time()):
-        problems = from_state(state, None)  # type: ignore[arg-type]
+    state, unusable = read_state(config)
+    if unusable:
+        _say("healthcheck", unusable)
+    if state is not None and state_is_fresh(state, config, time.time()):
+        problems = from_state(state, None)
         source = "healthd state"
     else:
         _say("healthcheck", "healthd is not running or its state is stale: checking NVML directly")
@@ -271,6 +264,5 @@ def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], SlurmN
         _say("healthcheck", f"{node}: {problem.describe()} ({source})")
     # At slurmd start the node may not be registered yet: the Slurm command then fails or times out
     # (bounded), and the next run drains.
-    _say("healthcheck", _drain("healthcheck", node, problems[0], lambda n: slurm_factory(n)))
+    _say("healthcheck", _drain(node, _problem_reason(problems[0]), slurm_factory))
     return 0
-

@@ -2,70 +2,45 @@
 
 Each decision is appended (and fsynced) before it is applied; its outcome is appended
 after.  A restart replays the journal: decisions without an outcome are applied then,
-so slurmctld being down, or healthd being killed, loses and repeats nothing.
+so slurmctld being down, or healthd being killed, loses and repeats nothing.  The line
+format is clusterctl.records.healthd_actions; this class only serialises the threads.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from clusterctl.records.healthd_actions import (
+    ActionJournal, PlannedAction, append_done, append_planned, read_action_journal,
+)
 
-@dataclass(frozen=True)
-class PlannedAction:
-    id: str
-    op: str  # "drain" or "resume"
-    reason: str
-    at: float
-    finding: dict
+__all__ = ["Journal", "PlannedAction"]
 
 
 class Journal:
-    """Append-only JSON lines: {"planned": {...}} then {"done": id, "result": ...}."""
+    """The action journal at `path`, safe to append to from several threads."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
 
-    def _append(self, record: dict) -> None:
-        line = (json.dumps(record, sort_keys=True) + "\n").encode()
-        with self.lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            try:
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-
     def plan(self, action: PlannedAction) -> None:
-        self._append({"planned": asdict(action)})
+        """Journal a decision before it is attempted."""
+        with self.lock:
+            append_planned(self.path, action)
 
     def done(self, action_id: str, result: str) -> None:
-        self._append({"done": action_id, "result": result})
+        """Journal a decision's outcome."""
+        with self.lock:
+            append_done(self.path, action_id, result)
 
-    def read(self) -> tuple[list[PlannedAction], dict[str, str]]:
-        """Every planned action and the results known so far (a torn last line is ignored)."""
-        planned: list[PlannedAction] = []
-        results: dict[str, str] = {}
-        try:
-            lines = self.path.read_text().splitlines()
-        except FileNotFoundError:
-            return planned, results
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if "planned" in record:
-                planned.append(PlannedAction(**record["planned"]))
-            elif "done" in record:
-                results[record["done"]] = record.get("result", "")
-        return planned, results
+    def read(self) -> ActionJournal:
+        """Every decision and the outcomes known so far (a torn line is skipped and reported)."""
+        with self.lock:
+            return read_action_journal(self.path)
 
-    def pending(self) -> list[PlannedAction]:
-        planned, results = self.read()
-        return [a for a in planned if a.id not in results]
+    def pending(self) -> tuple[PlannedAction, ...]:
+        """Decisions without an outcome."""
+        return self.read().pending

@@ -9,7 +9,6 @@ and the testbed feed a file of records in the same format.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import re
 import select
@@ -17,6 +16,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from clusterctl.records.healthd_kmsg_cursor import KmsgCursor
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?\): "
                   r"(?P<xid>\d+)")
@@ -67,28 +68,6 @@ def parse_gpu_event(record: KernelRecord) -> GpuKernelEvent | None:
     if match := _FALLEN.search(record.message):
         return GpuKernelEvent(record.sequence, normalise_pci(match["pci"]), 79, record.message)
     return None
-
-
-@dataclass(frozen=True)
-class Cursor:
-    """Where the reader stopped: records at or before `sequence` in boot `boot_id` were handled."""
-
-    boot_id: str
-    sequence: int
-
-
-def load_cursor(path: Path) -> Cursor | None:
-    try:
-        data = json.loads(path.read_text())
-        return Cursor(str(data["boot_id"]), int(data["sequence"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def save_cursor(path: Path, cursor: Cursor) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps({"boot_id": cursor.boot_id, "sequence": cursor.sequence}))
-    os.replace(tmp, path)
 
 
 def read_boot_id(path: Path) -> str:
@@ -145,7 +124,7 @@ class RecordReader:
 class KernelLog:
     """Follows /dev/kmsg (or a file of records), yielding only records after the cursor."""
 
-    def __init__(self, path: Path, boot_id: str, cursor: Cursor | None) -> None:
+    def __init__(self, path: Path, boot_id: str, cursor: KmsgCursor | None) -> None:
         self.path, self.boot_id = path, boot_id
         # A cursor from another boot means nothing: this boot's records are all new.
         self.after = cursor.sequence if cursor and cursor.boot_id == boot_id else -1
@@ -164,20 +143,3 @@ class KernelLog:
                         yield record
         finally:
             reader.close()
-
-
-class Deduplicator:
-    """Lets the first (gpu, xid) through and counts repeats within `window` seconds (Xid storms)."""
-
-    def __init__(self, window: float) -> None:
-        self.window = window
-        self.last: dict[tuple[object, ...], float] = {}
-        self.suppressed = 0
-
-    def first(self, key: tuple[object, ...], now: float) -> bool:
-        seen = self.last.get(key)
-        if seen is not None and now - seen < self.window:
-            self.suppressed += 1
-            return False
-        self.last[key] = now
-        return True

@@ -12,7 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from clusterctl.clock import utc
 from clusterctl.healthd.findings import Action, Finding, Verdict
+from clusterctl.records.drain_reason import REASON_PREFIX, DrainReason
+
+__all__ = ["POLICY_VERSION", "REASON_PREFIX", "PolicyConfig", "drain_reason", "judge", "policy_rows"]
 
 POLICY_VERSION = "2026.11.1"
 
@@ -118,19 +122,15 @@ def _app_fault_jobs(finding: Finding, history: Iterable[Finding], config: Policy
     return jobs - {"unknown", ""}
 
 
-def drain_reason(finding: Finding, verdict: Verdict, when: str) -> str:
-    """The Slurm reason: `healthd: <what> gpu<N> (<uuid>) <action> <when>` — owned by its prefix."""
-    if finding.gpu is not None:
-        gpu = f" gpu{finding.gpu}"
-    elif finding.kind == "xid" and isinstance(finding.value, str):
-        gpu = f" pci {finding.value}"  # from the kernel log, for a GPU NVML can no longer name
-    else:
-        gpu = ""
-    uuid = f" ({finding.uuid})" if finding.uuid else ""
-    return f"{REASON_PREFIX} {finding.what}{gpu}{uuid} {verdict.action.label} {when}"
+def drain_reason(finding: Finding, verdict: Verdict, at: float) -> DrainReason:
+    """The Slurm reason for draining over `finding`: `healthd: <what> gpu<N> (<uuid>) <action> <when>`.
 
-
-from clusterctl.records.drain_reason import REASON_PREFIX  # noqa: E402  (re-exported)
+    A kernel-log Xid for a GPU NVML can no longer name carries its PCI address instead of an index.
+    """
+    pci = finding.value if finding.gpu is None and finding.kind == "xid" and isinstance(finding.value, str) else None
+    return DrainReason(kind=finding.kind, action=verdict.action, at=utc(at),
+                       xid=finding.xid if finding.kind == "xid" else None, gpu=finding.gpu, pci=pci,
+                       uuid=finding.uuid)
 
 
 def policy_rows() -> list[tuple[str, str, str]]:

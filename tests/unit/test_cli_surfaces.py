@@ -63,12 +63,13 @@ def test_on_a_host_that_is_not_up_says_what_to_do(tmp_path):
 
 
 def test_healthd_status_says_when_its_state_is_stale(tmp_path):
-    import json
     import time
 
-    (tmp_path / "state.json").write_text(json.dumps({
-        "node": "n1", "pid": 999999999, "updated_at": time.time() - 3600, "verdict": "ignore", "nvml": "ok",
-        "policy_version": "x", "gpus": {}, "node_findings": [], "alerts": []}))
+    from clusterctl.records.healthd_state import HealthdState, write_healthd_state
+
+    write_healthd_state(tmp_path, HealthdState(node="n1", pid=999999999, policy_version="x",
+                                               updated_at=time.time() - 3600, started="2026-11-22T00:00:00Z",
+                                               nvml_ok=True))
     config = tmp_path / "healthd.toml"
     config.write_text(f'state_dir = "{tmp_path}"\n')
     result = CliRunner().invoke(healthd_cli, ["status", "--config", str(config)])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -56,6 +57,14 @@ def test_inject_writes_state_events_and_kernel_log(tmp_path):
     assert not list(tmp_path.glob(".state.*")), "no temp file left behind"
 
 
-def test_every_kind_is_accepted():
+def test_every_fault_kind_leaves_a_mark_on_the_emulated_gpu():
     for kind in FAULT_KINDS:
-        apply_fault({}, Fault(kind, value=1, function="f", seconds=1), now=0)
+        if kind == "clear":
+            continue
+        effect = apply_fault({}, Fault(kind, gpu=1, value=1, function="nvmlDeviceGetTemperature", seconds=1), now=0)
+        assert effect.state or effect.events or effect.kernel_messages, f"fault {kind} changed nothing"
+
+
+def test_an_unknown_fault_kind_is_refused_naming_the_known_ones():
+    with pytest.raises(ValueError, match="unknown fault 'melt'; known: xid, kmsg-xid"):
+        apply_fault({}, Fault("melt"), now=0)

@@ -1,180 +1,166 @@
-"""The daemon's decisions with a fake Slurm: drain once, keep other reasons, breaker, replay."""
+"""healthd's decisions, through the engine's public step: drain once, storms, sticky findings,
+resume with evidence, admin drains, the breaker, repeated application Xids across jobs."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
-
-from clusterctl.healthd.config import HealthdConfig
-from clusterctl.healthd.daemon import Daemon
-from clusterctl.healthd.findings import Finding
+from clusterctl.healthd.engine import (
+    Drain, EngineSettings, EngineState, RaiseAlert, Remember, Resume, applied, blocking_in_state, decide_apply,
+    needs_jobs, resume_allowed, state_view, step,
+)
+from clusterctl.healthd.findings import Action, Finding
+from clusterctl.healthd.policy import PolicyConfig
+from clusterctl.records.healthd_actions import PlannedAction
 from clusterctl.slurm.nodes import NodeState
-from clusterctl.errors import SlurmCommandError
+
+SETTINGS = EngineSettings(node="node3", resume_when_clean=True, clean_checks=2)
+T0 = 1795305600.0  # 2026-11-22T00:00:00Z
 
 
-class FakeSlurm:
-    """This node and its partition, as Slurm would report them; counts drains."""
-
-    def __init__(self, others: int = 9, others_drained_by_us: int = 0, reason: str = "", up: bool = True) -> None:
-        self.reason, self.up, self.drains = reason, up, []
-        self.others = [NodeState(f"n{i}", "idle", ("DRAIN",) if i < others_drained_by_us else (),
-                                 "healthd: earlier" if i < others_drained_by_us else "", ("gpu",))
-                       for i in range(others)]
-
-    def _check(self):
-        if not self.up:
-            raise SlurmCommandError(["sinfo"], 1, "Unable to contact slurm controller")
-
-    def state(self) -> NodeState:
-        self._check()
-        return NodeState("node3", "idle", ("DRAIN",) if self.reason else (), self.reason, ("gpu",))
-
-    def partition_nodes(self, partition):
-        self._check()
-        return [*self.others, self.state()]
-
-    def drain(self, reason):
-        self._check()
-        self.drains.append(reason)
-        self.reason = reason
-
-    def resume(self):
-        self.reason = ""
-
-    def jobs_here(self):
-        return ("4242",)
+def node(reason: str = "", name: str = "node3") -> NodeState:
+    return NodeState(name, "idle", ("DRAIN",) if reason else (), reason, ("gpu",))
 
 
-@pytest.fixture()
-def make(tmp_path):
-    def build(slurm: FakeSlurm, **overrides) -> Daemon:
-        config = replace(HealthdConfig(node="node3", state_dir=tmp_path / "run", journal_dir=tmp_path / "lib",
-                                       metrics=""), **overrides)
-        return Daemon(config, slurm=slurm)  # type: ignore[arg-type]
-    return build
-
-
-def lost(at=1.0):
+def lost(at: float = T0) -> Finding:
     return Finding("gpu-lost", "nvml-event", at, gpu=3, uuid="GPU-3")
 
 
-def apply_all(daemon: Daemon) -> list[str]:
-    results = []
-    while not daemon.actions.empty():
-        action = daemon.actions.get()
-        result = daemon._apply(action)
-        daemon.journal.done(action.id, result)
-        results.append(result)
-    return results
+def xid(number: int, at: float = T0, gpu: int = 3, source: str = "nvml-event", jobs: tuple[str, ...] = ()) -> Finding:
+    return Finding("xid", source, at, gpu=gpu, uuid=f"GPU-{gpu}", xid=number, job_ids=jobs)
 
 
-def test_fault_drains_once_with_an_owned_reason(make):
-    slurm = FakeSlurm()
-    daemon = make(slurm)
-    daemon._judge("nvml-event", [lost()])
-    daemon._judge("nvml-event", [Finding("xid", "kmsg", 1.1, gpu=3, xid=79)])  # same fault, second source
-    assert apply_all(daemon) == ["drained"]
-    assert len(slurm.drains) == 1 and slurm.drains[0].startswith("healthd: gpu-lost gpu3 (GPU-3) drain-reboot")
+def drains(result) -> list[str]:
+    return [e.planned.reason for e in result.effects if isinstance(e, Drain)]
 
 
-def test_warnings_and_app_faults_never_drain(make):
-    slurm = FakeSlurm()
-    daemon = make(slurm)
-    daemon._judge("nvml-event", [Finding("xid", "nvml-event", 1, gpu=1, xid=13)])
-    daemon._judge("kmsg", [Finding("xid", "kmsg", 1, gpu=1, xid=45)])
-    daemon._judge("periodic", [Finding("remap-pending", "periodic", 1, gpu=2)])
-    assert apply_all(daemon) == [] and slurm.drains == []
-    assert daemon.history[-2].job_ids == ("4242",)  # the app fault is attributed to the running job
+def view(state: EngineState):
+    return state_view(state, node="node3", pid=1, started=T0, now=T0, nvml_ok=True, identities={}, gpu_count=8,
+                      pending_actions=0, loop_age_s={}, dry_run=False)
 
 
-def test_another_reason_is_never_overwritten(make):
-    slurm = FakeSlurm(reason="admin: bad fan")
-    daemon = make(slurm)
-    daemon._judge("nvml-event", [lost()])
-    assert apply_all(daemon) == ["kept-other-drain"]
-    assert slurm.reason == "admin: bad fan"
+def test_a_fault_seen_by_two_sources_drains_once_with_an_owned_reason():
+    first = step(EngineState(), SETTINGS, "nvml-event", [lost()], T0)
+    second = step(first.state, SETTINGS, "kmsg", [xid(79, T0 + 0.1, source="kmsg")], T0 + 0.1)
+    assert drains(first) == ["healthd: gpu-lost gpu3 (GPU-3) drain-reboot 2026-11-22T00:00:00Z"]
+    assert drains(second) == []  # the first drain is still in flight
 
 
-def test_breaker_alerts_instead_of_draining(make):
-    slurm = FakeSlurm(others=3, others_drained_by_us=1)  # 1 of 4 drained; a second would be 50% > 10%
-    daemon = make(slurm)
-    daemon._judge("nvml-event", [lost()])
-    assert apply_all(daemon) == ["breaker-open"]
-    assert slurm.drains == [] and daemon.alerts[0]["alert"] == "breaker-open"
+def test_a_storm_of_one_xid_is_judged_once_per_window():
+    storm = [xid(48, T0 + i) for i in range(100)]
+    result = step(EngineState(), SETTINGS, "nvml-event", storm, T0 + 100)
+    assert len(result.judged) == 1
+    later = step(result.state, SETTINGS, "nvml-event", [xid(48, T0 + 301)], T0 + 301)
+    assert len(later.judged) == 1  # past the 300 s window it is a new fault
 
 
-def test_dry_run_changes_nothing(make):
-    slurm = FakeSlurm()
-    daemon = make(slurm, dry_run=True)
-    daemon._judge("nvml-event", [lost()])
-    assert apply_all(daemon) == ["dry-run"] and slurm.drains == []
+def test_warnings_and_app_faults_never_drain():
+    state = EngineState()
+    for source, finding in (("nvml-event", xid(13, gpu=1, jobs=("4242",))), ("kmsg", xid(45, source="kmsg")),
+                            ("periodic", Finding("remap-pending", "periodic", T0, gpu=2))):
+        result = step(state, SETTINGS, source, [finding], T0)
+        assert drains(result) == []
+        state = result.state
 
 
-def test_pending_action_survives_a_restart_and_applies_once(make):
-    slurm = FakeSlurm(up=False)
-    first = make(slurm)
-    first._judge("nvml-event", [lost()])
-    with pytest.raises(SlurmCommandError):
-        first._apply(first.actions.get())  # slurmctld away: the action stays pending in the journal
-    second = make(slurm)  # healthd restarted
-    pending = second.journal.pending()
-    assert len(pending) == 1
-    slurm.up = True
-    for action in pending:
-        second.journal.done(action.id, second._apply(action))
-    assert slurm.drains == [pending[0].reason]
-    assert make(slurm).journal.pending() == []  # a third start has nothing left to do
+def test_an_app_xid_repeated_on_one_gpu_across_jobs_drains():
+    assert needs_jobs(EngineState(), SETTINGS, xid(13)) and not needs_jobs(EngineState(), SETTINGS, xid(79))
+    first = step(EngineState(), SETTINGS, "nvml-event", [xid(13, jobs=("101",))], T0)
+    assert [type(e) for e in first.effects] == [Remember] and first.effects[0].sighting.job_ids == ("101",)
+    second = step(first.state, SETTINGS, "kmsg", [xid(43, T0 + 60, source="kmsg", jobs=("102",))], T0 + 60)
+    assert drains(second) == ["healthd: xid 43 gpu3 (GPU-3) drain-reset 2026-11-22T00:01:00Z"]
 
 
-def test_resume_only_our_non_rma_drains_after_clean_checks(make):
-    slurm = FakeSlurm(reason="healthd: ecc-dbe gpu1 drain-reset 2026-11-22T00:00:00Z")
-    daemon = make(slurm, resume_when_clean=True, clean_checks=2)
-    daemon.node_state = slurm.state()
-    daemon._judge("periodic", [])
-    assert daemon.actions.empty()
-    daemon._judge("periodic", [])
-    assert apply_all(daemon) == ["resumed"] and slurm.reason == ""
-    slurm.reason = "healthd: remap-failure gpu2 drain-rma 2026-11-22T00:00:00Z"
-    daemon.node_state = slurm.state()
-    for _ in range(5):
-        daemon._judge("periodic", [])
-    assert daemon.actions.empty()  # RMA: never resumed automatically
+def test_an_app_xid_repeat_counts_across_a_restart_through_the_xid_history():
+    from clusterctl.healthd.engine import restore
+
+    first = step(EngineState(), SETTINGS, "nvml-event", [xid(13, jobs=("101",))], T0)
+    restarted = restore([e.sighting for e in first.effects if isinstance(e, Remember)])
+    assert drains(step(restarted, SETTINGS, "nvml-event", [xid(13, T0 + 60, jobs=("102",))], T0 + 60))
 
 
-def test_resume_evidence_rules():
-    from clusterctl.healthd.daemon import resume_allowed
+def test_findings_of_a_periodic_check_hold_until_a_check_no_longer_sees_them():
+    pending = step(EngineState(), SETTINGS, "periodic", [Finding("remap-pending", "periodic", T0, gpu=1)], T0)
+    assert next(g for g in view(pending.state).gpus if g.index == 1).verdict is Action.RESET_AT_IDLE
+    assert blocking_in_state(view(pending.state), [1])  # the prolog refuses a job on that GPU
+    clean = step(pending.state, SETTINGS, "periodic", [], T0 + 15)
+    assert view(clean.state).verdict is Action.IGNORE
 
-    assert resume_allowed("healthd: ecc-dbe gpu1 drain-reset 2026-11-22T00:00:00Z", boot_time=0)
-    assert not resume_allowed("healthd: remap-failure gpu2 drain-rma 2026-11-22T00:00:00Z", boot_time=2e9)
+
+def test_a_node_we_drained_is_not_drained_again_by_each_periodic_check():
+    ours = node("healthd: ecc-dbe gpu1 drain-reset 2026-11-22T00:00:00Z")
+    result = step(EngineState(), SETTINGS, "periodic", [Finding("ecc-dbe", "periodic", T0, gpu=1)], T0, node=ours)
+    assert drains(result) == []
+
+
+def test_our_reset_class_drain_is_resumed_after_enough_clean_checks():
+    state = EngineState()
+    ours = node("healthd: ecc-dbe gpu1 drain-reset 2026-11-22T00:00:00Z")
+    first = step(state, SETTINGS, "periodic", [], T0, node=ours)
+    second = step(first.state, SETTINGS, "periodic", [], T0 + 15, node=ours)
+    assert first.effects == ()
+    assert [(type(e), e.planned.reason) for e in second.effects] == [(Resume, ours.reason)]
+
+
+def test_an_rma_drain_is_never_resumed():
+    state = EngineState()
+    rma = node("healthd: remap-failure gpu2 drain-rma 2026-11-22T00:00:00Z")
+    for i in range(5):
+        result = step(state, SETTINGS, "periodic", [], T0 + 15 * i, node=rma)
+        assert result.effects == ()
+        state = result.state
+
+
+def test_a_reboot_class_drain_is_resumed_only_after_a_reboot():
     reboot = "healthd: xid 79 gpu3 (GPU-x) drain-reboot 2026-11-22T00:00:00Z"
-    assert not resume_allowed(reboot, boot_time=1795305600 - 60)  # booted before the drain
-    assert resume_allowed(reboot, boot_time=1795305600 + 60)  # rebooted since
+    assert not resume_allowed(reboot, boot_time=T0 - 60)
+    assert resume_allowed(reboot, boot_time=T0 + 60)
 
 
-def test_sighup_reload_applies_a_good_config_and_keeps_the_old_one_on_a_bad_edit(tmp_path):
-    path = tmp_path / "healthd.toml"
-    base = f'node = "node3"\nstate_dir = "{tmp_path}/run"\njournal_dir = "{tmp_path}/lib"\nmetrics = ""\n'
-    path.write_text(base + "check_interval = 15\n")
-    from clusterctl.healthd.config import load_config
-
-    daemon = Daemon(load_config(path), config_path=path, slurm=FakeSlurm())  # type: ignore[arg-type]
-    path.write_text(base + "check_interval = 5\nnvml_timeout = 1\n")
-    daemon._reload()
-    assert daemon.config.check_interval == 5 and daemon.calls.timeout == 1
-    path.write_text(base + "check_interval = 'soon'\n")
-    daemon._reload()
-    assert daemon.config.check_interval == 5  # a bad edit never takes a running daemon down
+def test_an_admin_drain_is_never_overwritten_nor_resumed():
+    admin = node("admin: bad fan")
+    drain = PlannedAction("d1", "drain", "healthd: gpu-lost gpu3 drain-reboot 2026-11-22T00:00:00Z", T0)
+    assert decide_apply(SETTINGS, drain, admin, [], T0).result == "kept-other-drain"
+    assert decide_apply(SETTINGS, replace(drain, op="resume"), admin, [], T0).result == "not-ours"
+    assert not resume_allowed(admin.reason, boot_time=T0 + 60)
 
 
-def test_a_resumed_node_treats_the_same_fault_again_as_new(make):
-    slurm = FakeSlurm()
-    daemon = make(slurm)
-    assert daemon.event_dedup.first((3, "xid", 48), 0.0)
-    daemon._judge("nvml-event", [Finding("xid", "nvml-event", 0.0, gpu=3, xid=48)])
-    apply_all(daemon)
-    slurm.reason = ""  # an admin resumed the node
-    daemon.node_state = slurm.state()
-    daemon.clock = lambda: 100.0
-    daemon._acknowledge_if_resumed()
-    assert daemon.event_dedup.first((3, "xid", 48), 101.0), "not suppressed as part of the old storm"
+def test_the_breaker_alerts_instead_of_draining_past_its_share():
+    partition = [node("healthd: ecc-dbe gpu0 drain-reset 2026-11-22T00:00:00Z", "n0"), node(name="n1"),
+                 node(name="n2"), node()]
+    drain = PlannedAction("d1", "drain", "healthd: gpu-lost gpu3 drain-reboot 2026-11-22T00:00:00Z", T0)
+    decision = decide_apply(SETTINGS, drain, node(), partition, T0)
+    assert (decision.result, decision.call) == ("breaker-open", None)
+    after = applied(EngineState(), drain, decision)
+    assert [type(e) for e in after.effects] == [RaiseAlert]
+    assert after.state.alerts[0].detail == ("1 of 4 nodes in gpu already drained by healthd; "
+                                            "draining node3 would exceed 10%")
+
+
+def test_dry_run_decides_but_calls_nothing():
+    drain = PlannedAction("d1", "drain", "healthd: gpu-lost gpu3 drain-reboot 2026-11-22T00:00:00Z", T0)
+    decision = decide_apply(replace(SETTINGS, dry_run=True), drain, node(), [], T0)
+    assert (decision.result, decision.call) == ("dry-run", None)
+
+
+def test_once_healthd_acted_on_a_fault_the_prolog_leaves_it_to_slurm():
+    result = step(EngineState(), SETTINGS, "nvml-event", [lost()], T0)
+    assert blocking_in_state(view(result.state), [3])
+    drain = result.effects[0].planned
+    done = applied(result.state, drain, decide_apply(SETTINGS, drain, node(), [], T0))
+    assert blocking_in_state(view(done.state), [3]) == []
+    assert not done.state.drain_in_flight
+
+
+def test_a_node_back_in_service_treats_the_same_fault_again_as_new():
+    first = step(EngineState(), SETTINGS, "nvml-event", [xid(48)], T0)
+    drain = first.effects[-1].planned
+    state = applied(first.state, drain, decide_apply(SETTINGS, drain, node(), [], T0)).state
+    resumed = step(state, SETTINGS, "periodic", [], T0 + 100, node=node())  # an admin resumed the node
+    again = step(resumed.state, SETTINGS, "nvml-event", [xid(48, T0 + 101)], T0 + 101)
+    assert len(again.judged) == 1 and drains(again), "not suppressed as part of the old storm"
+
+
+def test_a_promoted_xid_drains_as_configured():
+    settings = replace(SETTINGS, policy=PolicyConfig({9999: Action.DRAIN_RESET}))
+    assert drains(step(EngineState(), settings, "kmsg", [xid(9999, source="kmsg")], T0))

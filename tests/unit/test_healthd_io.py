@@ -9,10 +9,8 @@ import pytest
 
 from clusterctl.healthd.config import ConfigError, config_from_mapping, load_config
 from clusterctl.healthd.findings import Action
-from clusterctl.healthd.journal import Journal, PlannedAction
-from clusterctl.healthd.kmsg import (
-    Cursor, Deduplicator, KernelLog, load_cursor, normalise_pci, parse_gpu_event, parse_record, save_cursor,
-)
+from clusterctl.healthd.kmsg import KernelLog, normalise_pci, parse_gpu_event, parse_record
+from clusterctl.records.healthd_kmsg_cursor import KmsgCursor
 from clusterctl.slurm.nodes import SlurmNode, parse_sinfo_json
 from clusterctl.slurm.commands import Completed
 
@@ -40,28 +38,8 @@ def test_kernel_log_resumes_after_its_cursor_and_ignores_other_boots(tmp_path):
         for record in reader.follow(stop):
             return record
 
-    assert first(KernelLog(log, "boot-a", Cursor("boot-a", 1))).sequence == 2  # seq 1 already handled
-    assert first(KernelLog(log, "boot-b", Cursor("boot-a", 2))).sequence == 1  # new boot: all records are new
-    save_cursor(tmp_path / "cursor", Cursor("boot-a", 2))
-    assert load_cursor(tmp_path / "cursor") == Cursor("boot-a", 2)
-    assert load_cursor(tmp_path / "missing") is None
-
-
-def test_storms_are_deduplicated():
-    d = Deduplicator(window=300)
-    assert d.first(("gpu3", 95), 0) and not d.first(("gpu3", 95), 10) and not d.first(("gpu3", 95), 299)
-    assert d.first(("gpu4", 95), 10) and d.first(("gpu3", 95), 301)
-    assert d.suppressed == 2
-
-
-def test_journal_knows_what_is_pending_and_ignores_a_torn_line(tmp_path):
-    journal = Journal(tmp_path / "actions.jsonl")
-    journal.plan(PlannedAction("a1", "drain", "healthd: x", 1.0, {}))
-    journal.plan(PlannedAction("a2", "drain", "healthd: y", 2.0, {}))
-    journal.done("a1", "drained")
-    with open(tmp_path / "actions.jsonl", "a") as f:
-        f.write('{"done": "a2", "res')  # crash mid-write
-    assert [a.id for a in Journal(tmp_path / "actions.jsonl").pending()] == ["a2"]
+    assert first(KernelLog(log, "boot-a", KmsgCursor("boot-a", 1))).sequence == 2  # seq 1 already handled
+    assert first(KernelLog(log, "boot-b", KmsgCursor("boot-a", 2))).sequence == 1  # new boot: all records are new
 
 
 def test_config_errors_name_file_and_key(tmp_path):

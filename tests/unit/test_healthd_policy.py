@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
 from clusterctl.healthd.checks import CheckLimits, GpuSample, HostSample, Sustained, check_gpu, check_gpu_count, check_host
 from clusterctl.healthd.findings import Action, Finding
-from clusterctl.healthd.policy import PolicyConfig, drain_reason, judge, policy_rows
+from clusterctl.healthd.policy import PolicyConfig, drain_reason, judge
+from clusterctl.records.drain_reason import DrainReason, parse_drain_reason
 
 
 def xid(n: int, gpu: int = 3, at: float = 1000.0, jobs: tuple[str, ...] = ()) -> Finding:
@@ -43,13 +47,23 @@ def test_recovery_action_overrides_and_promotion_config():
 
 def test_drain_reason_is_owned_and_says_what_where_when():
     finding = xid(79)
-    assert drain_reason(finding, judge(finding), "2026-11-22T03:00:00Z") == \
-        "healthd: xid 79 gpu3 (GPU-x) drain-reboot 2026-11-22T03:00:00Z"
+    reason = drain_reason(finding, judge(finding), 1795316400.0).render()
+    assert reason == "healthd: xid 79 gpu3 (GPU-x) drain-reboot 2026-11-22T03:00:00Z"
+    assert parse_drain_reason(reason) == DrainReason("xid", Action.DRAIN_REBOOT, "2026-11-22T03:00:00Z", xid=79,
+                                                     gpu=3, uuid="GPU-x")
 
 
 def test_policy_table_is_complete_and_versioned():
-    signals = [row[0] for row in policy_rows()]
-    assert "xid 79" in signals and "remap-failure" in signals and "recovery-action 1" in signals
+    from click.testing import CliRunner
+
+    from clusterctl.healthd.cli import cli
+    from clusterctl.healthd.policy import CONDITION_TABLE, POLICY_VERSION, XID_TABLE
+
+    shown = json.loads(CliRunner().invoke(cli, ["policy", "--json"]).output)
+    assert shown["version"] == POLICY_VERSION and re.fullmatch(r"\d{4}\.\d{1,2}\.\d+", POLICY_VERSION)
+    signals = " ".join(rule["signal"] for rule in shown["rules"])
+    assert all(str(number) in signals for xids, _, _ in XID_TABLE for number in xids)
+    assert all(kind in signals for kind, _, _ in CONDITION_TABLE)
 
 
 LIMITS = CheckLimits(temperature_sustain_s=300, clock_events_sustain_s=300)
@@ -96,7 +110,8 @@ def test_gpu_count_and_host_checks():
 
 def test_a_kernel_xid_for_an_unnamed_gpu_gives_its_pci_address():
     finding = Finding("xid", "kmsg", 0, xid=79, value="0000:5d:00")
-    assert drain_reason(finding, judge(finding), "T") == "healthd: xid 79 pci 0000:5d:00 drain-reboot T"
+    assert drain_reason(finding, judge(finding), 0).render() == \
+        "healthd: xid 79 pci 0000:5d:00 drain-reboot 1970-01-01T00:00:00Z"
 
 
 def test_app_xids_with_no_known_job_are_not_a_repeat():

@@ -7,7 +7,7 @@ expected_gpus = 0 via the state file path instead.
 
 from __future__ import annotations
 
-import json
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,8 +16,13 @@ import pytest
 
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.findings import Action
 from clusterctl.healthd.gate import GateReport, Problem, from_state, parse_job_gpus
 from clusterctl.healthd.hooks import run_epilog, run_health_check, run_prolog
+from clusterctl.records.healthd_job_start import JobStart, read_job_start, write_job_start
+from clusterctl.records.healthd_node_record import read_node_record
+from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding, write_healthd_state
+from clusterctl.records.job_health import job_health_path, read_job_health
 from clusterctl.slurm.nodes import NodeState
 
 
@@ -62,16 +67,21 @@ def healthd_stand_in():
 HEALTHD_PID = 0
 
 
-def state(now: float, findings_by_gpu: dict[str, list[dict]]) -> dict:
-    return {"node": "node3", "pid": HEALTHD_PID, "updated_at": now,
-            "gpus": {g: {"uuid": f"GPU-{g}", "pci_bus": f"0000:{0x18 + int(g):02x}:00", "verdict": "ignore",
-                         "findings": f} for g, f in findings_by_gpu.items()},
-            "node_findings": []}
+def finding(kind: str, action: Action, at: float, *, xid: int | None = None, handled: bool = False,
+            current: bool = False) -> StateFinding:
+    return StateFinding(kind=kind, action=action, reason=f"{kind} reason", source="nvml-event", at_ts=at, xid=xid,
+                        handled=handled, current=current)
 
 
-def write_state(config, data):
-    config.state_dir.mkdir(parents=True, exist_ok=True)
-    (config.state_dir / "state.json").write_text(json.dumps(data))
+def state(now: float, findings_by_gpu: dict[int, list[StateFinding]]) -> HealthdState:
+    gpus = tuple(GpuState(g, f"GPU-{g}", f"0000:{0x18 + g:02x}:00", tuple(replace(f, gpu=g) for f in found))
+                 for g, found in sorted(findings_by_gpu.items()))
+    return HealthdState(node="node3", pid=HEALTHD_PID, policy_version="2026.11.1", updated_at=now,
+                        started="2026-11-22T00:00:00Z", nvml_ok=True, gpus=gpus)
+
+
+def write_state(config, data: HealthdState) -> None:
+    write_healthd_state(config.state_dir, data)
 
 
 def test_job_gpus_parse():
@@ -79,12 +89,12 @@ def test_job_gpus_parse():
 
 
 def test_unhandled_fault_blocks_only_its_gpus_and_handled_ones_do_not():
-    s = state(time.time(), {"2": [{"kind": "xid 79", "action": "drain-reboot", "reason": "fell off",
-                                   "handled": False}],
-                            "3": [{"kind": "xid 48", "action": "drain-reset", "reason": "dbe", "handled": True}],
-                            "4": [{"kind": "remap-pending", "action": "reset-at-idle", "reason": "pending"}],
-                            "5": [{"kind": "xid 13", "action": "app-fault", "reason": "app"}]})
-    assert [p.finding.gpu for p in from_state(s, None)] == [2, 4]
+    now = time.time()
+    s = state(now, {2: [finding("xid", Action.DRAIN_REBOOT, now, xid=79)],
+                     3: [finding("xid", Action.DRAIN_RESET, now, xid=48, handled=True)],
+                     4: [finding("remap-pending", Action.RESET_AT_IDLE, now, current=True)],
+                     5: [finding("xid", Action.APP_FAULT, now, xid=13)]})
+    assert [(p.finding.gpu, p.finding.what) for p in from_state(s, None)] == [(2, "xid 79"), (4, "remap-pending")]
     assert from_state(s, [0, 1, 3, 5]) == []
 
 
@@ -92,10 +102,21 @@ def test_prolog_without_nvml_refuses_and_drains_with_an_owned_reason(config, cap
     slurm = FakeSlurm()
     assert run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, slurm, config) == 1
     assert slurm.drains and slurm.drains[0].startswith("healthd: nvml-error ")
-    err = capsys.readouterr().err
-    assert "job 7 refused on node3: nvml-error" in err
-    record = (config.journal_dir / "node-record.jsonl").read_text()
-    assert '"hook": "prolog"' in record and '"job": "7"' in record
+    assert "job 7 refused on node3: nvml-error" in capsys.readouterr().err
+
+
+def test_a_refused_job_is_recorded_on_the_node(config):
+    run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, FakeSlurm(), config)
+    [entry] = read_node_record(config.journal_dir)
+    assert (entry.hook, entry.job_id, entry.node) == ("prolog", "7", "node3")
+    assert entry.outcome.startswith("drained: healthd: nvml-error ")
+
+
+def test_the_prolog_notes_when_the_job_started_for_its_epilog(config):
+    before = time.time()
+    run_prolog({"SLURM_JOB_ID": "11", "SLURM_JOB_GPUS": "0,1"}, FakeSlurm(), config)
+    start = read_job_start(config.journal_dir, "11")
+    assert start is not None and start.gpus == (0, 1) and before <= start.start <= time.time()
 
 
 def test_prolog_never_relabels_an_existing_drain(config):
@@ -104,49 +125,82 @@ def test_prolog_never_relabels_an_existing_drain(config):
     assert slurm.drains == []
 
 
-def test_epilog_names_the_node_and_gpu_that_broke_the_job(config, tmp_path):
+def test_epilog_names_the_node_and_gpu_that_broke_the_job(config):
     now = time.time()
-    (config.journal_dir / "jobs").mkdir(parents=True)
-    (config.journal_dir / "jobs" / "42.json").write_text(json.dumps({"start": now - 30}))
-    write_state(config, state(now, {"3": [{"kind": "xid 79", "action": "drain-reboot", "reason": "fell off",
-                                           "at_ts": now - 10, "handled": True, "detail": ""}],
-                                    "6": [{"kind": "xid 13", "action": "app-fault", "reason": "app",
-                                           "at_ts": now - 5, "detail": ""}]}))
-    # An old Xid from before the job, in the kernel log, must not be blamed on it.
-    boot_usec = int((time.monotonic() - 3600) * 1e6)
-    config.kmsg.write_text(f"3,1,{boot_usec},-;NVRM: Xid (PCI:0000:1b:00): 48, pid=1, old\n")
+    write_job_start(config.journal_dir, JobStart("42", now - 30))
+    write_state(config, state(now, {3: [finding("xid", Action.DRAIN_REBOOT, now - 10, xid=79, handled=True)],
+                                    6: [finding("xid", Action.APP_FAULT, now - 5, xid=13)]}))
     slurm = FakeSlurm()
     assert run_epilog({"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "node3"}, slurm, config) == 0
-    record = json.loads((config.job_records_dir / "42" / "node3.json").read_text())
-    kinds = {(f["kind"], f["gpu"], f["action"]) for f in record["findings"]}
-    assert ("xid 79", 3, "drain-reboot") in kinds and ("xid 13", 6, "app-fault") in kinds
-    assert not any(f["kind"] == "xid 48" for f in record["findings"])
-    assert record["hardware_fault"] is True and record["node"] == "node3"
-    assert slurm.drains and " gpu3 " in slurm.drains[0]
-    assert not (config.journal_dir / "jobs" / "42.json").exists()
+    record = read_job_health(job_health_path(config.job_records_dir, "42", "node3"))
+    assert {(f.what, f.gpu, f.action) for f in record.findings} >= {("xid 79", 3, Action.DRAIN_REBOOT),
+                                                                   ("xid 13", 6, Action.APP_FAULT)}
+    assert record.hardware_fault and record.node == "node3"
+    assert slurm.drains and slurm.drains[0].startswith("healthd: xid 79 gpu3 (GPU-3) drain-reboot ")
+
+
+def test_epilog_does_not_blame_a_job_for_a_kernel_xid_from_before_it(config):
+    now = time.time()
+    write_job_start(config.journal_dir, JobStart("44", now - 30))
+    boot_usec = int((time.monotonic() - 3600) * 1e6)  # logged an hour ago
+    config.kmsg.write_text(f"3,1,{boot_usec},-;NVRM: Xid (PCI:0000:1b:00): 48, pid=1, old\n")
+    run_epilog({"SLURM_JOB_ID": "44", "SLURMD_NODENAME": "node3"}, FakeSlurm(), config,
+               node_check=lambda *args, **kwargs: GateReport())
+    record = read_job_health(job_health_path(config.job_records_dir, "44", "node3"))
+    assert record.findings == ()
+
+
+def test_epilog_forgets_the_job_start_once_its_record_is_written(config):
+    write_job_start(config.journal_dir, JobStart("45", time.time() - 30))
+    run_epilog({"SLURM_JOB_ID": "45", "SLURMD_NODENAME": "node3"}, FakeSlurm(), config,
+               node_check=lambda *args, **kwargs: GateReport())
+    assert read_job_start(config.journal_dir, "45") is None
 
 
 def test_epilog_with_an_app_fault_only_keeps_the_node(config):
     now = time.time()
-    write_state(config, state(now, {"1": [{"kind": "xid 13", "action": "app-fault", "reason": "app",
-                                           "at_ts": now - 1, "detail": ""}]}))
+    write_state(config, state(now, {1: [finding("xid", Action.APP_FAULT, now - 1, xid=13)]}))
     config = replace(config, kmsg=config.kmsg.parent / "none")
     slurm = FakeSlurm()
     # With NVML absent here the direct check would blame the driver: pass a healthy node's check.
     run_epilog({"SLURM_JOB_ID": "43", "SLURMD_NODENAME": "node3"}, slurm, config,
                node_check=lambda *args, **kwargs: GateReport())
-    record = json.loads((config.job_records_dir / "43" / "node3.json").read_text())
-    assert record["verdict"] == "app-fault" and record["hardware_fault"] is False and slurm.drains == []
+    record = read_job_health(job_health_path(config.job_records_dir, "43", "node3"))
+    assert record.verdict is Action.APP_FAULT and not record.hardware_fault and slurm.drains == []
+
+
+def test_an_epilog_drain_says_the_action_it_drains_for(config):
+    # The driver errored at the job's end: the gate calls that drain-reset, and so must the reason.
+    slurm = FakeSlurm()
+    run_epilog({"SLURM_JOB_ID": "46", "SLURMD_NODENAME": "node3"}, slurm, config)
+    assert slurm.drains and slurm.drains[0].startswith("healthd: nvml-error drain-reset ")
 
 
 def test_health_check_answers_from_fresh_state(config, capsys):
-    write_state(config, state(time.time(), {"0": []}))
+    write_state(config, state(time.time(), {0: []}))
     slurm = FakeSlurm()
     assert run_health_check({}, slurm, config) == 0
     assert "node3 healthy (healthd state)" in capsys.readouterr().out and slurm.drains == []
-    write_state(config, state(time.time(), {"5": [{"kind": "ecc-dbe", "action": "drain-reset", "reason": "dbe"}]}))
+
+
+def test_health_check_drains_for_a_blocking_verdict_in_fresh_state(config):
+    now = time.time()
+    write_state(config, state(now, {5: [finding("ecc-dbe", Action.DRAIN_RESET, now, current=True)]}))
+    slurm = FakeSlurm()
     run_health_check({}, slurm, config)
     assert slurm.drains and slurm.drains[0].startswith("healthd: ecc-dbe gpu5 ")
+
+
+def test_a_state_from_a_newer_healthd_is_not_trusted(config, capsys):
+    import json
+
+    write_state(config, state(time.time(), {0: []}))
+    path = config.state_dir / "state.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "version": 99}))
+    run_health_check({}, FakeSlurm(), config)
+    err = capsys.readouterr().err
+    assert "healthd-state record version 99 is newer than this clusterctl understands" in err
+    assert "checking NVML directly" in err
 
 
 def test_problem_description():
@@ -157,12 +211,18 @@ def test_problem_description():
     assert p.describe() == "gpu2 gpu-lost: NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST) → drain-reboot"
 
 
-def test_hooks_leave_no_half_written_record(config):
-    from clusterctl.healthd.gate import write_record
+def test_an_epilog_interrupted_while_writing_leaves_no_record_to_half_read(config, monkeypatch):
+    config = replace(config, kmsg=config.kmsg.parent / "none")
 
-    write_record(config.job_records_dir / "9", "node3.json", {"a": 1})
-    assert [p.name for p in (config.job_records_dir / "9").iterdir()] == ["node3.json"]
-    assert Path(config.job_records_dir / "9" / "node3.json").read_text().startswith("{")
+    def power_cut(fd):
+        raise OSError("power cut")
+
+    monkeypatch.setattr(os, "fsync", power_cut)
+    with pytest.raises(OSError, match="power cut"):
+        run_epilog({"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "node3"}, FakeSlurm(), config,
+                   node_check=lambda *args, **kwargs: GateReport())
+    monkeypatch.undo()
+    assert list((config.job_records_dir / "9").iterdir()) == []
 
 
 def test_a_hook_leaves_no_alarm_armed(config):

@@ -1,0 +1,402 @@
+"""healthd's judgement (pure): findings + what healthd remembers + the node as Slurm sees it + time
+→ what healthd now remembers + the actions to take.
+
+Everything healthd decides lives here, as functions over frozen dataclasses: the policy
+verdict per finding, storm de-duplication, drain once (never over another drain, never
+while one is in flight), findings that hold until a periodic check no longer sees them,
+resume once checks are clean again (only our own drains, only with evidence), the drain
+breaker, and repeated application Xids across jobs.  The daemon (daemon.py) only moves
+data in and out: it feeds `step` and `applied`, journals and applies the planned actions,
+and writes `state_view` to the state file.  The prolog, epilog and HealthCheckProgram use
+the same policy through `gate_verdict`, `blocks_new_work` and `hook_drain`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from clusterctl.clock import utc
+from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.findings import Action, Finding, Verdict
+from clusterctl.healthd.policy import POLICY_VERSION, PolicyConfig, drain_reason, judge
+from clusterctl.records.drain_reason import DrainReason, parse_drain_reason
+from clusterctl.records.healthd_actions import PlannedAction
+from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding
+from clusterctl.records.healthd_xid_history import XidSighting
+from clusterctl.slurm.nodes import NodeState
+
+RECENT_EVENTS = 50
+"""One-off findings kept for the state file (older ones fall off)."""
+RECENT_ALERTS = 20
+NODE_KEY = "node"
+"""Key of node-level findings (no GPU) in `EngineState.current`."""
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The part of healthd.toml the engine decides with."""
+
+    node: str
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    dedup_window: float = 300.0
+    """The same Xid (or event) on the same GPU within this many seconds is one fault (a storm)."""
+    resume_when_clean: bool = False
+    clean_checks: int = 3
+    breaker_max_share: float = 0.1
+    partition: str = ""
+    dry_run: bool = False
+
+    @classmethod
+    def from_config(cls, config: HealthdConfig, node: str) -> EngineSettings:
+        """The engine's settings from healthd.toml (`node`: this node's Slurm name)."""
+        return cls(node=node, policy=config.policy, dedup_window=config.xid_dedup_window,
+                   resume_when_clean=config.resume_when_clean, clean_checks=config.clean_checks,
+                   breaker_max_share=config.breaker_max_share, partition=config.partition, dry_run=config.dry_run)
+
+
+@dataclass(frozen=True)
+class EngineState:
+    """What healthd remembers between steps.  Never mutated: each step returns a new one."""
+
+    history: tuple[Finding, ...] = ()
+    """Xids seen on this node (from the Xid history file too), for the repeated-app-Xid rule."""
+    current: Mapping[str, tuple[StateFinding, ...]] = field(default_factory=dict)
+    """The last periodic check's findings by GPU index (or NODE_KEY): they hold until a check no longer sees them."""
+    events: tuple[StateFinding, ...] = ()
+    """Recent one-off findings worth a look (Xids, lost GPUs, hangs), oldest first."""
+    alerts: tuple[Alert, ...] = ()
+    node: NodeState | None = None
+    """This node as Slurm last answered (None until it has)."""
+    clean_checks: int = 0
+    """Clean periodic checks in a row while drained by us (towards resume_when_clean)."""
+    drain_in_flight: bool = False
+    """A drain was planned and its outcome is not known yet: do not plan another."""
+    last_seen: Mapping[tuple[object, ...], float] = field(default_factory=dict)
+    """De-duplication: when each (source, GPU, fault) was last let through."""
+    next_id: int = 0
+
+
+@dataclass(frozen=True)
+class Drain:
+    """Journal, then apply: drain this node."""
+
+    planned: PlannedAction
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Journal, then apply: resume this node (our own drain, checks clean again)."""
+
+    planned: PlannedAction
+
+
+@dataclass(frozen=True)
+class Remember:
+    """Append this Xid to the Xid history (it may count towards a repeat after a restart)."""
+
+    sighting: XidSighting
+
+
+@dataclass(frozen=True)
+class RaiseAlert:
+    """Tell an admin (log, metric, state file): healthd would not act by itself."""
+
+    alert: Alert
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A finding and the policy's verdict on it (for logs and metrics)."""
+
+    finding: Finding
+    verdict: Verdict
+
+
+Effect = Drain | Resume | Remember | RaiseAlert
+
+
+@dataclass(frozen=True)
+class Step:
+    """The outcome of one step: the new state, the effects to carry out (in order), what was judged."""
+
+    state: EngineState
+    effects: tuple[Effect, ...] = ()
+    judged: tuple[Judged, ...] = ()
+
+
+# ---- the step ---------------------------------------------------------------------------------
+
+def dedup_key(finding: Finding) -> tuple[object, ...] | None:
+    """What makes two findings one fault for storm suppression (None: never suppressed).
+
+    NVML events by GPU, kind and Xid; kernel-log lines by PCI address and Xid (the kernel
+    names GPUs NVML may no longer see).  Periodic checks are not events: they are never suppressed.
+    """
+    if finding.source == "nvml-event":
+        return ("nvml-event", finding.gpu, finding.kind, finding.xid)
+    if finding.source == "kmsg":
+        return ("kmsg", finding.value, finding.xid)
+    return None
+
+
+def is_duplicate(state: EngineState, settings: EngineSettings, finding: Finding) -> bool:
+    """The same fault was let through less than `dedup_window` seconds ago."""
+    key = dedup_key(finding)
+    seen = state.last_seen.get(key) if key is not None else None
+    return seen is not None and finding.at - seen < settings.dedup_window
+
+
+def needs_jobs(state: EngineState, settings: EngineSettings, finding: Finding) -> bool:
+    """This finding is an application-level Xid the step will judge: attach the jobs running here first.
+
+    Such an Xid drains only when the same GPU repeats it across different jobs, so the
+    jobs it happened in are evidence (the daemon asks Slurm only for these findings).
+    """
+    return (finding.kind == "xid" and finding.xid is not None and not is_duplicate(state, settings, finding)
+            and judge(finding, (), settings.policy).action is Action.APP_FAULT)
+
+
+def resume_allowed(reason: str, boot_time: float) -> bool:
+    """Evidence rule for resuming our own drain once checks are clean again.
+
+    drain-reset: clean checks are the evidence (the GPU was reset).  drain-reboot: only if
+    the node booted after the drain.  drain-rma: never (the hardware must be replaced).
+    A reason we cannot read is not ours to lift.
+    """
+    drain = parse_drain_reason(reason)
+    if drain is None or drain.action is Action.DRAIN_RMA:
+        return False
+    if drain.action is Action.DRAIN_REBOOT:
+        return boot_time > drain.at_seconds
+    return True
+
+
+def state_finding(finding: Finding, verdict: Verdict, *, current: bool = False) -> StateFinding:
+    """How a judged finding is shown in the state file and journal."""
+    return StateFinding(kind=finding.kind, action=verdict.action, reason=verdict.reason, source=finding.source,
+                        at_ts=finding.at, xid=finding.xid, gpu=finding.gpu, uuid=finding.uuid,
+                        detail=finding.detail, jobs=finding.job_ids, current=current)
+
+
+def _plan(state: EngineState, settings: EngineSettings, op: str, reason: str, now: float,
+          finding: StateFinding | None) -> tuple[EngineState, PlannedAction]:
+    action = PlannedAction(f"{op}-{settings.node}-{int(now * 1e9)}-{state.next_id}", op, reason, now, finding)
+    return replace(state, next_id=state.next_id + 1), action
+
+
+def step(state: EngineState, settings: EngineSettings, source: str, findings: Sequence[Finding], now: float, *,
+         node: NodeState | None = None, boot_time: float = 0.0) -> Step:
+    """Judge one batch of findings from one source.
+
+    `source` "periodic" is a whole periodic check: its findings replace the last check's,
+    and a clean one counts towards resuming.  `node` is Slurm's answer taken with the
+    batch (None: not asked, or Slurm did not answer; the last answer stands).
+    `boot_time` is when this node booted (evidence for lifting a drain-reboot).
+    """
+    if node is not None:
+        state = replace(state, node=node)
+    last_seen = dict(state.last_seen)
+    history = state.history
+    current: dict[str, tuple[StateFinding, ...]] = {} if source == "periodic" else dict(state.current)
+    events = list(state.events)
+    effects: list[Effect] = []
+    judged: list[Judged] = []
+    worst: tuple[Finding, Verdict] | None = None
+    for finding in findings:
+        if is_duplicate(replace(state, last_seen=last_seen), settings, finding):
+            continue
+        key = dedup_key(finding)
+        if key is not None:
+            last_seen[key] = finding.at
+        verdict = judge(finding, history, settings.policy)
+        if finding.kind == "xid" and finding.xid is not None:
+            history += (finding,)
+            effects.append(Remember(XidSighting(finding.at, finding.xid, finding.source, finding.gpu, finding.uuid,
+                                                finding.job_ids)))
+        judged.append(Judged(finding, verdict))
+        where = str(finding.gpu) if finding.gpu is not None else NODE_KEY
+        if source == "periodic":
+            current[where] = current.get(where, ()) + (state_finding(finding, verdict, current=True),)
+        elif verdict.action > Action.IGNORE:
+            events = (events + [state_finding(finding, verdict)])[-RECENT_EVENTS:]
+        if verdict.action.drains and (worst is None or verdict.action > worst[1].action):
+            worst = (finding, verdict)
+    state = replace(state, history=_within_window(history, settings, now), current=current, events=tuple(events),
+                    last_seen=last_seen)
+    if worst is not None:
+        state = replace(state, clean_checks=0)
+        known_drained = state.node is not None and state.node.drained_by_us
+        if not state.drain_in_flight and not (source == "periodic" and known_drained):
+            finding, verdict = worst
+            state, planned = _plan(state, settings, "drain", drain_reason(finding, verdict, now).render(), now,
+                                   state_finding(finding, verdict))
+            state = replace(state, drain_in_flight=True)
+            effects.append(Drain(planned))
+    elif source == "periodic":
+        state, resume = _maybe_resume(state, settings, now, boot_time)
+        effects += resume
+    return Step(_acknowledge_if_back_in_service(state, now), tuple(effects), tuple(judged))
+
+
+def _within_window(history: tuple[Finding, ...], settings: EngineSettings, now: float) -> tuple[Finding, ...]:
+    # Older Xids can no longer count towards a repeat: forget them (the history file keeps them).
+    return tuple(f for f in history if now - f.at <= settings.policy.app_xid_window_s)
+
+
+def _maybe_resume(state: EngineState, settings: EngineSettings, now: float,
+                  boot_time: float) -> tuple[EngineState, list[Effect]]:
+    node = state.node
+    if not (settings.resume_when_clean and node is not None and node.drained_by_us):
+        return replace(state, clean_checks=0), []
+    if not resume_allowed(node.reason, boot_time):
+        return state, []
+    clean = state.clean_checks + 1
+    if clean < settings.clean_checks:
+        return replace(state, clean_checks=clean), []
+    state, planned = _plan(replace(state, clean_checks=0), settings, "resume", node.reason, now, None)
+    return state, [Resume(planned)]
+
+
+def _acknowledge_if_back_in_service(state: EngineState, now: float) -> EngineState:
+    """Once the node is in service again, drain-class events before now are over (the prolog need not refuse)."""
+    if state.node is None or state.node.draining:
+        return state
+    events = tuple(replace(e, acknowledged=True) if e.action.drains and not e.acknowledged and e.at_ts < now - 1
+                   else e for e in state.events)
+    if events == state.events:
+        return state
+    # Back in service: the same fault again is a new fault, not part of the old storm.
+    return replace(state, events=events, last_seen={})
+
+
+# ---- applying a planned action ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ApplyDecision:
+    """What to do in Slurm for a planned action, and what to journal as its outcome."""
+
+    result: str  # "drained", "resumed", "already-drained", "kept-other-drain", "not-ours", "breaker-open", "dry-run"
+    call: str | None = None  # "drain" or "resume": the Slurm call to make; None: nothing
+    alert: Alert | None = None
+
+
+def breaker_partition(settings: EngineSettings, action: PlannedAction, node: NodeState) -> str | None:
+    """The partition whose drained share the breaker must see before this action (None: no need to ask)."""
+    if action.op != "drain" or node.draining or settings.breaker_max_share >= 1:
+        return None
+    return settings.partition or (node.partitions[0] if node.partitions else "") or None
+
+
+def decide_apply(settings: EngineSettings, action: PlannedAction, node: NodeState,
+                 partition_nodes: Sequence[NodeState], now: float) -> ApplyDecision:
+    """Apply `action` to `node` as Slurm shows it now?  Never overwrites another drain; never
+    lifts one that is not ours; refuses (and alerts) rather than drain more than the breaker's
+    share of the partition (`partition_nodes`: that partition, as asked for by `breaker_partition`).
+    """
+    if action.op == "resume":
+        if not node.drained_by_us:
+            return ApplyDecision("not-ours")
+        return ApplyDecision("dry-run") if settings.dry_run else ApplyDecision("resumed", "resume")
+    if node.drained_by_someone_else:
+        return ApplyDecision("kept-other-drain")  # never overwrite an admin's (or another tool's) reason
+    if node.drained_by_us:
+        return ApplyDecision("already-drained")
+    partition = breaker_partition(settings, action, node)
+    if partition and partition_nodes:
+        ours = [n for n in partition_nodes if n.drained_by_us and n.name != settings.node]
+        if (len(ours) + 1) / len(partition_nodes) > settings.breaker_max_share:
+            detail = (f"{len(ours)} of {len(partition_nodes)} nodes in {partition} already drained by healthd; "
+                      f"draining {settings.node} would exceed {settings.breaker_max_share:.0%}")
+            return ApplyDecision("breaker-open", None, Alert(utc(now), "breaker-open", action.reason, detail))
+    return ApplyDecision("dry-run") if settings.dry_run else ApplyDecision("drained", "drain")
+
+
+def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision) -> Step:
+    """Fold the outcome of an applied action back in.
+
+    After a drain decision (whatever its outcome: drained, kept an admin's drain, breaker)
+    the events up to it are handled: healthd has acted on them.
+    """
+    alerts = state.alerts
+    effects: tuple[Effect, ...] = ()
+    if decision.alert is not None:
+        alerts = (alerts + (decision.alert,))[-RECENT_ALERTS:]
+        effects = (RaiseAlert(decision.alert),)
+    if action.op == "drain":
+        events = tuple(replace(e, handled=True) if e.at_ts <= action.at + 1e-3 else e for e in state.events)
+        state = replace(state, events=events, drain_in_flight=False)
+    return Step(replace(state, alerts=alerts), effects)
+
+
+def restore(sightings: Sequence[XidSighting]) -> EngineState:
+    """The state a starting daemon begins with: its Xid history."""
+    return EngineState(history=tuple(Finding("xid", s.source, s.at, gpu=s.gpu, uuid=s.uuid, xid=s.xid,
+                                             job_ids=s.job_ids) for s in sightings))
+
+
+# ---- what the state file shows ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuIdentityView:
+    """A GPU's identity as NVML told it (empty for a GPU lost before healthd started)."""
+
+    uuid: str = ""
+    pci_bus: str = ""
+
+
+def state_view(state: EngineState, *, node: str, pid: int, started: float, now: float, nvml_ok: bool,
+               identities: Mapping[int, GpuIdentityView], gpu_count: int, pending_actions: int,
+               loop_age_s: Mapping[str, float], dry_run: bool) -> HealthdState:
+    """The state file's contents: per GPU the last check's findings plus recent events not yet over."""
+    live = [e for e in state.events if not e.acknowledged]
+    gpus = []
+    # GPUs lost before healthd started have no identity (NVML cannot tell it) but still get a row.
+    seen = {f.gpu for f in live} | {int(k) for k in state.current if k.isdigit()}
+    for index in sorted(set(identities) | set(range(gpu_count)) | (seen - {None})):
+        identity = identities.get(index) or GpuIdentityView()
+        findings = state.current.get(str(index), ()) + tuple(e for e in live if e.gpu == index)
+        gpus.append(GpuState(index, identity.uuid, identity.pci_bus, findings))
+    node_findings = state.current.get(NODE_KEY, ()) + tuple(e for e in live if e.gpu is None)
+    return HealthdState(node=node, pid=pid, policy_version=POLICY_VERSION, updated_at=now, started=utc(started),
+                        nvml_ok=nvml_ok, gpus=tuple(gpus), node_findings=node_findings,
+                        pending_actions=pending_actions, slurm=state.node, alerts=state.alerts,
+                        loop_age_s=dict(loop_age_s), dry_run=dry_run)
+
+
+# ---- the hooks: the same policy at a job's edges ---------------------------------------------
+
+def blocks_new_work(action: Action) -> bool:
+    """A GPU needing a drain, or a reset before its next job (pending remap/retirement), takes no job."""
+    return action.drains or action is Action.RESET_AT_IDLE
+
+
+def gate_verdict(finding: Finding, policy: PolicyConfig) -> Verdict:
+    """The verdict at a job's start: the policy's, except that a driver which hangs or errors
+    right then makes the node no place to start a job (drain-reset)."""
+    verdict = judge(finding, (), policy)
+    if finding.kind in ("nvml-hang", "nvml-error") and not blocks_new_work(verdict.action):
+        return Verdict(Action.DRAIN_RESET, verdict.reason, verdict.rule)
+    return verdict
+
+
+def blocking_in_state(state: HealthdState, gpus: Sequence[int] | None) -> list[tuple[Finding, Verdict]]:
+    """Blocking verdicts healthd holds for these GPUs (None: all) and the node as a whole.
+
+    Findings healthd has acted on (`handled`) or that are over (`acknowledged`) are left to
+    Slurm's node state; current findings of the last check always count.
+    """
+    out = []
+    for finding in state.findings():
+        if gpus is not None and finding.gpu is not None and finding.gpu not in gpus:
+            continue
+        if blocks_new_work(finding.action) and not finding.handled and not finding.acknowledged:
+            out.append((Finding(finding.kind, "healthd", finding.at_ts, gpu=finding.gpu, uuid=finding.uuid,
+                                xid=finding.xid, detail=finding.detail),
+                        Verdict(finding.action, finding.reason, "healthd state")))
+    return out
+
+
+def hook_drain(node: NodeState, reason: DrainReason) -> str | None:
+    """The reason a hook sets, or None when the node is already drained (by anyone: never relabelled)."""
+    return None if node.draining else reason.render()

@@ -1,0 +1,118 @@
+"""The daemon shell with fake doors: it journals before it acts, survives restarts, writes what
+the engine holds, and keeps a running config on a bad edit."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from clusterctl.clock import Clock
+from clusterctl.errors import SlurmCommandError
+from clusterctl.healthd.config import HealthdConfig, load_config
+from clusterctl.healthd.daemon import Daemon, Observed
+from clusterctl.healthd.findings import Action, Finding
+from clusterctl.records.healthd_state import read_healthd_state
+from clusterctl.records.healthd_xid_history import read_xid_history
+from clusterctl.slurm.nodes import NodeState
+
+T0 = 1795305600.0
+
+
+class FakeSlurm:
+    """This node and its partition, as Slurm would report them; records drains."""
+
+    def __init__(self, up: bool = True) -> None:
+        self.reason, self.up, self.drains = "", up, []
+
+    def _check(self):
+        if not self.up:
+            raise SlurmCommandError(["sinfo"], 1, "Unable to contact slurm controller")
+
+    def state(self) -> NodeState:
+        self._check()
+        return NodeState("node3", "idle", ("DRAIN",) if self.reason else (), self.reason, ("gpu",))
+
+    def partition_nodes(self, partition):
+        self._check()
+        return [NodeState(f"n{i}", "idle", (), "", ("gpu",)) for i in range(9)] + [self.state()]
+
+    def drain(self, reason):
+        self._check()
+        self.drains.append(reason)
+        self.reason = reason
+
+    def resume(self):
+        self.reason = ""
+
+    def jobs_here(self):
+        return ("4242",)
+
+
+@pytest.fixture()
+def config(tmp_path):
+    return HealthdConfig(node="node3", state_dir=tmp_path / "run", journal_dir=tmp_path / "lib", metrics="")
+
+
+def daemon(config, slurm) -> Daemon:
+    return Daemon(config, slurm=slurm, clock=Clock(now=lambda: T0), boot_time=lambda: T0 - 3600)  # type: ignore[arg-type]
+
+
+LOST = Finding("gpu-lost", "nvml-event", T0, gpu=3, uuid="GPU-3")
+
+
+def test_a_drain_decided_while_slurm_is_away_is_applied_once_after_a_restart(config):
+    slurm = FakeSlurm(up=False)
+    first = daemon(config, slurm)
+    first.handle(Observed("nvml-event", (LOST,)))
+    planned = first.actions.get_nowait()
+    with pytest.raises(SlurmCommandError):
+        first.apply(planned)  # slurmctld away: the decision stays pending in the journal
+    second = daemon(config, slurm)  # healthd restarted
+    slurm.up = True
+    assert second.journal.pending() == (planned,)
+    second.journal.done(planned.id, second.apply(planned).result)
+    assert slurm.drains == [planned.reason]
+    assert daemon(config, slurm).journal.pending() == ()
+
+
+def test_the_state_file_shows_what_the_engine_holds(config):
+    shell = daemon(config, FakeSlurm())
+    shell.handle(Observed("nvml-event", (LOST,)))
+    shell.write_state()
+    state = read_healthd_state(config.state_dir)
+    assert state is not None and state.verdict is Action.DRAIN_REBOOT
+    assert [(g.index, g.verdict) for g in state.gpus] == [(3, Action.DRAIN_REBOOT)]
+
+
+def test_an_app_xid_is_remembered_with_the_job_it_happened_in(config):
+    shell = daemon(config, FakeSlurm())
+    shell.handle(Observed("nvml-event", (Finding("xid", "nvml-event", T0, gpu=1, xid=13),)))
+    assert [(s.xid, s.gpu, s.job_ids) for s in read_xid_history(config.journal_dir)] == [(13, 1, ("4242",))]
+
+
+def test_a_good_config_edit_is_applied_on_reload(tmp_path):
+    path = tmp_path / "healthd.toml"
+    base = f'node = "node3"\nstate_dir = "{tmp_path}/run"\njournal_dir = "{tmp_path}/lib"\nmetrics = ""\n'
+    path.write_text(base + "check_interval = 15\n")
+    shell = Daemon(load_config(path), config_path=path, slurm=FakeSlurm())  # type: ignore[arg-type]
+    path.write_text(base + "check_interval = 5\nresume_when_clean = true\n")
+    assert shell.reload_config()
+    assert shell.config.check_interval == 5 and shell.settings.resume_when_clean
+
+
+def test_a_bad_config_edit_keeps_the_running_config(tmp_path):
+    path = tmp_path / "healthd.toml"
+    base = f'node = "node3"\nstate_dir = "{tmp_path}/run"\njournal_dir = "{tmp_path}/lib"\nmetrics = ""\n'
+    path.write_text(base + "check_interval = 5\n")
+    shell = Daemon(load_config(path), config_path=path, slurm=FakeSlurm())  # type: ignore[arg-type]
+    path.write_text(base + "check_interval = 'soon'\n")
+    assert not shell.reload_config()
+    assert shell.config.check_interval == 5  # a bad edit never takes a running daemon down
+
+
+def test_a_dry_run_daemon_changes_nothing_in_slurm(config):
+    slurm = FakeSlurm()
+    shell = daemon(replace(config, dry_run=True), slurm)
+    shell.handle(Observed("nvml-event", (LOST,)))
+    assert shell.apply(shell.actions.get_nowait()).result == "dry-run" and slurm.drains == []
