@@ -352,8 +352,8 @@ def state_view(state: EngineState, *, node: str, pid: int, started: float, now: 
     live = [e for e in state.events if not e.acknowledged]
     gpus = []
     # GPUs lost before healthd started have no identity (NVML cannot tell it) but still get a row.
-    seen = {f.gpu for f in live} | {int(k) for k in state.current if k.isdigit()}
-    for index in sorted(set(identities) | set(range(gpu_count)) | (seen - {None})):
+    seen = {f.gpu for f in live if f.gpu is not None} | {int(k) for k in state.current if k.isdigit()}
+    for index in sorted(set(identities) | set(range(gpu_count)) | seen):
         identity = identities.get(index) or GpuIdentityView()
         findings = state.current.get(str(index), ()) + tuple(e for e in live if e.gpu == index)
         gpus.append(GpuState(index, identity.uuid, identity.pci_bus, findings))

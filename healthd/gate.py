@@ -28,10 +28,13 @@ HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 @dataclass(frozen=True)
 class Problem:
+    """A finding that keeps work off this node (or GPU), with the verdict that says so."""
+
     finding: Finding
     verdict: Verdict
 
     def describe(self) -> str:
+        """`gpu2 gpu-lost: NVML reports the GPU lost (NVML_ERROR_GPU_IS_LOST) → drain-reboot`."""
         where = f"gpu{self.finding.gpu} " if self.finding.gpu is not None else ""
         detail = f" ({self.finding.detail})" if self.finding.detail else ""
         return f"{where}{self.finding.what}: {self.verdict.reason}{detail} → {self.verdict.action.label}"
@@ -47,6 +50,7 @@ class GateReport:
 
     @property
     def ok(self) -> bool:
+        """Nothing blocks work here."""
         return not self.problems
 
 

@@ -29,17 +29,23 @@ def test_nvrm_lines_parse():
     assert normalise_pci("00000000:5D:00.0") == "0000:5d:00"
 
 
-def test_kernel_log_resumes_after_its_cursor_and_ignores_other_boots(tmp_path):
+def first_record(log, boot_id: str, cursor: KmsgCursor):
+    for record in KernelLog(log, boot_id, cursor).follow(threading.Event()):
+        return record
+
+
+def two_xids(tmp_path):
     log = tmp_path / "kmsg"
     log.write_text("3,1,1,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, old\n3,2,2,-;NVRM: Xid (PCI:0000:2a:00): 48, x\n")
-    stop = threading.Event()
+    return log
 
-    def first(reader):
-        for record in reader.follow(stop):
-            return record
 
-    assert first(KernelLog(log, "boot-a", KmsgCursor("boot-a", 1))).sequence == 2  # seq 1 already handled
-    assert first(KernelLog(log, "boot-b", KmsgCursor("boot-a", 2))).sequence == 1  # new boot: all records are new
+def test_kernel_log_resumes_after_its_cursor(tmp_path):
+    assert first_record(two_xids(tmp_path), "boot-a", KmsgCursor("boot-a", 1)).sequence == 2  # seq 1 handled
+
+
+def test_a_cursor_from_another_boot_means_every_record_is_new(tmp_path):
+    assert first_record(two_xids(tmp_path), "boot-b", KmsgCursor("boot-a", 2)).sequence == 1
 
 
 def test_config_errors_name_file_and_key(tmp_path):
@@ -56,6 +62,9 @@ def test_config_errors_name_file_and_key(tmp_path):
     path.write_text("[checks\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(path)
+
+
+def test_a_valid_config_sets_what_it_says():
     config = config_from_mapping({"dry_run": True, "checks": {"expected_gpus": 4},
                                   "policy": {"promote_xids": {"999": "drain-reset"}}})
     assert config.dry_run and config.checks.expected_gpus == 4
@@ -82,3 +91,10 @@ def test_drain_passes_the_reason_as_one_argument():
     node.drain('healthd: xid 79 gpu3 $(reboot) "; rm -rf /')
     assert calls == [["scontrol", "update", "NodeName=node3", "State=DRAIN",
                       'Reason=healthd: xid 79 gpu3 $(reboot) "; rm -rf /']]
+
+
+def test_the_one_host_sampler_skips_a_path_it_cannot_read():
+    from clusterctl.healthd.sampler import sample_host
+
+    sample = sample_host(["/", "/nonexistent-healthd-path"])
+    assert list(sample.disk_free_fraction) == ["/"] and 0 < sample.memory_available_fraction <= 1

@@ -85,7 +85,7 @@ def test_gpu_checks():
     assert kinds(check_gpu(GpuSample(0, ecc_volatile_sbe=5000, temperature_c=40), LIMITS, s, 0)) == []
 
 
-def test_heat_and_slowdowns_count_only_when_sustained():
+def test_heat_counts_only_when_sustained():
     s = Sustained()
     assert kinds(check_gpu(GpuSample(1, temperature_c=95), LIMITS, s, 0)) == []
     assert kinds(check_gpu(GpuSample(1, temperature_c=95), LIMITS, s, 60)) == ["thermal"]
@@ -94,15 +94,22 @@ def test_heat_and_slowdowns_count_only_when_sustained():
         out = check_gpu(GpuSample(1, temperature_c=95), LIMITS, s, t)
     assert kinds(out) == ["thermal-sustained"]
     assert judge(out[0]).action is Action.DRAIN_RESET
+
+
+def test_clock_slowdowns_count_only_when_sustained_and_never_a_power_cap():
+    s = Sustained()
     # A software power cap (0x4) is a site setting, never a finding; HW slowdown (0x8) sustained is.
     assert kinds(check_gpu(GpuSample(2, clock_event_reasons=0x4), LIMITS, s, 0)) == []
     check_gpu(GpuSample(2, clock_event_reasons=0x8), LIMITS, s, 0)
     assert kinds(check_gpu(GpuSample(2, clock_event_reasons=0x8), LIMITS, s, 301)) == ["clock-events"]
 
 
-def test_gpu_count_and_host_checks():
+def test_a_node_enumerating_fewer_gpus_has_lost_one():
     assert kinds(check_gpu_count(7, LIMITS, 0)) == ["gpu-missing"]
     assert kinds(check_gpu_count(8, LIMITS, 0)) == []
+
+
+def test_host_memory_space_and_read_only_paths():
     host = HostSample(memory_available_fraction=0.01, disk_free_fraction={"/scratch": 0.001, "/": 0.5},
                       readonly_paths=("/scratch",))
     assert kinds(check_host(host, LIMITS, 0)) == ["host-memory", "host-disk", "host-readonly"]
