@@ -13,11 +13,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from clusterctl.slurm.nodes import NodeState
+from clusterctl.records.job_health import JobHealthRecord
+from clusterctl.records.run_journal import BlamedNode, OutcomeKind
 from clusterctl.slurm.jobs import JobReport
+from clusterctl.slurm.nodes import NodeState
 
 COMPLETED, USER_CANCELLED, RESUBMIT, NODE_FAILURE, PROGRAM_FAILURE, STORAGE, MISPLACED = (
-    "completed", "user-cancelled", "resubmit", "node-failure", "program-failure", "storage-full", "misplaced")
+    OutcomeKind.COMPLETED, OutcomeKind.USER_CANCELLED, OutcomeKind.RESUBMIT, OutcomeKind.NODE_FAILURE,
+    OutcomeKind.PROGRAM_FAILURE, OutcomeKind.STORAGE_FULL, OutcomeKind.MISPLACED)
 STORAGE_WORDS = re.compile(r"No space left on device|Disk quota exceeded|ENOSPC|EDQUOT|quota exceeded", re.I)
 PREFLIGHT_WORDS = "clusterctl: preflight failed:"
 
@@ -30,15 +33,21 @@ class Blame:
     reason: str
     evidence: tuple[str, ...]
 
-    def to_json(self) -> dict:
-        return {"node": self.node, "reason": self.reason, "evidence": list(self.evidence)}
+    def to_journal(self, until: float | None = None) -> BlamedNode:
+        """As the run journal keeps it (`until`: when the blame expires)."""
+        return BlamedNode(self.node, self.reason, self.evidence, until)
+
+    @classmethod
+    def from_journal(cls, blamed: BlamedNode) -> Blame:
+        """A blame read back from the run journal."""
+        return cls(blamed.node, blamed.reason, blamed.evidence)
 
 
 @dataclass(frozen=True)
 class Outcome:
     """How an attempt ended, in the supervisor's terms."""
 
-    kind: str
+    kind: OutcomeKind
     message: str
     blame: tuple[Blame, ...] = ()
 
@@ -86,14 +95,8 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
     return found
 
 
-def _record_evidence(record: Mapping) -> str:
-    findings = record.get("findings") or []
-    described = "; ".join(f"{f.get('kind')} gpu{f.get('gpu')} {f.get('action')}" for f in findings[:3]) or "no findings"
-    return f"epilog record: {record.get('verdict')} ({described})"
-
-
 def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
-             epilog_records: Mapping[str, Mapping], log_tail: str, ended_by_us: Sequence[Blame] = ()) -> Outcome:
+             epilog_records: Mapping[str, JobHealthRecord], log_tail: str, ended_by_us: Sequence[Blame] = ()) -> Outcome:
     """The outcome of a finished attempt from Slurm's report and the evidence around it."""
     state = report.state
     if state == "COMPLETED":
@@ -102,7 +105,7 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
         blame = []
         for b in ended_by_us:
             record = epilog_records.get(b.node)
-            extra = (_record_evidence(record),) if record is not None and record.get("hardware_fault") else ()
+            extra = (record.summary(),) if record is not None and record.hardware_fault else ()
             blame.append(Blame(b.node, b.reason, (f"job {report.job_id} ended by the supervisor ({state})",
                                                   *b.evidence, *extra)))
         return Outcome(NODE_FAILURE, f"a node failed under job {report.job_id}; ended it at once; blamed "
@@ -129,9 +132,9 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
         if node_state is not None and node_state.drained_by_us:
             evidence.setdefault(name, []).append(f"drained by healthd: {node_state.reason}")
             reasons.setdefault(name, node_state.reason)
-        if record is not None and record.get("hardware_fault"):
-            evidence.setdefault(name, []).append(_record_evidence(record))
-            reasons.setdefault(name, f"epilog: {record.get('verdict')}")
+        if record is not None and record.hardware_fault:
+            evidence.setdefault(name, []).append(record.summary())
+            reasons.setdefault(name, f"epilog: {record.verdict.label}")
         if node_state is not None and node_down(node_state):
             evidence.setdefault(name, []).append(f"Slurm: {name} is {node_state.state} {list(node_state.flags)}"
                                                  f" reason {node_state.reason!r}")

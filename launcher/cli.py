@@ -8,7 +8,6 @@ import shlex
 import subprocess
 import sys
 import time
-import tomllib
 import traceback
 from pathlib import Path
 
@@ -19,22 +18,25 @@ from rich.table import Table
 from rich.text import Text
 
 from clusterctl import __version__
-from clusterctl.slurm import hostlist
+from clusterctl.errors import ClusterctlError, RunError
+from clusterctl.files import atomic_write
 from clusterctl.launcher.cost import DEFAULT_WEIGHTS
-from clusterctl.errors import ClusterctlError, LayoutError, RunError, SpecError
-from clusterctl.launcher.parallel import DIMS, layout_from_mapping
+from clusterctl.launcher.notify import webhook_notifier
+from clusterctl.launcher.parallel import DIMS
 from clusterctl.launcher.placement import plan as make_plan
 from clusterctl.launcher.plan_view import plan_json, plan_renderables, plan_svg
-from clusterctl.launcher.notify import webhook_notifier
-from clusterctl.launcher.report import report_renderables, run_report
 from clusterctl.launcher.render import SlurmFacts
-from clusterctl.launcher.runs import RunDir, create_run, unique_run_path
-from clusterctl.slurm.commands import Slurm
+from clusterctl.launcher.report import report_renderables
+from clusterctl.launcher.runs import RunDir
 from clusterctl.launcher.spec import default_runs_dir, load_spec, parse_overrides, reference_rows
-from clusterctl.launcher.status import find_run_of_job, list_runs, run_status, status_renderables
-from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
+from clusterctl.launcher.status import status_renderables
 from clusterctl.launcher.supervisor import Hooks, Supervisor
-from clusterctl.slurm.topology import load_nvlink_domains, load_topology, parse_scontrol_topology
+from clusterctl.launcher.use_cases import (
+    cancel_run, create_submission_run, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
+    submit_first_attempt, wait_for_job,
+)
+from clusterctl.slurm import hostlist
+from clusterctl.slurm.commands import Slurm
 
 DEFAULT_JOB_RECORDS = "/var/spool/clusterctl/job-health"
 
@@ -128,12 +130,9 @@ def submit(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account
                                        "complete checkpoint itself, waits until the run ends and logs as it goes")
     spec = _load_spec_with(spec_file, nodes, gpus_per_node, time_limit, partition, account, name, exclude, env)
     slurm = Slurm()
-    facts, warnings = gather_facts(slurm, spec)
-    root = Path(spec.job.runs_dir or default_runs_dir())
-    path = (run_dir or unique_run_path(root, spec.job.name, time.time())).absolute()
-    request = prepare(spec, facts, run_dir=str(path), python=sys.executable, resume_from=resume_from,
-                      no_requeue=supervise)
-    warnings += list(request.warnings)
+    submission = prepare_submission(spec, slurm, run_dir=run_dir, now=time.time(), python=sys.executable,
+                                    resume_from=resume_from, supervise=supervise)
+    path, request, warnings = submission.run_path, submission.request, list(submission.warnings)
     for warning in warnings:
         click.echo(f"clusterctl: warning: {warning}", err=True)
     if dry_run:
@@ -144,11 +143,11 @@ def submit(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account
             click.echo(f"# would run: {shlex.join(request.sbatch_argv)}")
             click.echo(request.script, nl=False)
         return
-    run = create_run(path, spec, spec_file.read_text())
+    run = create_submission_run(submission, spec_file.read_text())
     if supervise:  # the supervisor submits every attempt itself (tagged, so a restart can find it)
         click.echo(f"run directory {path}")
-        sys.exit(_start_supervisor(run, slurm, job_records, detach, facts))
-    job_id = submit_attempt(run, request, slurm, 1, None)
+        sys.exit(_start_supervisor(run, slurm, job_records, detach, submission.facts))
+    job_id = submit_first_attempt(run, submission, slurm)
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "run_dir": str(path), "sbatch_argv": list(request.sbatch_argv),
                                "log": str(run.log_path(job_id)), "warnings": warnings}, indent=2, sort_keys=True))
@@ -157,23 +156,12 @@ def submit(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account
         click.echo(f"  log:    {run.log_path(job_id)}")
         click.echo(f"  status: clusterctl status {path}")
     if wait:
-        state = _wait_for(slurm, job_id)
-        Console(stderr=True).print(status_renderables(run_status(run, slurm.queue(), {})))
+        state = wait_for_job(slurm, job_id)
+        console = Console(stderr=True)
+        for shown in gather_status([run], slurm, lambda note: console.print(note, highlight=False)):
+            console.print(status_renderables(shown))
         if state != "COMPLETED":
             sys.exit(1)
-
-
-def _wait_for(slurm: Slurm, job_id: str, poll: float = 1.0) -> str:
-    """Poll the controller until the job is terminal; its final state."""
-    while True:
-        report = slurm.queue().get(job_id)
-        if report is None:
-            found = slurm.accounting([job_id]).get(job_id)
-            if found is not None and found.terminal:
-                return found.state
-        elif report.terminal:
-            return report.state
-        time.sleep(poll)
 
 
 def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool,
@@ -195,8 +183,8 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
         console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False, soft_wrap=True)
 
     hooks = Hooks(say=say, notify=webhook_notifier(spec.restart.webhook, say))
-    supervisor = Supervisor(run, slurm, sys.executable, job_records, hooks)
-    supervisor.facts = facts  # already asked of Slurm by `submit`; None makes the supervisor ask
+    # `facts`: already asked of Slurm by `submit`; None makes the supervisor ask.
+    supervisor = Supervisor(run, slurm, sys.executable, job_records, hooks, facts=facts)
     if not console.is_terminal:
         return supervisor.supervise()
     with Live(console=console, auto_refresh=False, transient=True) as live:
@@ -240,29 +228,15 @@ def report(run_dir: Path, as_json: bool) -> None:
     run = RunDir(run_dir.absolute())
     if not run.exists():
         raise RunError(f"{run_dir} is not a clusterctl run directory (no spec.json)")
-    document = run_report(run, time.time())
+    document = gather_report(run, time.time())
     if as_json:
         click.echo(json.dumps(document, indent=2, sort_keys=True))
     else:
         Console().print(report_renderables(document))
 
 
-def _resolve_target(target: str | None) -> list:
-    root = Path(default_runs_dir())
-    if target is None:
-        return list_runs(root)
-    candidate = Path(target)
-    if candidate.is_dir():
-        run = RunDir(candidate.absolute())
-        if not run.exists():
-            raise RunError(f"{candidate} is not a clusterctl run directory (no spec.json)")
-        return [run]
-    if target.isdigit():
-        run = find_run_of_job(root, target)
-        if run is None:
-            raise RunError(f"no run under {root} submitted job {target}; pass the run directory instead")
-        return [run]
-    raise RunError(f"{target!r} is neither a run directory nor a job id")
+def _resolve_target(target: str | None) -> list[RunDir]:
+    return resolve_runs(target, Path(default_runs_dir()))
 
 
 @cli.command()
@@ -275,11 +249,7 @@ def status(target: str | None, as_json: bool) -> None:
     $CLUSTERCTL_RUNS (default ~/.clusterctl/runs).
     """
     runs = _resolve_target(target)
-    slurm = Slurm()
-    queue = slurm.queue()
-    ids = [a.job_id for run in runs for a in run.attempts() if a.job_id not in queue]
-    accounting = slurm.accounting(ids) if ids else {}
-    statuses = [run_status(run, queue, accounting) for run in runs]
+    statuses = gather_status(runs, Slurm(), lambda note: click.echo(f"clusterctl: {note}", err=True))
     if as_json:
         click.echo(json.dumps(statuses if target is None else statuses[0], indent=2, sort_keys=True))
         return
@@ -295,11 +265,7 @@ def status(target: str | None, as_json: bool) -> None:
 def cancel(target: str) -> None:
     """Cancel a run's live attempt (scancel) and tell its supervisor to stop."""
     run = _resolve_target(target)[0]
-    slurm = Slurm()
-    queue = slurm.queue()
-    live = [a.job_id for a in run.attempts() if a.job_id in queue and not queue[a.job_id].terminal]
-    run.record("cancelled", message="cancelled by the user", jobs=live)
-    slurm.cancel(live)
+    live = cancel_run(run, Slurm())
     click.echo(f"cancelled {', '.join(live) if live else 'no live job'}; run {run.path}")
 
 
@@ -347,19 +313,6 @@ def hostlist_compress(names: tuple[str, ...]) -> None:
     click.echo(hostlist.compress(names))
 
 
-def _parallel_from_spec(path: Path) -> dict:
-    try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise SpecError(f"cannot read: {exc.strerror}", path=str(path)) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise SpecError(f"not valid TOML: {exc}", path=str(path)) from None
-    section = data.get("parallel", {})
-    if not isinstance(section, dict):
-        raise SpecError("must be a table ([parallel])", path=str(path), key="parallel")
-    return dict(section)
-
-
 def _weights(items: tuple[str, ...]) -> dict[str, float]:
     weights = dict(DEFAULT_WEIGHTS)
     for item in items:
@@ -375,14 +328,15 @@ def _weights(items: tuple[str, ...]) -> dict[str, float]:
 
 
 @cli.command()
-@click.option("--spec", type=click.Path(path_type=Path, dir_okay=False), help="Read [parallel] from a job spec.")
+@click.option("--spec", type=click.Path(path_type=Path, dir_okay=False),
+              help="Plan a job spec's [parallel] layout and gpus_per_node (options below override it).")
 @click.option("--tp", type=int, help="Tensor-parallel size.")
 @click.option("--pp", type=int, help="Pipeline-parallel size.")
 @click.option("--dp", type=int, help="Data-parallel size (default: whatever fills the nodes).")
 @click.option("--cp", type=int, help="Context-parallel size.")
 @click.option("--ep", type=int, help="Expert-parallel size.")
 @click.option("--order", help="Framework (megatron, megatron-tp-pp-dp, torchtitan) or an order like tp-pp-dp.")
-@click.option("--gpus-per-node", type=int, default=8, show_default=True)
+@click.option("--gpus-per-node", type=int, help="GPUs per node (default: the spec's, else 8).")
 @click.option("--topology", "topology_file", type=click.Path(path_type=Path, dir_okay=False),
               help="topology.conf, saved `scontrol show topology` output, or SLURM_TOPOLOGY_ADDR lines.")
 @click.option("--nvlink-domains", type=click.Path(path_type=Path, dir_okay=False),
@@ -397,7 +351,7 @@ def _weights(items: tuple[str, ...]) -> dict[str, float]:
 @click.option("--svg", type=click.Path(path_type=Path, dir_okay=False), help="Also draw the placement to FILE.")
 @click.option("--explain", is_flag=True, help="Say why each leaf got what it got.")
 def plan(spec: Path | None, tp: int | None, pp: int | None, dp: int | None, cp: int | None, ep: int | None,
-         order: str | None, gpus_per_node: int, topology_file: Path | None, nvlink_domains: Path | None,
+         order: str | None, gpus_per_node: int | None, topology_file: Path | None, nvlink_domains: Path | None,
          nodelist: str | None, node_count: int | None, partition: str | None, weight: tuple[str, ...],
          as_json: bool, svg: Path | None, explain: bool) -> None:
     """Plan a topology-aware rank map and report its network cost against Slurm's and a
@@ -408,46 +362,21 @@ def plan(spec: Path | None, tp: int | None, pp: int | None, dp: int | None, cp: 
       clusterctl plan --tp 8 --pp 2 --topology topology.conf --nodelist 'node[1-4]'
       clusterctl plan --spec job.toml --nodes 16 --explain      # live cluster
     """
-    values = _parallel_from_spec(spec) if spec else {}
-    for key, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep), ("order", order)):
-        if value is not None:
-            values[key] = value
-    if gpus_per_node < 1:
+    options = {key: value for key, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep),
+                                             ("order", order)) if value is not None}
+    if gpus_per_node is not None and gpus_per_node < 1:
         raise click.BadParameter("must be at least 1", param_hint="--gpus-per-node")
-    slurm = Slurm()
-    if topology_file is not None:
-        topology = load_topology(topology_file)
-    elif node_count is not None:
-        topology = parse_scontrol_topology(slurm.show_topology())
-    else:
+    if topology_file is None and node_count is None:
         raise click.UsageError("say where the topology comes from: --topology FILE (or --nodes N on a live cluster)")
-    if nvlink_domains is not None:
-        topology = topology.with_nvlink_domains(load_nvlink_domains(nvlink_domains))
-    if nodelist is not None:
-        allocated = hostlist.expand(nodelist)
-        wanted = node_count or len(allocated)  # with --nodes: use N of the listed nodes
-    elif node_count is not None:
-        allocated = slurm.idle_nodes(partition)
-        wanted = node_count
-        if len(allocated) < node_count:
-            raise LayoutError(f"--nodes {node_count}: only {len(allocated)} idle nodes now; ask for fewer nodes")
-    else:
+    if nodelist is None and node_count is None:
         raise click.UsageError("say which nodes: --nodelist EXPR or --nodes N")
-    if "dp" not in values:
-        rest = 1
-        for key in ("tp", "cp", "pp"):
-            rest *= values.get(key, 1) if isinstance(values.get(key, 1), int) else 1
-        gpus = wanted * gpus_per_node
-        if rest < 1 or gpus % rest:
-            raise LayoutError(f"tp×cp×pp = {rest} does not divide {gpus} GPUs ({wanted} nodes × {gpus_per_node}); "
-                              "change tp, cp or pp, or the node count")
-        values["dp"] = gpus // rest
-    layout = layout_from_mapping(values, where=str(spec) if spec else "options")
-    result = make_plan(layout, gpus_per_node, topology, allocated, _weights(weight))
+    inputs = plan_inputs(Slurm(), spec_path=spec, options=options, gpus_per_node=gpus_per_node,
+                         topology_file=topology_file, nvlink_domains=nvlink_domains, nodelist=nodelist,
+                         node_count=node_count, partition=partition)
+    topology = inputs.topology
+    result = make_plan(inputs.layout, inputs.gpus_per_node, topology, inputs.allocated, _weights(weight))
     if svg is not None:
-        tmp = svg.with_name(f".{svg.name}.tmp")
-        tmp.write_text(plan_svg(result, topology))
-        tmp.replace(svg)
+        atomic_write(svg, plan_svg(result, topology))
     if as_json:
         click.echo(json.dumps(plan_json(result, topology), indent=2, sort_keys=True))
     else:

@@ -9,22 +9,21 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.files import atomic_write
 from clusterctl.launcher.preflight import (
-    JobRankMap, hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv,
-    visible_gpus,
+    hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv, visible_gpus,
 )
+from clusterctl.records.rank_map import JobRankMap, read_rank_map, rank_map_path, write_rank_map
+from clusterctl.records.rank_record import RankRecord, write_rank_record
 
 if TYPE_CHECKING:
     from clusterctl.slurm.commands import Slurm
@@ -69,36 +68,34 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
     if warning:
         _say(f"warning: {warning}")
     result = make_plan(spec.parallel, spec.job.gpus_per_node, topology, allocated, spec.placement.weight_map())
-    rank_map = JobRankMap(job_id, result.rank_map.slots, spec.job.gpus_per_node,
-                          master_port(job_id, spec.launch.master_port))
-    document = {
-        "job_id": job_id, "nodelist": environ["SLURM_JOB_NODELIST"], "slots": list(rank_map.slots),
-        "gpus_per_node": rank_map.gpus_per_node, "world_size": rank_map.world_size,
-        "master_addr": rank_map.master_addr, "master_port": rank_map.master_port,
-        "unused_nodes": [n for n in allocated if n not in rank_map.slots],
-        "plan": plan_json(result, topology),
-    }
+    summary = result.summary()
+    rank_map = JobRankMap(job_id, environ["SLURM_JOB_NODELIST"], result.rank_map,
+                          master_port(job_id, spec.launch.master_port),
+                          tuple(n for n in allocated if n not in result.rank_map.slots), summary,
+                          plan_json(result, topology))
     (job_dir / "ranks").mkdir(parents=True, exist_ok=True)
     atomic_write(job_dir / "hostfile", "\n".join(hostfile_lines(rank_map, per_gpu=True)) + "\n")
     atomic_write(job_dir / "nodefile", "\n".join(hostfile_lines(rank_map, per_gpu=False)) + "\n")
-    atomic_write(job_dir / "rankmap.json", json.dumps(document, indent=2, sort_keys=True) + "\n")
-    ours, theirs = result.cost.leaf_crossing_groups(), result.baselines["slurm"].leaf_crossing_groups()
+    path = write_rank_map(job_dir, rank_map)
     _say(f"rank map for {environ['SLURM_JOB_NODELIST']}: node slots {hostlist.compress(list(rank_map.slots))} "
-         f"in order {' '.join(rank_map.slots)}; leaf-crossing DP/PP groups {ours} (Slurm's order: {theirs}); "
-         f"{job_dir / 'rankmap.json'}")
+         f"in order {' '.join(rank_map.slots)}; leaf-crossing DP/PP groups {summary.leaf_crossing_groups} "
+         f"(Slurm's order: {summary.slurm_order_leaf_crossing_groups}); {path}")
     return rank_map
 
 
 def _record(job_dir: Path, rank: int, node: str, environ: Mapping[str, str]) -> None:
-    record = {"rank": rank, "node": node, "hostname": socket.gethostname(), "pid": os.getpid(),
-              "local_rank": int(environ["LOCAL_RANK"]), "slurm_procid": environ.get("SLURM_PROCID"),
-              "slurm_localid": environ.get("SLURM_LOCALID"), "slurm_nodeid": environ.get("SLURM_NODEID"),
-              "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"), "started": time.time()}
-    atomic_write(job_dir / "ranks" / f"{rank}.json", json.dumps(record, sort_keys=True) + "\n")
+    write_rank_record(job_dir, RankRecord(
+        rank=rank, node=node, hostname=socket.gethostname(), pid=os.getpid(), local_rank=int(environ["LOCAL_RANK"]),
+        started=time.time(), slurm_procid=environ.get("SLURM_PROCID"), slurm_localid=environ.get("SLURM_LOCALID"),
+        slurm_nodeid=environ.get("SLURM_NODEID"), cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES")))
 
 
 def _load_map(job_dir: Path) -> JobRankMap:
-    return JobRankMap.from_json(json.loads((job_dir / "rankmap.json").read_text()))
+    try:
+        return read_rank_map(job_dir)
+    except FileNotFoundError:
+        raise ClusterctlError(f"{rank_map_path(job_dir)} is missing: the job's `plan` step did not run or "
+                              "failed; see the start of the job log") from None
 
 
 def _node_name(environ: Mapping[str, str]) -> str:

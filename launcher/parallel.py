@@ -51,6 +51,16 @@ class ParallelLayout:
         dims = self.order.split("-")
         return dims + [d for d in DIMS if d not in dims]
 
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """A global rank's index along every dimension, in the order's dimension order (ep counts as 1:
+        expert-parallel ranks regroup DP×CP ranks, they add no coordinate of their own)."""
+        coords = {}
+        for dim in self.order_dims():
+            size = self.size(dim) if dim != "ep" else 1
+            coords[dim] = rank % size
+            rank //= size
+        return coords
+
     def nvlink_size(self) -> int:
         """GPUs that must share one NVLink domain (product of the pinned dimensions)."""
         return prod(self.size(d) for d in self.nvlink_dims if d != "ep")

@@ -22,41 +22,36 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from clusterctl.slurm import hostlist
+from clusterctl.errors import PlacementError
 from clusterctl.launcher.cost import (
     DEFAULT_WEIGHTS, CostReport, SlotGroups, evaluate, group_penalty, level_weight, slot_groups, unit_ids,
 )
-from clusterctl.errors import PlacementError
 from clusterctl.launcher.parallel import ParallelLayout, validate_for_cluster
+from clusterctl.records.rank_map import RankMap, PlanSummary
+from clusterctl.slurm import hostlist
 from clusterctl.slurm.topology import Topology
 
 
 @dataclass(frozen=True)
-class RankMap:
-    """Where every global rank runs: slot s is node `slots[s]`; rank r is on slot r // gpus_per_node."""
+class Plan:
+    """A chosen rank map for `layout`, its cost, the baselines' costs and why it was chosen."""
 
     layout: ParallelLayout
-    gpus_per_node: int
-    slots: tuple[str, ...]
-
-    def location(self, rank: int) -> tuple[str, int]:
-        """(node, local GPU index) of a global rank."""
-        return self.slots[rank // self.gpus_per_node], rank % self.gpus_per_node
-
-    def node_rank(self, node: str) -> int:
-        """The node's slot (torchrun's --node-rank)."""
-        return self.slots.index(node)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A chosen rank map, its cost, the baselines' costs and why it was chosen."""
-
     rank_map: RankMap
     cost: CostReport
     baselines: dict[str, CostReport]
     strategy: str
     explanation: tuple[str, ...]
+
+    def slot_coordinates(self, slot: int) -> dict[str, int]:
+        """cp/dp/pp indices of a slot's first rank: the dimensions that vary across slots (size > 1)."""
+        coords = self.layout.coordinates(self.rank_map.first_rank(slot))
+        return {d: v for d, v in coords.items() if d in ("cp", "dp", "pp") and self.layout.size(d) > 1}
+
+    def summary(self) -> PlanSummary:
+        """Strategy and leaf-crossing DP/PP groups against Slurm's and the depth-first order."""
+        return PlanSummary(self.strategy, self.cost.leaf_crossing_groups(),
+                           self.baselines["slurm"].leaf_crossing_groups(), self.baselines["dfs"].leaf_crossing_groups())
 
 
 def natural_key(name: str) -> tuple:
@@ -114,10 +109,10 @@ def plan(layout: ParallelLayout, gpus_per_node: int, topology: Topology, allocat
     spares = [b for b in every_block if not used_nodes & set(b) and id(b) not in in_use]
     assignment, swaps, polished = optimiser.polish(list(assignment), spares, best_score, polish_tries)
     slots = tuple(node for blk in assignment for node in blk)
-    rank_map = RankMap(layout, gpus_per_node, slots)
+    rank_map = RankMap(slots, gpus_per_node)
     explanation = _explain(optimiser, topology, assignment, strategy, best_score, polished, swaps, len(allocated),
                            slots_needed)
-    return Plan(rank_map, report(slots), baselines, strategy + (f" + {swaps} swaps" if swaps else ""), explanation)
+    return Plan(layout, rank_map, report(slots), baselines, strategy + (f" + {swaps} swaps" if swaps else ""), explanation)
 
 
 def _check_nodes(topology: Topology, allocated: Sequence[str]) -> None:
@@ -224,14 +219,7 @@ class _Optimiser:
         self.dim_names = layout.order_dims()
 
     def _coordinates(self, block: int) -> tuple[int, ...]:
-        rank = block * self.block * self.gpn
-        dims = self.layout.order_dims()
-        sizes = [self.layout.size(d) if d != "ep" else 1 for d in dims]
-        out = []
-        for size in sizes:
-            out.append(rank % size)
-            rank //= size
-        return tuple(out)
+        return tuple(self.layout.coordinates(block * self.block * self.gpn).values())
 
     def units(self, blk: list[str]) -> tuple[str, ...]:
         return self.topology.units(blk[0])[1:]

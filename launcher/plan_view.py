@@ -18,18 +18,6 @@ COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 RICH_COLOURS = ("blue", "dark_orange", "green", "red", "cyan", "yellow", "magenta", "pink1", "tan", "grey62")
 
 
-def slot_coordinates(plan: Plan, slot: int) -> dict[str, int]:
-    """dp/pp/cp indices of the first rank of a slot (the dims that vary across slots)."""
-    layout = plan.rank_map.layout
-    rank = slot * plan.rank_map.gpus_per_node
-    coords = {}
-    for dim in layout.order_dims():
-        size = layout.size(dim) if dim != "ep" else 1
-        coords[dim] = rank % size
-        rank //= size
-    return {d: v for d, v in coords.items() if d in ("cp", "dp", "pp") and layout.size(d) > 1}
-
-
 def _cost_json(report: CostReport) -> dict:
     return {
         "objective": round(report.objective, 6),
@@ -42,7 +30,7 @@ def _cost_json(report: CostReport) -> dict:
 def plan_json(plan: Plan, topology: Topology) -> dict:
     """The plan as a JSON-ready dict (deterministic: sort keys when dumping)."""
     rm = plan.rank_map
-    layout = rm.layout
+    layout = plan.layout
     gpn = rm.gpus_per_node
     return {
         "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "cp": layout.cp, "ep": layout.ep,
@@ -50,7 +38,7 @@ def plan_json(plan: Plan, topology: Topology) -> dict:
         "gpus_per_node": gpn,
         "strategy": plan.strategy,
         "nodes": [{"slot": s, "node": node, "leaf": topology.leaf_of[node], "ranks": [s * gpn, s * gpn + gpn - 1],
-                   "coords": slot_coordinates(plan, s)} for s, node in enumerate(rm.slots)],
+                   "coords": plan.slot_coordinates(s)} for s, node in enumerate(rm.slots)],
         "cost": _cost_json(plan.cost),
         "baselines": {name: _cost_json(report) for name, report in plan.baselines.items()},
         "explanation": list(plan.explanation),
@@ -66,7 +54,7 @@ def _improvement(ours: float, theirs: float) -> str:
 def plan_renderables(plan: Plan, topology: Topology, *, explain: bool) -> Group:
     """Terminal view: switch tree with slots coloured by pipeline stage, cost table, explanation."""
     rm = plan.rank_map
-    layout = rm.layout
+    layout = plan.layout
     title = (f"Rank map: TP={layout.tp} CP={layout.cp} EP={layout.ep} DP={layout.dp} PP={layout.pp} "
              f"(order {layout.order}), {len(rm.slots)} nodes × {rm.gpus_per_node} GPUs")
     slot_of = {node: s for s, node in enumerate(rm.slots)}
@@ -85,7 +73,7 @@ def plan_renderables(plan: Plan, topology: Topology, *, explain: bool) -> Group:
         sub = branch.add(Text(switch, style="bold"))
         for node in sorted(under.get(switch, []), key=lambda n: slot_of[n]):
             s = slot_of[node]
-            coords = slot_coordinates(plan, s)
+            coords = plan.slot_coordinates(s)
             colour = RICH_COLOURS[coords.get("pp", 0) % len(RICH_COLOURS)]
             label = " ".join(f"{k}{v}" for k, v in coords.items())
             sub.add(Text(f"{node}  slot {s}  ranks {s * rm.gpus_per_node}-{(s + 1) * rm.gpus_per_node - 1}  {label}",
@@ -147,7 +135,7 @@ def plan_svg(plan: Plan, topology: Topology) -> str:
         out.append(f'<text x="{x}" y="{top - 6}" font-weight="bold">{escape(leaf)}</text>')
         for row, node in enumerate(sorted(nodes, key=lambda n: slot_of[n])):
             s = slot_of[node]
-            coords = slot_coordinates(plan, s)
+            coords = plan.slot_coordinates(s)
             colour = COLOURS[coords.get("pp", 0) % len(COLOURS)]
             y = top + row * (box_h + 6)
             label = " ".join(f"{k}{v}" for k, v in coords.items())

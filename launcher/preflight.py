@@ -8,33 +8,8 @@ re-sorts nodes, `SLURM_NODEID` does not follow a hostfile, c10d ranks nodes by F
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class JobRankMap:
-    """The rank map as the job sees it (the `rankmap.json` a job writes for itself)."""
-
-    job_id: str
-    slots: tuple[str, ...]
-    gpus_per_node: int
-    master_port: int
-
-    @property
-    def world_size(self) -> int:
-        return len(self.slots) * self.gpus_per_node
-
-    @property
-    def master_addr(self) -> str:
-        return self.slots[0]
-
-    def location(self, rank: int) -> tuple[str, int]:
-        """(node, local GPU) of a global rank."""
-        return self.slots[rank // self.gpus_per_node], rank % self.gpus_per_node
-
-    @classmethod
-    def from_json(cls, data: Mapping) -> JobRankMap:
-        return cls(str(data["job_id"]), tuple(data["slots"]), int(data["gpus_per_node"]), int(data["master_port"]))
+from clusterctl.records.rank_map import JobRankMap
 
 
 def master_port(job_id: str, configured: int | None) -> int:

@@ -1,17 +1,22 @@
-"""`clusterctl report RUN`: attempts, blame with evidence, checkpoints and goodput (pure)."""
+"""`clusterctl report RUN`: attempts, blame with evidence, checkpoints and goodput (pure).
+
+The caller reads the journal and lists the checkpoints (see
+`clusterctl.launcher.use_cases.gather_report`); this module only accounts and renders.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from clusterctl.launcher.checkpoints import find_checkpoints
+from clusterctl.launcher.checkpoints import Checkpoint, Skipped
 from clusterctl.launcher.goodput import AttemptTimes, account
 from clusterctl.launcher.restart_policy import replay
-from clusterctl.launcher.runs import RunDir
+from clusterctl.records.run_journal import OutcomeKind, RunEvent
 
 
 def _duration(seconds: float | None) -> str:
@@ -24,28 +29,29 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def run_report(run: RunDir, now: float) -> dict:
-    """The report as a JSON-ready dict."""
-    events = run.events()
+def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint],
+               skipped: Sequence[Skipped], now: float) -> dict:
+    """The report of the run at `run_path` as a JSON-ready dict, from its journal's `events` and the
+    complete `checkpoints` (oldest first) and `skipped` ones found in its checkpoint directory."""
     state = replay(events)
-    spec = run.spec()
-    directory = spec.checkpoint_dir(str(run.path))
-    checkpoints, skipped = find_checkpoints(Path(directory), spec.checkpoint.validator) if directory else ([], [])
     times = []
     attempts = []
     for a in state.attempts:
-        d = a.decided or {}
-        t = d.get("times") or {}
+        d = a.decided
+        t = d.times if d is not None else None
         # The journal's sbatch time is sub-second; Slurm's times are whole seconds.
-        times.append(AttemptTimes(a.number, a.submitted_at or t.get("submit") or 0.0, t.get("start") or 0.0,
-                                  t.get("end") or 0.0, d.get("outcome") not in (None, "completed"),
-                                  d.get("outcome") == "node-failure"))
-        attempts.append({"attempt": a.number, "job_id": a.job_id, "state": d.get("state", "running"),
-                         "outcome": d.get("outcome"), "message": d.get("message"), "blame": d.get("blame", []),
-                         "checkpoint_step": d.get("checkpoint_step"), "action": d.get("action")})
-    goodput = account(times, checkpoints, now)
-    return {"run": str(run.path), "state": state.ended["event"] if state.ended else "running",
-            "message": state.ended.get("message") if state.ended else "",
+        times.append(AttemptTimes(a.number, a.submitted_at or (t.submit if t else None) or 0.0,
+                                  (t.start if t else None) or 0.0, (t.end if t else None) or 0.0,
+                                  d is not None and d.outcome != OutcomeKind.COMPLETED,
+                                  d is not None and d.outcome == OutcomeKind.NODE_FAILURE))
+        attempts.append({"attempt": a.number, "job_id": a.job_id, "state": d.state if d else "running",
+                         "outcome": str(d.outcome) if d else None, "message": d.message if d else None,
+                         "blame": [b.to_json() for b in d.blame] if d else [],
+                         "checkpoint_step": d.checkpoint_step if d else None,
+                         "action": str(d.action) if d else None})
+    goodput = account(times, list(checkpoints), now)
+    return {"run": str(run_path), "state": str(state.ended.kind) if state.ended else "running",
+            "message": state.ended.message if state.ended else "",
             "attempts": attempts, "excluded_now": state.excluded(now),
             "checkpoints": {"complete": len(checkpoints), "latest_step": checkpoints[-1].step if checkpoints else None,
                             "skipped": [{"path": s.path, "why": s.why} for s in skipped]},

@@ -2,7 +2,7 @@
 
     <run>/spec.toml            the spec as written (for people)
     <run>/spec.json            the effective spec (overrides applied; what the job reads)
-    <run>/journal.jsonl        events: created, submitted, and the supervisor's decisions
+    <run>/journal.jsonl        typed events (clusterctl.records.run_journal): created, submitted, decided...
     <run>/attempts/<n>/        job.sbatch of attempt n
     <run>/jobs/<job id>/       rankmap.json, hostfile, ranks/<rank>.json (written in the job)
     <run>/logs/<job id>.out    the job's output
@@ -15,13 +15,15 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from clusterctl.errors import RunError
-from clusterctl.files import append_json_line, atomic_write, read_json_lines
+from clusterctl.files import atomic_write
 from clusterctl.launcher.spec import JobSpec, spec_from_dict
+from clusterctl.records.rank_map import JobRankMap, read_rank_map
+from clusterctl.records.run_journal import Created, RunEvent, RunJournal, Submitted, append_run_event, read_run_journal
 
 
 @dataclass(frozen=True)
@@ -55,18 +57,26 @@ class RunDir:
         except FileNotFoundError:
             raise RunError(f"{self.path} is not a clusterctl run (no spec.json)") from None
 
-    def events(self) -> list[dict]:
-        return list(read_json_lines(self.journal_path).records)
+    def journal(self) -> RunJournal:
+        """The journal's events and its unreadable lines (RecordError for an event this clusterctl cannot read)."""
+        return read_run_journal(self.journal_path)
 
-    def record(self, event: str, **fields: object) -> dict:
-        """Append an event to the journal (durable when this returns)."""
-        entry = {"event": event, "at": round(self.clock(), 3), **fields}
-        append_json_line(self.journal_path, entry)
-        return entry
+    def events(self) -> tuple[RunEvent, ...]:
+        """The journal's events, oldest first."""
+        return self.journal().events
+
+    def now(self) -> float:
+        """The time an event recorded now carries (the run's clock, to the millisecond)."""
+        return round(self.clock(), 3)
+
+    def record(self, event: RunEvent) -> RunEvent:
+        """Append an event to the journal (durable when this returns); the event."""
+        append_run_event(self.journal_path, event)
+        return event
 
     def attempts(self) -> list[Attempt]:
-        return [Attempt(e["attempt"], str(e["job_id"]), e["at"], e.get("resume_from"), e.get("exclude"))
-                for e in self.events() if e["event"] == "submitted"]
+        """Every submission, oldest first."""
+        return attempts_of(self.events())
 
     def write_attempt_script(self, attempt: int, script: str) -> Path:
         path = self.path / "attempts" / str(attempt) / "job.sbatch"
@@ -75,10 +85,25 @@ class RunDir:
         return path
 
     def log_path(self, job_id: str) -> Path:
-        return self.path / "logs" / f"{job_id}.out"
+        """Where Slurm writes the output of job `job_id`."""
+        return log_path(self.path, job_id)
 
     def job_dir(self, job_id: str) -> Path:
+        """Where job `job_id` keeps its rank map, hostfile and rank records."""
         return self.path / "jobs" / job_id
+
+    def rank_maps(self, job_ids: Sequence[str]) -> dict[str, JobRankMap]:
+        """The rank maps the jobs wrote, by job id (a job that wrote none, e.g. still queued, is absent).
+
+        RecordError when a map is damaged or from a newer clusterctl.
+        """
+        maps = {}
+        for job_id in job_ids:
+            try:
+                maps[job_id] = read_rank_map(self.job_dir(job_id))
+            except FileNotFoundError:
+                continue
+        return maps
 
     def lock(self) -> int:
         """Hold the run's lock (one supervisor per run) until the process exits; the fd."""
@@ -93,6 +118,11 @@ class RunDir:
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} on {os.uname().nodename}\n".encode())
         return fd
+
+
+def log_path(run_path: Path, job_id: str) -> Path:
+    """Where Slurm writes the output of job `job_id` of the run at `run_path` (sbatch --output)."""
+    return run_path / "logs" / f"{job_id}.out"
 
 
 def run_dir_name(name: str, now: float) -> str:
@@ -113,8 +143,13 @@ def create_run(path: Path, spec: JobSpec, spec_text: str) -> RunDir:
     atomic_write(path / "spec.toml", spec_text)
     atomic_write(path / "spec.json", json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
     run = RunDir(path)
-    run.record("created", name=spec.job.name, source=spec.source)
+    run.record(Created(at=run.now(), name=spec.job.name, source=spec.source))
     return run
+
+
+def attempts_of(events: Sequence[RunEvent]) -> list[Attempt]:
+    """The attempts a journal's `submitted` events name, oldest first."""
+    return [Attempt(e.attempt, e.job_id, e.at, e.resume_from, e.exclude) for e in events if isinstance(e, Submitted)]
 
 
 def unique_run_path(root: Path, name: str, now: float) -> Path:
@@ -125,3 +160,21 @@ def unique_run_path(root: Path, name: str, now: float) -> Path:
         n += 1
         candidate = base.with_name(f"{base.name}-{n}")
     return candidate
+
+
+def find_run_of_job(runs_root: Path, job_id: str) -> RunDir | None:
+    """The newest run under `runs_root` that submitted `job_id` (ids restart on a fresh cluster)."""
+    found: list[tuple[float, RunDir]] = []
+    for journal in runs_root.glob("*/journal.jsonl"):
+        run = RunDir(journal.parent)
+        for attempt in run.attempts():
+            if attempt.job_id == job_id:
+                found.append((attempt.submitted_at, run))
+    return max(found, key=lambda item: item[0])[1] if found else None
+
+
+def list_runs(runs_root: Path, limit: int = 20) -> list[RunDir]:
+    """The newest runs under `runs_root`."""
+    runs = [RunDir(p.parent) for p in runs_root.glob("*/spec.json")]
+    runs.sort(key=lambda r: r.journal_path.stat().st_mtime if r.journal_path.exists() else 0, reverse=True)
+    return runs[:limit]

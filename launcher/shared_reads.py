@@ -10,12 +10,12 @@ supervised.  A lock makes only one supervisor refresh at a time.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from clusterctl.files import atomic_write
+from clusterctl.records.slurm_cache import CachedAnswer, read_cached_answer, write_cached_answer
+from clusterctl.records.versioned import RecordError
 from clusterctl.slurm.commands import Slurm
 from clusterctl.slurm.jobs import JobReport, parse_squeue_json
 
@@ -26,27 +26,27 @@ class SharedReads:
     def __init__(self, slurm: Slurm, directory: Path, max_age: float, clock: Callable[[], float]) -> None:
         self.slurm, self.directory, self.max_age, self.clock = slurm, directory, max_age, clock
 
-    def _read(self, name: str, fetch: Callable[[], str]) -> str:
-        path = self.directory / f".slurm-{name}.json"
-        fresh = self._fresh(path)
+    def _read(self, command: str, fetch: Callable[[], str]) -> str:
+        fresh = self._fresh(command)
         if fresh is not None:
             return fresh
-        with open(self.directory / f".slurm-{name}.lock", "a") as lock:
+        with open(self.directory / f".slurm-{command}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one refresher; the others then read its answer
-            fresh = self._fresh(path)
+            fresh = self._fresh(command)
             if fresh is not None:
                 return fresh
             text = fetch()
-            atomic_write(path, json.dumps({"at": self.clock(), "pid": os.getpid(), "text": text}))
+            write_cached_answer(self.directory, CachedAnswer(command, self.clock(), os.getpid(), text))
             return text
 
-    def _fresh(self, path: Path) -> str | None:
+    def _fresh(self, command: str) -> str | None:
         try:
-            cached = json.loads(path.read_text())
-        except (OSError, ValueError):
+            cached = read_cached_answer(self.directory, command)
+        except (OSError, RecordError):
+            return None  # an answer we cannot read is a miss: ask Slurm and write one we can
+        if cached is None:
             return None
-        age = self.clock() - float(cached.get("at", 0))
-        return cached["text"] if 0 <= age < self.max_age else None
+        return cached.text if 0 <= cached.age(self.clock()) < self.max_age else None
 
     def queue(self) -> dict[str, JobReport]:
         """Every job slurmctld holds (one `squeue --json` per interval for all supervisors)."""

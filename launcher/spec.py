@@ -395,6 +395,15 @@ def _resolve(path: str | None, base: Path) -> str | None:
     return str((base / Path(path).expanduser()).resolve())
 
 
+def fill_data_parallel(parallel: Mapping[str, Any], gpus: int) -> tuple[int, int | None]:
+    """The rule for an unset dp: whatever fills the GPUs.  (tp×cp×pp, dp), dp None when tp×cp×pp
+    does not divide `gpus`."""
+    rest = 1
+    for dim in ("tp", "cp", "pp"):
+        rest *= int(parallel.get(dim, 1))
+    return rest, (gpus // rest if rest >= 1 and gpus % rest == 0 else None)
+
+
 def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overrides(),
                base_dir: Path | None = None) -> JobSpec:
     """Parse and validate a spec; relative paths resolve against `base_dir` (the spec's folder)."""
@@ -441,13 +450,11 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
     parallel = dict(values.get("parallel", {}))
     gpus = job["nodes"] * job["gpus_per_node"]
     if "dp" not in parallel:
-        rest = 1
-        for dim in ("tp", "cp", "pp"):
-            rest *= parallel.get(dim, 1)
-        if gpus % rest:
+        rest, dp = fill_data_parallel(parallel, gpus)
+        if dp is None:
             raise where.error(f"tp×cp×pp = {rest} does not divide the job's {gpus} GPUs ({job['nodes']} nodes × "
                               f"{job['gpus_per_node']}); change [parallel] or job.nodes", "parallel")
-        parallel["dp"] = gpus // rest
+        parallel["dp"] = dp
     try:
         layout = layout_from_mapping(parallel, where=f"{path} [parallel]")
     except LayoutError as exc:

@@ -1,33 +1,30 @@
-"""What `clusterctl status` shows: a run's attempts joined with what Slurm says (pure)."""
+"""What `clusterctl status` shows: a run's attempts joined with what Slurm says (pure).
+
+The caller reads the run's journal and rank maps and asks Slurm (see
+`clusterctl.launcher.use_cases.gather_status`); this module only joins and renders them.
+"""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from clusterctl.launcher.restart_policy import END_EVENTS
-from clusterctl.launcher.runs import RunDir
+from clusterctl.launcher.runs import attempts_of, log_path
+from clusterctl.records.rank_map import JobRankMap
+from clusterctl.records.run_journal import Created, RunEnded, RunEvent
 from clusterctl.slurm.jobs import JobReport
 
 
-
-def _rank_map_summary(job_dir: Path) -> dict | None:
-    try:
-        document = json.loads((job_dir / "rankmap.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    plan = document.get("plan", {})
-    return {"slots": document.get("slots"), "strategy": plan.get("strategy"),
-            "leaf_crossing_groups": plan.get("cost", {}).get("leaf_crossing_dp_pp_groups"),
-            "slurm_order_leaf_crossing_groups": plan.get("baselines", {}).get("slurm", {}).get(
-                "leaf_crossing_dp_pp_groups"),
-            "dfs_order_leaf_crossing_groups": plan.get("baselines", {}).get("dfs", {}).get(
-                "leaf_crossing_dp_pp_groups")}
+def rank_map_summary(rank_map: JobRankMap) -> dict:
+    """The part of a job's rank map status shows: its slots and how many DP/PP groups cross a leaf."""
+    summary = rank_map.summary.to_json() if rank_map.summary is not None else {
+        "strategy": None, "leaf_crossing_groups": None, "slurm_order_leaf_crossing_groups": None,
+        "dfs_order_leaf_crossing_groups": None}
+    return {"slots": list(rank_map.slots), **summary}
 
 
 def best_report(job_id: str, queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> JobReport | None:
@@ -35,29 +32,32 @@ def best_report(job_id: str, queue: Mapping[str, JobReport], accounting: Mapping
     return queue.get(job_id) or accounting.get(job_id)
 
 
-def run_status(run: RunDir, queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> dict:
-    """A JSON-ready status of the run."""
-    events = run.events()
+def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[str, JobRankMap],
+               queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> dict:
+    """A JSON-ready status of the run at `run_path` from its journal's `events`, the `rank_maps` its
+    jobs wrote (by job id) and Slurm's `queue` and `accounting`."""
     attempts = []
-    for attempt in run.attempts():
+    for attempt in attempts_of(events):
         report = best_report(attempt.job_id, queue, accounting)
+        rank_map = rank_maps.get(attempt.job_id)
         attempts.append({
             "attempt": attempt.number, "job_id": attempt.job_id,
             "state": report.state if report else "UNKNOWN", "reason": report.reason if report else "",
             "nodes": report.nodes if report else "", "exit_code": report.exit_code if report else None,
             "resume_from": attempt.resume_from, "exclude": attempt.exclude,
-            "log": str(run.log_path(attempt.job_id)), "rank_map": _rank_map_summary(run.job_dir(attempt.job_id)),
+            "log": str(log_path(run_path, attempt.job_id)),
+            "rank_map": rank_map_summary(rank_map) if rank_map is not None else None,
         })
-    ended = [e for e in events if e["event"] in END_EVENTS]
+    ended = [e for e in events if isinstance(e, RunEnded)]
     if ended:
-        state = ended[-1]["event"]
+        state = str(ended[-1].kind)
     elif attempts:
         state = attempts[-1]["state"]
     else:
         state = "not submitted"
-    created = next((e for e in events if e["event"] == "created"), {})
-    return {"run": str(run.path), "name": created.get("name", run.path.name), "state": state,
-            "message": ended[-1].get("message", "") if ended else "", "attempts": attempts}
+    created = next((e for e in events if isinstance(e, Created)), None)
+    return {"run": str(run_path), "name": created.name if created else run_path.name, "state": state,
+            "message": ended[-1].message if ended else "", "attempts": attempts}
 
 
 def status_renderables(status: dict) -> Group:
@@ -77,21 +77,3 @@ def status_renderables(status: dict) -> Group:
         table.add_row(str(a["attempt"]), a["job_id"], state, a["nodes"] or "-", cost, a["log"])
     parts.append(table)
     return Group(*parts)
-
-
-def find_run_of_job(runs_root: Path, job_id: str) -> RunDir | None:
-    """The newest run under `runs_root` that submitted `job_id` (ids restart on a fresh cluster)."""
-    found: list[tuple[float, RunDir]] = []
-    for journal in runs_root.glob("*/journal.jsonl"):
-        run = RunDir(journal.parent)
-        for attempt in run.attempts():
-            if attempt.job_id == job_id:
-                found.append((attempt.submitted_at, run))
-    return max(found, key=lambda item: item[0])[1] if found else None
-
-
-def list_runs(runs_root: Path, limit: int = 20) -> list[RunDir]:
-    """The newest runs under `runs_root`."""
-    runs = [RunDir(p.parent) for p in runs_root.glob("*/spec.json")]
-    runs.sort(key=lambda r: r.journal_path.stat().st_mtime if r.journal_path.exists() else 0, reverse=True)
-    return runs[:limit]

@@ -8,6 +8,7 @@ from clusterctl.errors import ClusterctlError, SlurmCommandError
 from clusterctl.launcher.render import BLOCK_TOPOLOGY_SINCE, SlurmFacts, SubmitRequest, Template, builtin_template, parse_version
 from clusterctl.launcher.render import prepare as prepare_request
 from clusterctl.launcher.runs import RunDir
+from clusterctl.records.run_journal import Submitted
 from clusterctl.slurm.commands import Slurm
 from clusterctl.launcher.spec import JobSpec
 from clusterctl.slurm.topology import load_topology, parse_scontrol_topology
@@ -53,8 +54,8 @@ def submit_attempt(run: RunDir, request: SubmitRequest, slurm: Slurm, attempt: i
     """Write the attempt's script, sbatch it, journal it; the job id."""
     run.write_attempt_script(attempt, request.script)
     job_id = slurm.sbatch(list(request.sbatch_argv))
-    run.record("submitted", attempt=attempt, job_id=job_id, argv=list(request.sbatch_argv),
-               resume_from=request.resume_from, exclude=exclude)
+    run.record(Submitted(at=run.now(), attempt=attempt, job_id=job_id, argv=tuple(request.sbatch_argv),
+                         resume_from=request.resume_from, exclude=exclude))
     return job_id
 
 

@@ -9,7 +9,6 @@ Slurm, the clock, sleeping and notifications are passed in.
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import time
@@ -17,21 +16,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clusterctl.slurm.nodes import NodeState, parse_sinfo_json
-from clusterctl.slurm import hostlist
+from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
 from clusterctl.launcher.classify import (
     NODE_FAILURE, PROGRAM_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down, not_responding,
 )
-from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.render import SlurmFacts
 from clusterctl.launcher.restart_policy import AttemptState, RunState, decide, replay
 from clusterctl.launcher.runs import RunDir
 from clusterctl.launcher.shared_reads import SharedReads
-from clusterctl.slurm.commands import Slurm
-from clusterctl.slurm.jobs import JobReport
 from clusterctl.launcher.spec import JobSpec
 from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
+from clusterctl.records.job_health import JobHealthRecord, read_job_health
+from clusterctl.records.run_journal import (
+    Decided, DecisionAction, Ending, EventKind, RunEnded, SlurmTimes, Submitted, Submitting, SubmitLost, Waiting,
+)
+from clusterctl.records.versioned import RecordError
+from clusterctl.slurm import hostlist
+from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.jobs import JobReport
+from clusterctl.slurm.nodes import NodeState, parse_sinfo_json
 
 EXIT_DONE, EXIT_STOPPED, EXIT_CANCELLED = 0, 1, 2
 JOB_ID_REUSE_SLACK = 60.0  # a report submitted this long before our sbatch is another job with a reused id
@@ -52,7 +56,12 @@ class Hooks:
 
 @dataclass
 class Supervisor:
-    """Supervise one run until it is done, stopped or cancelled."""
+    """Supervise one run until it is done, stopped or cancelled.
+
+    `facts`: what `submit` already asked Slurm (version, topology); None makes the supervisor
+    ask before its first submission.  `records_dir`: where the epilog writes its per-job
+    health records (None: no such evidence).
+    """
 
     run: RunDir
     slurm: Slurm
@@ -60,11 +69,12 @@ class Supervisor:
     records_dir: Path | None = None
     hooks: Hooks = field(default_factory=Hooks)
     evidence_grace: float = 3.0
+    facts: SlurmFacts | None = None
 
     def __post_init__(self) -> None:
         self.run = RunDir(self.run.path, clock=self.hooks.clock)  # the journal keeps the supervisor's time
         self.spec: JobSpec = self.run.spec()
-        self.facts: SlurmFacts | None = None
+        self._unreadable_records: set[Path] = set()
         self._missing = 0
         self._slurm_errors = 0
         self._last_wait_message = ""
@@ -96,13 +106,14 @@ class Supervisor:
 
     def _step(self, state: RunState) -> None:
         current = state.current
-        if current is None or (current.decided is not None and current.decided["action"] == "resubmit"):
+        if current is None or (current.decided is not None and current.decided.action == DecisionAction.RESUBMIT):
             wait = state.next_submit_at - self.hooks.clock()
             if wait > 0:
                 self.hooks.sleep(wait)
             self._submit_next(state, 1 if current is None else current.number + 1)
         elif current.decided is not None:  # decided done/stop but the end event is missing (crash between)
-            self._end("done" if current.decided["action"] == "done" else "stopped", current.decided["message"])
+            self._end(EventKind.DONE if current.decided.action == DecisionAction.DONE else EventKind.STOPPED,
+                      current.decided.message)
         elif current.job_id is None:
             self._reconcile(current)
         else:
@@ -142,10 +153,10 @@ class Supervisor:
             message = (f"only {len(usable)} usable nodes ({hostlist.compress(usable) if usable else 'none'}) "
                        f"for {needed}; excluded: {', '.join(excluded) or 'none'}")
             if self.spec.restart.on_too_few_nodes == "stop":
-                self._end("stopped", f"{message}; restart.on_too_few_nodes = stop")
+                self._end(EventKind.STOPPED, f"{message}; restart.on_too_few_nodes = stop")
             else:
                 if message != self._last_wait_message:
-                    self.run.record("waiting", message=message)
+                    self.run.record(Waiting(at=self.run.now(), message=message))
                     self.hooks.say(f"waiting: {message}")
                     self._last_wait_message = message
                 self.hooks.sleep(max(self.spec.restart.poll_seconds, 5.0))
@@ -163,7 +174,7 @@ class Supervisor:
         resume_from = checkpoint.path if checkpoint else None
         exclude = hostlist.compress(excluded) if excluded else None
         comment = f"clusterctl:{self.run.path.name}:{number}:{secrets.token_hex(4)}"
-        self.run.record("submitting", attempt=number, comment=comment)
+        self.run.record(Submitting(at=self.run.now(), attempt=number, comment=comment))
         request = prepare(self.spec, self.facts, run_dir=str(self.run.path), python=self.python, attempt=number,
                           resume_from=resume_from, exclude=exclude, no_requeue=True, comment=comment)
         try:
@@ -171,7 +182,7 @@ class Supervisor:
         except SlurmCommandError as exc:
             if exc.returncode is None or "Unable to contact" in exc.stderr or "Socket timed out" in exc.stderr:
                 raise  # the controller is away: retried by the loop, reconciled by comment
-            self._end("stopped", f"Slurm refused attempt {number}: {exc.stderr.strip() or exc}")
+            self._end(EventKind.STOPPED, f"Slurm refused attempt {number}: {exc.stderr.strip() or exc}")
             return
         self._missing = 0
         where = f" from {resume_from} (step {checkpoint.step})" if checkpoint else " from the start"
@@ -182,12 +193,12 @@ class Supervisor:
         """A `submitting` with no `submitted`: did sbatch get through before we died?"""
         for job in self.slurm.queue().values():
             if job.comment == attempt.comment:
-                self.run.record("submitted", attempt=attempt.number, job_id=job.job_id, argv=[], resume_from=None,
-                                exclude=None, reconciled=True)
+                self.run.record(Submitted(at=self.run.now(), attempt=attempt.number, job_id=job.job_id,
+                                          reconciled=True))
                 self.hooks.say(f"attempt {attempt.number}: found job {job.job_id} submitted before a restart")
                 return
         # Not in Slurm: forget it; the loop submits this attempt number again.
-        self.run.record("submit-lost", attempt=attempt.number, comment=attempt.comment)
+        self.run.record(SubmitLost(at=self.run.now(), attempt=attempt.number, comment=attempt.comment))
         self.hooks.say(f"attempt {attempt.number}: sbatch did not get through before a restart; submitting again")
 
     # ---- watching -----------------------------------------------------------------
@@ -233,8 +244,9 @@ class Supervisor:
 
     def _end_attempt(self, attempt: AttemptState, suspects: list[Blame]) -> None:
         """Don't wait for ranks hung in a collective behind a dead node: end the attempt now."""
-        self.run.record("ending", attempt=attempt.number, job_id=attempt.job_id,
-                        blame=[b.to_json() for b in suspects])
+        assert attempt.job_id is not None
+        self.run.record(Ending(at=self.run.now(), attempt=attempt.number, job_id=attempt.job_id,
+                               blame=tuple(b.to_journal() for b in suspects)))
         self.hooks.say(f"attempt {attempt.number}: ending job {attempt.job_id} now: "
                        + "; ".join(f"{b.node}: {b.reason}" for b in suspects))
         self.slurm.cancel([attempt.job_id])  # type: ignore[list-item]
@@ -244,7 +256,7 @@ class Supervisor:
         job_nodes = hostlist.expand(report.nodes) if report.nodes else []
         records = self._epilog_records(report.job_id, attempt.submitted_at)
         log = self._log_tail(report.job_id)
-        ended_by_us = [Blame(b["node"], b["reason"], tuple(b["evidence"])) for b in attempt.ended_by_us]
+        ended_by_us = [Blame.from_journal(b) for b in attempt.ended_by_us]
         return classify(report, job_nodes, nodes, records, log, ended_by_us)
 
     def _decide(self, attempt: AttemptState, state: RunState, report: JobReport | None,
@@ -261,49 +273,58 @@ class Supervisor:
         checkpoint = self._checkpoint()
         decision = decide(outcome, state, self.spec.restart, checkpoint.step if checkpoint else None)
         until = self.hooks.clock() + self.spec.restart.blame_hours * 3600
-        blame = [{**b.to_json(), "until": until} for b in outcome.blame]
-        times = {"submit": report.submit_time, "start": report.start_time, "end": report.end_time} if report else {}
-        self.run.record("decided", attempt=attempt.number, job_id=attempt.job_id,
-                        state=report.state if report else "LOST", exit_code=report.exit_code if report else None,
-                        outcome=outcome.kind, message=decision.message, blame=blame,
-                        checkpoint_step=checkpoint.step if checkpoint else None,
-                        checkpoint=checkpoint.path if checkpoint else None, action=decision.action,
-                        delay=decision.delay, times=times)
+        blame = tuple(b.to_journal(until) for b in outcome.blame)
+        times = SlurmTimes(report.submit_time, report.start_time, report.end_time) if report else None
+        self.run.record(Decided(at=self.run.now(), attempt=attempt.number, job_id=attempt.job_id,
+                                state=report.state if report else "LOST",
+                                exit_code=report.exit_code if report else None, outcome=outcome.kind,
+                                message=decision.message, blame=blame,
+                                checkpoint_step=checkpoint.step if checkpoint else None,
+                                checkpoint=checkpoint.path if checkpoint else None, action=decision.action,
+                                delay=decision.delay, times=times))
         self.hooks.say(f"attempt {attempt.number} (job {attempt.job_id}) ended "
                        f"{report.state if report else 'LOST'}: {outcome.kind}: {decision.message}"
-                       + (f"; next attempt in {decision.delay:.1f} s" if decision.action == "resubmit" else ""))
+                       + (f"; next attempt in {decision.delay:.1f} s" if decision.action == DecisionAction.RESUBMIT
+                          else ""))
         for b in outcome.blame:
             self.hooks.say(f"  blamed {b.node} for {self.spec.restart.blame_hours:g} h: {b.reason}")
             for line in b.evidence:
                 self.hooks.say(f"    {line}")
         if blame:
-            self.hooks.notify("blame", {"run": str(self.run.path), "attempt": attempt.number, "blame": blame})
-        if decision.action == "done":
-            self._end("done", decision.message)
-        elif decision.action == "stop":
-            self._end("stopped", decision.message)
+            self.hooks.notify("blame", {"run": str(self.run.path), "attempt": attempt.number,
+                                        "blame": [b.to_json() for b in blame]})
+        if decision.action == DecisionAction.DONE:
+            self._end(EventKind.DONE, decision.message)
+        elif decision.action == DecisionAction.STOP:
+            self._end(EventKind.STOPPED, decision.message)
 
-    def _end(self, event: str, message: str) -> None:
-        self.run.record(event, message=message)
-        self.hooks.notify(event, {"run": str(self.run.path), "message": message})
+    def _end(self, kind: EventKind, message: str) -> None:
+        self.run.record(RunEnded(kind=kind, at=self.run.now(), message=message))
+        self.hooks.notify(kind.value, {"run": str(self.run.path), "message": message})
 
-    def _finish(self, ended: dict) -> int:
-        self.hooks.say(f"run {ended['event']}: {ended.get('message', '')}")
-        return {"done": EXIT_DONE, "stopped": EXIT_STOPPED}.get(ended["event"], EXIT_CANCELLED)
+    def _finish(self, ended: RunEnded) -> int:
+        self.hooks.say(f"run {ended.kind}: {ended.message}")
+        return {EventKind.DONE: EXIT_DONE, EventKind.STOPPED: EXIT_STOPPED}.get(ended.kind, EXIT_CANCELLED)
 
     # ---- evidence on disk ------------------------------------------------------------
-    def _epilog_records(self, job_id: str, since: float) -> dict[str, dict]:
+    def _epilog_records(self, job_id: str, since: float) -> dict[str, JobHealthRecord]:
         if self.records_dir is None:
             return {}
         records = {}
-        for path in (self.records_dir / job_id).glob("*.json"):
+        for path in sorted((self.records_dir / job_id).glob("*.json")):
             try:
                 if path.stat().st_mtime < since - JOB_ID_REUSE_SLACK:
                     continue  # a record of an older job with the same id
-                record = json.loads(path.read_text())
-            except (OSError, ValueError):
+                record = read_job_health(path)
+            except OSError:
+                continue  # gone between the listing and the read: the epilog of an older job cleaned up
+            except RecordError as exc:
+                # Evidence we cannot read is no evidence: judge without it, and say so once.
+                if path not in self._unreadable_records:
+                    self._unreadable_records.add(path)
+                    self.hooks.say(f"note: skipping an epilog record: {exc}")
                 continue
-            records[str(record.get("node", path.stem))] = record
+            records[record.node] = record
         return records
 
     def _log_tail(self, job_id: str) -> str:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl.records.rank_map import JobRankMap, read_rank_map
+from clusterctl.records.rank_record import RankRecord, read_rank_records
 from tests.conftest import REPO, clusterctl_on, wait_job
 
 pytestmark = pytest.mark.e2e
@@ -27,22 +29,19 @@ def _submit(cluster, spec: Path, run_dir: Path, *extra: str) -> tuple[str, dict]
     return summary["job_id"], summary
 
 
-def _ranks(run_dir: Path, job_id: str) -> tuple[dict, dict[int, dict]]:
+def _ranks(run_dir: Path, job_id: str) -> tuple[JobRankMap, dict[int, RankRecord]]:
     job_dir = run_dir / "jobs" / job_id
-    rank_map = json.loads((job_dir / "rankmap.json").read_text())
-    records = {int(p.stem): json.loads(p.read_text()) for p in (job_dir / "ranks").glob("*.json")}
-    return rank_map, records
+    return read_rank_map(job_dir), read_rank_records(job_dir)
 
 
-def _assert_every_rank_where_the_map_says(rank_map: dict, records: dict[int, dict], log: str) -> None:
-    gpn = rank_map["gpus_per_node"]
-    assert sorted(records) == list(range(rank_map["world_size"]))
+def _assert_every_rank_where_the_map_says(rank_map: JobRankMap, records: dict[int, RankRecord], log: str) -> None:
+    assert sorted(records) == list(range(rank_map.world_size))
     for rank, record in records.items():
-        want = (rank_map["slots"][rank // gpn], rank % gpn)
-        assert (record["node"], record["hostname"], record["local_rank"]) == (want[0], want[0], want[1]), record
+        node, gpu = rank_map.location(rank)
+        assert (record.node, record.hostname, record.local_rank) == (node, node, gpu), record
     # What the program itself saw: the toy trainer prints "[<hostname> rank <r>]".
     seen = {int(r): host for host, r in re.findall(r"^\[(\S+) rank (\d+)\]", log, re.M)}
-    assert seen and all(host == rank_map["slots"][r // gpn] for r, host in seen.items())
+    assert seen and all(host == rank_map.location(r)[0] for r, host in seen.items())
 
 
 def test_the_example_runs_with_tp_inside_nodes_and_ranks_where_the_map_says(cluster, tmp_path):
@@ -54,14 +53,14 @@ def test_the_example_runs_with_tp_inside_nodes_and_ranks_where_the_map_says(clus
     rank_map, records = _ranks(run_dir, job_id)
     _assert_every_rank_where_the_map_says(rank_map, records, log)
     # TP = 8 = one node: every TP group's ranks share a host.
-    for group in range(rank_map["world_size"] // 8):
-        assert len({records[r]["hostname"] for r in range(group * 8, group * 8 + 8)}) == 1
-    plan = rank_map["plan"]
+    for group in range(rank_map.world_size // 8):
+        assert len({records[r].hostname for r in range(group * 8, group * 8 + 8)}) == 1
+    plan = rank_map.plan
     assert plan["cost"]["objective"] <= plan["baselines"]["dfs"]["objective"]
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text())["step"] == 60
 
     status = json.loads(clusterctl_on(cluster, "status", str(run_dir), "--json").stdout)
-    assert status["state"] == "COMPLETED" and status["attempts"][0]["rank_map"]["slots"] == rank_map["slots"]
+    assert status["state"] == "COMPLETED" and status["attempts"][0]["rank_map"]["slots"] == list(rank_map.slots)
 
 
 REORDERING = f"""\
@@ -85,11 +84,11 @@ def test_a_map_that_reorders_slurms_nodes_is_followed_through_the_hostfile(clust
     job_id, _ = _submit(cluster, _spec(tmp_path, REORDERING), run_dir)
     assert wait_job(cluster, job_id) == "COMPLETED", (run_dir / "logs" / f"{job_id}.out").read_text()
     rank_map, records = _ranks(run_dir, job_id)
-    assert rank_map["nodelist"] == "node[1-4]"
-    assert rank_map["slots"] == ["node1", "node3", "node2", "node4"], "the map must differ from Slurm's order"
+    assert rank_map.nodelist == "node[1-4]"
+    assert rank_map.slots == ("node1", "node3", "node2", "node4"), "the map must differ from Slurm's order"
     _assert_every_rank_where_the_map_says(rank_map, records, (run_dir / "logs" / f"{job_id}.out").read_text())
     # SLURM_NODEID follows Slurm's order, not the hostfile: rank 8 runs on node3, which Slurm numbers 2.
-    assert records[8]["slurm_nodeid"] == "2" and records[8]["node"] == "node3"
+    assert records[8].slurm_nodeid == "2" and records[8].node == "node3"
 
 
 def test_spare_nodes_are_allocated_and_left_out_of_the_map(cluster, tmp_path):
@@ -99,7 +98,7 @@ def test_spare_nodes_are_allocated_and_left_out_of_the_map(cluster, tmp_path):
     job_id, _ = _submit(cluster, spec, run_dir)
     assert wait_job(cluster, job_id) == "COMPLETED", (run_dir / "logs" / f"{job_id}.out").read_text()
     rank_map, records = _ranks(run_dir, job_id)
-    assert len(rank_map["slots"]) == 2 and len(rank_map["unused_nodes"]) == 1 and len(records) == 16
+    assert len(rank_map.slots) == 2 and len(rank_map.unused_nodes) == 1 and len(records) == 16
 
 
 HOSTILE = ["$(touch {m}/1)", "`touch {m}/2`", "'; touch {m}/3; '", '"; touch {m}/4; "', "a\nb; touch {m}/5",
@@ -148,5 +147,5 @@ def test_the_torchrun_style_uses_static_rendezvous_and_the_maps_node_ranks(clust
     assert "--ntasks-per-node=1" in summary["sbatch_argv"]
     assert wait_job(cluster, job_id) == "COMPLETED", (run_dir / "logs" / f"{job_id}.out").read_text()
     rank_map, records = _ranks(run_dir, job_id)
-    assert rank_map["slots"] == ["node1", "node3", "node2", "node4"]
+    assert rank_map.slots == ("node1", "node3", "node2", "node4")
     _assert_every_rank_where_the_map_says(rank_map, records, (run_dir / "logs" / f"{job_id}.out").read_text())

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl.records.rank_map import read_rank_map
+from clusterctl.records.run_journal import read_run_journal
 from clusterctl_testbed.gpu_faults import Fault, inject
 from tests.conftest import REPO, TEST_LAYOUT, clusterctl_on
 
@@ -80,13 +82,12 @@ def _finish(proc: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def _events(run_dir: Path, kind: str) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()
-            if json.loads(line)["event"] == kind]
+def _events(run_dir: Path, kind: str) -> list:
+    return [e for e in read_run_journal(run_dir / "journal.jsonl").events if e.event == kind]
 
 
-def _slots(run_dir: Path, job_id: str) -> list[str]:
-    return json.loads((run_dir / "jobs" / job_id / "rankmap.json").read_text())["slots"]
+def _slots(run_dir: Path, job_id: str) -> tuple[str, ...]:
+    return read_rank_map(run_dir / "jobs" / job_id).slots
 
 
 @pytest.fixture(scope="module")
@@ -103,20 +104,20 @@ def reference(testbed_session, tmp_path_factory) -> dict:
 def _assert_recovered(run_dir: Path, reference: dict, broken: str, out: str) -> dict:
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
     submitted, decided = _events(run_dir, "submitted"), _events(run_dir, "decided")
-    assert len(submitted) == 2 and [d["attempt"] for d in decided] == [1, 2], out
+    assert len(submitted) == 2 and [d.attempt for d in decided] == [1, 2], out
     first = decided[0]
-    assert first["outcome"] == "node-failure" and first["action"] == "resubmit", out
-    assert [b["node"] for b in first["blame"]] == [broken] and first["blame"][0]["evidence"], out
-    assert submitted[1]["exclude"] == broken and broken not in _slots(run_dir, submitted[1]["job_id"])
-    assert submitted[1]["resume_from"].endswith(f"step-{first['checkpoint_step']:08d}")
-    assert decided[1]["outcome"] == "completed" and _events(run_dir, "done")
+    assert first.outcome == "node-failure" and first.action == "resubmit", out
+    assert [b.node for b in first.blame] == [broken] and first.blame[0].evidence, out
+    assert submitted[1].exclude == broken and broken not in _slots(run_dir, submitted[1].job_id)
+    assert submitted[1].resume_from.endswith(f"step-{first.checkpoint_step:08d}")
+    assert decided[1].outcome == "completed" and _events(run_dir, "done")
     return first
 
 
 def test_an_xid_79_mid_run_is_blamed_excluded_and_the_run_ends_bit_identical(cluster, tmp_path, reference):
     proc, run_dir = _supervised(cluster, tmp_path)
     _wait_for(run_dir / "checkpoints" / "step-00000020", proc)
-    job = _events(run_dir, "submitted")[0]["job_id"]
+    job = _events(run_dir, "submitted")[0].job_id
     broken = _slots(run_dir, job)[1]
     # A checkpoint half-written at the moment of failure: payload there, manifest (written last) not.
     torn = run_dir / "checkpoints" / "step-00000090"
@@ -126,27 +127,27 @@ def test_an_xid_79_mid_run_is_blamed_excluded_and_the_run_ends_bit_identical(clu
     code, out = _finish(proc)
     assert code == 0, out
     first = _assert_recovered(run_dir, reference, broken, out)
-    evidence = " ".join(first["blame"][0]["evidence"])
+    evidence = " ".join(first.blame[0].evidence)
     assert "drained by healthd: healthd: xid 79 gpu3" in evidence and "epilog record: drain-reboot" in evidence
     assert f"skipping checkpoint {torn}: no manifest.json (written last): incomplete" in out
-    assert 20 <= first["checkpoint_step"] < STEPS
+    assert 20 <= first.checkpoint_step < STEPS
 
 
 def test_a_killed_node_is_blamed_and_the_run_completes_elsewhere(cluster, tmp_path, reference):
     proc, run_dir = _supervised(cluster, tmp_path)
     _wait_for(run_dir / "checkpoints" / "step-00000020", proc)
-    broken = _slots(run_dir, _events(run_dir, "submitted")[0]["job_id"])[2]
+    broken = _slots(run_dir, _events(run_dir, "submitted")[0].job_id)[2]
     cluster.kill_node(broken)
     code, out = _finish(proc)
     assert code == 0, out
     first = _assert_recovered(run_dir, reference, broken, out)
-    assert f"Slurm: {broken} is" in " ".join(first["blame"][0]["evidence"])
+    assert f"Slurm: {broken} is" in " ".join(first.blame[0].evidence)
 
 
 def test_a_cut_network_link_is_blamed_without_waiting_for_hung_ranks(cluster, tmp_path, reference):
     proc, run_dir = _supervised(cluster, tmp_path)
     _wait_for(run_dir / "checkpoints" / "step-00000020", proc)
-    broken = _slots(run_dir, _events(run_dir, "submitted")[0]["job_id"])[2]
+    broken = _slots(run_dir, _events(run_dir, "submitted")[0].job_id)[2]
     cluster.cut_link(broken)
     code, out = _finish(proc)
     assert code == 0, out
@@ -159,9 +160,9 @@ def test_a_program_that_fails_by_itself_stops_after_its_retries_with_no_node_bla
     code, out = _finish(proc)
     assert code == 1, out
     decided = _events(run_dir, "decided")
-    assert [d["outcome"] for d in decided] == ["program-failure", "program-failure"]
-    assert [d["action"] for d in decided] == ["resubmit", "stop"] and all(not d["blame"] for d in decided)
-    stopped = _events(run_dir, "stopped")[0]["message"]
+    assert [d.outcome for d in decided] == ["program-failure", "program-failure"]
+    assert [d.action for d in decided] == ["resubmit", "stop"] and all(not d.blame for d in decided)
+    stopped = _events(run_dir, "stopped")[0].message
     assert "the program's own failure" in stopped and "max_program_failures = 1" in stopped
     assert "run stopped:" in out
 
@@ -171,7 +172,7 @@ def test_a_supervisor_killed_mid_run_is_reattached_with_no_duplicate_job_or_deci
     _wait_for(run_dir / "checkpoints" / "step-00000020", proc)
     proc.send_signal(signal.SIGKILL)  # the login session dies with the supervisor in it
     proc.wait()
-    job = _events(run_dir, "submitted")[0]["job_id"]
+    job = _events(run_dir, "submitted")[0].job_id
     broken = _slots(run_dir, job)[0]
     inject(cluster.nvml_dir(broken), Fault("xid", gpu=0, value=79))  # fails while nobody watches
     deadline = time.monotonic() + 60
@@ -208,5 +209,5 @@ def test_a_detached_supervisor_rides_out_a_controller_restart(cluster, tmp_path,
     # Slurm's clients retry a missing controller themselves, so the supervisor may only see slow
     # answers (or, for longer outages, errors it backs off from); either way: one attempt, done.
     assert "run done" in (run_dir / "supervisor.log").read_text()
-    assert len(_events(run_dir, "submitted")) == 1 and not _events(run_dir, "decided")[0]["blame"]
+    assert len(_events(run_dir, "submitted")) == 1 and not _events(run_dir, "decided")[0].blame
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,13 +44,34 @@ def test_plan_prints_a_tree_a_cost_table_and_why(tmp_path):
     assert svg.read_text().startswith("<svg") and svg.read_text().count("<rect") == 16
 
 
-def test_plan_reads_parallel_settings_from_a_spec(tmp_path):
+SPEC = '[job]\nname = "x"\nnodes = 2\n[launch]\ncommand = ["train"]\n[parallel]\ntp = 8\npp = 2\norder = "megatron"\n'
+
+
+def _plan_spec(tmp_path: Path, *extra: str) -> dict:
     spec = tmp_path / "job.toml"
-    spec.write_text('[parallel]\ntp = 8\npp = 2\norder = "megatron"\n')
-    result = CliRunner().invoke(cli, ["plan", "--spec", str(spec), "--topology",
-                                      str(DATA / "slurm" / "topology.conf"), "--nodelist", "node[1-4]", "--json"])
+    spec.write_text(SPEC)
+    result = CliRunner().invoke(cli, ["plan", "--spec", str(spec), "--topology", str(DATA / "slurm" / "topology.conf"),
+                                      "--json", *extra])
     assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["layout"]["dp"] == 2
+    return json.loads(result.output)
+
+
+def test_plan_of_a_spec_fills_dp_for_the_nodes_planned(tmp_path):
+    assert _plan_spec(tmp_path, "--nodelist", "node[1-4]")["layout"]["dp"] == 2  # 4 nodes × 8 / (tp 8 × pp 2)
+
+
+def test_plan_options_override_the_specs_layout(tmp_path):
+    layout = _plan_spec(tmp_path, "--nodelist", "node[1-4]", "--pp", "4")["layout"]
+    assert (layout["tp"], layout["pp"], layout["dp"]) == (8, 4, 1)
+
+
+def test_plan_of_a_spec_refuses_what_the_spec_loader_refuses(tmp_path):
+    spec = tmp_path / "job.toml"
+    spec.write_text(SPEC.replace("pp = 2", "pp = 3"))
+    out = subprocess.run([str(Path(sys.executable).parent / "clusterctl"), "plan", "--spec", str(spec), "--topology",
+                          str(DATA / "slurm" / "topology.conf"), "--nodelist", "node[1-4]"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 7 and "tp×cp×pp = 24 does not divide the job's 32 GPUs" in out.stderr
 
 
 @pytest.mark.parametrize("args, code, message", [
@@ -63,8 +86,6 @@ def test_bad_input_is_one_clear_line_with_its_own_exit_code(args, code, message)
     result = runner.invoke(cli, ["plan", *args, "--topology", str(DATA / "slurm" / "topology.conf")])
     assert result.exit_code != 0
     # Through main(): the exit code of the error family and no traceback.
-    import subprocess
-    import sys
     out = subprocess.run([str(Path(sys.executable).parent / "clusterctl"), "plan", *args, "--topology",
                           str(DATA / "slurm" / "topology.conf")], capture_output=True, text=True, timeout=60)
     assert out.returncode == code, out.stderr
@@ -73,8 +94,6 @@ def test_bad_input_is_one_clear_line_with_its_own_exit_code(args, code, message)
 
 
 def test_malformed_topology_names_file_and_line(tmp_path):
-    import subprocess
-    import sys
     bad = tmp_path / "topology.conf"
     bad.write_text("SwitchName=l1 Nodes=n[1-2]\nSwitchName=s Switches=l1 l2\n")
     out = subprocess.run([str(Path(sys.executable).parent / "clusterctl"), "plan", "--tp", "8", "--topology",

@@ -13,25 +13,36 @@ from hypothesis import strategies as st
 
 from clusterctl.launcher.in_job import EXIT_PREFLIGHT, plan_for_job
 from clusterctl.launcher.preflight import (
-    JobRankMap, hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv,
+    hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv,
 )
 from clusterctl.launcher.render import SlurmFacts
 from clusterctl.launcher.runs import create_run
-from clusterctl.slurm.commands import Completed, Slurm
 from clusterctl.launcher.spec import load_spec
 from clusterctl.launcher.submit import prepare
+from clusterctl.records.rank_map import JobRankMap, RankMap, read_rank_map
+from clusterctl.records.rank_record import read_rank_records
+from clusterctl.slurm.commands import Completed, Slurm
 from tests.conftest import REPO
 
-MAP = JobRankMap("42", ("node3", "node1", "node4"), 8, 20042)
+MAP = JobRankMap("42", "node[1,3-4]", RankMap(("node3", "node1", "node4"), 8), 20042)
 
 
-def test_the_map_decides_node_gpu_and_environment_of_every_rank():
+def test_the_map_places_every_rank_on_a_node_and_gpu():
     assert MAP.location(0) == ("node3", 0) and MAP.location(9) == ("node1", 1) and MAP.location(23) == ("node4", 7)
-    env = rank_environment(MAP, 9)
-    assert env == {"RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "24", "LOCAL_WORLD_SIZE": "8", "NODE_RANK": "1",
-                   "GROUP_RANK": "1", "MASTER_ADDR": "node3", "MASTER_PORT": "20042"}
+
+
+def test_a_rank_gets_torch_distributed_variables_from_the_map():
+    assert rank_environment(MAP, 9) == {"RANK": "9", "LOCAL_RANK": "1", "WORLD_SIZE": "24", "LOCAL_WORLD_SIZE": "8",
+                                        "NODE_RANK": "1", "GROUP_RANK": "1", "MASTER_ADDR": "node3",
+                                        "MASTER_PORT": "20042"}
+
+
+def test_hostfiles_list_one_line_per_task_in_map_order():
     assert hostfile_lines(MAP, per_gpu=False) == ["node3", "node1", "node4"]
     assert hostfile_lines(MAP, per_gpu=True)[7:9] == ["node3", "node1"]
+
+
+def test_the_master_port_is_the_specs_or_derived_from_the_job_id():
     assert master_port("42", None) == 20042 and master_port("42", 29500) == 29500
 
 
@@ -42,18 +53,30 @@ def test_a_w_resorted_launch_is_caught_on_the_first_rank():
                         "(was srun given -w, or SLURM_HOSTFILE ignored?)"]
 
 
-def test_tasks_out_of_gpu_order_and_missing_gpus_are_caught():
+def test_tasks_out_of_gpu_order_are_caught():
     assert "is task 3 on its node but the map gives it GPU 1" in placement_problems(MAP, 9, "node1", 3, None)[0]
+
+
+def test_a_rank_without_its_gpu_visible_is_caught():
     assert "needs local GPU 7 but only 4 are visible" in placement_problems(MAP, 7, "node3", 7, ["0", "1", "2", "3"])[0]
+
+
+def test_a_rank_where_the_map_says_passes():
     assert placement_problems(MAP, 9, "node1", 1, [str(i) for i in range(8)]) == []
+
+
+def test_a_rank_outside_the_map_is_caught():
     assert placement_problems(MAP, 24, "node4", 0, None) == ["rank 24 is outside the map's 24 ranks"]
+
+
+def test_a_torchrun_node_on_the_wrong_host_is_caught():
     assert node_problems(MAP, 1, "node3") == ["node rank 1 runs on node3 but the rank map puts it on node1"]
 
 
 @given(st.lists(st.sampled_from([f"n{i}" for i in range(12)]), min_size=1, max_size=6, unique=True),
        st.sampled_from([1, 2, 4, 8]))
 def test_torchrun_ranks_equal_the_map_and_every_rank_passes_its_own_check(slots, gpn):
-    rank_map = JobRankMap("7", tuple(slots), gpn, 20007)
+    rank_map = JobRankMap("7", "n[0-11]", RankMap(tuple(slots), gpn), 20007)
     for node_rank, node in enumerate(slots):
         argv = torchrun_argv(rank_map, node_rank, "/py", "/job", ["train"])
         assert f"--node-rank={node_rank}" in argv and "--rdzv-backend=static" in argv
@@ -76,13 +99,17 @@ def _job_dir(tmp_path: Path) -> Path:
     return job_dir
 
 
-def test_the_job_writes_its_map_and_hostfile_for_the_nodes_slurm_gave(tmp_path):
+def test_the_job_writes_its_map_for_the_nodes_slurm_gave(tmp_path):
+    rank_map = read_rank_map(_job_dir(tmp_path))
+    assert len(rank_map.slots) == 3 and rank_map.world_size == 24 and len(rank_map.unused_nodes) == 1
+    assert rank_map.summary is not None
+    assert rank_map.summary.leaf_crossing_groups <= rank_map.summary.slurm_order_leaf_crossing_groups
+
+
+def test_the_hostfile_repeats_each_slot_once_per_gpu(tmp_path):
     job_dir = _job_dir(tmp_path)
-    document = json.loads((job_dir / "rankmap.json").read_text())
-    assert len(document["slots"]) == 3 and document["world_size"] == 24 and len(document["unused_nodes"]) == 1
     hostfile = (job_dir / "hostfile").read_text().split()
-    assert hostfile == [n for n in document["slots"] for _ in range(8)]
-    assert document["plan"]["cost"]["objective"] <= document["plan"]["baselines"]["dfs"]["objective"]
+    assert hostfile == [n for n in read_rank_map(job_dir).slots for _ in range(8)]
 
 
 def _rank(job_dir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -94,17 +121,29 @@ def _rank(job_dir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 def test_a_rank_in_the_right_place_becomes_the_command_with_its_environment(tmp_path):
     job_dir = _job_dir(tmp_path)
-    slots = json.loads((job_dir / "rankmap.json").read_text())["slots"]
+    slots = read_rank_map(job_dir).slots
     done = _rank(job_dir, {"SLURM_PROCID": "10", "SLURM_LOCALID": "2", "SLURMD_NODENAME": slots[1]})
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"RANK": "10", "LOCAL_RANK": "2", "MASTER_ADDR": slots[0]}
-    assert json.loads((job_dir / "ranks" / "10.json").read_text())["node"] == slots[1]
+
+
+def test_a_rank_records_where_it_ran(tmp_path):
+    job_dir = _job_dir(tmp_path)
+    slots = read_rank_map(job_dir).slots
+    assert _rank(job_dir, {"SLURM_PROCID": "10", "SLURM_LOCALID": "2", "SLURMD_NODENAME": slots[1]}).returncode == 0
+    record = read_rank_records(job_dir)[10]
+    assert (record.node, record.local_rank, record.slurm_procid) == (slots[1], 2, "10")
 
 
 def test_a_rank_in_the_wrong_place_fails_the_job_with_a_clear_message(tmp_path):
     job_dir = _job_dir(tmp_path)
-    slots = json.loads((job_dir / "rankmap.json").read_text())["slots"]
+    slots = read_rank_map(job_dir).slots
     done = _rank(job_dir, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": slots[2]})
     assert done.returncode == EXIT_PREFLIGHT and done.stdout == ""
     assert f"clusterctl: preflight failed: rank 0 runs on {slots[2]} but the rank map puts it on {slots[0]}" \
         in done.stderr
+
+
+def test_a_rank_without_a_map_says_the_plan_step_did_not_run(tmp_path):
+    done = _rank(tmp_path, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "node1"})
+    assert done.returncode == 1 and "rankmap.json is missing: the job's `plan` step did not run" in done.stderr

@@ -11,6 +11,11 @@ from click.testing import CliRunner
 
 import clusterctl.launcher.cli as cli_module
 from clusterctl.launcher.cli import cli
+from clusterctl.launcher.runs import create_run
+from clusterctl.launcher.spec import load_spec
+from clusterctl.records.run_journal import (
+    BlamedNode, Decided, DecisionAction, OutcomeKind, SlurmTimes, Submitted, read_run_journal,
+)
 from clusterctl.slurm.commands import Completed, Slurm
 from tests.conftest import REPO
 
@@ -68,8 +73,8 @@ def test_submit_writes_the_run_and_prints_job_and_where_to_look(slurm, tmp_path)
     assert "export NCCL_DEBUG=INFO" in script
     spec = json.loads((run_dir / "spec.json").read_text())
     assert spec["job"]["time"] == "20:00" and spec["parallel"]["tp"] == 8
-    events = [json.loads(line) for line in (run_dir / "journal.jsonl").read_text().splitlines()]
-    assert [e["event"] for e in events] == ["created", "submitted"] and events[1]["job_id"] == "7"
+    events = read_run_journal(run_dir / "journal.jsonl").events
+    assert [e.event for e in events] == ["created", "submitted"] and events[1].job_id == "7"
 
     status = CliRunner().invoke(cli, ["status", "7", "--json"])
     assert status.exit_code == 0, status.output
@@ -129,15 +134,12 @@ def test_supervise_and_report_refuse_what_is_not_a_run(tmp_path):
 
 
 def test_report_of_a_supervised_run_from_its_journal(slurm, tmp_path):
-    from clusterctl.launcher.runs import create_run
-    from clusterctl.launcher.spec import load_spec
     run = create_run(tmp_path / "run", load_spec(REPO / "examples" / "toy_trainer.toml"), "")
-    run.record("submitted", attempt=1, job_id="4", argv=[], resume_from=None, exclude=None)
-    run.record("decided", attempt=1, job_id="4", state="FAILED", exit_code=3, outcome="node-failure",
-               message="FAILED (exit 3); blamed node3", checkpoint_step=20, checkpoint=None, action="resubmit",
-               delay=0.0, times={"submit": 100.0, "start": 110.0, "end": 200.0},
-               blame=[{"node": "node3", "reason": "healthd: xid 79 gpu3", "evidence": ["epilog record: x"],
-                       "until": 9e12}])
+    run.record(Submitted(at=100.0, attempt=1, job_id="4"))
+    run.record(Decided(at=201.0, attempt=1, job_id="4", state="FAILED", exit_code=3, outcome=OutcomeKind.NODE_FAILURE,
+                       message="FAILED (exit 3); blamed node3", checkpoint_step=20, checkpoint=None,
+                       action=DecisionAction.RESUBMIT, times=SlurmTimes(100.0, 110.0, 200.0),
+                       blame=(BlamedNode("node3", "healthd: xid 79 gpu3", ("epilog record: x",), 9e12),)))
     result = CliRunner().invoke(cli, ["report", str(tmp_path / "run"), "--json"])
     assert result.exit_code == 0, result.output
     document = json.loads(result.output)

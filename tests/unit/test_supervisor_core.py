@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterctl.slurm.nodes import parse_sinfo_json
 from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
 from clusterctl.launcher.classify import (
     COMPLETED, MISPLACED, NODE_FAILURE, PROGRAM_FAILURE, RESUBMIT, STORAGE, USER_CANCELLED, Blame, Outcome, classify,
@@ -21,8 +20,14 @@ from clusterctl.launcher.classify import (
 )
 from clusterctl.launcher.goodput import AttemptTimes, account, young_daly
 from clusterctl.launcher.restart_policy import RunState, decide, replay
-from clusterctl.slurm.jobs import JobReport
 from clusterctl.launcher.spec import RestartSection
+from clusterctl.records.actions import Action
+from clusterctl.records.job_health import HealthFinding, JobHealthRecord
+from clusterctl.records.run_journal import (
+    Created, Decided, DecisionAction, EventKind, RunEnded, RunEvent, Submitted, Submitting, SubmitLost,
+)
+from clusterctl.slurm.jobs import JobReport
+from clusterctl.slurm.nodes import parse_sinfo_json
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "examples"))
@@ -76,15 +81,32 @@ def test_dcp_and_megatron_layouts_are_recognised(tmp_path):
 
 
 # ---- classification ------------------------------------------------------------------
+def _epilog_record(node: str, action: Action) -> JobHealthRecord:
+    finding = HealthFinding(kind="xid", action=action, reason="GPU fell off the bus", source="healthd", xid=79, gpu=3)
+    return JobHealthRecord(job_id="42", node=node, window_start="2026-11-22T02:00:00Z",
+                           window_end="2026-11-22T03:00:00Z", written_at="2026-11-22T03:00:01Z", findings=(finding,))
+
+
 def test_a_healthd_drain_and_an_epilog_record_blame_the_node_with_their_evidence():
-    record = {"node": "node3", "hardware_fault": True, "verdict": "drain-reboot",
-              "findings": [{"kind": "xid", "gpu": 3, "action": "drain-reboot"}]}
+    record = _epilog_record("node3", Action.DRAIN_REBOOT)
     outcome = classify(_report("FAILED", 143), ["node1", "node3", "node4"], NODES, {"node3": record}, "")
     assert outcome.kind == NODE_FAILURE and [b.node for b in outcome.blame] == ["node3"]
     assert outcome.blame[0].reason.startswith("healthd: xid 79 gpu3")
     assert outcome.blame[0].evidence == ("job 42 ended FAILED (exit 143)",
                                          "drained by healthd: healthd: xid 79 gpu3 (GPU-abc) 2026-11-22T03:00:00Z",
-                                         "epilog record: drain-reboot (xid gpu3 drain-reboot)")
+                                         "epilog record: drain-reboot (xid 79 gpu3 drain-reboot)")
+
+
+def test_an_epilog_record_alone_blames_its_node():
+    records = {"node4": _epilog_record("node4", Action.DRAIN_RESET)}
+    outcome = classify(_report("FAILED", 1), ["node1", "node4"], HEALTHY, records, "")
+    assert outcome.kind == NODE_FAILURE
+    assert [(b.node, b.reason) for b in outcome.blame] == [("node4", "epilog: drain-reset")]
+
+
+def test_an_epilog_record_of_the_programs_own_fault_blames_no_node():
+    record = _epilog_record("node4", Action.APP_FAULT)
+    assert classify(_report("FAILED", 1), ["node1", "node4"], HEALTHY, {"node4": record}, "").kind == PROGRAM_FAILURE
 
 
 def test_node_fail_blames_the_node_that_stopped_responding():
@@ -136,44 +158,51 @@ NODE = Outcome(NODE_FAILURE, "node", (Blame("node3", "xid", ()),))
 PROGRAM = Outcome(PROGRAM_FAILURE, "exit 1")
 
 
-def _journal(outcomes: list[tuple[Outcome, int | None]]) -> list[dict]:
+def _journal(outcomes: list[tuple[Outcome, int | None]]) -> list[RunEvent]:
     """A journal as the supervisor writes it, deciding each outcome in turn."""
-    events: list[dict] = [{"event": "created", "at": 0.0}]
+    events: list[RunEvent] = [Created(at=0.0, name="toy")]
     for number, (outcome, step) in enumerate(outcomes, 1):
-        events.append({"event": "submitted", "at": float(number), "attempt": number, "job_id": str(number)})
+        events.append(Submitted(at=float(number), attempt=number, job_id=str(number)))
         decision = decide(outcome, replay(events), POLICY, step)
-        events.append({"event": "decided", "at": float(number), "attempt": number, "outcome": outcome.kind,
-                       "blame": [{"node": b.node, "reason": b.reason, "until": 1000.0} for b in outcome.blame],
-                       "checkpoint_step": step, "action": decision.action, "delay": decision.delay,
-                       "message": decision.message})
-        if decision.action != "resubmit":
-            events.append({"event": "done" if decision.action == "done" else "stopped", "at": float(number),
-                           "message": decision.message})
+        events.append(Decided(at=float(number), attempt=number, job_id=str(number), state="FAILED", exit_code=1,
+                              outcome=outcome.kind, message=decision.message,
+                              blame=tuple(b.to_journal(1000.0) for b in outcome.blame), checkpoint_step=step,
+                              checkpoint=None, action=decision.action, delay=decision.delay))
+        if decision.action != DecisionAction.RESUBMIT:
+            kind = EventKind.DONE if decision.action == DecisionAction.DONE else EventKind.STOPPED
+            events.append(RunEnded(kind=kind, at=float(number), message=decision.message))
             break
     return events
 
 
+def _decided(events: list[RunEvent]) -> list[Decided]:
+    return [e for e in events if isinstance(e, Decided)]
+
+
 def test_progress_resubmits_at_once_and_stalls_back_off_then_stop():
     events = _journal([(NODE, 10), (NODE, 20), (NODE, 20), (NODE, 20), (NODE, 20)])
-    decided = [e for e in events if e["event"] == "decided"]
-    assert [(d["action"], d["delay"]) for d in decided] == [("resubmit", 0.0), ("resubmit", 0.0),
-                                                            ("resubmit", 2.0), ("resubmit", 4.0), ("stop", 0.0)]
-    assert "retry_budget = 2" in decided[-1]["message"]
-    state = replay(events)
+    assert [(d.action, d.delay) for d in _decided(events)] == [("resubmit", 0.0), ("resubmit", 0.0),
+                                                               ("resubmit", 2.0), ("resubmit", 4.0), ("stop", 0.0)]
+    assert "retry_budget = 2" in _decided(events)[-1].message
+
+
+def test_a_blamed_node_stays_excluded_until_its_blame_expires():
+    state = replay(_journal([(NODE, 10), (NODE, 20)]))
     assert state.excluded(999.0) == ["node3"] and state.excluded(1000.0) == []
 
 
 def test_the_programs_own_failures_stop_after_the_allowed_retries_without_blame():
     events = _journal([(PROGRAM, None), (PROGRAM, None)])
-    assert [e["action"] for e in events if e["event"] == "decided"] == ["resubmit", "stop"]
-    assert events[-1]["event"] == "stopped" and "no node blamed" in events[-1]["message"]
+    assert [d.action for d in _decided(events)] == ["resubmit", "stop"]
+    ended = replay(events).ended
+    assert ended is not None and ended.kind == EventKind.STOPPED and "no node blamed" in ended.message
     assert replay(events).blamed == {}
 
 
 def test_max_restarts_is_a_hard_limit_even_with_progress():
     events = _journal([(NODE, step) for step in range(10, 100, 10)])
-    assert sum(1 for e in events if e.get("action") == "resubmit") == POLICY.max_restarts
-    assert "max_restarts = 5 reached" in events[-1]["message"]
+    assert sum(1 for d in _decided(events) if d.action == DecisionAction.RESUBMIT) == POLICY.max_restarts
+    assert "max_restarts = 5 reached" in _decided(events)[-1].message
 
 
 @settings(max_examples=200, deadline=None)
@@ -181,22 +210,21 @@ def test_max_restarts_is_a_hard_limit_even_with_progress():
                           st.one_of(st.none(), st.integers(0, 50))), min_size=1, max_size=15))
 def test_no_sequence_of_failures_loops_forever_or_outlives_its_limits(outcomes):
     events = _journal(outcomes)
-    decided = [e for e in events if e["event"] == "decided"]
-    resubmits = sum(1 for d in decided if d["action"] == "resubmit")
+    decided = _decided(events)
+    resubmits = sum(1 for d in decided if d.action == DecisionAction.RESUBMIT)
     assert resubmits <= POLICY.max_restarts
-    assert sum(1 for d in decided if d["outcome"] == PROGRAM_FAILURE and d["action"] == "resubmit") \
+    assert sum(1 for d in decided if d.outcome == PROGRAM_FAILURE and d.action == DecisionAction.RESUBMIT) \
         <= POLICY.max_program_failures
-    assert all(0 <= d["delay"] <= POLICY.backoff_max_seconds for d in decided)
+    assert all(0 <= d.delay <= POLICY.backoff_max_seconds for d in decided)
     # Replaying any prefix of the journal never yields more attempts than were submitted.
     for cut in range(len(events) + 1):
-        assert len(replay(events[:cut]).attempts) <= sum(1 for e in events[:cut] if e["event"] == "submitted")
+        assert len(replay(events[:cut]).attempts) <= sum(1 for e in events[:cut] if isinstance(e, Submitted))
     if len(decided) < len(outcomes):
-        assert events[-1]["event"] in ("stopped", "done")
+        assert isinstance(events[-1], RunEnded)
 
 
 def test_a_submission_cut_short_by_a_crash_is_forgotten_so_it_can_be_made_again():
-    events = [{"event": "submitting", "at": 1.0, "attempt": 1, "comment": "c1"},
-              {"event": "submit-lost", "at": 2.0, "attempt": 1}]
+    events: list[RunEvent] = [Submitting(at=1.0, attempt=1, comment="c1"), SubmitLost(at=2.0, attempt=1, comment="c1")]
     assert replay(events[:1]).current.job_id is None and replay(events) == RunState()
 
 

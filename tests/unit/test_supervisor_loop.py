@@ -12,6 +12,7 @@ from clusterctl.launcher.runs import RunDir, create_run
 from clusterctl.slurm.commands import Completed, Slurm
 from clusterctl.launcher.spec import load_spec
 from clusterctl.launcher.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks, Supervisor
+from clusterctl.records.run_journal import Submitting
 from tests.conftest import REPO
 
 TOPOLOGY = (REPO / "tests" / "data" / "slurm" / "scontrol-show-topology.txt").read_text()
@@ -94,8 +95,8 @@ def _supervisor(run: RunDir, slurm: ScriptedSlurm, hooks: Hooks) -> Supervisor:
     return Supervisor(RunDir(run.path), Slurm(slurm), "/py", None, hooks, evidence_grace=0.0)
 
 
-def _events(run: RunDir, kind: str) -> list[dict]:
-    return [e for e in run.events() if e["event"] == kind]
+def _events(run: RunDir, kind: str) -> list:
+    return [e for e in run.events() if e.event == kind]
 
 
 def test_a_healthd_drain_ends_the_attempt_and_the_next_one_excludes_the_node(world):
@@ -112,19 +113,19 @@ def test_a_healthd_drain_ends_the_attempt_and_the_next_one_excludes_the_node(wor
     assert slurm.jobs["1"]["job_state"] == "CANCELLED"
     assert "--exclude=node2" in slurm.sbatch_calls[1] and "--no-requeue" in slurm.sbatch_calls[1]
     decided = _events(run, "decided")
-    assert decided[0]["outcome"] == "node-failure" and decided[0]["blame"][0]["node"] == "node2"
+    assert decided[0].outcome == "node-failure" and decided[0].blame[0].node == "node2"
     assert any("ending job 1 now: node2: healthd: xid 79" in line for line in said)
 
 
 def test_a_restarted_supervisor_finds_a_job_submitted_just_before_it_died(world):
     run, slurm, clock, said, hooks = world
     # The journal says "submitting" and Slurm has the job (sbatch got through), but "submitted" was never written.
-    run.record("submitting", attempt=1, comment=f"clusterctl:{run.path.name}:1:abcd")
+    run.record(Submitting(at=run.now(), attempt=1, comment=f"clusterctl:{run.path.name}:1:abcd"))
     slurm.jobs["7"] = {"job_id": 7, "name": "toy", "job_state": "COMPLETED", "state_reason": "None",
                        "nodes": "node[1-3]", "exit_code": 0, "submit_time": clock.now, "start_time": clock.now,
                        "end_time": clock.now, "comment": f"clusterctl:{run.path.name}:1:abcd"}
     assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
-    assert slurm.sbatch_calls == [] and _events(run, "submitted")[0]["job_id"] == "7"
+    assert slurm.sbatch_calls == [] and _events(run, "submitted")[0].job_id == "7"
 
 
 def test_a_restart_after_a_decision_repeats_nothing(world):
@@ -184,7 +185,7 @@ def test_too_few_nodes_waits_or_stops_as_the_policy_says(world, tmp_path):
                          .replace("max_program_failures = 1", "max_program_failures = 1\non_too_few_nodes = \"stop\""))
     stop_run = create_run(tmp_path / "stop-run", load_spec(spec_path), "")
     assert _supervisor(stop_run, slurm, hooks).supervise() == EXIT_STOPPED
-    message = _events(stop_run, "stopped")[0]["message"]
+    message = _events(stop_run, "stopped")[0].message
     assert re.match(r"only 2 usable nodes \(node\[3-4\]\) for 3; excluded: none; restart.on_too_few_nodes = stop",
                     message) and slurm.sbatch_calls == []
 

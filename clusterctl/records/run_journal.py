@@ -1,0 +1,377 @@
+"""The run journal: `<run>/journal.jsonl`, one typed event a line, append-only.
+
+Written by `clusterctl submit`, `cancel` and the supervisor; read by the supervisor's replay,
+`status`, `report`, and by anyone with jq.  Every line is a JSON object
+
+    {"kind": "run-event", "version": 1, "event": "submitted", "at": 1732287845.123, ...fields}
+
+and each `event` has one frozen dataclass here with exactly its fields.  A reader refuses an
+event it does not know, or a newer version, with a RecordError naming the file and line: a
+decision replayed from a half-understood journal could submit a job twice.
+
+Journals written before events carried a kind and version (clusterctl 0.x, no `kind` key)
+hold the same fields and are read as version 1: old run directories stay readable.
+
+A torn last line (a crash mid-append) is skipped and reported by `read_run_journal`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from clusterctl.files import append_json_line, read_json_lines
+from clusterctl.records.versioned import RecordError, check_header, field, header
+
+KIND = "run-event"
+VERSION = 1
+
+
+class EventKind(enum.StrEnum):
+    """Every event a run journal holds, by the name stored in its `event` field."""
+
+    CREATED = "created"
+    WAITING = "waiting"
+    SUBMITTING = "submitting"
+    SUBMITTED = "submitted"
+    SUBMIT_LOST = "submit-lost"
+    ENDING = "ending"
+    DECIDED = "decided"
+    DONE = "done"
+    STOPPED = "stopped"
+    CANCELLED = "cancelled"
+
+
+END_KINDS = frozenset({EventKind.DONE, EventKind.STOPPED, EventKind.CANCELLED})
+"""Events that end a run: after one, nothing is submitted again."""
+
+
+class OutcomeKind(enum.StrEnum):
+    """How an attempt ended, in the supervisor's terms (the `outcome` of a `decided` event)."""
+
+    COMPLETED = "completed"
+    USER_CANCELLED = "user-cancelled"
+    RESUBMIT = "resubmit"
+    NODE_FAILURE = "node-failure"
+    PROGRAM_FAILURE = "program-failure"
+    STORAGE_FULL = "storage-full"
+    MISPLACED = "misplaced"
+
+
+class DecisionAction(enum.StrEnum):
+    """What the supervisor decided after an attempt (the `action` of a `decided` event)."""
+
+    DONE = "done"
+    STOP = "stop"
+    RESUBMIT = "resubmit"
+
+
+# ---- reading helpers ------------------------------------------------------------------
+_NUMBER = (int, float)
+_OPTIONAL_NUMBER = (int, float, type(None))
+_OPTIONAL_STR = (str, type(None))
+_OPTIONAL_INT = (int, type(None))
+
+
+def _number(data: Mapping[str, Any], key: str, where: str) -> float:
+    return float(field(data, key, _NUMBER, where))
+
+
+def _optional_number(data: Mapping[str, Any], key: str, where: str) -> float | None:
+    value = field(data, key, _OPTIONAL_NUMBER, where)
+    return None if value is None else float(value)
+
+
+def _strings(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    values = field(data, key, list, where)
+    if not all(isinstance(v, str) for v in values):
+        raise RecordError(where, f"field `{key}` must be a list of strings")
+    return tuple(values)
+
+
+def _choice(enum_type: type[enum.StrEnum], data: Mapping[str, Any], key: str, where: str) -> Any:
+    value = field(data, key, str, where)
+    try:
+        return enum_type(value)
+    except ValueError:
+        known = ", ".join(member.value for member in enum_type)
+        raise RecordError(where, f"field `{key}` is {value!r}, which this clusterctl does not know "
+                                 f"(known: {known}); upgrade clusterctl on this host") from None
+
+
+# ---- the events -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class BlamedNode:
+    """A node held responsible for an attempt's end, with the evidence; `until` when its blame expires."""
+
+    node: str
+    reason: str
+    evidence: tuple[str, ...] = ()
+    until: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored (and as the webhook's `blame` payload carries it)."""
+        data: dict[str, Any] = {"node": self.node, "reason": self.reason, "evidence": list(self.evidence)}
+        if self.until is not None:
+            data["until"] = self.until
+        return data
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> BlamedNode:
+        """Parse one blamed node; RecordError naming the field that is wrong."""
+        if not isinstance(data, Mapping):
+            raise RecordError(where, "a blamed node is not a JSON object")
+        return cls(node=field(data, "node", str, where), reason=field(data, "reason", str, where),
+                   evidence=_strings(data, "evidence", where) if "evidence" in data else (),
+                   until=_optional_number(data, "until", where) if "until" in data else None)
+
+
+@dataclass(frozen=True)
+class SlurmTimes:
+    """Slurm's submit/start/end times of an attempt (epoch seconds; None when Slurm had none)."""
+
+    submit: float | None = None
+    start: float | None = None
+    end: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored."""
+        return {"submit": self.submit, "start": self.start, "end": self.end}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> SlurmTimes:
+        """Parse the times; an empty object (a lost job) has none."""
+        if not isinstance(data, Mapping):
+            raise RecordError(where, "field `times` is not a JSON object")
+        return cls(*(_optional_number(data, key, where) if key in data else None for key in ("submit", "start", "end")))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Created:
+    """The run directory was made."""
+
+    event: ClassVar[EventKind] = EventKind.CREATED
+    at: float
+    name: str
+    source: str | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source}
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Created:
+        return cls(at=at, name=field(data, "name", str, where),
+                   source=field(data, "source", _OPTIONAL_STR, where) if "source" in data else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Waiting:
+    """Too few usable nodes to submit: the supervisor waits (logged once per distinct message)."""
+
+    event: ClassVar[EventKind] = EventKind.WAITING
+    at: float
+    message: str
+
+    def fields(self) -> dict[str, Any]:
+        return {"message": self.message}
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Waiting:
+        return cls(at=at, message=field(data, "message", str, where))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submitting:
+    """About to sbatch an attempt tagged `comment`; without a later `submitted` it is reconciled with Slurm."""
+
+    event: ClassVar[EventKind] = EventKind.SUBMITTING
+    at: float
+    attempt: int
+    comment: str
+
+    def fields(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "comment": self.comment}
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Submitting:
+        return cls(at=at, attempt=field(data, "attempt", int, where), comment=field(data, "comment", str, where))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submitted:
+    """Slurm accepted an attempt as `job_id` (`reconciled`: found in Slurm after a supervisor restart)."""
+
+    event: ClassVar[EventKind] = EventKind.SUBMITTED
+    at: float
+    attempt: int
+    job_id: str
+    argv: tuple[str, ...] = ()
+    resume_from: str | None = None
+    exclude: str | None = None
+    reconciled: bool = False
+
+    def fields(self) -> dict[str, Any]:
+        data = {"attempt": self.attempt, "job_id": self.job_id, "argv": list(self.argv),
+                "resume_from": self.resume_from, "exclude": self.exclude}
+        return {**data, "reconciled": True} if self.reconciled else data
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Submitted:
+        return cls(at=at, attempt=field(data, "attempt", int, where), job_id=str(field(data, "job_id", (str, int), where)),
+                   argv=_strings(data, "argv", where) if "argv" in data else (),
+                   resume_from=field(data, "resume_from", _OPTIONAL_STR, where) if "resume_from" in data else None,
+                   exclude=field(data, "exclude", _OPTIONAL_STR, where) if "exclude" in data else None,
+                   reconciled=field(data, "reconciled", bool, where) if "reconciled" in data else False)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubmitLost:
+    """A `submitting` whose sbatch never reached Slurm: forgotten, so the attempt is made again."""
+
+    event: ClassVar[EventKind] = EventKind.SUBMIT_LOST
+    at: float
+    attempt: int
+    comment: str = ""
+
+    def fields(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "comment": self.comment}
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> SubmitLost:
+        return cls(at=at, attempt=field(data, "attempt", int, where),
+                   comment=field(data, "comment", str, where) if "comment" in data else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ending:
+    """The supervisor is cancelling a running attempt because of `blame` (before Slurm notices)."""
+
+    event: ClassVar[EventKind] = EventKind.ENDING
+    at: float
+    attempt: int
+    job_id: str
+    blame: tuple[BlamedNode, ...]
+
+    def fields(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "job_id": self.job_id, "blame": [b.to_json() for b in self.blame]}
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Ending:
+        return cls(at=at, attempt=field(data, "attempt", int, where), job_id=str(field(data, "job_id", (str, int), where)),
+                   blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decided:
+    """An attempt ended: what Slurm said, how the supervisor read it, and what it decided."""
+
+    event: ClassVar[EventKind] = EventKind.DECIDED
+    at: float
+    attempt: int
+    job_id: str | None
+    state: str  # Slurm's final state, or LOST
+    exit_code: int | None
+    outcome: OutcomeKind
+    message: str
+    blame: tuple[BlamedNode, ...]
+    checkpoint_step: int | None
+    checkpoint: str | None
+    action: DecisionAction
+    delay: float = 0.0
+    times: SlurmTimes | None = None  # None: the job was lost, Slurm had no times
+
+    def fields(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "job_id": self.job_id, "state": self.state, "exit_code": self.exit_code,
+                "outcome": self.outcome.value, "message": self.message, "blame": [b.to_json() for b in self.blame],
+                "checkpoint_step": self.checkpoint_step, "checkpoint": self.checkpoint, "action": self.action.value,
+                "delay": self.delay, "times": self.times.to_json() if self.times is not None else {}}
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Decided:
+        job_id = field(data, "job_id", (str, int, type(None)), where)
+        times = data.get("times") or None
+        return cls(at=at, attempt=field(data, "attempt", int, where), job_id=None if job_id is None else str(job_id),
+                   state=field(data, "state", str, where), exit_code=field(data, "exit_code", _OPTIONAL_INT, where),
+                   outcome=_choice(OutcomeKind, data, "outcome", where), message=field(data, "message", str, where),
+                   blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)),
+                   checkpoint_step=field(data, "checkpoint_step", _OPTIONAL_INT, where),
+                   checkpoint=field(data, "checkpoint", _OPTIONAL_STR, where) if "checkpoint" in data else None,
+                   action=_choice(DecisionAction, data, "action", where),
+                   delay=_number(data, "delay", where) if "delay" in data else 0.0,
+                   times=SlurmTimes.from_json(times, where) if times is not None else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEnded:
+    """The run is over: done (completed), stopped (with why) or cancelled by the user (`jobs` it cancelled)."""
+
+    kind: EventKind  # one of END_KINDS
+    at: float
+    message: str = ""
+    jobs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in END_KINDS:
+            raise ValueError(f"{self.kind} does not end a run")
+
+    @property
+    def event(self) -> EventKind:  # type: ignore[override]
+        return self.kind
+
+    def fields(self) -> dict[str, Any]:
+        return {"message": self.message, "jobs": list(self.jobs)} if self.kind == EventKind.CANCELLED \
+            else {"message": self.message}
+
+    @classmethod
+    def parse(cls, kind: EventKind, at: float, data: Mapping[str, Any], where: str) -> RunEnded:
+        return cls(kind=kind, at=at, message=field(data, "message", str, where) if "message" in data else "",
+                   jobs=_strings(data, "jobs", where) if "jobs" in data else ())
+
+
+RunEvent = Created | Waiting | Submitting | Submitted | SubmitLost | Ending | Decided | RunEnded
+"""Any event of a run journal."""
+
+_PARSERS = {cls.event: cls.parse for cls in (Created, Waiting, Submitting, Submitted, SubmitLost, Ending, Decided)}
+
+
+def event_to_json(event: RunEvent) -> dict[str, Any]:
+    """The JSON object of one journal line."""
+    return {**header(KIND, VERSION), "event": event.event.value, "at": event.at, **event.fields()}
+
+
+def event_from_json(data: object, where: str) -> RunEvent:
+    """Parse one journal line; RecordError for an unknown event, a newer version or a wrong field."""
+    if isinstance(data, Mapping) and "kind" not in data and "version" not in data and "event" in data:
+        body: Mapping[str, Any] = data  # written before journals were versioned: same fields as version 1
+    else:
+        body = check_header(data, KIND, VERSION, where)
+    kind = _choice(EventKind, body, "event", where)
+    at = _number(body, "at", where)
+    if kind in END_KINDS:
+        return RunEnded.parse(kind, at, body, where)
+    return _PARSERS[kind](at, body, where)
+
+
+@dataclass(frozen=True)
+class RunJournal:
+    """A run journal's events in order, and the lines that could not be read (a torn last line is normal)."""
+
+    events: tuple[RunEvent, ...]
+    unreadable_lines: tuple[int, ...] = ()
+
+
+def read_run_journal(path: Path) -> RunJournal:
+    """Every event of the journal at `path` (missing: none); RecordError for a line this clusterctl cannot trust."""
+    lines = read_json_lines(path)
+    unreadable = set(lines.unreadable_lines)
+    numbers = (n for n in range(1, lines.line_count + 1) if n not in unreadable)
+    events = tuple(event_from_json(record, f"{path}:{number}") for record, number in zip(lines.records, numbers))
+    return RunJournal(events, lines.unreadable_lines)
+
+
+def append_run_event(path: Path, event: RunEvent) -> None:
+    """Append one event (durable when this returns)."""
+    append_json_line(path, event_to_json(event))

@@ -1,0 +1,200 @@
+"""What the `clusterctl` commands do, without the command line: submit, wait, cancel, status, report, plan.
+
+Each use case takes its doors (Slurm, the clock, sleeping) as arguments, so the command-line
+module only parses options, calls one of these and prints the result.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusterctl.errors import LayoutError, RunError
+from clusterctl.launcher.checkpoints import find_checkpoints
+from clusterctl.launcher.parallel import ParallelLayout, layout_from_mapping
+from clusterctl.launcher.render import SlurmFacts, SubmitRequest
+from clusterctl.launcher.report import run_report
+from clusterctl.launcher.runs import RunDir, create_run, find_run_of_job, list_runs, unique_run_path
+from clusterctl.launcher.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
+from clusterctl.launcher.status import run_status
+from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
+from clusterctl.records.run_journal import EventKind, RunEnded
+from clusterctl.records.versioned import RecordError
+from clusterctl.slurm import hostlist
+from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.topology import Topology, load_nvlink_domains, load_topology, parse_scontrol_topology
+
+PLAN_GPUS_PER_NODE = 8
+"""`clusterctl plan`'s GPUs per node when neither --gpus-per-node nor a spec says."""
+
+
+# ---- submit -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Submission:
+    """A submission worked out before anything is written: the run directory, the request, what Slurm is."""
+
+    spec: JobSpec
+    run_path: Path
+    request: SubmitRequest
+    facts: SlurmFacts
+    warnings: tuple[str, ...]
+
+
+def prepare_submission(spec: JobSpec, slurm: Slurm, *, run_dir: Path | None, now: float, python: str,
+                       resume_from: str | None, supervise: bool) -> Submission:
+    """Ask Slurm what it is (once), choose the run directory and build the first attempt's request.
+
+    Nothing is written and nothing submitted: `--dry-run` shows exactly this.
+    """
+    facts, warnings = gather_facts(slurm, spec)
+    root = Path(spec.job.runs_dir or default_runs_dir())
+    path = (run_dir or unique_run_path(root, spec.job.name, now)).absolute()
+    request = prepare(spec, facts, run_dir=str(path), python=python, resume_from=resume_from, no_requeue=supervise)
+    return Submission(spec, path, request, facts, (*warnings, *request.warnings))
+
+
+def create_submission_run(submission: Submission, spec_text: str) -> RunDir:
+    """Write the run directory of a submission (spec, journal); RunError when it already exists."""
+    return create_run(submission.run_path, submission.spec, spec_text)
+
+
+def submit_first_attempt(run: RunDir, submission: Submission, slurm: Slurm) -> str:
+    """sbatch the submission's request as attempt 1 (unsupervised) and journal it; the job id."""
+    return submit_attempt(run, submission.request, slurm, 1, None)
+
+
+def wait_for_job(slurm: Slurm, job_id: str, sleep: Callable[[float], None] = time.sleep, poll: float = 1.0) -> str:
+    """Poll the controller (then accounting) until the job is terminal; its final state."""
+    while True:
+        report = slurm.queue().get(job_id)
+        if report is None:
+            found = slurm.accounting([job_id]).get(job_id)
+            if found is not None and found.terminal:
+                return found.state
+        elif report.terminal:
+            return report.state
+        sleep(poll)
+
+
+# ---- runs: find, cancel, status, report ---------------------------------------------------------
+def resolve_runs(target: str | None, runs_root: Path) -> list[RunDir]:
+    """The runs a command means: RUN (a directory), JOB (a job id one of them submitted), or the newest."""
+    if target is None:
+        return list_runs(runs_root)
+    candidate = Path(target)
+    if candidate.is_dir():
+        run = RunDir(candidate.absolute())
+        if not run.exists():
+            raise RunError(f"{candidate} is not a clusterctl run directory (no spec.json)")
+        return [run]
+    if target.isdigit():
+        found = find_run_of_job(runs_root, target)
+        if found is None:
+            raise RunError(f"no run under {runs_root} submitted job {target}; pass the run directory instead")
+        return [found]
+    raise RunError(f"{target!r} is neither a run directory nor a job id")
+
+
+def cancel_run(run: RunDir, slurm: Slurm) -> list[str]:
+    """Journal the cancellation (its supervisor stops), then scancel the run's live jobs; their ids."""
+    queue = slurm.queue()
+    live = [a.job_id for a in run.attempts() if a.job_id in queue and not queue[a.job_id].terminal]
+    run.record(RunEnded(kind=EventKind.CANCELLED, at=run.now(), message="cancelled by the user", jobs=tuple(live)))
+    slurm.cancel(live)
+    return live
+
+
+def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], None]) -> list[dict]:
+    """The status of each run: its journal and rank maps joined with one squeue (and sacct for the rest).
+
+    A rank map this clusterctl cannot read is shown as missing, with a note through `say`.
+    """
+    journals = {run.path: run.events() for run in runs}
+    queue = slurm.queue()
+    attempts = {run.path: run.attempts() for run in runs}
+    ids = [a.job_id for run in runs for a in attempts[run.path] if a.job_id not in queue]
+    accounting = slurm.accounting(ids) if ids else {}
+    statuses = []
+    for run in runs:
+        try:
+            rank_maps = run.rank_maps([a.job_id for a in attempts[run.path]])
+        except RecordError as exc:
+            say(f"note: {exc}")
+            rank_maps = {}
+        statuses.append(run_status(run.path, journals[run.path], rank_maps, queue, accounting))
+    return statuses
+
+
+def gather_report(run: RunDir, now: float) -> dict:
+    """The report of a run: its journal and the checkpoints in its checkpoint directory."""
+    spec = run.spec()
+    directory = spec.checkpoint_dir(str(run.path))
+    checkpoints, skipped = find_checkpoints(Path(directory), spec.checkpoint.validator) if directory else ([], [])
+    return run_report(run.path, run.events(), checkpoints, skipped, now)
+
+
+# ---- plan ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlanInputs:
+    """What `clusterctl plan` plans for: a layout, GPUs per node, a topology and the nodes to use."""
+
+    layout: ParallelLayout
+    gpus_per_node: int
+    topology: Topology
+    allocated: tuple[str, ...]
+
+
+def plan_layout(spec_path: Path | None, options: Mapping[str, int | str], nodes: int,
+                gpus_per_node: int | None) -> tuple[ParallelLayout, int]:
+    """The layout to plan and GPUs per node: the spec's (read by the spec loader, for `nodes` nodes)
+    with the command line's sizes on top; dp fills the rest when it is not given."""
+    values: dict[str, int | str] = {}
+    spec_dp: int | None = None
+    if spec_path is not None:
+        spec = load_spec(spec_path, parse_overrides(nodes=nodes, gpus_per_node=gpus_per_node))
+        gpus_per_node = spec.job.gpus_per_node
+        layout = spec.parallel
+        values = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.ep, "order": layout.order}
+        spec_dp = layout.dp
+    gpus_per_node = gpus_per_node or PLAN_GPUS_PER_NODE
+    values.update(options)
+    if "dp" not in options:
+        if spec_dp is not None and not {"tp", "cp", "pp"} & set(options):
+            values["dp"] = spec_dp  # the spec loader already filled it for these nodes
+        else:
+            rest, dp = fill_data_parallel(values, nodes * gpus_per_node)
+            if dp is None:
+                raise LayoutError(f"tp×cp×pp = {rest} does not divide {nodes * gpus_per_node} GPUs ({nodes} nodes × "
+                                  f"{gpus_per_node}); change tp, cp or pp, or the node count")
+            values["dp"] = dp
+    return layout_from_mapping(values, where=str(spec_path) if spec_path else "options"), gpus_per_node
+
+
+def plan_inputs(slurm: Slurm, *, spec_path: Path | None, options: Mapping[str, int | str],
+                gpus_per_node: int | None, topology_file: Path | None, nvlink_domains: Path | None,
+                nodelist: str | None, node_count: int | None, partition: str | None) -> PlanInputs:
+    """Everything `clusterctl plan` needs, from files or the live cluster.
+
+    The topology comes from `topology_file`, else from Slurm (with `node_count`); the nodes from
+    `nodelist` (N of them with `node_count`), else N idle nodes of the live cluster.  The caller
+    makes sure one of each is given.
+    """
+    if topology_file is not None:
+        topology = load_topology(topology_file)
+    else:
+        topology = parse_scontrol_topology(slurm.show_topology())
+    if nvlink_domains is not None:
+        topology = topology.with_nvlink_domains(load_nvlink_domains(nvlink_domains))
+    if nodelist is not None:
+        allocated = hostlist.expand(nodelist)
+        wanted = node_count or len(allocated)  # with --nodes: use N of the listed nodes
+    else:
+        assert node_count is not None, "plan_inputs needs a nodelist or a node count"
+        allocated = slurm.idle_nodes(partition)
+        wanted = node_count
+        if len(allocated) < node_count:
+            raise LayoutError(f"--nodes {node_count}: only {len(allocated)} idle nodes now; ask for fewer nodes")
+    layout, gpn = plan_layout(spec_path, options, wanted, gpus_per_node)
+    return PlanInputs(layout, gpn, topology, tuple(allocated))
