@@ -9,7 +9,7 @@ exactly once.  Lines: `{"kind": "healthd-action", "version": 1, "planned": {...}
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +56,14 @@ class ActionJournal:
     """What the journal holds: every decision, the outcomes known, and lines that could not be read."""
 
     planned: tuple[PlannedAction, ...] = ()
-    results: Mapping[str, str] | None = None
+    results: Mapping[str, str] = dataclass_field(default_factory=dict)
+    """Outcome by action id, in the order they were journaled."""
     torn_lines: tuple[int, ...] = ()
 
     @property
     def pending(self) -> tuple[PlannedAction, ...]:
         """Decisions without an outcome: apply them (once) before anything new."""
-        done = self.results or {}
-        return tuple(a for a in self.planned if a.id not in done)
+        return tuple(a for a in self.planned if a.id not in self.results)
 
 
 def append_planned(path: Path, action: PlannedAction) -> None:

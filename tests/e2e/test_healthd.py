@@ -10,6 +10,9 @@ import time
 
 import pytest
 
+from clusterctl.records.actions import Action
+from clusterctl.records.healthd_actions import read_action_journal
+from clusterctl.records.healthd_state import GpuState, HealthdState, read_healthd_state
 from clusterctl_testbed.gpu_faults import Fault, inject
 
 pytestmark = pytest.mark.e2e
@@ -34,14 +37,19 @@ def drained(cluster, node):
     return row if row.state.startswith("drain") else None
 
 
-def healthd_state(cluster, node) -> dict:
-    return json.loads((cluster.layout.host_dir(node) / "run-healthd" / "state.json").read_text())
+def healthd_state(cluster, node) -> HealthdState:
+    state = read_healthd_state(cluster.layout.host_dir(node) / "run-healthd")
+    assert state is not None, f"healthd on {node} wrote no state"
+    return state
+
+
+def gpu(cluster, node, index: int) -> GpuState:
+    return next(g for g in healthd_state(cluster, node).gpus if g.index == index)
 
 
 def journal_results(cluster, node) -> list[str]:
-    path = cluster.layout.host_dir(node) / "lib-healthd" / "actions.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line)["result"] for line in lines if '"done"' in line]
+    journal = read_action_journal(cluster.layout.host_dir(node) / "lib-healthd" / "actions.jsonl")
+    return list(journal.results.values())  # in the order the outcomes were journaled
 
 
 def quiet_cycles(cluster, n=2):
@@ -52,7 +60,7 @@ def quiet_cycles(cluster, n=2):
 def test_xid_79_drains_only_that_node_naming_the_gpu(cluster):
     inject(cluster.nvml_dir("node3"), Fault("xid", gpu=3, value=79))
     row = wait_until(lambda: drained(cluster, "node3"), 5, "node3 drained")
-    uuid = healthd_state(cluster, "node3")["gpus"]["3"]["uuid"]
+    uuid = gpu(cluster, "node3", 3).uuid
     # Via the Xid event or the lost GPU, whichever healthd sees first: the reason names GPU 3.
     assert row.reason.startswith("healthd: ") and f" gpu3 ({uuid}) drain-reboot " in row.reason
     assert [n.state for n in cluster.nodes() if n.name != "node3"] == ["idle", "idle", "idle"]
@@ -97,7 +105,7 @@ def test_a_reset_class_drain_resumes_once_checks_are_clean(cluster):
 
 def test_remap_pending_is_a_reset_at_idle_verdict_not_a_drain(cluster):
     inject(cluster.nvml_dir("node2"), Fault("remap-pending", gpu=1))
-    wait_until(lambda: healthd_state(cluster, "node2")["gpus"]["1"]["verdict"] == "reset-at-idle",
+    wait_until(lambda: gpu(cluster, "node2", 1).verdict is Action.RESET_AT_IDLE,
                3 * cluster.layout.healthd_interval, "reset-at-idle verdict")
     assert node_row(cluster, "node2").state == "idle"
 
@@ -114,9 +122,8 @@ def test_no_false_positives(cluster):
     inject(d, Fault("temp", gpu=6, value=50))
     quiet_cycles(cluster, 2)
     assert node_row(cluster, "node1").state == "idle"
-    state = healthd_state(cluster, "node1")
-    assert state["gpus"]["0"]["verdict"] == "app-fault"
-    assert state["gpus"]["4"]["verdict"] == "ignore"
+    assert gpu(cluster, "node1", 0).verdict is Action.APP_FAULT
+    assert gpu(cluster, "node1", 4).verdict is Action.IGNORE
 
 
 def test_slurmctld_away_then_back_drains_exactly_once(cluster):
@@ -124,7 +131,7 @@ def test_slurmctld_away_then_back_drains_exactly_once(cluster):
     cluster.stop_daemon("slurmctld")
     inject(cluster.nvml_dir("node4"), Fault("ecc-dbe", gpu=7))
     time.sleep(3)  # healthd keeps the decision in its journal and retries
-    assert healthd_state(cluster, "node4")["pending_actions"] >= 1
+    assert healthd_state(cluster, "node4").pending_actions >= 1
     cluster.start_controller()
     wait_until(lambda: drained(cluster, "node4"), 20, "node4 drained after slurmctld came back")
     quiet_cycles(cluster, 2)
@@ -145,7 +152,7 @@ def test_restart_neither_forgets_a_pending_drain_nor_replays_old_kernel_xids(clu
     before = len(journal_results(cluster, "node2"))
     cluster.stop_daemon("slurmctld")
     inject(cluster.nvml_dir("node2"), Fault("ecc-dbe", gpu=3))
-    wait_until(lambda: healthd_state(cluster, "node2")["pending_actions"] >= 1, 10, "pending drain")
+    wait_until(lambda: healthd_state(cluster, "node2").pending_actions >= 1, 10, "pending drain")
     cluster.stop_daemon("healthd:node2")
     cluster.start_healthd("node2")
     cluster.start_controller()
@@ -169,8 +176,8 @@ def test_breaker_alerts_instead_of_draining_past_its_share(cluster):
         cluster.run_on("ctl", ["scontrol", "update", f"NodeName={node}", "State=DRAIN",
                                "Reason=healthd: ecc-dbe gpu0 drain-reset 2026-11-22T00:00:00Z"])
     inject(cluster.nvml_dir("node3"), Fault("ecc-dbe", gpu=4))
-    alerts = wait_until(lambda: healthd_state(cluster, "node3")["alerts"], 10, "breaker alert")
-    assert alerts[0]["alert"] == "breaker-open" and "2 of 4 nodes in gpu" in alerts[0]["detail"]
+    alerts = wait_until(lambda: healthd_state(cluster, "node3").alerts, 10, "breaker alert")
+    assert alerts[0].alert == "breaker-open" and "2 of 4 nodes in gpu" in alerts[0].detail
     assert node_row(cluster, "node3").state == "idle"
 
 
@@ -203,10 +210,8 @@ def test_a_hung_nvml_call_is_reported_while_the_daemon_stays_responsive(cluster,
         receive(8)
         assert messages.count("WATCHDOG=1") > 10, "the watchdog must stay fed during an NVML hang"
         state = healthd_state(cluster, "node4")
-        assert time.time() - state["updated_at"] < 6.5, "the state file keeps being written (every 5 s when idle)"
-        kinds = {f["kind"] for f in state["node_findings"]} | {
-            f["kind"] for g in state["gpus"].values() for f in g["findings"]}
-        assert "nvml-hang" in kinds
+        assert time.time() - state.updated_at < 6.5, "the state file keeps being written (every 5 s when idle)"
+        assert "nvml-hang" in {f.kind for f in state.findings()}
         assert node_row(cluster, "node4").state == "idle"  # a hang warns; it does not drain
     finally:
         inject(cluster.nvml_dir("node4"), Fault("clear"))

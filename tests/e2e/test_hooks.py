@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import pytest
 
+from clusterctl.records.actions import Action
+from clusterctl.records.healthd_node_record import read_node_record
+from clusterctl.records.job_health import JobHealthRecord, job_health_path, read_job_health
 from clusterctl_testbed.gpu_faults import Fault, inject
 from tests.conftest import REPO
 
@@ -30,13 +32,13 @@ def node_row(cluster, node):
     return next(n for n in cluster.nodes() if n.name == node)
 
 
-def record(cluster, job: str, node: str) -> dict:
-    path = cluster.layout.root / "job-health" / job / f"{node}.json"
+def record(cluster, job: str, node: str) -> JobHealthRecord:
+    path = job_health_path(cluster.layout.root / "job-health", job, node)
     deadline = time.monotonic() + 30
     while not path.exists():
         assert time.monotonic() < deadline, f"no epilog record {path}"
         time.sleep(0.2)
-    return json.loads(path.read_text())
+    return read_job_health(path)
 
 
 def test_prolog_refuses_a_node_with_a_failed_remap_and_the_job_runs_elsewhere(cluster, tmp_path):
@@ -49,8 +51,8 @@ def test_prolog_refuses_a_node_with_a_failed_remap_and_the_job_runs_elsewhere(cl
     row = node_row(cluster, "node2")
     assert row.state.startswith("drain") and row.reason.startswith("healthd: remap-failure gpu2 ")
     assert sorted(out.read_text().split()) == ["node1", "node3", "node4"]
-    refusal = (cluster.layout.host_dir("node2") / "lib-healthd" / "node-record.jsonl").read_text()
-    assert f'"job": "{job}"' in refusal and "remap-failure" in refusal
+    refusals = read_node_record(cluster.layout.host_dir("node2") / "lib-healthd")
+    assert any(r.job_id == job and "remap-failure" in r.outcome for r in refusals)
 
 
 def test_xid_79_during_a_job_fails_it_and_the_epilog_names_node3_and_the_gpu(cluster, tmp_path):
@@ -66,9 +68,9 @@ def test_xid_79_during_a_job_fails_it_and_the_epilog_names_node3_and_the_gpu(clu
     inject(cluster.nvml_dir("node3"), Fault("xid", gpu=3, value=79))
     assert wait_job(cluster, job) == "FAILED"
     broke = record(cluster, job, "node3")
-    assert broke["hardware_fault"] is True
-    assert any(f["kind"] == "xid 79" and f["gpu"] == 3 and f["action"] == "drain-reboot" for f in broke["findings"])
-    assert record(cluster, job, "node4")["hardware_fault"] is False
+    assert broke.hardware_fault
+    assert any(f.what == "xid 79" and f.gpu == 3 and f.action is Action.DRAIN_REBOOT for f in broke.findings)
+    assert not record(cluster, job, "node4").hardware_fault
     assert node_row(cluster, "node3").state.startswith("drain")
 
 
@@ -82,8 +84,8 @@ def test_an_app_xid_during_a_job_is_recorded_and_the_node_stays_in_service(clust
     inject(cluster.nvml_dir("node1"), Fault("xid", gpu=1, value=13))
     assert wait_job(cluster, job) == "COMPLETED"
     rec = record(cluster, job, "node1")
-    assert rec["verdict"] == "app-fault" and rec["hardware_fault"] is False
-    assert any(f["kind"] == "xid 13" and f["gpu"] == 1 for f in rec["findings"])
+    assert rec.verdict is Action.APP_FAULT and not rec.hardware_fault
+    assert any(f.what == "xid 13" and f.gpu == 1 for f in rec.findings)
     time.sleep(1)
     assert node_row(cluster, "node1").state == "idle"
 
@@ -106,4 +108,4 @@ def test_hooks_are_correct_with_an_empty_environment_and_healthd_stopped(cluster
     assert "job 902 refused on node4: gpu1 gpu-lost" in refused.stderr
     assert node_row(cluster, "node4").reason.startswith("healthd: gpu-lost gpu1 ")
     assert hook("clusterctl-epilog", "SLURM_JOB_ID=902", "SLURM_JOB_GPUS=0,1").returncode == 0
-    assert record(cluster, "902", "node4")["hardware_fault"] is True
+    assert record(cluster, "902", "node4").hardware_fault
