@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from clusterctl.healthd.config import ConfigError, load_config
+from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import POLICY_VERSION, policy_rows
 
@@ -38,7 +38,7 @@ def cli() -> None:
     """
 
 
-def _config(path: Path | None):
+def _config(path: Path | None) -> HealthdConfig:
     try:
         return load_config(path)
     except ConfigError as exc:

@@ -92,7 +92,7 @@ def _typed(where: str, key: str, value: Any, default: Any) -> Any:
     return value
 
 
-def config_from_mapping(data: dict, where: str = "healthd.toml") -> HealthdConfig:
+def config_from_mapping(data: dict[str, Any], where: str = "healthd.toml") -> HealthdConfig:
     base = HealthdConfig()
     top = {f.name for f in fields(HealthdConfig)} - {"checks", "policy"}
     values: dict[str, Any] = {}

@@ -40,8 +40,8 @@ from clusterctl.healthd.nvml import EventWatcher, Nvml, NvmlHang, TimedCalls
 from clusterctl.healthd.policy import POLICY_VERSION
 from clusterctl.healthd.sampler import sample_host, scan_gpus
 from clusterctl.records.healthd_kmsg_cursor import KmsgCursor, read_kmsg_cursor, write_kmsg_cursor
-from clusterctl.records.healthd_state import write_healthd_state
-from clusterctl.records.healthd_xid_history import append_xid_sighting, read_xid_history
+from clusterctl.records.healthd_state import HealthdState, write_healthd_state
+from clusterctl.records.healthd_xid_history import XidSighting, append_xid_sighting, read_xid_history
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm.nodes import NodeState, SlurmNode
 
@@ -108,7 +108,7 @@ class Daemon:
         self.sustained = Sustained()
         self.started = clock.now()
 
-    def _xid_history(self):
+    def _xid_history(self) -> tuple[XidSighting, ...]:
         try:
             return read_xid_history(self.config.journal_dir)
         except RecordError as exc:  # not understood: start without it (fewer repeats recognised, never more)
@@ -328,7 +328,7 @@ class Daemon:
         return decision
 
     # ---- state file, watchdog, signals ---------------------------------------------------------
-    def state_view(self):
+    def state_view(self) -> HealthdState:
         """What the state file shows now."""
         now = self.clock.monotonic()
         identities = {i: engine.GpuIdentityView(g.uuid, g.pci_bus) for i, g in self.nvml.identities.items()}

@@ -154,7 +154,7 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], 
     gpus = parse_job_gpus(environ.get("SLURM_JOB_GPUS"))
     end = time.time()
     start = _job_start(config, job, end)
-    findings: dict[tuple, HealthFinding] = {}
+    findings: dict[tuple[int | None, str, int | None], HealthFinding] = {}
 
     def add(finding: Finding, action: Action, reason: str, source: str) -> None:
         if gpus is not None and finding.gpu is not None and finding.gpu not in gpus:

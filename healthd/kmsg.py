@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import select
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -129,7 +130,7 @@ class KernelLog:
         # A cursor from another boot means nothing: this boot's records are all new.
         self.after = cursor.sequence if cursor and cursor.boot_id == boot_id else -1
 
-    def follow(self, stop, poll: float = 0.05) -> Iterator[KernelRecord]:
+    def follow(self, stop: threading.Event, poll: float = 0.05) -> Iterator[KernelRecord]:
         """Yield new records until `stop.is_set()`; blocks between records."""
         reader = RecordReader(self.path)
         try:

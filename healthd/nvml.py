@@ -35,7 +35,7 @@ class NvmlHang(Exception):
 class _Worker:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.job: tuple[Callable[..., Any], tuple, dict] | None = None
+        self.job: tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None = None
         self.ready = threading.Event()
         self.done = threading.Event()
         self.result: Any = None
@@ -118,7 +118,7 @@ class Nvml:
             pass
 
     def count(self) -> int:
-        return self.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount)
+        return int(self.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount))
 
     def discover(self) -> list[GpuIdentity]:
         """Handles and identities of every GPU; lost ones are skipped here (samples report them lost)."""

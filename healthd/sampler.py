@@ -10,11 +10,15 @@ import os
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psutil
 
 from clusterctl.healthd.checks import CheckLimits, HostSample, Sustained, check_gpu, check_gpu_count
 from clusterctl.healthd.findings import Finding
+
+if TYPE_CHECKING:
+    from clusterctl.healthd.nvml import Nvml
 
 
 def sample_host(paths: Sequence[str]) -> HostSample:
@@ -46,7 +50,7 @@ class GpuScan:
     count: int | None = None
 
 
-def scan_gpus(nvml, limits: CheckLimits, sustained: Sustained, now: float, *, source: str,
+def scan_gpus(nvml: Nvml, limits: CheckLimits, sustained: Sustained, now: float, *, source: str,
               gpus: Sequence[int] | None = None) -> GpuScan:
     """Sample `gpus` (None: every enumerated GPU) through `nvml` (healthd.nvml.Nvml) and check them.
 
