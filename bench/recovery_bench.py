@@ -32,6 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from stats import percentile  # noqa: E402
 
+from clusterctl.records.rank_map import rank_map_path, read_rank_map  # noqa: E402
+from clusterctl.records.run_journal import read_run_journal  # noqa: E402
 from clusterctl_testbed.cluster import Testbed  # noqa: E402
 from clusterctl_testbed.gpu_faults import Fault, inject  # noqa: E402
 from clusterctl_testbed.layout import Layout  # noqa: E402
@@ -59,11 +61,10 @@ poll_seconds = 0.5
 """
 
 
-def _events(run: Path) -> dict[str, list[dict]]:
-    found: dict[str, list[dict]] = {}
-    for line in (run / "journal.jsonl").read_text().splitlines():
-        event = json.loads(line)
-        found.setdefault(event["event"], []).append(event)
+def _events(run: Path) -> dict[str, list]:
+    found: dict[str, list] = {}
+    for event in read_run_journal(run / "journal.jsonl").events:
+        found.setdefault(str(event.event), []).append(event)
     return found
 
 
@@ -86,25 +87,25 @@ def trial(tb: Testbed, work: Path, number: int, records: str) -> dict[str, float
                                    "--job-records", records], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         _wait(lambda: (run / "checkpoints" / "step-00000020").exists(), 90, "the step-20 checkpoint")
-        first_job = _events(run)["submitted"][-1]["job_id"]  # the attempt that is training now
-        node = json.loads((run / "jobs" / first_job / "rankmap.json").read_text())["slots"][1]
+        first_job = _events(run)["submitted"][-1].job_id  # the attempt that is training now
+        node = read_rank_map(run / "jobs" / first_job).slots[1]
         injected = time.time()
         inject(tb.nvml_dir(node), Fault("xid", gpu=number % 8, value=79))
         attempts = len(_events(run)["submitted"])
         second = _wait(lambda: len(_events(run).get("submitted", [])) > attempts and _events(run)["submitted"][-1],
                        60, "the next attempt")
-        job_dir = run / "jobs" / second["job_id"]
-        rank_map = _wait(lambda: (job_dir / "rankmap.json").exists() and job_dir / "rankmap.json", 60, "rank map")
-        log = run / "logs" / f"{second['job_id']}.out"
+        job_dir = run / "jobs" / second.job_id
+        rank_map = _wait(lambda: rank_map_path(job_dir).exists() and rank_map_path(job_dir), 60, "rank map")
+        log = run / "logs" / f"{second.job_id}.out"
 
         def seen(pattern: str):
             return log.exists() and re.search(pattern, log.read_text(errors="replace"), re.M) and time.time()
         resumed = _wait(lambda: seen(r"rank 0\] resumed from"), 60, "the resume")
         stepped = _wait(lambda: seen(r"rank 0\] step \d+ took"), 60, "a step after the resume")
         events = _events(run)
-        decided = next(e for e in events["decided"] if e["job_id"] == first_job)
-        ending = next((e["at"] for e in events.get("ending", []) if e["job_id"] == first_job), decided["at"])
-        marks = [injected, ending, decided["at"], second["at"], rank_map.stat().st_mtime, resumed, stepped]
+        decided = next(e for e in events["decided"] if e.job_id == first_job)
+        ending = next((e.at for e in events.get("ending", []) if e.job_id == first_job), decided.at)
+        marks = [injected, ending, decided.at, second.at, rank_map.stat().st_mtime, resumed, stepped]
         result = {stage: round(b - a, 3) for stage, a, b in zip(STAGES, marks, marks[1:])}
         result["total"] = round(stepped - injected, 3)
         result["node"] = node

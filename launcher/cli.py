@@ -59,8 +59,8 @@ def cli(debug: bool) -> None:
 
     \b
     Exit codes: 0 ok, 2 usage, 3 hostlist, 4 topology, 5 layout, 6 placement,
-    7 spec, 8 Slurm command, 9 run directory.  supervise: 0 done, 1 stopped,
-    2 cancelled.
+    7 spec, 8 Slurm command, 9 run directory, 10 a record file this version
+    cannot read.  supervise: 0 done, 1 stopped, 2 cancelled.
     """
     if debug:
         os.environ["CLUSTERCTL_DEBUG"] = "1"

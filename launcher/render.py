@@ -6,7 +6,6 @@ The request is complete before anything runs, so `--dry-run` shows exactly what
 
 from __future__ import annotations
 
-import importlib.resources
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,12 +48,6 @@ class SubmitRequest:
     sbatch_argv: tuple[str, ...]
     warnings: tuple[str, ...]
     resume_from: str | None = None
-
-
-def builtin_template(style: str) -> Template:
-    """sbatch_templates/<style>.sbatch, read from the installed package (a wheel has no source tree)."""
-    resource = importlib.resources.files("clusterctl.sbatch_templates").joinpath(f"{style}.sbatch")
-    return Template(resource.read_text(encoding="utf-8"), f"sbatch_templates/{style}.sbatch")
 
 
 def parse_version(text: str) -> tuple[int, int, int] | None:

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import importlib.resources
 from pathlib import Path
 
 from clusterctl.errors import ClusterctlError, SlurmCommandError
-from clusterctl.launcher.render import BLOCK_TOPOLOGY_SINCE, SlurmFacts, SubmitRequest, Template, builtin_template, parse_version
+from clusterctl.launcher.render import BLOCK_TOPOLOGY_SINCE, SlurmFacts, SubmitRequest, Template, parse_version
 from clusterctl.launcher.render import prepare as prepare_request
 from clusterctl.launcher.runs import RunDir
 from clusterctl.records.run_journal import Submitted
 from clusterctl.slurm.commands import Slurm
 from clusterctl.launcher.spec import JobSpec
 from clusterctl.slurm.topology import load_topology, parse_scontrol_topology
+
+
+def builtin_template(style: str) -> Template:
+    """sbatch_templates/<style>.sbatch, read from the installed package (a wheel has no source tree)."""
+    resource = importlib.resources.files("clusterctl.sbatch_templates").joinpath(f"{style}.sbatch")
+    return Template(resource.read_text(encoding="utf-8"), f"sbatch_templates/{style}.sbatch")
 
 
 def load_template(spec: JobSpec) -> Template:

@@ -95,3 +95,13 @@ def test_bad_layout_values(values, message):
 def test_frameworks_resolve_to_orders():
     assert layout_from_mapping({"framework": "torchtitan"}).order == "tp-cp-dp-pp"
     assert layout_from_mapping({"order": "megatron-tp-pp-dp"}).order == "tp-pp-dp"
+
+
+@given(layouts)
+def test_coordinates_place_every_rank_once_and_groups_vary_in_their_own_dimension_only(layout):
+    coordinates = [tuple(layout.coordinates(rank).values()) for rank in range(layout.world_size)]
+    assert len(set(coordinates)) == layout.world_size  # a bijection between ranks and index tuples
+    for kind in ("tp", "cp", "dp", "pp"):
+        for group in layout.groups(kind):
+            others = {tuple(v for d, v in layout.coordinates(r).items() if d != kind) for r in group}
+            assert len(others) == 1

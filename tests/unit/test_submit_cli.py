@@ -13,6 +13,7 @@ import clusterctl.launcher.cli as cli_module
 from clusterctl.launcher.cli import cli
 from clusterctl.launcher.runs import create_run
 from clusterctl.launcher.spec import load_spec
+from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, write_rank_map
 from clusterctl.records.run_journal import (
     BlamedNode, Decided, DecisionAction, OutcomeKind, SlurmTimes, Submitted, read_run_journal,
 )
@@ -76,6 +77,15 @@ def test_submit_writes_the_run_and_prints_job_and_where_to_look(slurm, tmp_path)
     events = read_run_journal(run_dir / "journal.jsonl").events
     assert [e.event for e in events] == ["created", "submitted"] and events[1].job_id == "7"
 
+
+def _submitted_run(slurm: RecordedSlurm, tmp_path, job_id: int):
+    slurm.next_job = job_id
+    assert CliRunner().invoke(cli, ["submit", EXAMPLE]).exit_code == 0
+    return next((tmp_path / "runs").iterdir())
+
+
+def test_status_of_a_job_slurm_does_not_know_says_unknown(slurm, tmp_path):
+    run_dir = _submitted_run(slurm, tmp_path, 7)
     status = CliRunner().invoke(cli, ["status", "7", "--json"])
     assert status.exit_code == 0, status.output
     document = json.loads(status.output)
@@ -84,16 +94,38 @@ def test_submit_writes_the_run_and_prints_job_and_where_to_look(slurm, tmp_path)
     assert document["attempts"][0]["log"] == str(run_dir / "logs" / "7.out")
 
 
-def test_status_of_a_recorded_job_and_cancel_of_a_live_one(slurm, tmp_path):
-    slurm.next_job = 6  # recorded RUNNING
-    assert CliRunner().invoke(cli, ["submit", EXAMPLE]).exit_code == 0
-    run_dir = next((tmp_path / "runs").iterdir())
+def test_status_of_a_recorded_job_shows_slurms_state_and_nodes(slurm, tmp_path):
+    run_dir = _submitted_run(slurm, tmp_path, 6)  # recorded RUNNING
     status = json.loads(CliRunner().invoke(cli, ["status", str(run_dir), "--json"]).output)
     assert status["state"] == "RUNNING" and status["attempts"][0]["nodes"] == "node[1-4]"
+
+
+def test_status_shows_the_rank_map_the_job_wrote(slurm, tmp_path):
+    run_dir = _submitted_run(slurm, tmp_path, 6)
+    summary = PlanSummary("depth-first order", 0, 2, 1)
+    write_rank_map(run_dir / "jobs" / "6", JobRankMap("6", "node[1-4]", RankMap(("node2", "node1"), 8), 20006,
+                                                      ("node3", "node4"), summary))
+    status = json.loads(CliRunner().invoke(cli, ["status", str(run_dir), "--json"]).output)
+    assert status["attempts"][0]["rank_map"] == {"slots": ["node2", "node1"], **summary.to_json()}
+
+
+def test_status_shows_a_rank_map_it_cannot_read_as_missing_with_a_note(slurm, tmp_path):
+    run_dir = _submitted_run(slurm, tmp_path, 6)
+    (run_dir / "jobs" / "6").mkdir(parents=True)
+    (run_dir / "jobs" / "6" / "rankmap.json").write_text('{"kind": "rank-map", "version": 5}')
+    result = CliRunner().invoke(cli, ["status", str(run_dir), "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["attempts"][0]["rank_map"] is None
+    assert "rank-map record version 5 is newer than this clusterctl understands" in result.stderr
+
+
+def test_cancel_ends_the_live_job_and_the_run(slurm, tmp_path):
+    run_dir = _submitted_run(slurm, tmp_path, 6)  # recorded RUNNING
     result = CliRunner().invoke(cli, ["cancel", str(run_dir)])
     assert result.exit_code == 0 and result.output.startswith("cancelled 6;")
     assert ["scancel", "6"] in slurm.calls
     assert json.loads(CliRunner().invoke(cli, ["status", str(run_dir), "--json"]).output)["state"] == "cancelled"
+    ended = read_run_journal(run_dir / "journal.jsonl").events[-1]
+    assert ended.event == "cancelled" and ended.jobs == ("6",)
 
 
 def _clusterctl(*args: str, cwd=REPO) -> subprocess.CompletedProcess:

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 
 from clusterctl.errors import RunError
 from clusterctl.launcher.runs import RunDir, create_run
+from clusterctl.launcher.shared_reads import SharedReads
 from clusterctl.slurm.commands import Completed, Slurm
 from clusterctl.launcher.spec import load_spec
 from clusterctl.launcher.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks, Supervisor
+from clusterctl.records.actions import Action
+from clusterctl.records.job_health import HealthFinding, JobHealthRecord, job_health_path, write_job_health
 from clusterctl.records.run_journal import Submitting
 from tests.conftest import REPO
 
@@ -91,8 +96,8 @@ def world(tmp_path):
     return run, slurm, clock, said, hooks
 
 
-def _supervisor(run: RunDir, slurm: ScriptedSlurm, hooks: Hooks) -> Supervisor:
-    return Supervisor(RunDir(run.path), Slurm(slurm), "/py", None, hooks, evidence_grace=0.0)
+def _supervisor(run: RunDir, slurm: ScriptedSlurm, hooks: Hooks, records_dir: Path | None = None) -> Supervisor:
+    return Supervisor(RunDir(run.path), Slurm(slurm), "/py", records_dir, hooks, evidence_grace=0.0)
 
 
 def _events(run: RunDir, kind: str) -> list:
@@ -115,6 +120,50 @@ def test_a_healthd_drain_ends_the_attempt_and_the_next_one_excludes_the_node(wor
     decided = _events(run, "decided")
     assert decided[0].outcome == "node-failure" and decided[0].blame[0].node == "node2"
     assert any("ending job 1 now: node2: healthd: xid 79" in line for line in said)
+
+
+def _fail_job_1_after_its_epilog_wrote(slurm: ScriptedSlurm, write_record) -> None:
+    def script() -> None:
+        jobs = list(slurm.jobs)
+        if jobs == ["1"] and slurm.jobs["1"]["job_state"] == "RUNNING":
+            write_record()
+            slurm.end("1", "FAILED", 1 << 8)
+        elif jobs == ["1", "2"]:
+            slurm.end("2", "COMPLETED")
+    slurm.on_poll = script
+
+
+def _xid_record(node: str) -> JobHealthRecord:
+    finding = HealthFinding(kind="xid", action=Action.DRAIN_RESET, reason="GPU fell off the bus", source="healthd",
+                            xid=79, gpu=3)
+    return JobHealthRecord(job_id="1", node=node, window_start="2026-11-22T15:00:00Z",
+                           window_end="2026-11-22T15:05:00Z", written_at="2026-11-22T15:05:01Z", findings=(finding,))
+
+
+def test_the_epilogs_record_blames_its_node_with_the_findings_as_evidence(world, tmp_path):
+    run, slurm, clock, said, hooks = world
+    records = tmp_path / "records"
+    _fail_job_1_after_its_epilog_wrote(slurm, lambda: write_job_health(records, _xid_record("node2")))
+    assert _supervisor(run, slurm, hooks, records).supervise() == EXIT_DONE
+    decided = _events(run, "decided")[0]
+    assert decided.outcome == "node-failure" and [b.node for b in decided.blame] == ["node2"]
+    assert "epilog record: drain-reset (xid 79 gpu3 drain-reset)" in decided.blame[0].evidence
+    assert "--exclude=node2" in slurm.sbatch_calls[1]
+
+
+def test_an_epilog_record_it_cannot_read_is_skipped_with_a_note(world, tmp_path):
+    run, slurm, clock, said, hooks = world
+    records = tmp_path / "records"
+
+    def write_newer() -> None:
+        path = write_job_health(records, _xid_record("node2"))
+        path.write_text(json.dumps({**json.loads(path.read_text()), "version": 99}))
+    _fail_job_1_after_its_epilog_wrote(slurm, write_newer)
+    assert _supervisor(run, slurm, hooks, records).supervise() == EXIT_DONE
+    assert _events(run, "decided")[0].outcome == "program-failure"
+    notes = [line for line in said if line.startswith("note: skipping an epilog record")]
+    assert notes == [f"note: skipping an epilog record: {job_health_path(records, '1', 'node2')}: job-health record "
+                     "version 99 is newer than this clusterctl understands (1); upgrade clusterctl on this host"]
 
 
 def test_a_restarted_supervisor_finds_a_job_submitted_just_before_it_died(world):
@@ -195,12 +244,10 @@ def test_one_supervisor_per_run(world):
     held = RunDir(run.path).lock()
     with pytest.raises(RunError, match="is already supervised by pid"):
         _supervisor(run, slurm, hooks).supervise()
-    import os
     os.close(held)
 
 
 def test_supervisors_of_one_runs_directory_share_one_squeue_per_interval(tmp_path):
-    from clusterctl.launcher.shared_reads import SharedReads
     clock = Clock()
     slurm = ScriptedSlurm(clock)
     calls = {"squeue": 0}
@@ -211,3 +258,13 @@ def test_supervisors_of_one_runs_directory_share_one_squeue_per_interval(tmp_pat
     assert calls["squeue"] == 1
     clock.sleep(2.0)
     assert readers[3].queue() == {} and readers[7].queue() == {} and calls["squeue"] == 2
+
+
+def test_a_shared_answer_it_cannot_read_is_asked_of_slurm_again(tmp_path):
+    clock = Clock()
+    slurm = ScriptedSlurm(clock)
+    calls = {"squeue": 0}
+    slurm.on_poll = lambda: calls.__setitem__("squeue", calls["squeue"] + 1)
+    (tmp_path / ".slurm-squeue.json").write_text('{"kind": "slurm-cache", "version": 9}')
+    assert SharedReads(Slurm(slurm), tmp_path, 2.0, clock.time).queue() == {} and calls["squeue"] == 1
+    assert SharedReads(Slurm(slurm), tmp_path, 2.0, clock.time).queue() == {} and calls["squeue"] == 1

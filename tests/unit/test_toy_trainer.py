@@ -47,13 +47,26 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path_factory, stop):
     assert final(split) == final(whole)
 
 
-def test_checkpoint_is_complete_or_absent(tmp_path):
+def test_a_written_checkpoint_is_complete(tmp_path):
     state = toy.initial_state(7)
     state["step"] = 5
     path = toy.write_checkpoint(tmp_path, state)
     assert sorted(p.name for p in path.iterdir()) == ["manifest.json", "params.json"]
     assert not list(tmp_path.glob(".tmp-*"))
     assert toy.load_checkpoint(path)["params"] == state["params"]
+
+
+def test_a_checkpoint_cut_short_before_its_rename_is_never_seen(tmp_path, monkeypatch):
+    state = toy.initial_state(7)
+    state["step"] = 5
+
+    def crash(src, dst):
+        raise OSError("the node died here")
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="the node died here"):
+        toy.write_checkpoint(tmp_path, state)
+    monkeypatch.undo()
+    assert not list(tmp_path.glob("step-*")) and toy.latest_checkpoint(tmp_path) is None
 
 
 def test_half_written_and_corrupt_checkpoints_are_skipped(tmp_path, capsys):
@@ -71,12 +84,20 @@ def test_half_written_and_corrupt_checkpoints_are_skipped(tmp_path, capsys):
     assert "step-00000020: params.json does not match the manifest's checksum" in out
 
 
-def test_resume_env_overrides_and_none_starts_fresh(tmp_path, monkeypatch):
+def test_the_resume_variable_picks_the_checkpoint_to_start_from(tmp_path, monkeypatch, capsys):
+    assert run(tmp_path, 10) == 0
+    monkeypatch.setenv(toy.RESUME_ENV, str(tmp_path / "step-00000005"))
+    capsys.readouterr()
+    assert run(tmp_path, 12) == 0
+    assert f"resumed from {tmp_path / 'step-00000005'}; world size 1; steps 5..12" in capsys.readouterr().out
+
+
+def test_resume_none_starts_fresh_even_with_checkpoints_present(tmp_path, capsys):
     assert run(tmp_path / "a", 10) == 0
-    monkeypatch.setenv(toy.RESUME_ENV, str(tmp_path / "a" / "step-00000005"))
-    assert run(tmp_path / "a", 12) == 0
-    monkeypatch.delenv(toy.RESUME_ENV)
-    assert run(tmp_path / "b", 12, "--resume", "none") == 0
+    capsys.readouterr()
+    assert run(tmp_path / "a", 12, "--resume", "none") == 0
+    assert "fresh start; world size 1; steps 0..12" in capsys.readouterr().out
+    assert run(tmp_path / "b", 12) == 0
     assert final(tmp_path / "a") == final(tmp_path / "b")
 
 
