@@ -1,7 +1,7 @@
 """A run: one directory holding the spec, every attempt's job id and an append-only journal.
 
     <run>/spec.toml            the spec as written (for people)
-    <run>/spec.json            the effective spec (overrides applied; what the job reads)
+    <run>/spec.json            the effective spec (overrides applied; what the job reads), kind `run-spec`
     <run>/journal.jsonl        typed events (clusterctl.records.run_journal): created, submitted, decided...
     <run>/attempts/<n>/        job.sbatch of attempt n
     <run>/jobs/<job id>/       rankmap.json, hostfile, ranks/<rank>.json (written in the job)
@@ -15,14 +15,16 @@ import json
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from clusterctl.errors import RunError
+from clusterctl.errors import ClusterctlError, RunError
 from clusterctl.files import atomic_write
 from clusterctl.launcher.spec import JobSpec, spec_from_dict
 from clusterctl.records.rank_map import JobRankMap, read_rank_map
+from clusterctl.records.versioned import RecordError, check_header, header
 from clusterctl.records.run_journal import Created, RunEvent, RunJournal, Submitted, append_run_event, read_run_journal
 
 
@@ -52,10 +54,17 @@ class RunDir:
         return (self.path / "spec.json").is_file()
 
     def spec(self) -> JobSpec:
+        """The run's effective spec; RunError without one, RecordError when this clusterctl cannot read it."""
+        path = self.path / "spec.json"
         try:
-            return spec_from_dict(json.loads((self.path / "spec.json").read_text()))
+            data = path.read_bytes()
         except FileNotFoundError:
             raise RunError(f"{self.path} is not a clusterctl run (no spec.json)") from None
+        try:
+            parsed = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise RecordError(str(path), f"not a readable JSON record ({exc.__class__.__name__})") from None
+        return spec_from_document(parsed, str(path))
 
     def journal(self) -> RunJournal:
         """The journal's events and its unreadable lines (RecordError for an event this clusterctl cannot read)."""
@@ -125,6 +134,30 @@ def log_path(run_path: Path, job_id: str) -> Path:
     return run_path / "logs" / f"{job_id}.out"
 
 
+SPEC_KIND = "run-spec"
+SPEC_VERSION = 1
+
+
+def spec_document(spec: JobSpec) -> dict[str, Any]:
+    """spec.json's JSON: the spec as `JobSpec.to_dict` gives it, under a kind and version header."""
+    return {**header(SPEC_KIND, SPEC_VERSION), **spec.to_dict()}
+
+
+def spec_from_document(data: object, where: str) -> JobSpec:
+    """Read spec.json's JSON back; RecordError for a newer or damaged one.
+
+    A spec.json from before the header (no `kind`) holds the same fields and is read as version 1.
+    """
+    if isinstance(data, Mapping) and "kind" not in data and "version" not in data:
+        body: Mapping[str, Any] = data
+    else:
+        body = check_header(data, SPEC_KIND, SPEC_VERSION, where)
+    try:
+        return spec_from_dict({key: value for key, value in body.items() if key not in ("kind", "version")})
+    except (KeyError, TypeError, ValueError, AttributeError, ClusterctlError) as exc:
+        raise RecordError(where, f"not a run spec this clusterctl can read ({exc.__class__.__name__}: {exc})") from None
+
+
 def run_dir_name(name: str, now: float) -> str:
     """<job name made path-safe>-<UTC timestamp>."""
     safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "run"
@@ -141,7 +174,7 @@ def create_run(path: Path, spec: JobSpec, spec_text: str) -> RunDir:
     for sub in ("logs", "jobs", "attempts"):
         (path / sub).mkdir()
     atomic_write(path / "spec.toml", spec_text)
-    atomic_write(path / "spec.json", json.dumps(spec.to_dict(), indent=2, sort_keys=True) + "\n")
+    atomic_write(path / "spec.json", json.dumps(spec_document(spec), indent=2, sort_keys=True) + "\n")
     run = RunDir(path)
     run.record(Created(at=run.now(), name=spec.job.name, source=spec.source))
     return run

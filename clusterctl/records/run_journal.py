@@ -318,7 +318,7 @@ class RunEnded:
             raise ValueError(f"{self.kind} does not end a run")
 
     @property
-    def event(self) -> EventKind:  # type: ignore[override]
+    def event(self) -> EventKind:
         return self.kind
 
     def fields(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The launcher's cross-process records: run journal, rank map, rank records, shared Slurm answers.
+"""The launcher's cross-process records: run journal, rank map, rank records, shared Slurm answers, run spec.
 
 Each round-trips through its file, and a reader refuses what it does not understand (a newer
 version, an unknown event) with one clear line instead of guessing.
@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from clusterctl.launcher.runs import create_run
+from clusterctl.launcher.spec import load_spec
 from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, read_rank_map, write_rank_map
 from clusterctl.records.rank_record import RankRecord, read_rank_record, write_rank_record
 from clusterctl.records.run_journal import (
@@ -21,6 +23,7 @@ from clusterctl.records.run_journal import (
 )
 from clusterctl.records.slurm_cache import CachedAnswer, cache_path, read_cached_answer, write_cached_answer
 from clusterctl.records.versioned import RecordError
+from tests.conftest import REPO
 
 BLAME = BlamedNode("node3", "healthd: xid 79 gpu3", ("drained by healthd: healthd: xid 79 gpu3",), 9e9)
 EVERY_EVENT = [
@@ -182,3 +185,34 @@ def test_a_damaged_cached_answer_is_a_clear_error(tmp_path):
     cache_path(tmp_path, "squeue").write_text('{"kind": "slurm-cache", "ver')
     with pytest.raises(RecordError, match=r"\.slurm-squeue\.json: not a readable JSON record"):
         read_cached_answer(tmp_path, "squeue")
+
+
+# ---- the run's spec ----------------------------------------------------------------------
+def test_a_runs_spec_reads_back_as_written(tmp_path):
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    assert create_run(tmp_path / "run", spec, "").spec() == spec
+
+
+def test_a_runs_spec_from_a_newer_clusterctl_is_refused(tmp_path):
+    run = create_run(tmp_path / "run", load_spec(REPO / "examples" / "toy_trainer.toml"), "")
+    path = run.path / "spec.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "version": 2}))
+    with pytest.raises(RecordError, match="run-spec record version 2 is newer than this clusterctl understands"):
+        run.spec()
+
+
+def test_a_runs_spec_written_before_versions_is_still_read(tmp_path):
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    run = create_run(tmp_path / "run", spec, "")
+    (run.path / "spec.json").write_text(json.dumps(spec.to_dict()))
+    assert run.spec() == spec
+
+
+def test_a_runs_spec_with_a_field_this_version_lacks_is_a_clear_error(tmp_path):
+    run = create_run(tmp_path / "run", load_spec(REPO / "examples" / "toy_trainer.toml"), "")
+    path = run.path / "spec.json"
+    document = json.loads(path.read_text())
+    document["job"]["gpu_kind"] = "h100"
+    path.write_text(json.dumps(document))
+    with pytest.raises(RecordError, match=r"spec.json: not a run spec this clusterctl can read \(TypeError"):
+        run.spec()
