@@ -15,10 +15,11 @@ from clusterctl_testbed.cli import cli as bed_cli
 BIN = Path(sys.executable).parent
 
 
-def test_clusterctl_help_lists_the_plan():
+def test_clusterctl_help_lists_every_command():
     result = CliRunner().invoke(clusterctl_cli, ["--help"])
     assert result.exit_code == 0
-    assert "submit" in result.output and "supervise" in result.output
+    listed = {line.split()[0] for line in result.output.split("Commands:")[1].splitlines() if line.strip()}
+    assert listed == {"submit", "supervise", "status", "report", "cancel", "spec", "plan", "hostlist"}
 
 
 def test_healthd_status_without_a_daemon_and_a_bad_config(tmp_path):

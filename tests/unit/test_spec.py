@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from clusterctl.errors import SpecError
 from clusterctl.launcher.spec import (
-    FIELDS, CheckpointSection, JobSection, LaunchSection, PlacementSection, RestartSection, load_spec, parse_overrides,
-    parse_spec, reference_rows, spec_from_dict,
+    FIELDS, CheckpointSection, JobSection, LaunchSection, PlacementSection, RestartSection, fill_data_parallel, load_spec,
+    parse_overrides, parse_spec, reference_rows, spec_from_dict,
 )
 from tests.conftest import REPO
 
@@ -85,22 +85,33 @@ def test_a_missing_required_key_says_what_it_is_for():
 def test_a_layout_that_does_not_fill_the_gpus_says_which_numbers_to_change():
     message = _error(MINIMAL + "[parallel]\ntp = 8\npp = 4\ndp = 2\n")
     assert "the layout needs 64 GPUs" in message and "job has 16 (2 nodes × 8)" in message
-    assert "tp×cp×pp = 3 does not divide" in _error(MINIMAL + "[parallel]\npp = 3\n")
+
+
+def test_a_layout_that_leaves_no_whole_dp_says_so():
+    assert "tp×cp×pp = 3 does not divide the job's 16 GPUs" in _error(MINIMAL + "[parallel]\npp = 3\n")
 
 
 def test_not_toml_is_a_one_line_error():
     assert _error("[job\nname = 1").startswith("job.toml: not valid TOML")
 
 
-def test_overrides_win_and_are_checked_like_the_file():
+def test_overrides_win_over_the_file():
     overrides = parse_overrides(nodes=4, time="1:00:00", env=["NCCL_DEBUG=INFO"])
     spec = parse_spec(MINIMAL, "job.toml", overrides, base_dir=Path("/base"))
     assert spec.job.nodes == 4 and spec.job.time == "1:00:00" and spec.parallel.dp == 32
     assert dict(spec.launch.env) == {"NCCL_DEBUG": "INFO"}
+
+
+def test_overrides_are_checked_like_the_file_and_name_the_option():
     with pytest.raises(SpecError, match="command line, key `--time`: expected a Slurm time"):
         parse_overrides(time="soon")
-    with pytest.raises(SpecError, match="expected NAME=VALUE"):
+    with pytest.raises(SpecError, match="command line, key `-e/--env`: expected NAME=VALUE"):
         parse_overrides(env=["NOEQUALS"])
+
+
+def test_dp_fills_the_gpus_left_by_tp_cp_and_pp():
+    assert fill_data_parallel({"tp": 8, "pp": 2}, 64) == (16, 4)
+    assert fill_data_parallel({"tp": 8, "pp": 3}, 64) == (24, None)
 
 
 def test_the_reference_documents_every_field_the_parser_reads():

@@ -61,7 +61,7 @@ def test_the_newest_complete_checkpoint_wins_and_torn_ones_are_skipped_with_a_re
         ("step-00000040", "params.json does not match the manifest's checksum")]
 
 
-def test_dcp_and_megatron_layouts_are_recognised(tmp_path):
+def test_a_dcp_checkpoint_is_complete_once_its_metadata_is_written(tmp_path):
     dcp = tmp_path / "dcp"
     for step, complete in ((100, True), (200, False)):
         (dcp / f"step_{step}").mkdir(parents=True)
@@ -70,6 +70,9 @@ def test_dcp_and_megatron_layouts_are_recognised(tmp_path):
             (dcp / f"step_{step}" / ".metadata").write_bytes(b"meta")
     best, skipped = latest_complete(dcp, "auto")
     assert best.step == 100 and best.validator == "dcp" and "no .metadata" in skipped[0].why
+
+
+def test_a_megatron_checkpoint_is_the_one_its_tracker_file_names(tmp_path):
     mega = tmp_path / "mega"
     (mega / "iter_0000300").mkdir(parents=True)
     (mega / "latest_checkpointed_iteration.txt").write_text("300\n")
@@ -77,7 +80,10 @@ def test_dcp_and_megatron_layouts_are_recognised(tmp_path):
     (mega / "latest_checkpointed_iteration.txt").write_text("400\n")
     best, skipped = latest_complete(mega, "megatron")
     assert best is None and "missing" in skipped[0].why
-    assert latest_complete(tmp_path / "nothing-here")[0] is None
+
+
+def test_a_missing_checkpoint_directory_has_no_checkpoint(tmp_path):
+    assert latest_complete(tmp_path / "nothing-here") == (None, [])
 
 
 # ---- classification ------------------------------------------------------------------
@@ -113,9 +119,15 @@ def test_node_fail_blames_the_node_that_stopped_responding():
     outcome = classify(_report("NODE_FAIL", 0), ["node1", "node2"], NODES, {}, "")
     assert outcome.kind == NODE_FAILURE and [b.node for b in outcome.blame] == ["node2"]
     assert outcome.blame[0].evidence[1] == "Slurm: job NODE_FAIL and node2 is not responding"
+
+
+def test_node_fail_blames_a_node_slurm_marked_down():
     down = {**HEALTHY, "node2": replace(HEALTHY["node2"], state="down", flags=("NOT_RESPONDING",),
                                         reason="Not responding")}
     assert classify(_report("NODE_FAIL", 0), ["node1", "node2"], down, {}, "").blame[0].reason == "node down"
+
+
+def test_node_fail_with_every_node_healthy_now_resubmits_without_blame():
     lost = classify(_report("NODE_FAIL", 0), ["node1"], HEALTHY, {}, "")
     assert lost.kind == NODE_FAILURE and lost.blame == ()
 
@@ -134,15 +146,26 @@ def test_every_way_an_attempt_ends_has_one_meaning(state, log, kind):
     assert classify(_report(state), ["node1", "node4"], HEALTHY, {}, log).kind == kind
 
 
-def test_an_admin_drain_is_weak_evidence_and_never_ends_a_running_attempt():
-    admin = {**HEALTHY, "node4": replace(HEALTHY["node4"], flags=("DRAIN",), reason="maintenance")}
-    assert hardware_suspects(["node1", "node4"], admin) == []
-    # healthd's drain ends an attempt at once; a missed ping only after `grace` seconds of silence.
+ADMIN_DRAIN = {**HEALTHY, "node4": replace(HEALTHY["node4"], flags=("DRAIN",), reason="maintenance")}
+
+
+def test_an_admin_drain_never_ends_a_running_attempt():
+    assert hardware_suspects(["node1", "node4"], ADMIN_DRAIN) == []
+
+
+def test_an_admin_drain_is_the_weakest_evidence_after_a_failure():
+    outcome = classify(_report("FAILED"), ["node1", "node4"], ADMIN_DRAIN, {}, "")
+    assert outcome.kind == NODE_FAILURE and outcome.blame[0].reason == "drained: maintenance"
+
+
+def test_a_healthd_drain_ends_a_running_attempt_at_once():
     assert [b.node for b in hardware_suspects(["node2", "node3"], NODES)] == ["node3"]
+
+
+def test_a_missed_ping_ends_a_running_attempt_only_after_the_grace():
+    assert [b.node for b in hardware_suspects(["node1", "node2", "node3"], NODES, {"node2": 29.0}, 30.0)] == ["node3"]
     assert [b.node for b in hardware_suspects(["node1", "node2", "node3"], NODES, {"node2": 31.0}, 30.0)] == [
         "node3", "node2"]
-    outcome = classify(_report("FAILED"), ["node1", "node4"], admin, {}, "")
-    assert outcome.kind == NODE_FAILURE and outcome.blame[0].reason == "drained: maintenance"
 
 
 def test_an_attempt_ended_by_the_supervisor_keeps_the_blame_it_was_ended_for():
