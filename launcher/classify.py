@@ -102,14 +102,14 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
     if state == "COMPLETED":
         return Outcome(COMPLETED, "the job completed")
     if ended_by_us:
-        blame = []
+        ended: list[Blame] = []
         for b in ended_by_us:
             record = epilog_records.get(b.node)
             extra = (record.summary(),) if record is not None and record.hardware_fault else ()
-            blame.append(Blame(b.node, b.reason, (f"job {report.job_id} ended by the supervisor ({state})",
+            ended.append(Blame(b.node, b.reason, (f"job {report.job_id} ended by the supervisor ({state})",
                                                   *b.evidence, *extra)))
         return Outcome(NODE_FAILURE, f"a node failed under job {report.job_id}; ended it at once; blamed "
-                                     f"{', '.join(b.node for b in blame)}", tuple(blame))
+                                     f"{', '.join(b.node for b in ended)}", tuple(ended))
     # CANCELLED with a node drained by healthd's rules: the prolog refused that node, and with
     # --no-requeue Slurm cancels the job instead of requeueing it.  That is a node failure.
     refused = any(nodes[n].drained_by_us for n in job_nodes if n in nodes)

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -28,7 +30,7 @@ from clusterctl.launcher.plan_view import plan_json, plan_renderables, plan_svg
 from clusterctl.launcher.render import SlurmFacts
 from clusterctl.launcher.report import report_renderables
 from clusterctl.launcher.runs import RunDir
-from clusterctl.launcher.spec import default_runs_dir, load_spec, parse_overrides, reference_rows
+from clusterctl.launcher.spec import JobSpec, default_runs_dir, load_spec, parse_overrides, reference_rows
 from clusterctl.launcher.status import status_renderables
 from clusterctl.launcher.supervisor import Hooks, Supervisor
 from clusterctl.launcher.use_cases import (
@@ -66,14 +68,17 @@ def cli(debug: bool) -> None:
         os.environ["CLUSTERCTL_DEBUG"] = "1"
 
 
-def _records_option(f):
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _records_option(f: F) -> F:
     return click.option("--job-records", type=click.Path(path_type=Path, file_okay=False),
                         default=lambda: os.environ.get("CLUSTERCTL_JOB_RECORDS", DEFAULT_JOB_RECORDS),
                         show_default="$CLUSTERCTL_JOB_RECORDS or " + DEFAULT_JOB_RECORDS,
                         help="Where the epilog writes per-job health records (healthd.toml job_records_dir).")(f)
 
 
-def _common_overrides(f):
+def _common_overrides(f: F) -> F:
     for decorator in reversed((
         click.option("--nodes", type=int, help="Override job.nodes."),
         click.option("--gpus-per-node", type=int, help="Override job.gpus_per_node."),
@@ -88,7 +93,9 @@ def _common_overrides(f):
     return f
 
 
-def _load_spec_with(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account, name, exclude, env):
+def _load_spec_with(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_limit: str | None,
+                    partition: str | None, account: str | None, name: str | None, exclude: str | None,
+                    env: tuple[str, ...]) -> JobSpec:
     overrides = parse_overrides(nodes=nodes, gpus_per_node=gpus_per_node, time=time_limit, partition=partition,
                                 account=account, name=name, exclude=exclude, env=env)
     return load_spec(spec_file, overrides)
@@ -106,7 +113,8 @@ def _load_spec_with(spec_file: Path, nodes, gpus_per_node, time_limit, partition
 @click.option("--supervise", is_flag=True, help="Keep watching and resubmit after node failures (see `supervise`).")
 @click.option("--detach", is_flag=True, help="With --supervise: supervise in the background (log in the run dir).")
 @_records_option
-def submit(spec_file: Path, nodes, gpus_per_node, time_limit, partition, account, name, exclude, env,
+def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_limit: str | None,
+           partition: str | None, account: str | None, name: str | None, exclude: str | None, env: tuple[str, ...],
            run_dir: Path | None, resume_from: str | None, dry_run: bool, as_json: bool, wait: bool,
            supervise: bool, detach: bool, job_records: Path) -> None:
     """Submit the job described by SPEC (a TOML job spec; see `clusterctl spec`).
@@ -188,7 +196,7 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
     if not console.is_terminal:
         return supervisor.supervise()
     with Live(console=console, auto_refresh=False, transient=True) as live:
-        def show(snapshot: dict) -> None:
+        def show(snapshot: dict[str, Any]) -> None:
             blamed = "; ".join(f"{n}: {r}" for n, r in snapshot["blamed"].items()) or "none"
             live.update(Text(f"attempt {snapshot['attempt']} job {snapshot['job_id']} {snapshot['state']} on "
                              f"{snapshot['nodes'] or '-'} | checkpoint step {snapshot['checkpoint_step']} | "

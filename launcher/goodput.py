@@ -16,6 +16,7 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from clusterctl.launcher.checkpoints import Checkpoint
 
@@ -48,7 +49,8 @@ class Goodput:
     checkpoint_interval_seconds: float | None
     advised_interval_seconds: float | None
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready, seconds rounded to the millisecond."""
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 

@@ -107,6 +107,7 @@ def exec_rank(job_dir: Path, command: Sequence[str], environ: Mapping[str, str],
     """Check this task against the map, record it, and exec the command (returns only on failure)."""
     rank_map = _load_map(job_dir)
     node = _node_name(environ)
+    local_id: int | None
     if under_torchrun:
         rank, local_id = int(environ["RANK"]), int(environ["LOCAL_RANK"])
     else:

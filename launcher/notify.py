@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import requests
 
 
-def webhook_notifier(url: str | None, say: Callable[[str], None], timeout: float = 5.0) -> Callable[[str, dict], None]:
+def webhook_notifier(url: str | None, say: Callable[[str], None],
+                     timeout: float = 5.0) -> Callable[[str, dict[str, Any]], None]:
     """A notifier that POSTs {"event": ..., **payload} to `url` (or does nothing without a URL)."""
-    def notify(event: str, payload: dict) -> None:
+    def notify(event: str, payload: dict[str, Any]) -> None:
         if not url:
             return
         try:

@@ -44,7 +44,8 @@ class ParallelLayout:
         return self.tp * self.cp * self.dp * self.pp
 
     def size(self, dim: str) -> int:
-        return getattr(self, dim)
+        """The size of dimension `dim` (tp, pp, dp, cp or ep)."""
+        return int(getattr(self, dim))
 
     def order_dims(self) -> list[str]:
         """The order as a list, with missing size-1 dimensions appended (as Megatron does)."""

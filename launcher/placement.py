@@ -19,7 +19,7 @@ candidates, so the result never costs more than either.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from clusterctl.errors import PlacementError
@@ -54,7 +54,7 @@ class Plan:
                            self.baselines["slurm"].leaf_crossing_groups(), self.baselines["dfs"].leaf_crossing_groups())
 
 
-def natural_key(name: str) -> tuple:
+def natural_key(name: str) -> tuple[str, int, int]:
     """Sort key putting node2 before node10, as Slurm lists a job's nodes."""
     stem = name.rstrip("0123456789")
     digits = name[len(stem):]
@@ -264,12 +264,11 @@ class _Optimiser:
                     key = _tile_key(fast, slow, a, b, dims)
                     name = f"tiles of {a} ({self.dim_names[fast]}) × {b} ({self.dim_names[slow]})"
                     coords = self.coords
-                    orders.append((name, sorted(blocks, key=lambda x, k=key: k(coords[x])), a * b))
+                    orders.append((name, sorted(blocks, key=_of_block(key, coords)), a * b))
         for dim in dims:  # plain row orders: each dimension as the fastest
             rest = [d for d in dims if d != dim]
             orders.append((f"{self.dim_names[dim]}-major rows",
-                           sorted(blocks, key=lambda x, r=rest, d=dim: (*(self.coords[x][i] for i in r),
-                                                                          self.coords[x][d])[::-1]), 1))
+                           sorted(blocks, key=_of_block(_row_key(rest, dim), self.coords)), 1))
         unique: dict[tuple[tuple[int, ...], int], str] = {}
         for name, order, tile in orders:
             unique.setdefault((tuple(order), tile), name)
@@ -354,10 +353,21 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _tile_key(fast: int, slow: int, a: int, b: int, dims: list[int]):
+def _of_block(key: Callable[[tuple[int, ...]], tuple[int, ...]],
+              coords: Sequence[tuple[int, ...]]) -> Callable[[int], tuple[int, ...]]:
+    """A sort key over block numbers from a key over their coordinates."""
+    return lambda block: key(coords[block])
+
+
+def _row_key(rest: list[int], dim: int) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
+    """Rows with `dim` varying fastest, then `rest` (last first)."""
+    return lambda c: (*(c[i] for i in rest), c[dim])[::-1]
+
+
+def _tile_key(fast: int, slow: int, a: int, b: int, dims: list[int]) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
     others = [d for d in dims if d not in (fast, slow)]
 
-    def key(c: tuple[int, ...]) -> tuple:
+    def key(c: tuple[int, ...]) -> tuple[int, ...]:
         return (*(c[d] for d in reversed(others)), c[slow] // b, c[fast] // a, c[slow] % b, c[fast] % a)
 
     return key

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from html import escape
+from typing import Any
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
@@ -18,7 +19,7 @@ COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b
 RICH_COLOURS = ("blue", "dark_orange", "green", "red", "cyan", "yellow", "magenta", "pink1", "tan", "grey62")
 
 
-def _cost_json(report: CostReport) -> dict:
+def _cost_json(report: CostReport) -> dict[str, Any]:
     return {
         "objective": round(report.objective, 6),
         "leaf_crossing_dp_pp_groups": report.leaf_crossing_groups(),
@@ -27,7 +28,7 @@ def _cost_json(report: CostReport) -> dict:
     }
 
 
-def plan_json(plan: Plan, topology: Topology) -> dict:
+def plan_json(plan: Plan, topology: Topology) -> dict[str, Any]:
     """The plan as a JSON-ready dict (deterministic: sort keys when dumping)."""
     rm = plan.rank_map
     layout = plan.layout
@@ -107,7 +108,7 @@ def plan_renderables(plan: Plan, topology: Topology, *, explain: bool) -> Group:
     for name, report in plan.baselines.items():
         summary.append(f"   {name} {report.leaf_crossing_groups()}")
     summary.append(f"\nstrategy: {plan.strategy}")
-    parts: list = [tree, table, summary]
+    parts: list[RenderableType] = [tree, table, summary]
     if explain:
         parts.append(Text("\n".join(["Why:", *(f"  {line}" for line in plan.explanation)])))
     return Group(*parts)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -30,7 +31,7 @@ def _duration(seconds: float | None) -> str:
 
 
 def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint],
-               skipped: Sequence[Skipped], now: float) -> dict:
+               skipped: Sequence[Skipped], now: float) -> dict[str, Any]:
     """The report of the run at `run_path` as a JSON-ready dict, from its journal's `events` and the
     complete `checkpoints` (oldest first) and `skipped` ones found in its checkpoint directory."""
     state = replay(events)
@@ -58,10 +59,10 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
             "goodput": goodput.to_json()}
 
 
-def report_renderables(report: dict) -> Group:
+def report_renderables(report: dict[str, Any]) -> Group:
     """The report for a terminal."""
     g = report["goodput"]
-    parts: list = [Text.assemble(("run ", "bold"), report["run"], "  ", (report["state"], "bold"),
+    parts: list[RenderableType] = [Text.assemble(("run ", "bold"), report["run"], "  ", (report["state"], "bold"),
                                  f"  {report['message']}" if report["message"] else "")]
     table = Table(box=None, pad_edge=False)
     for column in ("attempt", "job", "ended", "outcome", "checkpoint", "decision"):

@@ -209,9 +209,9 @@ class JobSpec:
         """The checkpoint directory with `{run_dir}` filled in."""
         return self.checkpoint.dir.replace(RUN_DIR_PLACEHOLDER, run_dir) if self.checkpoint.dir else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; `spec_from_dict` reads it back (the run directory keeps it)."""
-        data = {name: asdict(getattr(self, name)) for name in ("job", "launch", "placement", "checkpoint", "restart")}
+        data: dict[str, Any] = {name: asdict(getattr(self, name)) for name in ("job", "launch", "placement", "checkpoint", "restart")}
         layout = self.parallel
         data["parallel"] = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "cp": layout.cp, "ep": layout.ep,
                             "order": layout.order}
@@ -364,7 +364,7 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
     if kind == "weights":
         if not isinstance(value, dict):
             raise bad("a table like {dp = 2.0, pp = 1.0}")
-        pairs = []
+        weights: list[tuple[str, float]] = []
         for name, item in value.items():
             if name not in DIMS:
                 raise where.error(f"unknown group kind `{name}`" + _did_you_mean(name, DIMS),
@@ -372,8 +372,8 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
             if isinstance(item, bool) or not isinstance(item, int | float) or item < 0:
                 raise where.error(f"weight of {name} must be a number ≥ 0, found {_describe(item)}",
                                   spec_field.section, spec_field.key)
-            pairs.append((name, float(item)))
-        return tuple(pairs)
+            weights.append((name, float(item)))
+        return tuple(weights)
     raise AssertionError(kind)
 
 

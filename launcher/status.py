@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -19,7 +20,7 @@ from clusterctl.records.run_journal import Created, RunEnded, RunEvent
 from clusterctl.slurm.jobs import JobReport
 
 
-def rank_map_summary(rank_map: JobRankMap) -> dict:
+def rank_map_summary(rank_map: JobRankMap) -> dict[str, Any]:
     """The part of a job's rank map status shows: its slots and how many DP/PP groups cross a leaf."""
     summary = rank_map.summary.to_json() if rank_map.summary is not None else {
         "strategy": None, "leaf_crossing_groups": None, "slurm_order_leaf_crossing_groups": None,
@@ -33,10 +34,10 @@ def best_report(job_id: str, queue: Mapping[str, JobReport], accounting: Mapping
 
 
 def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[str, JobRankMap],
-               queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> dict:
+               queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> dict[str, Any]:
     """A JSON-ready status of the run at `run_path` from its journal's `events`, the `rank_maps` its
     jobs wrote (by job id) and Slurm's `queue` and `accounting`."""
-    attempts = []
+    attempts: list[dict[str, Any]] = []
     for attempt in attempts_of(events):
         report = best_report(attempt.job_id, queue, accounting)
         rank_map = rank_maps.get(attempt.job_id)
@@ -52,7 +53,7 @@ def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[st
     if ended:
         state = str(ended[-1].kind)
     elif attempts:
-        state = attempts[-1]["state"]
+        state = str(attempts[-1]["state"])
     else:
         state = "not submitted"
     created = next((e for e in events if isinstance(e, Created)), None)
@@ -60,10 +61,10 @@ def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[st
             "message": ended[-1].message if ended else "", "attempts": attempts}
 
 
-def status_renderables(status: dict) -> Group:
+def status_renderables(status: dict[str, Any]) -> Group:
     """The status for a terminal."""
     title = Text.assemble((status["name"], "bold"), f"  {status['state']}", f"  {status['run']}")
-    parts: list = [title]
+    parts: list[RenderableType] = [title]
     if status.get("message"):
         parts.append(Text(status["message"]))
     table = Table(box=None, pad_edge=False)

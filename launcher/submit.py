@@ -12,7 +12,7 @@ from clusterctl.launcher.runs import RunDir
 from clusterctl.records.run_journal import Submitted
 from clusterctl.slurm.commands import Slurm
 from clusterctl.launcher.spec import JobSpec
-from clusterctl.slurm.topology import load_topology, parse_scontrol_topology
+from clusterctl.slurm.topology import Topology, load_topology, parse_scontrol_topology
 
 
 def builtin_template(style: str) -> Template:
@@ -45,6 +45,7 @@ def gather_facts(slurm: Slurm, spec: JobSpec) -> tuple[SlurmFacts, list[str]]:
             plugin = slurm.config_value("TopologyPlugin")
         except SlurmCommandError as exc:
             warnings.append(f"cannot read TopologyPlugin ({exc})")
+    topology: Topology | None
     try:
         if spec.placement.topology:
             topology = load_topology(Path(spec.placement.topology))

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
@@ -50,8 +51,8 @@ class Hooks:
     clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
     say: Callable[[str], None] = print
-    notify: Callable[[str, dict], None] = lambda event, payload: None
-    show: Callable[[dict], None] = lambda snapshot: None
+    notify: Callable[[str, dict[str, Any]], None] = lambda event, payload: None
+    show: Callable[[dict[str, Any]], None] = lambda snapshot: None
 
 
 @dataclass
@@ -249,7 +250,7 @@ class Supervisor:
                                blame=tuple(b.to_journal() for b in suspects)))
         self.hooks.say(f"attempt {attempt.number}: ending job {attempt.job_id} now: "
                        + "; ".join(f"{b.node}: {b.reason}" for b in suspects))
-        self.slurm.cancel([attempt.job_id])  # type: ignore[list-item]
+        self.slurm.cancel([attempt.job_id])
 
     def _evidence(self, attempt: AttemptState, report: JobReport) -> Outcome:
         nodes = self._nodes()

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from clusterctl.errors import LayoutError, RunError
 from clusterctl.launcher.checkpoints import find_checkpoints
@@ -106,7 +107,7 @@ def cancel_run(run: RunDir, slurm: Slurm) -> list[str]:
     return live
 
 
-def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], None]) -> list[dict]:
+def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], None]) -> list[dict[str, Any]]:
     """The status of each run: its journal and rank maps joined with one squeue (and sacct for the rest).
 
     A rank map this clusterctl cannot read is shown as missing, with a note through `say`.
@@ -127,7 +128,7 @@ def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], Non
     return statuses
 
 
-def gather_report(run: RunDir, now: float) -> dict:
+def gather_report(run: RunDir, now: float) -> dict[str, Any]:
     """The report of a run: its journal and the checkpoints in its checkpoint directory."""
     spec = run.spec()
     directory = spec.checkpoint_dir(str(run.path))
