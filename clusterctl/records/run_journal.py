@@ -159,10 +159,12 @@ class Created:
     source: str | None = None
 
     def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
         return {"name": self.name, "source": self.source}
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Created:
+        """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         return cls(at=at, name=field(data, "name", str, where),
                    source=field(data, "source", _OPTIONAL_STR, where) if "source" in data else None)
 
@@ -176,10 +178,12 @@ class Waiting:
     message: str
 
     def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
         return {"message": self.message}
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Waiting:
+        """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         return cls(at=at, message=field(data, "message", str, where))
 
 
@@ -193,10 +197,12 @@ class Submitting:
     comment: str
 
     def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
         return {"attempt": self.attempt, "comment": self.comment}
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Submitting:
+        """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         return cls(at=at, attempt=field(data, "attempt", int, where), comment=field(data, "comment", str, where))
 
 
@@ -214,12 +220,14 @@ class Submitted:
     reconciled: bool = False
 
     def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
         data = {"attempt": self.attempt, "job_id": self.job_id, "argv": list(self.argv),
                 "resume_from": self.resume_from, "exclude": self.exclude}
         return {**data, "reconciled": True} if self.reconciled else data
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Submitted:
+        """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         return cls(at=at, attempt=field(data, "attempt", int, where), job_id=str(field(data, "job_id", (str, int), where)),
                    argv=_strings(data, "argv", where) if "argv" in data else (),
                    resume_from=field(data, "resume_from", _OPTIONAL_STR, where) if "resume_from" in data else None,
@@ -237,10 +245,12 @@ class SubmitLost:
     comment: str = ""
 
     def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
         return {"attempt": self.attempt, "comment": self.comment}
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> SubmitLost:
+        """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         return cls(at=at, attempt=field(data, "attempt", int, where),
                    comment=field(data, "comment", str, where) if "comment" in data else "")
 
@@ -256,10 +266,12 @@ class Ending:
     blame: tuple[BlamedNode, ...]
 
     def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
         return {"attempt": self.attempt, "job_id": self.job_id, "blame": [b.to_json() for b in self.blame]}
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Ending:
+        """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         return cls(at=at, attempt=field(data, "attempt", int, where), job_id=str(field(data, "job_id", (str, int), where)),
                    blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)))
 
@@ -284,6 +296,7 @@ class Decided:
     times: SlurmTimes | None = None  # None: the job was lost, Slurm had no times
 
     def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
         return {"attempt": self.attempt, "job_id": self.job_id, "state": self.state, "exit_code": self.exit_code,
                 "outcome": self.outcome.value, "message": self.message, "blame": [b.to_json() for b in self.blame],
                 "checkpoint_step": self.checkpoint_step, "checkpoint": self.checkpoint, "action": self.action.value,
@@ -291,6 +304,7 @@ class Decided:
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Decided:
+        """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         job_id = field(data, "job_id", (str, int, type(None)), where)
         times = data.get("times") or None
         return cls(at=at, attempt=field(data, "attempt", int, where), job_id=None if job_id is None else str(job_id),
@@ -319,14 +333,17 @@ class RunEnded:
 
     @property
     def event(self) -> EventKind:
+        """Which end: done, stopped or cancelled."""
         return self.kind
 
     def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
         return {"message": self.message, "jobs": list(self.jobs)} if self.kind == EventKind.CANCELLED \
             else {"message": self.message}
 
     @classmethod
     def parse(cls, kind: EventKind, at: float, data: Mapping[str, Any], where: str) -> RunEnded:
+        """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         return cls(kind=kind, at=at, message=field(data, "message", str, where) if "message" in data else "",
                    jobs=_strings(data, "jobs", where) if "jobs" in data else ())
 
