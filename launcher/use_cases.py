@@ -17,7 +17,7 @@ from clusterctl.launcher.checkpoints import find_checkpoints
 from clusterctl.launcher.parallel import ParallelLayout, layout_from_mapping
 from clusterctl.launcher.render import SlurmFacts, SubmitRequest
 from clusterctl.launcher.report import run_report
-from clusterctl.launcher.runs import RunDir, create_run, find_run_of_job, list_runs, unique_run_path
+from clusterctl.launcher.runs import RunDir, attempts_of, create_run, find_run_of_job, list_runs, unique_run_path
 from clusterctl.launcher.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
 from clusterctl.launcher.status import run_status
 from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
@@ -114,7 +114,7 @@ def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], Non
     """
     journals = {run.path: run.events() for run in runs}
     queue = slurm.queue()
-    attempts = {run.path: run.attempts() for run in runs}
+    attempts = {path: attempts_of(events) for path, events in journals.items()}
     ids = [a.job_id for run in runs for a in attempts[run.path] if a.job_id not in queue]
     accounting = slurm.accounting(ids) if ids else {}
     statuses = []
