@@ -198,7 +198,7 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], 
         reason = DrainReason(kind=hardware.kind, action=hardware.action, at=utc(end), xid=hardware.xid,
                              gpu=hardware.gpu, uuid=hardware.uuid)
         _say("epilog", _drain(node, reason, slurm_factory))
-    _kill_strays(job)
+    kill_strays(job)
     job_start_path(config.journal_dir, job).unlink(missing_ok=True)
     return 0
 
@@ -215,7 +215,7 @@ def _ancestors(pid: int) -> set[int]:
     return chain
 
 
-def _kill_strays(job: str) -> None:
+def kill_strays(job: str) -> None:
     """Best effort: tasks of the job still alive after it ended (Slurm normally kills them).
 
     Only job tasks (they carry SLURM_PROCID) are touched, never this hook's own ancestry:

@@ -25,20 +25,20 @@ class FakeSlurm:
     def __init__(self, up: bool = True) -> None:
         self.reason, self.up, self.drains = "", up, []
 
-    def _check(self):
+    def check_up(self):
         if not self.up:
             raise SlurmCommandError(["sinfo"], 1, "Unable to contact slurm controller")
 
     def state(self) -> NodeState:
-        self._check()
+        self.check_up()
         return NodeState("node3", "idle", ("DRAIN",) if self.reason else (), self.reason, ("gpu",))
 
     def partition_nodes(self, partition):
-        self._check()
+        self.check_up()
         return [NodeState(f"n{i}", "idle", (), "", ("gpu",)) for i in range(9)] + [self.state()]
 
     def drain(self, reason):
-        self._check()
+        self.check_up()
         self.drains.append(reason)
         self.reason = reason
 

@@ -234,17 +234,17 @@ def test_a_hook_leaves_no_alarm_armed(config):
 
 def test_stray_cleanup_spares_the_hook_and_its_parents(monkeypatch):
     import subprocess
-    import sys as _sys
+    import sys
 
-    from clusterctl.healthd.hooks import _kill_strays
+    from clusterctl.healthd.hooks import kill_strays
 
     env = {"SLURM_JOB_ID": "4711", "PATH": "/usr/bin:/bin"}
-    runner = subprocess.Popen([_sys.executable, "-c", "import time; time.sleep(30)"], env=env)  # like slurmd's runner
-    task = subprocess.Popen([_sys.executable, "-c", "import time; time.sleep(30)"], env={**env, "SLURM_PROCID": "0"})
+    runner = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)  # like slurmd's runner
+    task = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env={**env, "SLURM_PROCID": "0"})
     monkeypatch.setenv("SLURM_JOB_ID", "4711")  # this process is the "hook"
     try:
         time.sleep(0.2)
-        _kill_strays("4711")
+        kill_strays("4711")
         assert task.wait(timeout=5) == -9
         assert runner.poll() is None
     finally:
