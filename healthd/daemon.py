@@ -68,6 +68,7 @@ class Observed:
     source: str
     findings: tuple[Finding, ...]
     node: NodeState | None = None
+    node_at: float | None = None
     gpu_count: int | None = None
 
 
@@ -120,14 +121,14 @@ class Daemon:
         """Step the engine with one input and carry out its effects (journal first, then hand over)."""
         now = self.clock.now()
         if isinstance(item, Applied):
-            outcome = engine.applied(self.state, item.action, item.decision)
+            outcome = engine.applied(self.state, item.action, item.decision, now)
         else:
             if item.gpu_count is not None:
                 self.gpu_count = item.gpu_count
             findings = tuple(self._with_jobs(f) if engine.needs_jobs(self.state, self.settings, f) else f
                              for f in item.findings)
             outcome = engine.step(self.state, self.settings, item.source, findings, now, node=item.node,
-                                  boot_time=self.boot_time() if item.source == "periodic" else 0.0)
+                                  node_at=item.node_at, boot_time=self.boot_time() if item.source == "periodic" else 0.0)
             for judged in outcome.judged:
                 self.metrics.findings.labels(judged.finding.kind, judged.verdict.action.label).inc()
                 if judged.finding.kind == "nvml-hang" and item.source != "periodic":
@@ -276,11 +277,11 @@ class Daemon:
             count = scan.count
         findings += check_host(self.host_sampler(self.config.disk_paths), self.config.checks, now)
         try:
-            node = self.slurm.state()
+            node, node_at = self.slurm.state(), self.clock.now()
         except SlurmCommandError as exc:
             log.info("slurm unreachable for node state: %s", exc)
-            node = None
-        return Observed("periodic", tuple(findings), node, count)
+            node, node_at = None, None
+        return Observed("periodic", tuple(findings), node, node_at, count)
 
     # ---- the applier: data out to Slurm --------------------------------------------------------
     def _applier_loop(self) -> None:

@@ -68,6 +68,10 @@ class EngineState:
     alerts: tuple[Alert, ...] = ()
     node: NodeState | None = None
     """This node as Slurm last answered (None until it has)."""
+    node_seen_at: float = 0.0
+    """When Slurm gave that answer."""
+    drain_outcome_at: float = 0.0
+    """When the outcome of the last drain decision came back: a node view older than that predates it."""
     clean_checks: int = 0
     """Clean periodic checks in a row while drained by us (towards resume_when_clean)."""
     drain_in_flight: bool = False
@@ -186,16 +190,17 @@ def _plan(state: EngineState, settings: EngineSettings, op: str, reason: str, no
 
 
 def step(state: EngineState, settings: EngineSettings, source: str, findings: Sequence[Finding], now: float, *,
-         node: NodeState | None = None, boot_time: float = 0.0) -> Step:
+         node: NodeState | None = None, node_at: float | None = None, boot_time: float = 0.0) -> Step:
     """Judge one batch of findings from one source.
 
     `source` "periodic" is a whole periodic check: its findings replace the last check's,
     and a clean one counts towards resuming.  `node` is Slurm's answer taken with the
-    batch (None: not asked, or Slurm did not answer; the last answer stands).
+    batch (None: not asked, or Slurm did not answer; the last answer stands), taken at
+    `node_at` (default `now`).
     `boot_time` is when this node booted (evidence for lifting a drain-reboot).
     """
     if node is not None:
-        state = replace(state, node=node)
+        state = replace(state, node=node, node_seen_at=now if node_at is None else node_at)
     last_seen = dict(state.last_seen)
     history = state.history
     current: dict[str, tuple[StateFinding, ...]] = {} if source == "periodic" else dict(state.current)
@@ -259,10 +264,15 @@ def _maybe_resume(state: EngineState, settings: EngineSettings, now: float,
 
 
 def _acknowledge_if_back_in_service(state: EngineState, now: float) -> EngineState:
-    """Once the node is in service again, drain-class events before now are over (the prolog need not refuse)."""
-    if state.node is None or state.node.draining:
+    """Once the node is in service again, drain-class events before that are over (the prolog need not refuse).
+
+    Only a view Slurm gave after the event and after the last drain outcome counts: a view
+    taken while our drain was still on its way says "in service" and means nothing.
+    """
+    seen = state.node_seen_at
+    if state.node is None or state.node.draining or state.drain_in_flight or seen <= state.drain_outcome_at:
         return state
-    events = tuple(replace(e, acknowledged=True) if e.action.drains and not e.acknowledged and e.at_ts < now - 1
+    events = tuple(replace(e, acknowledged=True) if e.action.drains and not e.acknowledged and e.at_ts < seen - 1
                    else e for e in state.events)
     if events == state.events:
         return state
@@ -312,7 +322,7 @@ def decide_apply(settings: EngineSettings, action: PlannedAction, node: NodeStat
     return ApplyDecision("dry-run") if settings.dry_run else ApplyDecision("drained", "drain")
 
 
-def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision) -> Step:
+def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, now: float) -> Step:
     """Fold the outcome of an applied action back in.
 
     After a drain decision (whatever its outcome: drained, kept an admin's drain, breaker)
@@ -325,7 +335,7 @@ def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision) 
         effects = (RaiseAlert(decision.alert),)
     if action.op == "drain":
         events = tuple(replace(e, handled=True) if e.at_ts <= action.at + 1e-3 else e for e in state.events)
-        state = replace(state, events=events, drain_in_flight=False)
+        state = replace(state, events=events, drain_in_flight=False, drain_outcome_at=now)
     return Step(replace(state, alerts=alerts), effects)
 
 

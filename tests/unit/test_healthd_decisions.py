@@ -131,7 +131,7 @@ def test_the_breaker_alerts_instead_of_draining_past_its_share():
     drain = PlannedAction("d1", "drain", "healthd: gpu-lost gpu3 drain-reboot 2026-11-22T00:00:00Z", T0)
     decision = decide_apply(SETTINGS, drain, node(), partition, T0)
     assert (decision.result, decision.call) == ("breaker-open", None)
-    after = applied(EngineState(), drain, decision)
+    after = applied(EngineState(), drain, decision, T0)
     assert [type(e) for e in after.effects] == [RaiseAlert]
     assert after.state.alerts[0].detail == ("1 of 4 nodes in gpu already drained by healthd; "
                                             "draining node3 would exceed 10%")
@@ -147,7 +147,7 @@ def test_once_healthd_acted_on_a_fault_the_prolog_leaves_it_to_slurm():
     result = step(EngineState(), SETTINGS, "nvml-event", [lost()], T0)
     assert blocking_in_state(view(result.state), [3])
     drain = result.effects[0].planned
-    done = applied(result.state, drain, decide_apply(SETTINGS, drain, node(), [], T0))
+    done = applied(result.state, drain, decide_apply(SETTINGS, drain, node(), [], T0), T0)
     assert blocking_in_state(view(done.state), [3]) == []
     assert not done.state.drain_in_flight
 
@@ -155,10 +155,31 @@ def test_once_healthd_acted_on_a_fault_the_prolog_leaves_it_to_slurm():
 def test_a_node_back_in_service_treats_the_same_fault_again_as_new():
     first = step(EngineState(), SETTINGS, "nvml-event", [xid(48)], T0)
     drain = first.effects[-1].planned
-    state = applied(first.state, drain, decide_apply(SETTINGS, drain, node(), [], T0)).state
+    state = applied(first.state, drain, decide_apply(SETTINGS, drain, node(), [], T0), T0).state
     resumed = step(state, SETTINGS, "periodic", [], T0 + 100, node=node())  # an admin resumed the node
     again = step(resumed.state, SETTINGS, "nvml-event", [xid(48, T0 + 101)], T0 + 101)
     assert len(again.judged) == 1 and drains(again), "not suppressed as part of the old storm"
+
+
+def gpu_verdict(state: EngineState, index: int) -> Action:
+    return next(g.verdict for g in view(state).gpus if g.index == index)
+
+
+def test_a_node_view_from_before_our_drain_landed_does_not_end_the_fault():
+    first = step(EngineState(), SETTINGS, "nvml-event", [xid(48)], T0)
+    drain = first.effects[-1].planned
+    stale = step(first.state, SETTINGS, "periodic", [], T0 + 2, node=node(), node_at=T0 + 0.2).state
+    done = applied(stale, drain, decide_apply(SETTINGS, drain, node(), [], T0), T0 + 2.5).state
+    after = step(done, SETTINGS, "nvml-event", [], T0 + 3).state
+    assert gpu_verdict(after, 3) is Action.DRAIN_RESET
+
+
+def test_a_fault_is_over_once_slurm_shows_the_node_back_in_service():
+    first = step(EngineState(), SETTINGS, "nvml-event", [xid(48)], T0)
+    drain = first.effects[-1].planned
+    done = applied(first.state, drain, decide_apply(SETTINGS, drain, node(), [], T0), T0 + 0.5).state
+    resumed = step(done, SETTINGS, "periodic", [], T0 + 60, node=node()).state  # an admin resumed it
+    assert gpu_verdict(resumed, 3) is Action.IGNORE
 
 
 def test_a_promoted_xid_drains_as_configured():
