@@ -3,6 +3,7 @@ the engine holds, and keeps a running config on a bad edit."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 import pytest
@@ -116,3 +117,50 @@ def test_a_dry_run_daemon_changes_nothing_in_slurm(config):
     shell = daemon(replace(config, dry_run=True), slurm)
     shell.handle(Observed("nvml-event", (LOST,)))
     assert shell.apply(shell.actions.get_nowait()).result == "dry-run" and slurm.drains == []
+
+
+RUN_DAEMON = """
+import os, signal, sys, threading
+from pathlib import Path
+from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.daemon import Daemon
+from clusterctl.slurm.nodes import NodeState
+
+class Slurm:
+    reason = ""
+    def state(self):
+        return NodeState("node3", "idle", ("DRAIN",) if self.reason else (), self.reason, ("gpu",))
+    def partition_nodes(self, partition):
+        return [self.state()] + [NodeState(f"n{i}", "idle", (), "", ("gpu",)) for i in range(20)]
+    def drain(self, reason):
+        self.reason = reason
+    def jobs_here(self):
+        return ()
+
+here = Path(sys.argv[1])
+config = HealthdConfig(node="node3", state_dir=here / "run", journal_dir=here / "lib", kmsg=here / "kmsg",
+                       boot_id=here / "boot_id", metrics="", check_interval=0.5, disk_paths=("/",))
+threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
+sys.exit(Daemon(config, slurm=Slurm()).run())
+"""
+
+
+def test_a_kernel_xid_goes_through_the_running_daemon_to_a_drain_and_the_state_file(tmp_path):
+    import subprocess
+    import sys
+
+    from clusterctl.records.healthd_actions import read_action_journal
+    from clusterctl.records.healthd_kmsg_cursor import read_kmsg_cursor
+
+    (tmp_path / "boot_id").write_text("boot-a\n")
+    (tmp_path / "kmsg").write_text("6,1,1,-;usb 1-1: new device\n3,2,2,-;NVRM: Xid (PCI:0000:18:00): 48, pid=1, dbe\n")
+    done = subprocess.run([sys.executable, "-c", RUN_DAEMON, str(tmp_path)], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, "LD_LIBRARY_PATH": "/nonexistent"})
+    assert done.returncode == 0, done.stderr
+    journal = read_action_journal(tmp_path / "lib" / "actions.jsonl")
+    assert [(a.op, journal.results[a.id]) for a in journal.planned] == [("drain", "drained")]
+    assert journal.planned[0].reason.startswith("healthd: xid 48 pci 0000:18:00 drain-reset ")
+    state = read_healthd_state(tmp_path / "run")
+    assert state is not None
+    assert [(f.what, f.handled) for f in state.node_findings if f.kind == "xid"] == [("xid 48", True)]
+    assert read_kmsg_cursor(tmp_path / "lib") is not None and read_kmsg_cursor(tmp_path / "lib").sequence == 2
