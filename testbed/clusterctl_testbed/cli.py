@@ -11,6 +11,7 @@ import click
 from clusterctl_testbed.cluster import Testbed
 from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
 from clusterctl_testbed.system import TestbedError
+from clusterctl_testbed.versions import DEFAULT, RELEASES
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -33,9 +34,12 @@ def install() -> None:
 
 @cli.command()
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for nodes to be idle.")
-def up(timeout: float) -> None:
+@click.option("--slurm", type=click.Choice(list(RELEASES)), default=DEFAULT, show_default=True,
+              help="Which Slurm: this machine's own packages (host), or 22.05 / 24.11 / 26.05 from a Debian "
+                   "root filesystem (bookworm / trixie / sid) built with mmdebstrap on first use and cached.")
+def up(timeout: float, slurm: str) -> None:
     """Start the cluster (fresh state, job ids from 1); no-op if it is already up."""
-    Testbed().up(timeout=timeout)
+    Testbed().up(timeout=timeout, slurm=slurm)
 
 
 @cli.command()
@@ -53,6 +57,9 @@ def status(as_json: bool) -> None:
         click.echo(json.dumps(info, indent=2))
         return
     click.echo(f"testbed at {info['root']}: {'up' if info['up'] else 'down'}")
+    slurm = info["slurm"]
+    where = f"root filesystem {slurm['rootfs']}" if slurm["rootfs"] else "this machine's packages"  # type: ignore[index]
+    click.echo(f"  Slurm {slurm['release']}: {slurm['version'] or 'version unknown'} ({where})")  # type: ignore[index]
     for name, d in info["daemons"].items():  # type: ignore[union-attr]
         click.echo(f"  {name:16} pid {d['pid']:<8} {'alive' if d['alive'] else 'dead'}")
     for n in info["nodes"]:  # type: ignore[union-attr]
@@ -65,16 +72,18 @@ def status(as_json: bool) -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def on(host: str, command: tuple[str, ...]) -> None:
     """Run COMMAND on HOST (ctl, node1, ...), in the current directory; exits with its status."""
-    argv = Testbed().enter(host, cwd=os.getcwd()) + list(command)
-    os.execvp(argv[0], argv)
+    tb = Testbed()
+    argv = tb.enter(host, cwd=os.getcwd()) + list(command)
+    os.execvpe(argv[0], argv, tb.host_env())
 
 
 @cli.command()
 @click.argument("host", default="ctl")
 def shell(host: str) -> None:
     """An interactive shell on HOST (default: the login/controller host)."""
-    argv = Testbed().enter(host, cwd=os.getcwd()) + [os.environ.get("SHELL", "/bin/bash")]
-    os.execvp(argv[0], argv)
+    tb = Testbed()
+    argv = tb.enter(host, cwd=os.getcwd()) + [os.environ.get("SHELL", "/bin/bash")]
+    os.execvpe(argv[0], argv, tb.host_env())
 
 
 @cli.command("kill-node")

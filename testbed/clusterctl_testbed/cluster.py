@@ -5,6 +5,11 @@ holder process that owns its UTS (hostname) and mount (its own /etc/hosts,
 /etc/slurm, /etc/ld.so.cache) namespaces.  Daemons run in the foreground inside
 their host via `nsenter`, and are stopped by PID; everything the testbed starts
 lives in one of its namespaces, so `down` finds it all with `ip netns pids`.
+
+Which Slurm runs is chosen at `up` (clusterctl_testbed.versions): this machine's own
+packages, or a Debian root filesystem (clusterctl_testbed.rootfs) every host is chrooted
+into, daemons, commands, hooks and healthd alike.  The choice is kept in `<root>/run/slurm.json`
+so every later command (`on`, `kill-node`, `status`) enters the same root.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterctl_testbed import slurm_config
+import clusterctl
+from clusterctl_testbed import rootfs, slurm_config, versions
 from clusterctl_testbed.layout import CONTROLLER, Layout
 from clusterctl_testbed.system import (
-    CommandResult, TestbedError, is_alive, kill_all, namespace_pids, namespaces, run, spawn, wait_for,
+    CommandResult, TestbedError, is_alive, kill_all, namespace_pids, namespaces, run, spawn, wait_for, with_sbin,
 )
+from clusterctl_testbed.versions import Release
 
 DEBIAN_PACKAGES = (
     "munge", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "slurmrestd",
@@ -33,6 +40,8 @@ DEBIAN_PACKAGES = (
 REQUIRED_BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "slurmdbd", "sinfo", "mariadbd",
                      "mariadb-install-db", "ip", "nsenter", "unshare", "gcc", "ldconfig")
 NVML_SOURCE = Path(__file__).parent / "nvml_emu" / "nvml_emu.c"
+REPO = Path(clusterctl.__file__).resolve().parent.parent
+"""The checkout: bound at the same path inside a root filesystem, where its venv imports from it."""
 # Daemons start with a predictable environment: no job or Slurm variables leak in from the caller.
 DAEMON_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -61,6 +70,18 @@ def install_packages() -> None:
 
 
 @dataclass(frozen=True)
+class Running:
+    """Which Slurm a testbed runs (kept in `<root>/run/slurm.json` while it is up)."""
+
+    release: str
+    """The `--slurm` name: "host", "22.05", "24.11", "26.05"."""
+    rootfs: str | None
+    """The root filesystem every host is chrooted into; None for this machine's own Slurm."""
+    version: str = ""
+    """What the running `sinfo --version` says, e.g. "slurm 24.11.5" (empty until slurmctld is up)."""
+
+
+@dataclass(frozen=True)
 class NodeState:
     """A compute node as `sinfo` reports it."""
 
@@ -79,7 +100,57 @@ class Testbed:
 
     def __init__(self, layout: Layout | None = None, hooks: slurm_config.Hooks | None = None) -> None:
         self.layout = layout or Layout()
-        self.hooks = hooks or default_hooks()
+        self._hooks = hooks
+
+    # ---- which Slurm ------------------------------------------------------------
+    @property
+    def _running_file(self) -> Path:
+        return self.layout.run_dir / "slurm.json"
+
+    def running(self) -> Running:
+        """Which Slurm this testbed runs (or last ran; the default when it never ran)."""
+        try:
+            return Running(**json.loads(self._running_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return Running(versions.DEFAULT, None)
+
+    def _set_running(self, running: Running) -> None:
+        self.layout.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self._running_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(running.__dict__, indent=1))
+        os.replace(tmp, self._running_file)
+
+    @property
+    def bindir(self) -> Path:
+        """Where the project's commands (clusterctl, healthd, the hooks) are, as seen on the hosts."""
+        if self.running().rootfs is not None:
+            return rootfs.VENV / "bin"
+        return Path(sys.executable).parent
+
+    @property
+    def python(self) -> Path:
+        """The Python that runs the project's code on the hosts."""
+        return self.bindir / "python"
+
+    @property
+    def hooks(self) -> slurm_config.Hooks:
+        """The hook commands wired into slurm.conf (the project's installed ones unless given)."""
+        if self._hooks is not None:
+            return self._hooks
+        if self.running().rootfs is not None:
+            b = self.bindir
+            return slurm_config.Hooks(b / "clusterctl-prolog", b / "clusterctl-epilog", b / "clusterctl-healthcheck")
+        return default_hooks()
+
+    def host_env(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        """`env` (default: this process's) as a command on a host should get it: inside a root
+        filesystem, PATH leads to its venv and system directories, not to this machine's."""
+        env = with_sbin(dict(os.environ if env is None else env))
+        if self.running().rootfs is None:
+            return env
+        env.pop("VIRTUAL_ENV", None)
+        env.pop("PYTHONHOME", None)
+        return {**env, "PATH": f"{self.bindir}:{DAEMON_PATH}"}
 
     # ---- process bookkeeping ------------------------------------------------
     def _pids(self) -> dict[str, int]:
@@ -106,15 +177,18 @@ class Testbed:
         """The argv prefix that runs a command inside `host`."""
         # nsenter, not `ip netns exec`: the latter remounts /sys and hides the cgroup mounts.
         # Entering a mount namespace resets the cwd to /, hence --wd.
-        return ["nsenter", "-t", str(self.holder(host)), "--net", "--uts", "--mount", f"--wd={cwd}", "--"]
+        # --root (no argument): the holder's root, i.e. the host's root filesystem when it has one.
+        root = ["--root"] if self.running().rootfs is not None else []
+        return ["nsenter", "-t", str(self.holder(host)), "--net", "--uts", "--mount", *root, f"--wd={cwd}", "--"]
 
     def run_on(self, host: str, argv: Sequence[str], *, timeout: float = 60, check: bool = True,
                env: dict[str, str] | None = None, cwd: str = "/") -> CommandResult:
         """Run a command inside `host` and wait for it."""
-        return run([*self.enter(host, cwd=cwd), *argv], timeout=timeout, check=check, env=env)
+        return run([*self.enter(host, cwd=cwd), *argv], timeout=timeout, check=check, env=self.host_env(env))
 
     def _start(self, name: str, host: str, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
-        base = {"PATH": DAEMON_PATH, "HOME": "/root", "LANG": "C.UTF-8"}
+        path = DAEMON_PATH if self.running().rootfs is None else f"{self.bindir}:{DAEMON_PATH}"
+        base = {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8"}
         pid = spawn([*self.enter(host), *argv], self.layout.log_dir / f"{name.replace(':', '-')}.out",
                     env={**base, **(env or {})})
         self._record(name, pid)
@@ -130,29 +204,43 @@ class Testbed:
             expected |= {f"healthd:{n}" for n in self.layout.nodes}
         return expected <= pids.keys() and all(is_alive(pids[name]) for name in expected)
 
-    def up(self, *, timeout: float = 60) -> None:
-        """Start the cluster from scratch and wait until every node is idle; no-op if it is up."""
+    def up(self, *, timeout: float = 60, slurm: str | None = None) -> None:
+        """Start the cluster from scratch and wait until every node is idle; no-op if it is up.
+
+        `slurm` picks the release (clusterctl_testbed.versions.RELEASES; default: this machine's
+        own); a testbed already up with another release is an error, not silently reused.
+        """
+        release = versions.release(slurm or versions.DEFAULT)
         if self.is_up():
+            if self.running().release != release.name:
+                raise TestbedError(f"the testbed at {self.layout.root} runs Slurm {self.running().release}, "
+                                   f"not {release.name}; `clusterctl-testbed down` first")
             _say("already up")
             return
         if os.geteuid() != 0:
             raise TestbedError("the testbed creates namespaces and runs Slurm daemons: run it as root")
         install_packages()
+        root = rootfs.ensure(release, REPO) if release.uses_rootfs else None
         self.down(quiet=True)
         started = time.monotonic()
-        self._write_files()
+        self._set_running(Running(release.name, None if root is None else str(root)))
+        self._write_files(release)
         self._build_nvml()
         self._network()
-        for host in self.layout.hosts:
-            self._start_holder(host)
+        self._start_holder(CONTROLLER)
+        self._build_ld_cache()
+        for node in self.layout.nodes:
+            self._start_holder(node)
         self._start_munge()
         self._start_database()
         self._start_controller()
+        version = self.run_on(CONTROLLER, ["sinfo", "--version"], timeout=15).stdout.strip()
+        self._set_running(Running(release.name, None if root is None else str(root), version))
         for node in self.layout.nodes:
             self._start_slurmd(node)
             self.start_healthd(node)
         self.wait_nodes_idle(timeout=timeout)
-        _say(f"up in {time.monotonic() - started:.1f} s: {', '.join(self.layout.nodes)} idle")
+        _say(f"up in {time.monotonic() - started:.1f} s ({version}): {', '.join(self.layout.nodes)} idle")
 
     def down(self, *, quiet: bool = False) -> None:
         """Stop everything the testbed started and remove its namespaces and runtime state.
@@ -178,7 +266,7 @@ class Testbed:
             _say(f"down: stopped {len(pids)} processes, removed {len(mine)} namespaces")
 
     # ---- bring-up steps ------------------------------------------------------
-    def _write_files(self) -> None:
+    def _write_files(self, release: Release) -> None:
         layout = self.layout
         shutil.rmtree(layout.log_dir, ignore_errors=True)
         for path in (layout.etc, layout.run_dir, layout.log_dir, layout.spool_dir / "ctld", layout.lib_dir,
@@ -195,10 +283,10 @@ class Testbed:
             (node_dir / "events").touch()
             (node_dir / "kmsg").touch()
         files = {
-            layout.etc / "slurm.conf": slurm_config.slurm_conf(layout, self.hooks),
+            layout.etc / "slurm.conf": slurm_config.slurm_conf(layout, self.hooks, release.version),
             layout.etc / "topology.conf": slurm_config.topology_conf(layout),
             layout.etc / "gres.conf": slurm_config.gres_conf(layout),
-            layout.etc / "cgroup.conf": slurm_config.cgroup_conf(),
+            layout.etc / "cgroup.conf": slurm_config.cgroup_conf(release.version),
             layout.etc / "slurmdbd.conf": slurm_config.slurmdbd_conf(layout),
             layout.hosts_file: slurm_config.hosts_file(layout),
             layout.root / "etc" / "ld.so.conf": slurm_config.ld_so_conf(layout),
@@ -214,12 +302,14 @@ class Testbed:
         run(["mungekey", "--create", f"--keyfile={layout.munge_dir / 'munge.key'}", "--force"], timeout=30)
 
     def _build_nvml(self) -> None:
-        lib = self.layout.lib_dir / "libnvidia-ml.so.1"
-        build_nvml(lib)
+        build_nvml(self.layout.lib_dir / "libnvidia-ml.so.1")
+
+    def _build_ld_cache(self) -> None:
         # A per-host ld.so.cache that knows the emulated driver: compute nodes find
-        # libnvidia-ml.so.1 like a real driver install, with no LD_LIBRARY_PATH.
-        run(["ldconfig", "-X", "-C", str(self.layout.ld_cache), "-f", str(self.layout.root / "etc" / "ld.so.conf")],
-            timeout=60)
+        # libnvidia-ml.so.1 like a real driver install, with no LD_LIBRARY_PATH.  Built on the
+        # controller: inside a root filesystem it must list that system's libraries, not this one's.
+        self.run_on(CONTROLLER, ["ldconfig", "-X", "-C", str(self.layout.ld_cache),
+                                 "-f", str(self.layout.root / "etc" / "ld.so.conf")], timeout=60)
 
     def _network(self) -> None:
         layout = self.layout
@@ -238,17 +328,23 @@ class Testbed:
 
     def _start_holder(self, host: str) -> None:
         layout = self.layout
+        root = self.running().rootfs
         binds = [f"{layout.hosts_file}:/etc/hosts", f"{layout.etc}:/etc/slurm"]
+        if root is not None:
+            binds.append(f"{REPO}:{REPO}")  # the venv in the root filesystem imports the project from here
         if host != CONTROLLER:
             binds.append(f"{layout.ld_cache}:/etc/ld.so.cache")
             # Each node's own /run/healthd and /etc/clusterctl, where a real install keeps them;
             # the mount points are created empty on this machine if missing.
             for sub, target in (("run-healthd", "/run/healthd"), ("etc-clusterctl", "/etc/clusterctl")):
-                Path(target).mkdir(parents=True, exist_ok=True)
+                if root is None:
+                    Path(target).mkdir(parents=True, exist_ok=True)
                 binds.append(f"{layout.host_dir(host) / sub}:{target}")
         argv = ["nsenter", f"--net=/run/netns/{layout.namespace(host)}", "--",
                 "unshare", "--uts", "--mount", "--propagation", "private", "--",
                 sys.executable, "-m", "clusterctl_testbed.holder", "--hostname", host]
+        if root is not None:
+            argv += ["--root", root]
         for bind in binds:
             argv += ["--bind", bind]
         log = open(layout.log_dir / f"holder-{host}.out", "ab")
@@ -273,8 +369,9 @@ class Testbed:
 
     def _start_database(self) -> None:
         layout = self.layout
-        run(["mariadb-install-db", "--no-defaults", f"--datadir={layout.mysql_dir}", "--user=root",
-             "--skip-test-db", "--auth-root-authentication-method=socket"], timeout=120)
+        self.run_on(CONTROLLER, ["mariadb-install-db", "--no-defaults", f"--datadir={layout.mysql_dir}",
+                                 "--user=root", "--skip-test-db", "--auth-root-authentication-method=socket"],
+                    timeout=120)
         self._start("mariadbd", CONTROLLER, [
             "mariadbd", "--no-defaults", f"--datadir={layout.mysql_dir}", f"--socket={layout.mysql_socket}",
             "--user=root", "--skip-networking", f"--log-error={layout.log_dir / 'mariadb.log'}",
@@ -298,7 +395,7 @@ class Testbed:
     def start_healthd(self, node: str) -> None:
         """Start healthd on a node as its systemd unit would (no-op if the layout has none)."""
         if self.layout.healthd:
-            healthd = Path(sys.executable).parent / "healthd"
+            healthd = self.bindir / "healthd"
             pid = self._start(f"healthd:{node}", node,
                               [str(healthd), "run", "--config", "/etc/clusterctl/healthd.toml"])
             # Like systemd's Type=notify: started means ready (its first state file is written).
@@ -355,7 +452,8 @@ class Testbed:
         nodes: list[dict[str, str]] = []
         if pids and self.is_up():
             nodes = [n.__dict__ for n in self.nodes()]
-        return {"root": str(self.layout.root), "up": self.is_up(), "daemons": daemons, "nodes": nodes}
+        return {"root": str(self.layout.root), "up": self.is_up(), "slurm": self.running().__dict__,
+                "daemons": daemons, "nodes": nodes}
 
     # ---- faults ---------------------------------------------------------------
     def _check_node(self, node: str) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl_testbed import slurm_config
+from clusterctl_testbed import rootfs, slurm_config, versions
 from clusterctl_testbed.layout import Layout
 from tests.golden import assert_golden
 
@@ -49,3 +49,62 @@ def test_a_larger_layout_gets_ranges_and_one_line_per_leaf():
 def test_socket_paths_fit_the_unix_limit():
     assert len(str(LAYOUT.munge_socket)) < 108
     assert len(str(LAYOUT.mysql_socket)) < 108
+
+
+# ---- Slurm releases: what differs in the rendered config, and how their root filesystems are built
+
+def test_cgroup_plugin_is_autodetect_on_22_05_and_disabled_from_24_11():
+    assert slurm_config.cgroup_conf(versions.release("22.05").version) == "CgroupPlugin=autodetect\n"
+    assert slurm_config.cgroup_conf(versions.release("host").version) == "CgroupPlugin=autodetect\n"
+    for name in ("24.11", "26.05"):
+        assert slurm_config.cgroup_conf(versions.release(name).version) == "CgroupPlugin=disabled\n"
+
+
+def test_the_default_is_this_machines_own_slurm_and_renders_as_before():
+    assert versions.DEFAULT == "host"
+    assert not versions.release(versions.DEFAULT).uses_rootfs
+    assert slurm_config.slurm_conf(LAYOUT, HOOKS, versions.release("host").version) == RENDERED["slurm.conf"]
+
+
+def test_each_release_comes_from_the_debian_suite_that_packages_it():
+    assert {n: r.suite for n, r in versions.RELEASES.items()} == {
+        "host": None, "22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
+
+
+def test_an_unknown_release_names_the_choices():
+    with pytest.raises(ValueError, match=r"unknown Slurm release '23.02'; one of: host, 22.05, 24.11, 26.05"):
+        versions.release("23.02")
+
+
+@pytest.mark.parametrize("text,expected", [("slurm-wlm 22.05.8", (22, 5, 8)), ("slurm 24.11.5\n", (24, 11, 5)),
+                                           ("slurm-wlm 26.05.5", (26, 5, 5))])
+def test_version_is_read_from_sinfo_version(text, expected):
+    assert versions.parse_version(text) == expected
+
+
+def test_mirror_is_the_first_non_security_uri_of_the_apt_sources():
+    sources = ("Types: deb\nURIs: http://deb.debian.org/debian-security\nSuites: bookworm-security\n\n"
+               "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm\n")
+    assert rootfs.mirror_from_sources(sources) == "http://mirror.example/debian"
+    with pytest.raises(ValueError, match="no Debian mirror"):
+        rootfs.mirror_from_sources("Types: deb\n")
+
+
+def test_sid_is_built_without_checking_its_stale_release_file():
+    sid = rootfs.Recipe("sid", "http://m/debian", stale_release_file=True).mmdebstrap_argv(Path("/c/sid"))
+    trixie = rootfs.Recipe("trixie", "http://m/debian").mmdebstrap_argv(Path("/c/trixie"))
+    assert '--aptopt=Acquire::Check-Valid-Until "false"' in sid
+    assert not any("Check-Valid-Until" in a for a in trixie)
+    assert trixie[0] == "mmdebstrap" and trixie[-3:] == ["trixie", "/c/trixie", "http://m/debian"]
+    assert "--variant=minbase" in trixie
+    included = next(a for a in trixie if a.startswith("--include=")).removeprefix("--include=").split(",")
+    assert {"slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "mariadb-server-core",
+            "python3-venv"} <= set(included)
+
+
+def test_a_root_filesystem_is_stale_when_its_packages_mirror_or_recipe_change():
+    base = rootfs.Recipe("trixie", "http://m/debian")
+    assert base.digest() == rootfs.Recipe("trixie", "http://m/debian").digest()
+    assert base.digest() != rootfs.Recipe("trixie", "http://other/debian").digest()
+    assert base.digest() != rootfs.Recipe("trixie", "http://m/debian", packages=(*base.packages, "vim")).digest()
+    assert base.digest() != rootfs.Recipe("trixie", "http://m/debian", version=base.version + 1).digest()
