@@ -41,7 +41,9 @@ from clusterctl.healthd.policy import POLICY_VERSION
 from clusterctl.healthd.sampler import sample_host, scan_gpus
 from clusterctl.records.healthd_kmsg_cursor import KmsgCursor, read_kmsg_cursor, write_kmsg_cursor
 from clusterctl.records.healthd_state import HealthdState, write_healthd_state
-from clusterctl.records.healthd_xid_history import XidSighting, append_xid_sighting, read_xid_history
+from clusterctl.records.healthd_xid_history import (
+    XidSighting, append_xid_sighting, read_xid_history, xid_history_path,
+)
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm.nodes import NodeState, SlurmNode
 
@@ -99,6 +101,10 @@ class Daemon:
         self.actions: queue.Queue[PlannedAction] = queue.Queue()
         config.journal_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(config.journal_dir / "actions.jsonl")
+        try:
+            self.journal.read()
+        except RecordError as exc:
+            self._set_aside(self.journal.path, exc, "its pending Slurm actions, if any, are not applied")
         self.settings = engine.EngineSettings.from_config(config, self.node)
         self.state = engine.restore(self._xid_history())
         self.stop = threading.Event()
@@ -112,9 +118,16 @@ class Daemon:
     def _xid_history(self) -> tuple[XidSighting, ...]:
         try:
             return read_xid_history(self.config.journal_dir)
-        except RecordError as exc:  # not understood: start without it (fewer repeats recognised, never more)
-            log.error("Xid history not read: %s", exc)
+        except RecordError as exc:  # start without it: fewer repeats recognised, never more
+            self._set_aside(xid_history_path(self.config.journal_dir), exc, "earlier Xids do not count as repeats")
             return ()
+
+    def _set_aside(self, path: Path, error: RecordError, consequence: str) -> None:
+        # A file from another healthd version would stop every later line from being read: keep it
+        # for the admin under another name and start a new one.
+        aside = path.with_name(f"{path.name}.unreadable-{int(self.clock.now())}")
+        os.replace(path, aside)
+        log.error("%s; moved it to %s and started a new one (%s)", error, aside, consequence)
 
     # ---- the engine, stepped by the main thread only ---------------------------------------
     def handle(self, item: Observed | Applied) -> None:

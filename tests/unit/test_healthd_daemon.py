@@ -164,3 +164,14 @@ def test_a_kernel_xid_goes_through_the_running_daemon_to_a_drain_and_the_state_f
     assert state is not None
     assert [(f.what, f.handled) for f in state.node_findings if f.kind == "xid"] == [("xid 48", True)]
     assert read_kmsg_cursor(tmp_path / "lib") is not None and read_kmsg_cursor(tmp_path / "lib").sequence == 2
+
+
+def test_a_journal_from_another_healthd_version_is_set_aside_not_half_applied(config, caplog):
+    path = config.journal_dir / "actions.jsonl"
+    config.journal_dir.mkdir(parents=True)
+    path.write_text('{"planned": {"id": "a1", "op": "drain", "reason": "healthd: x", "at": 1.0, "finding": {}}}\n')
+    shell = daemon(config, FakeSlurm())
+    assert shell.journal.pending() == ()
+    [aside] = config.journal_dir.glob("actions.jsonl.unreadable-*")
+    assert '"id": "a1"' in aside.read_text()
+    assert "not a healthd-action record" in caplog.text and "not applied" in caplog.text
