@@ -13,6 +13,7 @@ import clusterctl.launcher.cli as cli_module
 from clusterctl.launcher.cli import cli
 from clusterctl.launcher.runs import create_run
 from clusterctl.launcher.spec import load_spec
+from clusterctl.launcher.use_cases import wait_for_job
 from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, write_rank_map
 from clusterctl.records.run_journal import (
     BlamedNode, Decided, DecisionAction, OutcomeKind, SlurmTimes, Submitted, read_run_journal,
@@ -188,3 +189,29 @@ def test_options_that_contradict_supervise_are_refused_before_anything_is_writte
         assert result.exit_code == 2, result.output
         assert "does not go with --supervise" in result.output or "--detach only goes with --supervise" in result.output
     assert not (tmp_path / "r").exists() and not any(c[0] == "sbatch" and "--parsable" in c for c in slurm.calls)
+
+
+def test_submit_wait_exits_1_when_the_job_did_not_complete(slurm, tmp_path):
+    slurm.next_job = 4  # recorded FAILED
+    result = CliRunner().invoke(cli, ["submit", EXAMPLE, "--wait"])
+    assert result.exit_code == 1 and "Submitted job 4" in result.stdout
+    assert "FAILED" in result.stderr  # the run's status, shown when the job ended
+
+
+def test_submit_wait_exits_0_when_the_job_completed(slurm, tmp_path):
+    slurm.next_job = 3  # recorded COMPLETED
+    assert CliRunner().invoke(cli, ["submit", EXAMPLE, "--wait"]).exit_code == 0
+
+
+def test_waiting_for_a_job_polls_until_slurm_says_it_ended():
+    states = iter(["PENDING", "RUNNING", "COMPLETED"])
+    polls: list[float] = []
+
+    class Changing(RecordedSlurm):
+        def __call__(self, argv, timeout) -> Completed:
+            if argv[:2] == ["squeue", "--json"]:
+                job = json.loads((DATA / "squeue.json").read_text())["jobs"][0]
+                return Completed(0, json.dumps({"jobs": [{**job, "job_id": 9, "job_state": next(states)}]}), "")
+            return super().__call__(argv, timeout)
+    assert wait_for_job(Slurm(Changing()), "9", sleep=polls.append, poll=0.5) == "COMPLETED"
+    assert polls == [0.5, 0.5]
