@@ -112,8 +112,8 @@ def test_remap_pending_is_a_reset_at_idle_verdict_not_a_drain(cluster):
 
 def test_no_false_positives(cluster):
     d = cluster.nvml_dir("node1")
-    for gpu, xid in ((0, 13), (1, 31), (2, 43)):
-        inject(d, Fault("xid", gpu=gpu, value=xid))
+    for index, xid in ((0, 13), (1, 31), (2, 43)):
+        inject(d, Fault("xid", gpu=index, value=xid))
     for _ in range(100):
         inject(d, Fault("xid", gpu=4, value=45))  # a sympathetic storm
     inject(d, Fault("ecc-sbe", gpu=5, value=5000))
