@@ -21,7 +21,19 @@ from clusterctl_testbed.layout import Layout
 from clusterctl_testbed.system import is_alive
 
 REPO = Path(__file__).resolve().parent.parent
-TEST_LAYOUT = Layout(root=Path("/tmp/ctb-test"), namespace_prefix="ctbt-")
+
+def _test_layout() -> Layout:
+    # CLUSTERCTL_TEST_TESTBED=<short name> gives a test run a testbed of its own (/tmp/ctb-<name>,
+    # namespaces ct<name>-*), so two runs on one machine do not share daemons.
+    name = os.environ.get("CLUSTERCTL_TEST_TESTBED", "test")
+    if not name.isalnum() or len(name) > 8:
+        raise SystemExit(f"CLUSTERCTL_TEST_TESTBED={name!r}: use up to 8 letters or digits")
+    if name == "test":
+        return Layout(root=Path("/tmp/ctb-test"), namespace_prefix="ctbt-")
+    return Layout(root=Path(f"/tmp/ctb-{name}"), namespace_prefix=f"ct{name}-")
+
+
+TEST_LAYOUT = _test_layout()
 
 
 @pytest.fixture(scope="session")
