@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from clusterctl.errors import SlurmCommandError
 from clusterctl.slurm.jobs import JobReport, parse_sacct_json, parse_sbatch_parsable, parse_squeue_json
+from clusterctl.slurm.version import SlurmVersion, parse_version
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,18 @@ def run_checked(runner: Runner, argv: list[str], timeout: float) -> str:
     return result.stdout
 
 
+_RELEASES: dict[int, SlurmVersion] = {}
+
+
+def ask_version(runner: Runner, timeout: float) -> SlurmVersion:
+    """The Slurm release the commands belong to, asked once per runner per process (`sbatch --version`)."""
+    known = _RELEASES.get(id(runner))
+    if known is None:
+        argv = ["sbatch", "--version"]
+        known = _RELEASES[id(runner)] = parse_version(run_checked(runner, argv, timeout), argv)
+    return known
+
+
 class Slurm:
     """The Slurm commands clusterctl uses, each returning parsed data."""
 
@@ -70,6 +83,10 @@ class Slurm:
     def version(self) -> str:
         """`sbatch --version`, e.g. `slurm-wlm 22.05.8`."""
         return self._run(["sbatch", "--version"]).strip()
+
+    def release(self) -> SlurmVersion:
+        """The Slurm release, asked once per process (see ask_version)."""
+        return ask_version(self.runner, self.timeout)
 
     def config_value(self, key: str) -> str | None:
         """One value of `scontrol show config` (e.g. TopologyPlugin)."""
