@@ -143,6 +143,10 @@ def record_all(rec: Recorder, jobs: dict[str, str]) -> None:
     for node in ("node1", "node2", "node3", "node4"):
         r(f"sinfo-n-{node}", ["sinfo", "--json", "-n", node], "one node (SlurmNode.state)")
         r(f"scontrol-show-node-{node}", ["scontrol", "show", "node", node, "--json"], "one node, 23.02+")
+    r("sinfo-N", ["sinfo", "--json", "-N"], "every node, one group per node (per-node reasons on 23.02+)")
+    r("sinfo-N-p-gpu", ["sinfo", "--json", "-N", "-p", "gpu"], "one partition, one group per node")
+    r("scontrol-show-node", ["scontrol", "show", "node", "--json"],
+      "every node, 23.02+ (Slurm.nodes_json, SlurmNode.partition_nodes)")
     r("sinfo-nodes", ["sinfo", "-h", "-N", "-o", "%N|%T"], "Slurm.idle_nodes")
     r("sinfo-nodes-p-gpu", ["sinfo", "-h", "-N", "-o", "%N|%T", "-p", "gpu"], "Slurm.idle_nodes with a partition")
     r("scontrol-show-topology", ["scontrol", "show", "topology"], "Slurm.topology")
