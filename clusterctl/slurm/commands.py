@@ -115,8 +115,11 @@ class Slurm:
         return parse_sacct_json(self._run(["sacct", "--json", "-j", ",".join(job_ids)]))
 
     def nodes_json(self) -> str:
-        """`sinfo --json` (parse with clusterctl.slurm.nodes.parse_sinfo_json)."""
-        return self._run(["sinfo", "--json"])
+        """Every node with its own reason: `scontrol show node --json` from 23.02, `sinfo --json` on
+        22.05 (parse either with clusterctl.slurm.nodes.parse_nodes_json).  Not `sinfo --json` on
+        23.02+: it groups nodes by state under the first node's reason."""
+        argv = ["scontrol", "show", "node", "--json"] if self.release().scontrol_node_json else ["sinfo", "--json"]
+        return self._run(argv)
 
     def cancel(self, job_ids: list[str]) -> None:
         """scancel the given jobs."""

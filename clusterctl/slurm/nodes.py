@@ -1,22 +1,45 @@
-"""healthd's door to Slurm: read this node's state, drain it, resume it (argv lists, timeouts).
+"""Nodes as Slurm reports them, from every release's JSON, and healthd's door to its own node.
 
-Node state comes from `sinfo --json` (Slurm 22.05 has it; `scontrol --json` it has not).
+Each release shapes node JSON differently (measured on Debian's 22.05.8, 24.11.5 and 26.05.5;
+SchedMD's data_parser plugins for 23.02):
+- 22.05 (openapi v0.0.38): `sinfo --json` prints every node flat, `{"nodes": [{"name", "state":
+  "idle", "state_flags": ["DRAIN"], "reason", "partitions"}]}`, and ignores `-n`/`-p`/`-N`;
+  scontrol has no `--json`.
+- 23.02 on (v0.0.39+): `scontrol show node [N] --json` prints `{"nodes": [{"name", "state":
+  ["IDLE", "DRAIN"], "reason", "partitions"}]}` (base state and flags in one list);
+  `sinfo --json` prints `{"sinfo": [groups]}`, one group per partition and state, each with
+  `node.state` (a list), `nodes.nodes` (the names) and ONE `reason` — its first node's.  A
+  group of several nodes therefore cannot say why each is drained; such a group is refused
+  unless none of its nodes can have a reason (`sinfo --json -N` gives one node per group).
+
+Every shape becomes the same `NodeState`.  What this module cannot read is a SlurmVersionError
+naming the release, the command and the field, never a node read as healthy.
 The reason is passed to scontrol as one argv element: it never meets a shell.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from clusterctl.errors import SlurmCommandError
+from clusterctl.errors import HostlistError, SlurmCommandError
 from clusterctl.records.drain_reason import REASON_PREFIX
-from clusterctl.slurm.commands import Runner, run_checked, subprocess_runner
+from clusterctl.slurm import hostlist
+from clusterctl.slurm.commands import Runner, ask_version, run_checked, subprocess_runner
+from clusterctl.slurm.version import SlurmVersion, SlurmVersionError
+
+BASE_STATES = frozenset({"INVALID", "UNKNOWN", "DOWN", "IDLE", "ALLOCATED", "ERROR", "MIXED", "FUTURE"})
+"""A node's base state (NODE_STATE_BASE in slurm.h); every other word of a state list is a flag."""
+
+REASON_FLAGS = frozenset({"DRAIN", "FAIL"})
+"""Flags that come with a reason (besides the base state DOWN): Slurm only keeps a reason for these."""
 
 
 @dataclass(frozen=True)
 class NodeState:
-    """One node as `sinfo --json` shows it (state lower-cased, flags as Slurm spells them)."""
+    """One node as Slurm shows it: base state lower-cased (`idle`), flags as Slurm spells them."""
 
     name: str
     state: str
@@ -40,38 +63,209 @@ class NodeState:
         return self.draining and not self.reason.startswith(REASON_PREFIX)
 
 
-def parse_sinfo_json(text: str) -> list[NodeState]:
-    """Nodes from `sinfo --json` output."""
-    data = json.loads(text)
-    seen: dict[str, NodeState] = {}
-    for node in data.get("nodes", []):
+class _Shape:
+    """Where in an answer we are, to name the release, command and field of what does not fit."""
+
+    def __init__(self, command: Sequence[str], release: str) -> None:
+        self.command, self.release = list(command), release
+
+    def error(self, path: str, what: str, *, unknown_shape: bool = True) -> SlurmVersionError:
+        advice = ("; clusterctl does not know this output shape: please report it with the output attached"
+                  if unknown_shape else "")
+        return SlurmVersionError(self.command, f"Slurm {self.release}: field `{path}` {what}{advice}")
+
+    def text(self, data: Mapping[str, Any], key: str, path: str, *, default: str | None = None) -> str:
+        value = data.get(key, default)
+        if not isinstance(value, str):
+            raise self.error(f"{path}.{key}", f"is {_kind(value)}, expected a string")
+        return value
+
+    def strings(self, value: object, path: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise self.error(path, f"is {_kind(value)}, expected a list of strings")
+        return tuple(value)
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "missing"
+    return f"{type(value).__name__} {json.dumps(value)[:40]}" if not isinstance(value, (dict, list)) \
+        else ("an object" if isinstance(value, dict) else "a list")
+
+
+def _release_of(data: Mapping[str, Any]) -> str:
+    """The release an answer says it came from (`meta.slurm.release`, 22.05's `meta.Slurm.release`)."""
+    meta = data.get("meta")
+    if isinstance(meta, Mapping):
+        for key in ("slurm", "Slurm"):
+            about = meta.get(key)
+            if isinstance(about, Mapping) and isinstance(about.get("release"), str):
+                return str(about["release"])
+    return "(release not stated)"
+
+
+def _state(shape: _Shape, value: object, flags: object, path: str) -> tuple[str, tuple[str, ...]]:
+    """(base state lower-cased, flags) from a 22.05 string + `state_flags` or a 23.02+ list."""
+    if isinstance(value, str):
+        if not value:
+            raise shape.error(f"{path}.state", "is empty")
+        found = shape.strings([] if flags is None else flags, f"{path}.state_flags")
+        return value.lower(), found
+    words = shape.strings(value, f"{path}.state")
+    bases = [word for word in words if word in BASE_STATES]
+    if len(bases) != 1:
+        raise shape.error(f"{path}.state", f"is {list(words)}, expected exactly one base state "
+                                           f"({', '.join(sorted(BASE_STATES))}) plus flags")
+    return bases[0].lower(), tuple(word for word in words if word not in BASE_STATES)
+
+
+def _flat_nodes(shape: _Shape, nodes: object) -> list[NodeState]:
+    if not isinstance(nodes, list):
+        raise shape.error("nodes", f"is {_kind(nodes)}, expected a list of nodes")
+    found = []
+    for i, node in enumerate(nodes):
+        path = f"nodes[{i}]"
+        if not isinstance(node, Mapping):
+            raise shape.error(path, f"is {_kind(node)}, expected a node object")
         name = node.get("name") or node.get("hostname")
-        if name and name not in seen:
-            seen[name] = NodeState(name, str(node.get("state", "")).lower(), tuple(node.get("state_flags") or ()),
-                                   node.get("reason") or "", tuple(node.get("partitions") or ()))
-    return list(seen.values())
+        if not isinstance(name, str) or not name:
+            raise shape.error(f"{path}.name", f"is {_kind(name)}, expected the node's name")
+        state, flags = _state(shape, node.get("state"), node.get("state_flags"), path)
+        reason = shape.text(node, "reason", path, default="")
+        partitions = shape.strings(node.get("partitions", []), f"{path}.partitions")
+        found.append(NodeState(name, state, flags, reason, partitions))
+    return found
+
+
+def _group_names(shape: _Shape, nodes: object, path: str) -> tuple[str, ...]:
+    if not isinstance(nodes, Mapping):
+        raise shape.error(f"{path}.nodes", f"is {_kind(nodes)}, expected an object with `nodes`")
+    names = nodes.get("nodes")
+    if isinstance(names, str):  # a hostlist expression in some data_parser versions
+        try:
+            return tuple(hostlist.expand(names))
+        except HostlistError as exc:
+            raise shape.error(f"{path}.nodes.nodes", f"is not a hostlist ({exc})") from None
+    return shape.strings(names, f"{path}.nodes.nodes")
+
+
+def _grouped_nodes(shape: _Shape, groups: object) -> list[NodeState]:
+    if not isinstance(groups, list):
+        raise shape.error("sinfo", f"is {_kind(groups)}, expected a list of node groups")
+    found = []
+    for i, group in enumerate(groups):
+        path = f"sinfo[{i}]"
+        if not isinstance(group, Mapping) or not isinstance(group.get("node"), Mapping):
+            raise shape.error(f"{path}.node", "is missing, expected an object with `state`")
+        state, flags = _state(shape, group["node"].get("state"), None, f"{path}.node")
+        names = _group_names(shape, group.get("nodes"), path)
+        reason_field = group.get("reason", {})
+        if isinstance(reason_field, Mapping):
+            reason = shape.text(reason_field, "description", f"{path}.reason", default="")
+        elif isinstance(reason_field, str):
+            reason = reason_field
+        else:
+            raise shape.error(f"{path}.reason", f"is {_kind(reason_field)}, expected an object with `description`")
+        partition = group.get("partition", {})
+        if not isinstance(partition, Mapping):
+            raise shape.error(f"{path}.partition", f"is {_kind(partition)}, expected an object with `name`")
+        name = partition.get("name", "")
+        partitions = (name,) if isinstance(name, str) and name else ()
+        if len(names) > 1 and (reason or state == "down" or REASON_FLAGS & set(flags)):
+            raise shape.error(f"{path}.reason", f"covers {len(names)} nodes ({hostlist.compress(list(names))}) "
+                                                "but is only the first one's; ask one node per group "
+                                                "(`sinfo --json -N`) or `scontrol show node --json`",
+                                  unknown_shape=False)
+        found += [NodeState(node, state, flags, reason, partitions) for node in names]
+    return found
+
+
+def parse_nodes_json(text: str, command: Sequence[str] = ("sinfo", "--json"),
+                     release: SlurmVersion | None = None) -> list[NodeState]:
+    """Every node in `sinfo --json` (22.05 flat, 23.02+ grouped) or `scontrol show node --json` output.
+
+    A node listed twice (one group per partition) appears once, with every partition it is in.
+    Raises SlurmVersionError naming the release, `command` and the field for any other shape.
+    """
+    shape = _Shape(command, str(release) if release else "(release not stated)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmVersionError(list(command), f"Slurm {shape.release}: the output is not JSON ({exc.msg}, "
+                                               f"starting {text.strip()[:60]!r})") from None
+    if not isinstance(data, Mapping):
+        raise shape.error("(top)", f"is {_kind(data)}, expected an object with `nodes` or `sinfo`")
+    if release is None:
+        shape.release = _release_of(data)
+    if "sinfo" in data:
+        nodes = _grouped_nodes(shape, data["sinfo"])
+    elif "nodes" in data:
+        nodes = _flat_nodes(shape, data["nodes"])
+    else:
+        raise shape.error("nodes", "is missing (and so is `sinfo`), expected a list of nodes")
+    merged: dict[str, NodeState] = {}
+    for node in nodes:
+        seen = merged.get(node.name)
+        if seen is None:
+            merged[node.name] = node
+        else:
+            extra = tuple(p for p in node.partitions if p not in seen.partitions)
+            merged[node.name] = NodeState(seen.name, seen.state, seen.flags, seen.reason, seen.partitions + extra)
+    return list(merged.values())
+
+
+def parse_sinfo_json(text: str, command: Sequence[str] = ("sinfo", "--json"),
+                     release: SlurmVersion | None = None) -> list[NodeState]:
+    """Nodes from `sinfo --json` output of any release (see parse_nodes_json)."""
+    return parse_nodes_json(text, command, release)
+
+
+def all_nodes_argv(release: SlurmVersion) -> list[str]:
+    """The command that shows every node with its own reason on this release."""
+    return ["scontrol", "show", "node", "--json"] if release.scontrol_node_json else ["sinfo", "--json"]
+
+
+def one_node_argv(release: SlurmVersion, node: str) -> list[str]:
+    """The cheapest command showing one node: `scontrol show node N --json`, or on 22.05 the whole
+    `sinfo --json` table (it ignores `-n`; the flag is kept so the intent reads in process lists)."""
+    return ["scontrol", "show", "node", node, "--json"] if release.scontrol_node_json else ["sinfo", "--json", "-n", node]
 
 
 class SlurmNode:
-    """The Slurm operations healthd performs for one node."""
+    """The Slurm operations healthd performs for one node.
 
-    def __init__(self, node: str, runner: Runner = subprocess_runner, timeout: float = 10.0) -> None:
+    `release`: the Slurm release, when the caller already knows it; otherwise asked once per
+    process on first need (`sbatch --version`, answered by the client alone).
+    """
+
+    def __init__(self, node: str, runner: Runner = subprocess_runner, timeout: float = 10.0, *,
+                 release: SlurmVersion | None = None) -> None:
         self.node, self.runner, self.timeout = node, runner, timeout
+        self._known_release = release
 
     def _run(self, argv: list[str]) -> str:
         return run_checked(self.runner, argv, self.timeout)
 
+    def release(self) -> SlurmVersion:
+        """The Slurm release this node's commands belong to."""
+        if self._known_release is None:
+            self._known_release = ask_version(self.runner, self.timeout)
+        return self._known_release
+
     def state(self) -> NodeState:
         """This node's state; SlurmCommandError when Slurm does not know it."""
-        nodes = parse_sinfo_json(self._run(["sinfo", "--json", "-n", self.node]))
-        for node in nodes:
+        release = self.release()
+        argv = one_node_argv(release, self.node)
+        for node in parse_nodes_json(self._run(argv), argv, release):
             if node.name == self.node:
                 return node
-        raise SlurmCommandError(["sinfo", "--json", "-n", self.node], 0, f"node {self.node} not known to Slurm")
+        raise SlurmCommandError(argv, 0, f"node {self.node} not known to Slurm")
 
     def partition_nodes(self, partition: str) -> list[NodeState]:
-        """Every node of a partition."""
-        return parse_sinfo_json(self._run(["sinfo", "--json", "-p", partition]))
+        """Every node of a partition, each with its own reason (filtered here: 22.05 ignores `-p`)."""
+        release = self.release()
+        argv = all_nodes_argv(release)
+        return [node for node in parse_nodes_json(self._run(argv), argv, release) if partition in node.partitions]
 
     def drain(self, reason: str) -> None:
         """Drain this node with the given reason (one argv element: no shell quoting)."""

@@ -29,6 +29,8 @@ class SlurmVersionError(SlurmCommandError):
 
     def __init__(self, command: list[str], message: str) -> None:
         super().__init__(command, 0, message)
+        # The command succeeded; what failed is reading its answer, so say that, not "exited with 0".
+        self.args = (f"`{' '.join(command)}`: {message}",)
 
 
 @dataclass(frozen=True, order=True)

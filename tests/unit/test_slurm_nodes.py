@@ -1,0 +1,161 @@
+"""Nodes from every Slurm release's JSON read the same; what cannot be read is a clear error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clusterctl.errors import SlurmCommandError
+from clusterctl.slurm.commands import Completed
+from clusterctl.slurm.nodes import BASE_STATES, NodeState, SlurmNode, parse_nodes_json
+from clusterctl.slurm.version import SlurmVersion, SlurmVersionError
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+OLD, MID, NEW = SlurmVersion(22, 5, 8), SlurmVersion(24, 11, 5), SlurmVersion(26, 5, 5)
+
+
+# ---- the three shapes, as each release prints them (field names per SchedMD's data_parser) ----
+def flat_2205(nodes: list[NodeState]) -> str:
+    """22.05's `sinfo --json`: flat nodes, state a string plus state_flags."""
+    return json.dumps({"meta": {"Slurm": {"release": "22.05.8"}}, "errors": [], "nodes": [
+        {"name": n.name, "hostname": n.name, "state": n.state, "state_flags": list(n.flags), "reason": n.reason,
+         "partitions": list(n.partitions)} for n in nodes]})
+
+
+def scontrol_json(nodes: list[NodeState]) -> str:
+    """23.02+'s `scontrol show node --json`: state one list, base state first."""
+    return json.dumps({"meta": {"slurm": {"release": "24.11.5"}}, "nodes": [
+        {"name": n.name, "state": [n.state.upper(), *n.flags], "reason": n.reason, "partitions": list(n.partitions)}
+        for n in nodes]})
+
+
+def sinfo_per_node(nodes: list[NodeState]) -> str:
+    """23.02+'s `sinfo --json -N`: one group per node and partition."""
+    return json.dumps({"meta": {"slurm": {"release": "26.05.5"}}, "sinfo": [
+        {"node": {"state": [n.state.upper(), *n.flags]}, "nodes": {"nodes": [n.name], "total": 1},
+         "reason": {"description": n.reason, "time": 0, "user": ""}, "partition": {"name": partition}}
+        for n in nodes for partition in n.partitions]})
+
+
+def node(name: str, reason: str = "", state: str = "idle", partitions: tuple[str, ...] = ("gpu",)) -> NodeState:
+    return NodeState(name, state, ("DRAIN",) if reason else (), reason, partitions)
+
+
+CLUSTER = [node("node1", state="mixed"), node("node2", "admin: bad fan"),
+           node("node3", "healthd: xid 79 gpu3 (GPU-1) drain-reset 2026-11-22T03:00:00Z"),
+           node("node4", state="down", partitions=("gpu", "debug"))]
+
+
+@pytest.mark.parametrize("render", [flat_2205, scontrol_json, sinfo_per_node])
+def test_every_release_shape_reads_the_same_nodes(render):
+    nodes = {n.name: n for n in parse_nodes_json(render(CLUSTER))}
+    assert nodes["node2"].drained_by_someone_else and not nodes["node2"].drained_by_us
+    assert nodes["node3"].drained_by_us
+    assert not nodes["node1"].draining and nodes["node1"].state == "mixed"
+    assert nodes["node4"].partitions == ("gpu", "debug")  # listed once, with both partitions
+
+
+def test_recorded_2205_sinfo_tells_an_admin_drain_from_healthds():
+    admin = {n.name: n for n in parse_nodes_json((DATA / "sinfo-json-admin-drain.json").read_text())}
+    assert admin["node2"].drained_by_someone_else and admin["node1"].partitions == ("gpu",)
+    ours = {n.name: n for n in parse_nodes_json((DATA / "sinfo-json-healthd-drain.json").read_text())}
+    assert ours["node3"].drained_by_us and ours["node2"].flags == ("NOT_RESPONDING",)
+
+
+def test_a_group_of_drained_nodes_is_refused_not_read_with_the_first_ones_reason():
+    # 24.11's plain `sinfo --json`: an admin's drain and healthd's share one group and one reason.
+    grouped = json.dumps({"meta": {"slurm": {"release": "24.11.5"}}, "sinfo": [
+        {"node": {"state": ["IDLE", "DRAIN"]}, "nodes": {"nodes": ["node2", "node3"]},
+         "reason": {"description": "admin: maintenance"}, "partition": {"name": "gpu"}},
+        {"node": {"state": ["IDLE"]}, "nodes": {"nodes": ["node1", "node4"]}, "reason": {"description": ""},
+         "partition": {"name": "gpu"}}]})
+    with pytest.raises(SlurmVersionError, match=r"Slurm 24\.11\.5: field `sinfo\[0\]\.reason` covers 2 nodes "
+                                                r"\(node\[2-3\]\).*sinfo --json -N"):
+        parse_nodes_json(grouped)
+    idle_only = json.loads(grouped)
+    del idle_only["sinfo"][0]
+    assert [n.name for n in parse_nodes_json(json.dumps(idle_only))] == ["node1", "node4"]
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ('{"nodes": [{"name": "n1", "state": ["DRAIN"]}]}', r"nodes\[0\]\.state"),
+    ('{"nodes": [{"name": "n1", "state": {"current": "IDLE"}}]}', r"nodes\[0\]\.state"),
+    ('{"nodes": [{"state": "idle"}]}', r"nodes\[0\]\.name"),
+    ('{"sinfo": [{"node": {"state": "IDLE"}, "nodes": {"nodes": 3}}]}', r"sinfo\[0\]\.nodes\.nodes"),
+    ('{"jobs": []}', "`nodes` is missing"),
+    ("slurm_load_node error: Unable to contact slurm controller", "not JSON"),
+])
+def test_an_unknown_shape_names_release_command_and_field(text, field):
+    with pytest.raises(SlurmVersionError, match=field) as caught:
+        parse_nodes_json(text, ["scontrol", "show", "node", "--json"], MID)
+    assert str(caught.value).startswith("`scontrol show node --json`: Slurm 24.11.5: ")
+    assert caught.value.exit_code == 8
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+                               st.sampled_from(["nodes", "sinfo", "name", "state", "state_flags", "reason", "node",
+                                                "partitions", "partition", "description", "meta"]), inner, max_size=5),
+                           max_leaves=20)
+
+
+@given(json_values)
+def test_any_json_reads_as_nodes_or_a_slurm_error_never_a_traceback(value):
+    try:
+        nodes = parse_nodes_json(json.dumps(value))
+    except SlurmVersionError as exc:
+        assert exc.exit_code == 8 and "`sinfo --json`" in str(exc)
+    else:
+        assert all(isinstance(n, NodeState) and n.state for n in nodes)
+
+
+names = st.from_regex(r"node[0-9]{1,3}", fullmatch=True)
+flag_sets = st.lists(st.sampled_from(["DRAIN", "NOT_RESPONDING", "COMPLETING", "MAINTENANCE", "FAIL"]),
+                     unique=True, max_size=3).map(tuple)
+states = st.builds(NodeState, names, st.sampled_from(sorted(BASE_STATES)).map(str.lower), flag_sets,
+                   st.text(st.characters(blacklist_categories=("Cs",)), max_size=30),
+                   st.lists(st.sampled_from(["gpu", "debug", "cpu"]), min_size=1, unique=True, max_size=3).map(tuple))
+
+
+@given(st.lists(states, max_size=6, unique_by=lambda n: n.name))
+def test_each_shape_gives_back_exactly_the_nodes_slurm_described(nodes):
+    for render in (flat_2205, scontrol_json, sinfo_per_node):
+        assert parse_nodes_json(render(nodes)) == nodes
+
+
+def replay(answers: dict[str, str], calls: list[list[str]]):
+    def runner(argv, timeout):
+        calls.append(list(argv))
+        return Completed(0, answers[argv[0] if argv[0] != "scontrol" else " ".join(argv[:3])], "")
+    return runner
+
+
+def test_healthd_asks_one_node_of_scontrol_where_it_can_and_the_whole_table_on_2205():
+    calls: list[list[str]] = []
+    new = SlurmNode("node3", replay({"sbatch": "slurm 24.11.5\n", "scontrol show node": scontrol_json(CLUSTER[2:3])},
+                                    calls))
+    assert new.state().drained_by_us
+    assert calls == [["sbatch", "--version"], ["scontrol", "show", "node", "node3", "--json"]]
+    calls.clear()
+    old = SlurmNode("node2", replay({"sbatch": "slurm-wlm 22.05.8\n", "sinfo": flat_2205(CLUSTER)}, calls))
+    assert old.state().drained_by_someone_else
+    assert calls[1][:2] == ["sinfo", "--json"]
+
+
+def test_the_breakers_partition_view_is_per_node_and_filtered_on_every_release():
+    for release, answers in ((OLD, {"sinfo": flat_2205(CLUSTER)}),
+                             (NEW, {"scontrol show node": scontrol_json(CLUSTER)})):
+        calls: list[list[str]] = []
+        slurm = SlurmNode("node3", replay(answers, calls), release=release)
+        assert [n.name for n in slurm.partition_nodes("debug")] == ["node4"]
+        assert [n.name for n in slurm.partition_nodes("gpu") if n.drained_by_us] == ["node3"]
+
+
+def test_a_node_slurm_does_not_know_is_an_error_naming_it():
+    slurm = SlurmNode("node9", replay({"scontrol show node": '{"nodes": []}'}, []), release=MID)
+    with pytest.raises(SlurmCommandError, match="node node9 not known to Slurm"):
+        slurm.state()
