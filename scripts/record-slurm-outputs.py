@@ -133,11 +133,19 @@ def record_all(rec: Recorder, jobs: dict[str, str]) -> None:
     r("squeue-t-all", ["squeue", "--json", "-t", "all"], "every job slurmctld holds, finished ones included")
     r("squeue-j-running", ["squeue", "--json", "-j", jobs["running"]], "is -j honoured")
     r("squeue-j-failed-t-all", ["squeue", "--json", "-t", "all", "-j", jobs["failed"]], "one finished job")
+    several = ",".join(jobs[r] for r in ("completed", "failed", "running"))
+    r("squeue-t-all-j-several", ["squeue", "--json", "-t", "all", "-j", several],
+      "the supervisor's and status's call on 24.05.1+: several jobs, finished ones included")
+    r("squeue-t-all-j-unknown", ["squeue", "--json", "-t", "all", "-j", "999999"],
+      "a job the controller no longer holds (past MinJobAge)")
     r("squeue-only-job-state", ["squeue", "--only-job-state", "--json", "-t", "all"], "24.05+: the cheap state RPC")
+    r("squeue-only-job-state-j-several", ["squeue", "--only-job-state", "--json", "-t", "all", "-j", several],
+      "24.05+: the cheap state RPC for several jobs")
     r("squeue-running-on-node1", ["squeue", "-h", "-w", "node1", "-t", "RUNNING", "-o", "%A"],
       "clusterctl.slurm.nodes: running jobs on a node")
     r("sacct", ["sacct", "--json", "-j", every], "every job with its steps (Slurm.sacct)")
     r("sacct-failed", ["sacct", "--json", "-j", jobs["failed"]], "the job that exited 3")
+    r("sacct-unknown", ["sacct", "--json", "-j", "999999"], "a job accounting never saw")
     r("sinfo", ["sinfo", "--json"], "every node (Slurm.nodes_json)")
     r("sinfo-p-gpu", ["sinfo", "--json", "-p", "gpu"], "one partition (SlurmNode.partition)")
     for node in ("node1", "node2", "node3", "node4"):
@@ -153,6 +161,7 @@ def record_all(rec: Recorder, jobs: dict[str, str]) -> None:
     r("scontrol-show-config", ["scontrol", "show", "config"], "Slurm.config")
     r("scontrol-show-hostnames", ["scontrol", "show", "hostnames", "node[1-4],ctl"], "hostlist reference")
     r("sbatch-version", ["sbatch", "--version"], "Slurm.version")
+    r("sinfo-version", ["sinfo", "--version"], "the release, as sinfo says it")
     r("sbatch-parsable", ["sbatch", "--parsable", "-N1", "-w", "node1", "-J", "parsable", "--wrap", "true"],
       "what `sbatch --parsable` prints (Slurm.sbatch); this job joins the pending queue")
 
