@@ -4,9 +4,13 @@ Behaviour matches `scontrol show hostnames` / `scontrol show hostlist` of Slurm 
 (tested differentially against the real binaries):
 
 * expand: comma (or blank) separated items; each item may hold several bracket groups,
-  expanded as a cartesian product with the last group varying fastest; zero padding
+  expanded as a cartesian product in Slurm's order: the last group varies fastest, then
+  the first, the second, ... (`a[1-2]b[3-4]c[5-6]` -> a1b3c5 a1b3c6 a2b3c5 ...); zero padding
   takes the width of a range's lower bound (`n[01-3]` -> n01 n02 n03, `n[1-03]` -> n1 n2 n3);
-  duplicates and order are kept; text after the last `]` is rejected, as Slurm does.
+  duplicates and order are kept; text after the last `]` is rejected, as Slurm does; so are
+  numbers that are not ASCII digits, ranges of more than 65,536 hosts (Slurm's own limit) and
+  numbers longer than 18 digits.  Sizes are counted before anything is built, so an
+  expression naming billions of hosts is refused at once instead of filling memory.
 * compress: keeps the order and duplicates of its input; a name joins the previous range
   only when it has the same prefix, the next number and a compatible zero-padding width;
   adjacent ranges with the same prefix share one pair of brackets (`n[1-3,5-6,4]`).
@@ -14,6 +18,7 @@ Behaviour matches `scontrol show hostnames` / `scontrol show hostlist` of Slurm 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -21,15 +26,27 @@ from dataclasses import dataclass
 from clusterctl.errors import HostlistError
 
 MAX_HOSTS = 1_000_000  # one expression may not name more hosts than this
+MAX_RANGE = 65_536  # Slurm refuses a single range of more hosts ("Too many hosts in range")
+MAX_DIGITS = 18  # longer numbers are not host numbers (Slurm saturates them at 2**64-1)
+_NUMBER = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also accepts '٣' and '²'
 
 
 def expand(expression: str) -> list[str]:
     """All host names of a hostlist expression, in Slurm's order."""
-    names: list[str] = []
-    for item in _split_top_level(expression):
-        names.extend(_expand_item(item, expression))
-        if len(names) > MAX_HOSTS:
+    items = [(item, _item_groups(item, expression)) for item in _split_top_level(expression)]
+    total = 0
+    for _, (_, groups) in items:
+        size = 1
+        for options in groups:
+            size *= len(options)
+            if size > MAX_HOSTS:
+                break
+        total += size
+        if total > MAX_HOSTS:
             raise HostlistError(f"hostlist {expression!r} names more than {MAX_HOSTS:,} hosts")
+    names: list[str] = []
+    for _, (texts, groups) in items:
+        names.extend(_product(texts, groups))
     return names
 
 
@@ -57,37 +74,51 @@ def _split_top_level(expression: str) -> Iterator[str]:
 _GROUP = re.compile(r"\[([^\[\]]*)\]")
 
 
-def _expand_item(item: str, expression: str) -> list[str]:
-    pieces: list[list[str]] = []
+def _item_groups(item: str, expression: str) -> tuple[list[str], list[list[str]]]:
+    """An item's literal texts (one more than its groups) and each bracket group's numbers."""
+    texts: list[str] = []
+    groups: list[list[str]] = []
     pos = 0
     for match in _GROUP.finditer(item):
-        pieces.append([item[pos:match.start()]])
-        pieces.append(_expand_ranges(match.group(1), expression))
+        texts.append(item[pos:match.start()])
+        groups.append(_expand_ranges(match.group(1), expression))
         pos = match.end()
     if pos and pos < len(item):
         # Slurm 22.05 rejects a suffix after the last bracket group ("x[1-3]y").
         raise HostlistError(f"hostlist {expression!r}: text {item[pos:]!r} after ']' is not allowed")
-    if not pos:
-        return [item]
-    names = [""]
-    for options in pieces:
-        names = [name + option for name in names for option in options]
-        if len(names) > MAX_HOSTS:
-            raise HostlistError(f"hostlist {expression!r} names more than {MAX_HOSTS:,} hosts")
-    return names
+    texts.append(item[pos:] if not pos else "")
+    return texts, groups
+
+
+def _product(texts: list[str], groups: list[list[str]]) -> Iterator[str]:
+    # Slurm's order (measured with `scontrol show hostnames`): the last group varies fastest,
+    # then the first, the second, ...; the one before the last varies slowest.
+    if not groups:
+        yield texts[0]
+        return
+    order = [*reversed(range(len(groups) - 1)), len(groups) - 1]  # slowest first
+    for choice in itertools.product(*(groups[i] for i in order)):
+        picked = dict(zip(order, choice, strict=True))
+        yield "".join(text + picked[i] for i, text in enumerate(texts[:-1])) + texts[-1]
 
 
 def _expand_ranges(ranges: str, expression: str) -> list[str]:
     out: list[str] = []
     for part in ranges.split(","):
         lo_text, sep, hi_text = part.partition("-")
-        if not lo_text.isdigit() or (sep and not hi_text.isdigit()):
-            raise HostlistError(f"hostlist {expression!r}: invalid range {part!r} (expected N or N-M)")
+        if not _NUMBER.fullmatch(lo_text) or (sep and not _NUMBER.fullmatch(hi_text)):
+            raise HostlistError(f"hostlist {expression!r}: invalid range {part!r} (expected N or N-M, "
+                                "ASCII digits)")
+        if len(lo_text) > MAX_DIGITS or len(hi_text) > MAX_DIGITS:
+            raise HostlistError(f"hostlist {expression!r}: number in {part!r} is longer than {MAX_DIGITS} digits")
         lo, hi = int(lo_text), int(hi_text) if sep else int(lo_text)
         if hi < lo:
             raise HostlistError(f"hostlist {expression!r}: invalid range {part!r} (end before start)")
-        if hi - lo + 1 > MAX_HOSTS:
-            raise HostlistError(f"hostlist {expression!r}: range {part!r} is too large")
+        if hi - lo + 1 > MAX_RANGE:
+            raise HostlistError(f"hostlist {expression!r}: range {part!r} is too large (more than "
+                                f"{MAX_RANGE:,} hosts, Slurm's limit for one range)")
+        if len(out) + hi - lo + 1 > MAX_HOSTS:
+            raise HostlistError(f"hostlist {expression!r} names more than {MAX_HOSTS:,} hosts")
         width = len(lo_text)
         out.extend(f"{n:0{width}d}" for n in range(lo, hi + 1))
     return out
@@ -128,7 +159,7 @@ def _width_compatible(tail: _Range, host: _Range) -> int | None:
 def _parse_name(name: str) -> _Range:
     stem = name.rstrip("0123456789")
     digits = name[len(stem):]
-    if not digits:
+    if not digits or len(digits) > MAX_DIGITS:
         return _Range(name, 0, 0, 0, False)
     number = int(digits)
     return _Range(stem, number, number, len(digits), True)
