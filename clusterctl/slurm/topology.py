@@ -22,6 +22,9 @@ from clusterctl.slurm import hostlist
 TOP = "(top)"
 """The unit above every root switch: crossing it means leaving the whole tree."""
 
+MAX_SWITCH_LEVELS = 64
+"""Deeper switch chains are refused: real fabrics have a handful of levels, and the planner walks each."""
+
 
 @dataclass(frozen=True)
 class Topology:
@@ -95,14 +98,12 @@ class Topology:
         for node, leaf in self.leaf_of.items():
             under.setdefault(leaf, []).append(node)
         order: list[str] = []
-
-        def visit(switch: str) -> None:
+        # Iterative depth-first walk: a chain of thousands of switches must not hit Python's recursion limit.
+        stack = list(reversed(children.get(None, [])))
+        while stack:
+            switch = stack.pop()
             order.extend(n for n in under.get(switch, []) if n in wanted)
-            for child in children.get(switch, []):
-                visit(child)
-
-        for root in children.get(None, []):
-            visit(root)
+            stack.extend(reversed(children.get(switch, [])))
         return order
 
     def with_nvlink_domains(self, domains: dict[str, str]) -> Topology:
@@ -184,6 +185,10 @@ def _build(switches: Sequence[_Switch], source: str) -> Topology:
                 raise TopologyError(f"switches form a cycle through {name!r}", source=source,
                                     line=by_name[name].line)
             seen.add(up)
+            if len(seen) > MAX_SWITCH_LEVELS:
+                raise TopologyError(f"switch {name!r} is more than {MAX_SWITCH_LEVELS} levels below its root; "
+                                    "a network tree has a few levels (leaf, spine, core)", source=source,
+                                    line=by_name[name].line)
             up = parent[up]
     leaf_of: dict[str, str] = {}
     for switch in switches:
@@ -252,23 +257,29 @@ def parse_topology(text: str, source: str) -> Topology:
     return parse_topology_conf(text, source)
 
 
-def load_topology(path: Path) -> Topology:
-    """Read a topology file of any supported format."""
+def _read_text(path: Path, what: str) -> str:
     try:
-        text = path.read_text()
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TopologyError(f"cannot read: {exc.strerror}", source=str(path)) from None
-    return parse_topology(text, str(path))
+    except UnicodeDecodeError as exc:
+        raise TopologyError(f"not UTF-8 text (byte {exc.start + 1}); {what} is a text file", source=str(path)) from None
+
+
+def load_topology(path: Path) -> Topology:
+    """Read a topology file of any supported format (TopologyError when it cannot be read)."""
+    return parse_topology(_read_text(path, "a topology file"), str(path))
 
 
 def load_nvlink_domains(path: Path) -> dict[str, str]:
     """Read our NVLink-domain file: `[[domain]]` tables with `name` and `nodes` (a hostlist)."""
+    text = _read_text(path, "an NVLink-domain file (TOML)")
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise TopologyError(f"cannot read: {exc.strerror}", source=str(path)) from None
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise TopologyError(f"not valid TOML: {exc}", source=str(path)) from None
+    except RecursionError:
+        raise TopologyError("not valid TOML: nested too deeply", source=str(path)) from None
     domains = data.get("domain")
     if not isinstance(domains, list) or not domains:
         raise TopologyError("expected one or more [[domain]] tables with name = \"...\" and nodes = \"...\"",
