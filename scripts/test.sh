@@ -5,8 +5,14 @@
 #   2. lint and types: ruff, mypy on the core (scripts/lint.sh);
 #   3. the test suite: unit tests (the dependency rules among them) and end-to-end tests against
 #      a real Slurm testbed (its own, at /tmp/ctb-test, torn down at the end), one of which runs
-#      a job from the wheel's virtualenv.
-# Arguments go to pytest (`bash scripts/test.sh tests/unit -q`); steps 1 and 2 always run.
+#      a job from the wheel's virtualenv; one pytest session per Slurm release:
+#        a. unit tests and the whole end-to-end suite on this machine's Slurm 22.05;
+#        b. the whole end-to-end suite on the newest release (26.05, Debian sid's root filesystem);
+#        c. the stories marked `slurm_versions` on 24.11 (Debian trixie's).
+#      A root filesystem missing from /var/cache/clusterctl-testbed is built first (about a minute).
+#      Every release, in full: scripts/test-matrix.sh.
+# Arguments go to one pytest session instead of a-c (`bash scripts/test.sh tests/unit -q`; its
+# release from CLUSTERCTL_TEST_SLURM, default 22.05); steps 1 and 2 always run.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -22,12 +28,27 @@ else
   bash scripts/lint.sh || failed+=("lint (scripts/lint.sh)")
 fi
 
+NEWEST=26.05
 status=0
-.venv/bin/python -m pytest "$@" || status=$?
-if [[ $status -eq 5 ]]; then
-  echo "test: pytest collected no tests; that is a failure" >&2
-  exit 1
+summary=()
+# One pytest session on one Slurm release (CLUSTERCTL_TEST_SLURM); "collected nothing" is a failure.
+session() {
+  local release=$1 started=$SECONDS rc=0
+  shift
+  echo "test: Slurm $release: pytest $*" >&2
+  CLUSTERCTL_TEST_SLURM=$release .venv/bin/python -m pytest "$@" || rc=$?
+  [[ $rc -ne 5 ]] || { echo "test: pytest collected no tests; that is a failure" >&2; rc=1; }
+  summary+=("Slurm $release: pytest $* -> exit $rc in $((SECONDS - started)) s")
+  [[ $rc -eq 0 ]] || status=1
+}
+if [[ $# -gt 0 ]]; then
+  session "${CLUSTERCTL_TEST_SLURM:-host}" "$@"
+else
+  session host
+  session "$NEWEST" tests/e2e
+  session 24.11 tests/e2e -m slurm_versions
 fi
+printf 'test: %s\n' "${summary[@]}" >&2
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "test: failed before the test suite: ${failed[*]} (see above)" >&2
   exit 1

@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from clusterctl_testbed.cluster import Testbed
+from clusterctl_testbed.compose import ComposeTestbed, compose_layout
 from clusterctl_testbed.gpu_faults import Fault, inject
 from clusterctl_testbed.layout import Layout
 from clusterctl_testbed.system import is_alive
+from clusterctl_testbed.versions import RELEASES
 
 REPO = Path(__file__).resolve().parent.parent
+
+BACKEND = os.environ.get("CLUSTERCTL_TEST_BACKEND", "namespace")
+"""Which testbed the end-to-end tests run on: `namespace` (default) or `compose` (docker-compose services)."""
+
 
 def _test_layout() -> Layout:
     # CLUSTERCTL_TEST_TESTBED=<short name> gives a test run a testbed of its own (/tmp/ctb-<name>,
@@ -28,6 +34,8 @@ def _test_layout() -> Layout:
     name = os.environ.get("CLUSTERCTL_TEST_TESTBED", "test")
     if not name.isalnum() or len(name) > 8:
         raise SystemExit(f"CLUSTERCTL_TEST_TESTBED={name!r}: use up to 8 letters or digits")
+    if BACKEND == "compose":
+        return compose_layout(f"ctd{name}")  # /tmp/ctd/ctd<name>, containers ctd<name>-*
     if name == "test":
         return Layout(root=Path("/tmp/ctb-test"), namespace_prefix="ctbt-")
     return Layout(root=Path(f"/tmp/ctb-{name}"), namespace_prefix=f"ct{name}-")
@@ -36,13 +44,37 @@ def _test_layout() -> Layout:
 TEST_LAYOUT = _test_layout()
 
 
+def side_layout(tag: str, **changes: object) -> Layout:
+    """A second testbed of this session's own beside the session one (`/tmp/ctb-<name><tag>`,
+    namespaces `ct<name><tag>-*`), so tests that bring up their own never collide with another run's."""
+    return replace(TEST_LAYOUT, root=Path(f"{TEST_LAYOUT.root}{tag}"),
+                   namespace_prefix=f"{TEST_LAYOUT.namespace_prefix.rstrip('-')}{tag}-", **changes)
+
+
+def _test_release() -> str:
+    # One Slurm release per pytest session: CLUSTERCTL_TEST_SLURM=22.05|24.11|26.05 runs the whole
+    # suite on that release's testbed (scripts/test-matrix.sh runs every one).  The default stays this
+    # machine's own 22.05 (`host`) until the Slurm door reads the newer releases; then it becomes the
+    # newest, like `clusterctl-testbed up` without --slurm.
+    name = os.environ.get("CLUSTERCTL_TEST_SLURM", "host")
+    if name not in RELEASES:
+        raise SystemExit(f"CLUSTERCTL_TEST_SLURM={name!r}: use one of {', '.join(RELEASES)}")
+    return name
+
+
+TEST_SLURM = _test_release()
+"""The Slurm release (clusterctl_testbed.versions.RELEASES) every end-to-end test of this session runs on."""
+
+
 @pytest.fixture(scope="session")
 def testbed_session() -> Iterator[Testbed]:
     """The real Slurm testbed, up once for the whole session and torn down at its end."""
     if os.geteuid() != 0:
         pytest.fail("end-to-end tests need root (namespaces, Slurm daemons): run the README's test command as root")
-    tb = Testbed(TEST_LAYOUT)
-    tb.up(timeout=90)
+    tb = (ComposeTestbed if BACKEND == "compose" else Testbed)(TEST_LAYOUT)
+    if tb.is_up() and tb.running().release != TEST_SLURM:
+        tb.down(quiet=True)  # left up by an earlier session on another release
+    tb.up(timeout=90, slurm=TEST_SLURM)
     try:
         yield tb
     finally:
@@ -92,8 +124,9 @@ def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
 
 
 def run_python_on(tb: Testbed, host: str, code: str, *, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run a Python snippet on a testbed host with this interpreter (pynvml and the project importable)."""
-    argv = [*tb.enter(host), sys.executable, "-c", code]
+    """Run a Python snippet on a testbed host with the Python the project runs with there (pynvml and the
+    project importable): this interpreter on this machine's Slurm, the root filesystem's own otherwise."""
+    argv = [*tb.enter(host), str(tb.python), "-c", code]
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
 
 
@@ -110,5 +143,5 @@ def wait_job(tb: Testbed, job_id: str, timeout: float = 120) -> str:
 
 def clusterctl_on(tb: Testbed, *args: str, check: bool = True, timeout: float = 60):
     """Run this checkout's `clusterctl` on the login node (the testbed's controller host)."""
-    return tb.run_on("ctl", [sys.executable, "-c", "from clusterctl.launcher.cli import main; main()", *args], check=check,
+    return tb.run_on("ctl", [str(tb.python), "-c", "from clusterctl.launcher.cli import main; main()", *args], check=check,
                      timeout=timeout, cwd=str(REPO))

@@ -10,6 +10,8 @@ import click
 
 from clusterctl_testbed.cluster import Testbed
 from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
+from clusterctl_testbed.layout import Layout
+from clusterctl_testbed.slurm_config import TOPOLOGIES
 from clusterctl_testbed.system import TestbedError
 from clusterctl_testbed.versions import DEFAULT, RELEASES
 
@@ -37,9 +39,12 @@ def install() -> None:
 @click.option("--slurm", type=click.Choice(list(RELEASES)), default=DEFAULT, show_default=True,
               help="Which Slurm: this machine's own packages (host), or 22.05 / 24.11 / 26.05 from a Debian "
                    "root filesystem (bookworm / trixie / sid) built with mmdebstrap on first use and cached.")
-def up(timeout: float, slurm: str) -> None:
+@click.option("--topology", type=click.Choice(TOPOLOGIES), default="tree", show_default=True,
+              help="Slurm's topology plugin: tree (two leaf switches under a spine) or block (each leaf a "
+                   "block, for --segment; Slurm 23.11 or newer).")
+def up(timeout: float, slurm: str, topology: str) -> None:
     """Start the cluster (fresh state, job ids from 1); no-op if it is already up."""
-    Testbed().up(timeout=timeout, slurm=slurm)
+    Testbed(Layout(topology=topology)).up(timeout=timeout, slurm=slurm)
 
 
 @cli.command()

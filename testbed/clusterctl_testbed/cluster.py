@@ -173,23 +173,32 @@ class Testbed:
             raise TestbedError(f"host {host} is not running; `clusterctl-testbed up` (or `boot {host}`) first")
         return pid
 
-    def enter(self, host: str, *, cwd: str = "/") -> list[str]:
-        """The argv prefix that runs a command inside `host`."""
+    def enter(self, host: str, *, cwd: str = "/", machine_root: bool = False) -> list[str]:
+        """The argv prefix that runs a command inside `host` (with `machine_root`, from this
+        machine's root filesystem even when the host runs from a root filesystem of its own)."""
         # nsenter, not `ip netns exec`: the latter remounts /sys and hides the cgroup mounts.
         # Entering a mount namespace resets the cwd to /, hence --wd.
         # --root (no argument): the holder's root, i.e. the host's root filesystem when it has one.
-        root = ["--root"] if self.running().rootfs is not None else []
-        return ["nsenter", "-t", str(self.holder(host)), "--net", "--uts", "--mount", *root, f"--wd={cwd}", "--"]
+        # Inside a root filesystem, --wd=DIR would open DIR on this machine before entering, outside
+        # the host's root (sbatch and srun then fail: "getcwd failed"): a bare --wd takes the holder's
+        # cwd, its root, and `env -C` changes to DIR once inside (the checkout and /tmp are bound there).
+        if self.running().rootfs is not None and not machine_root:
+            chdir = [] if cwd == "/" else ["env", "-C", cwd]
+            return ["nsenter", "-t", str(self.holder(host)), "--net", "--uts", "--mount", "--root", "--wd", "--",
+                    *chdir]
+        return ["nsenter", "-t", str(self.holder(host)), "--net", "--uts", "--mount", f"--wd={cwd}", "--"]
 
     def run_on(self, host: str, argv: Sequence[str], *, timeout: float = 60, check: bool = True,
                env: dict[str, str] | None = None, cwd: str = "/") -> CommandResult:
         """Run a command inside `host` and wait for it."""
         return run([*self.enter(host, cwd=cwd), *argv], timeout=timeout, check=check, env=self.host_env(env))
 
-    def _start(self, name: str, host: str, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
-        path = DAEMON_PATH if self.running().rootfs is None else f"{self.bindir}:{DAEMON_PATH}"
+    def _start(self, name: str, host: str, argv: Sequence[str], env: dict[str, str] | None = None,
+               *, machine_root: bool = False) -> int:
+        path = DAEMON_PATH if self.running().rootfs is None or machine_root else f"{self.bindir}:{DAEMON_PATH}"
         base = {"PATH": path, "HOME": "/root", "LANG": "C.UTF-8"}
-        pid = spawn([*self.enter(host), *argv], self.layout.log_dir / f"{name.replace(':', '-')}.out",
+        pid = spawn([*self.enter(host, machine_root=machine_root), *argv],
+                    self.layout.log_dir / f"{name.replace(':', '-')}.out",
                     env={**base, **(env or {})})
         self._record(name, pid)
         return pid
@@ -219,6 +228,10 @@ class Testbed:
             return
         if os.geteuid() != 0:
             raise TestbedError("the testbed creates namespaces and runs Slurm daemons: run it as root")
+        try:
+            slurm_config.check_topology(self.layout, release.version)
+        except ValueError as exc:
+            raise TestbedError(str(exc)) from None
         install_packages()
         root = rootfs.ensure(release, REPO) if release.uses_rootfs else None
         self.down(quiet=True)
@@ -369,15 +382,20 @@ class Testbed:
 
     def _start_database(self) -> None:
         layout = self.layout
-        self.run_on(CONTROLLER, ["mariadb-install-db", "--no-defaults", f"--datadir={layout.mysql_dir}",
-                                 "--user=root", "--skip-test-db", "--auth-root-authentication-method=socket"],
-                    timeout=120)
+        # The database server is this machine's MariaDB (bookworm's 10.11) whatever Slurm runs:
+        # slurmdbd 26.05 with sid's MariaDB 11.8 server dies at start ("Number of columns in result
+        # set exceeds maximum allowed number of columns" from `select @var := concat('')`, measured),
+        # with 10.11 it starts.  slurmdbd itself and its client library stay the release's own.
+        run([*self.enter(CONTROLLER, machine_root=True),
+             "mariadb-install-db", "--no-defaults", f"--datadir={layout.mysql_dir}",
+             "--user=root", "--skip-test-db", "--auth-root-authentication-method=socket"],
+            timeout=120, env=with_sbin(dict(os.environ)))
         self._start("mariadbd", CONTROLLER, [
             "mariadbd", "--no-defaults", f"--datadir={layout.mysql_dir}", f"--socket={layout.mysql_socket}",
             "--user=root", "--skip-networking", f"--log-error={layout.log_dir / 'mariadb.log'}",
             f"--pid-file={layout.run_dir / 'mariadbd.pid'}", "--innodb-buffer-pool-size=32M",
             "--innodb-log-file-size=8M", "--skip-log-bin",
-        ])
+        ], machine_root=True)
         wait_for(layout.mysql_socket.exists, timeout=30, what="MariaDB's socket")
         # MYSQL_UNIX_PORT: libmariadb's default socket, so StorageHost=localhost reaches our server.
         self._start("slurmdbd", CONTROLLER, ["slurmdbd", "-D"], env={"MYSQL_UNIX_PORT": str(layout.mysql_socket)})

@@ -37,6 +37,9 @@ class Layout:
     healthd_interval: float = 2.0
     """healthd's periodic-check interval on the testbed (short, so tests see periodic findings quickly)."""
     breaker_max_share: float = 0.5
+    topology: str = "tree"
+    """Slurm's topology plugin: "tree" (the leaves as switches under the spine) or "block" (each
+    leaf a block, as in an NVLink-domain cluster; topology/block needs Slurm 23.11 or newer)."""
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
@@ -57,6 +56,7 @@ def quiet_cycles(cluster, n=2):
     time.sleep(n * cluster.layout.healthd_interval + 1)
 
 
+@pytest.mark.slurm_versions
 def test_xid_79_drains_only_that_node_naming_the_gpu(cluster):
     inject(cluster.nvml_dir("node3"), Fault("xid", gpu=3, value=79))
     row = wait_until(lambda: drained(cluster, "node3"), 5, "node3 drained")
@@ -94,6 +94,7 @@ def test_a_periodic_check_alone_finds_retired_pages_at_the_limit(cluster):
     assert row.reason.startswith("healthd: retired-pages gpu4 ") and " drain-rma " in row.reason
 
 
+@pytest.mark.slurm_versions
 def test_a_reset_class_drain_resumes_once_checks_are_clean(cluster):
     inject(cluster.nvml_dir("node1"), Fault("ecc-dbe", gpu=0))
     wait_until(lambda: drained(cluster, "node1"), 5, "node1 drained")
@@ -161,6 +162,7 @@ def test_restart_neither_forgets_a_pending_drain_nor_replays_old_kernel_xids(clu
     assert journal_results(cluster, "node2")[before:].count("drained") == 1
 
 
+@pytest.mark.slurm_versions
 def test_an_admin_drain_is_never_relabelled_or_resumed(cluster):
     before = len(journal_results(cluster, "node2"))
     cluster.run_on("ctl", ["scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=admin: bad fan"])
@@ -189,7 +191,7 @@ def test_a_hung_nvml_call_is_reported_while_the_daemon_stays_responsive(cluster,
     sock.bind(str(sock_path))
     sock.settimeout(0.5)
     healthd = subprocess.Popen([*cluster.enter("node4"), "env", f"NOTIFY_SOCKET={sock_path}",
-                                f"{sys.prefix}/bin/healthd", "run", "--config", "/etc/clusterctl/healthd.toml"],
+                                f"{cluster.bindir}/healthd", "run", "--config", "/etc/clusterctl/healthd.toml"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         messages: list[str] = []
@@ -222,16 +224,16 @@ def test_a_hung_nvml_call_is_reported_while_the_daemon_stays_responsive(cluster,
 
 
 def test_status_command_reads_the_state_instantly(cluster):
-    out = cluster.run_on("node3", [f"{sys.prefix}/bin/healthd", "status", "--config", "/etc/clusterctl/healthd.toml"])
+    out = cluster.run_on("node3", [f"{cluster.bindir}/healthd", "status", "--config", "/etc/clusterctl/healthd.toml"])
     assert "node3: verdict healthy, NVML ok" in out.stdout
-    data = json.loads(cluster.run_on("node3", [f"{sys.prefix}/bin/healthd", "status", "--json"]).stdout)
+    data = json.loads(cluster.run_on("node3", [f"{cluster.bindir}/healthd", "status", "--json"]).stdout)
     assert data["node"] == "node3" and len(data["gpus"]) == 8
 
 
 def test_metrics_are_served_on_the_nodes_loopback(cluster):
     inject(cluster.nvml_dir("node2"), Fault("xid", gpu=1, value=31))
     time.sleep(1)
-    out = cluster.run_on("node2", [sys.executable, "-c", "import urllib.request; print(urllib.request.urlopen("
+    out = cluster.run_on("node2", [str(cluster.python), "-c", "import urllib.request; print(urllib.request.urlopen("
                                    "'http://127.0.0.1:9400/metrics', timeout=5).read().decode())"]).stdout
     assert 'healthd_findings_total{action="app-fault",kind="xid"}' in out
     assert "healthd_nvml_call_seconds_bucket" in out and "healthd_last_event_timestamp_seconds" in out

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
@@ -14,9 +13,6 @@ from clusterctl_testbed.gpu_faults import Fault, inject
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
-
-BIN = f"{sys.prefix}/bin"
-
 
 def wait_job(cluster, job_id: str, timeout: float = 120) -> str:
     deadline = time.monotonic() + timeout
@@ -41,6 +37,7 @@ def record(cluster, job: str, node: str) -> JobHealthRecord:
     return read_job_health(path)
 
 
+@pytest.mark.slurm_versions
 def test_prolog_refuses_a_node_with_a_failed_remap_and_the_job_runs_elsewhere(cluster, tmp_path):
     cluster.stop_daemon("healthd:node2")  # the prolog is the last gate: healthd has not acted yet
     inject(cluster.nvml_dir("node2"), Fault("remap-failure", gpu=2))
@@ -94,7 +91,7 @@ def test_hooks_are_correct_with_an_empty_environment_and_healthd_stopped(cluster
     cluster.stop_daemon("healthd:node4")
 
     def hook(name: str, *env: str):
-        return cluster.run_on("node4", ["env", "-i", *env, f"{BIN}/{name}"], check=False, timeout=60)
+        return cluster.run_on("node4", ["env", "-i", *env, f"{cluster.bindir}/{name}"], check=False, timeout=60)
 
     ok = hook("clusterctl-prolog", "SLURM_JOB_ID=900", "SLURM_JOB_GPUS=0,1")
     assert ok.returncode == 0, ok.stderr

@@ -44,6 +44,7 @@ def _assert_every_rank_where_the_map_says(rank_map: JobRankMap, records: dict[in
     assert seen and all(host == rank_map.location(r)[0] for r, host in seen.items())
 
 
+@pytest.mark.slurm_versions
 def test_the_example_runs_with_tp_inside_nodes_and_ranks_where_the_map_says(cluster, tmp_path):
     run_dir = tmp_path / "run"
     job_id, summary = _submit(cluster, EXAMPLES / "toy_trainer.toml", run_dir)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -53,7 +52,7 @@ backoff_seconds = 0.5
 
 def _clusterctl(cluster, *args: str) -> subprocess.Popen:
     """clusterctl on the login node, in the background (the supervisor is long-lived)."""
-    argv = [*cluster.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from clusterctl.launcher.cli import main; main()", *args]
+    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c", "from clusterctl.launcher.cli import main; main()", *args]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -114,6 +113,7 @@ def _assert_recovered(run_dir: Path, reference: dict, broken: str, out: str) -> 
     return first
 
 
+@pytest.mark.slurm_versions
 def test_an_xid_79_mid_run_is_blamed_excluded_and_the_run_ends_bit_identical(cluster, tmp_path, reference):
     proc, run_dir = _supervised(cluster, tmp_path)
     _wait_for(run_dir / "checkpoints" / "step-00000020", proc)
@@ -154,6 +154,7 @@ def test_a_cut_network_link_is_blamed_without_waiting_for_hung_ranks(cluster, tm
     _assert_recovered(run_dir, reference, broken, out)
 
 
+@pytest.mark.slurm_versions
 def test_a_program_that_fails_by_itself_stops_after_its_retries_with_no_node_blamed(cluster, tmp_path):
     command = ["python3", "-c", "import os, sys; print('boom on rank', os.environ['RANK']); sys.exit(5)"]
     proc, run_dir = _supervised(cluster, tmp_path, command=command, restart="max_program_failures = 1")

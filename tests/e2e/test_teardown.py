@@ -7,14 +7,13 @@ from pathlib import Path
 import pytest
 
 from clusterctl_testbed.cluster import Testbed
-from clusterctl_testbed.layout import Layout
 from clusterctl_testbed.system import is_alive, namespaces
+from tests.conftest import TEST_SLURM, side_layout
 
 pytestmark = pytest.mark.e2e
 
 # A second, smaller testbed of its own (directory, namespaces): the session one keeps running.
-SMALL = Layout(root=Path("/tmp/ctb-td"), namespace_prefix="ctbtd-",
-               leaves=(("leaf1", ("node1",)), ("leaf2", ("node2",))))
+SMALL = side_layout("td", leaves=(("leaf1", ("node1",)), ("leaf2", ("node2",))))
 
 
 def _our_processes(root: Path) -> list[int]:
@@ -34,13 +33,13 @@ def test_down_leaves_nothing_and_up_restarts_job_ids(testbed_session):
     tb = Testbed(SMALL)
     try:
         for _ in range(2):
-            tb.up(timeout=60)
+            tb.up(timeout=60, slurm=TEST_SLURM)
             job = tb.run_on("ctl", ["sbatch", "--parsable", "-N2", "--wrap", "srun hostname"]).stdout.strip()
             assert job == "1", "a fresh testbed starts job ids at 1"
             pids = list(tb._pids().values())
             tb.down()
             assert not [p for p in pids if is_alive(p)]
-            assert not [ns for ns in namespaces() if ns.startswith("ctbtd-")]
+            assert not [ns for ns in namespaces() if ns.startswith(SMALL.namespace_prefix)]
             assert not _our_processes(SMALL.root)
     finally:
         tb.down(quiet=True)
@@ -51,7 +50,7 @@ def test_down_leaves_nothing_and_up_restarts_job_ids(testbed_session):
 def test_down_leaves_no_record_a_fresh_run_could_mistake_for_its_own(testbed_session):
     tb = Testbed(SMALL)
     try:
-        tb.up(timeout=60)
+        tb.up(timeout=60, slurm=TEST_SLURM)
         (SMALL.root / "job-health" / "1").mkdir(parents=True)
         tb.down()
         assert sorted(p.name for p in SMALL.root.iterdir()) == ["log"]

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,12 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def wheel_venv(tmp_path_factory) -> Path:
-    """The virtualenv scripts/check-wheel.sh made (scripts/test.sh passes it on), or a new one."""
+def wheel_venv(testbed_session, tmp_path_factory) -> Path:
+    """The virtualenv scripts/check-wheel.sh made (scripts/test.sh passes it on), or a new one; on a
+    testbed that runs from a root filesystem, one made by that system's own python3 (3.11 on bookworm,
+    3.13 on trixie, sid's newer one), as a user of that system would install the wheel."""
+    if testbed_session.running().rootfs is not None:
+        return _venv_of_the_root_filesystem(testbed_session, tmp_path_factory.mktemp("wheel"))
     given = os.environ.get("CLUSTERCTL_WHEEL_VENV")
     if given:
         return Path(given)
@@ -26,6 +31,20 @@ def wheel_venv(tmp_path_factory) -> Path:
     done = subprocess.run(["bash", str(REPO / "scripts" / "check-wheel.sh"), str(venv)], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    return venv
+
+
+def _venv_of_the_root_filesystem(tb, work: Path) -> Path:
+    # The wheel is built here (its build needs nothing of the target); venv and install run on the
+    # login host, inside its root filesystem, from a directory outside the checkout.
+    built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(work / "dist"), str(REPO)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    wheel = next((work / "dist").glob("clusterctl-*.whl"))
+    venv = work / "venv"
+    tb.run_on("ctl", ["python3", "-m", "venv", str(venv)], env=user_env(), cwd=str(work), timeout=120)
+    tb.run_on("ctl", [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
+              env=user_env(), cwd=str(work), timeout=600)
     return venv
 
 
@@ -60,3 +79,20 @@ def test_the_installed_wheel_runs_the_example_on_slurm(cluster, wheel_venv, tmp_
 
     status = json.loads(from_the_wheel("status", str(run_dir), "--json").stdout)
     assert status["state"] == "COMPLETED"
+
+
+def test_the_wheel_installs_into_the_login_hosts_own_python_not_the_checkout(cluster, wheel_venv):
+    probe = ("import sys, clusterctl.launcher as l, clusterctl.healthd.cli; "
+             "print('%d.%d' % sys.version_info[:2], l.__file__, sys.base_prefix)")
+    version, where, base = cluster.run_on("ctl", [str(wheel_venv / "bin" / "python"), "-c", probe], env=user_env(),
+                                          cwd=str(wheel_venv)).stdout.split()
+    assert where.startswith(str(wheel_venv)) and not where.startswith(str(REPO)), where
+    system = cluster.run_on("ctl", ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                            env=user_env()).stdout.strip()
+    if cluster.running().rootfs is not None:
+        assert version == system and base == "/usr", (version, system, base)  # that system's Python
+    for script in ("clusterctl", "healthd"):
+        assert cluster.run_on("ctl", [str(wheel_venv / "bin" / script), "--help"], env=user_env(),
+                              check=False).returncode == 0, script
+    for hook in ("clusterctl-prolog", "clusterctl-epilog", "clusterctl-healthcheck"):
+        assert (wheel_venv / "bin" / hook).is_file(), hook

@@ -108,3 +108,19 @@ def test_a_root_filesystem_is_stale_when_its_packages_mirror_or_recipe_change():
     assert base.digest() != rootfs.Recipe("trixie", "http://other/debian").digest()
     assert base.digest() != rootfs.Recipe("trixie", "http://m/debian", packages=(*base.packages, "vim")).digest()
     assert base.digest() != rootfs.Recipe("trixie", "http://m/debian", version=base.version + 1).digest()
+
+
+def test_the_block_variant_makes_each_leaf_a_block_for_segment():
+    layout = Layout(topology="block")
+    assert "TopologyPlugin=topology/block" in slurm_config.slurm_conf(layout, HOOKS, (24, 11)).splitlines()
+    assert slurm_config.topology_conf(layout).splitlines()[1:] == [
+        "BlockName=leaf1 Nodes=node[1-2]", "BlockName=leaf2 Nodes=node[3-4]", "BlockSizes=2,4"]
+    assert "TopologyPlugin=topology/tree" in slurm_config.slurm_conf(Layout(), HOOKS, (24, 11)).splitlines()
+
+
+def test_the_block_variant_is_refused_on_a_slurm_without_topology_block():
+    with pytest.raises(ValueError, match=r"topology/block needs Slurm 23.11 or newer; this is 22.05"):
+        slurm_config.check_topology(Layout(topology="block"), (22, 5))
+    slurm_config.check_topology(Layout(topology="block"), (26, 5))
+    with pytest.raises(ValueError, match="unknown topology 'torus'; one of: tree, block"):
+        slurm_config.check_topology(Layout(topology="torus"), (26, 5))
