@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import ne
 
 from clusterctl.launcher.parallel import DIMS, ParallelLayout
 from clusterctl.slurm.topology import Topology
@@ -109,14 +110,16 @@ def evaluate(groups: Mapping[str, SlotGroups], slot_units: Sequence[Sequence[int
     for kind, g in groups.items():
         table[kind] = {}
         for level, units in enumerate(slot_units):
-            spans = [len({units[s] for s in slots}) for slots in g.slot_sets]
+            unit_of = units.__getitem__
+            spans = [len(set(map(unit_of, slots))) for slots in g.slot_sets]
             spanning = sum(count for span, count in zip(spans, g.multiplicity) if span > 1)
             excess = sum((span - 1) * count for span, count in zip(spans, g.multiplicity))
             crossing = 0
             for ring, count in zip(g.ring_slots, g.ring_multiplicity):
+                ring_units = list(map(unit_of, ring))
                 # Collectives run as rings (the last rank talks to the first); a pipeline is a chain.
-                closing = ring[:1] if kind != "pp" and len(ring) > 2 else ()
-                crossing += count * sum(1 for a, b in zip(ring, ring[1:] + closing) if units[a] != units[b])
+                following = ring_units[1:] + (ring_units[:1] if kind != "pp" and len(ring) > 2 else [])
+                crossing += count * sum(map(ne, ring_units, following))
             table[kind][level_names[level]] = LevelCost(sum(g.multiplicity), spanning, excess, max(spans), crossing)
             if level:
                 objective += weights.get(kind, 1.0) * level_weight(level) * sum(

@@ -19,17 +19,17 @@ candidates, so the result never costs more than either.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from clusterctl.errors import PlacementError
 from clusterctl.launcher.cost import (
-    DEFAULT_WEIGHTS, CostReport, SlotGroups, evaluate, group_penalty, level_weight, slot_groups, unit_ids,
+    DEFAULT_WEIGHTS, CostReport, SlotGroups, evaluate, group_penalty, level_weight, slot_groups,
 )
 from clusterctl.launcher.parallel import ParallelLayout, validate_for_cluster
 from clusterctl.records.rank_map import RankMap, PlanSummary
 from clusterctl.slurm import hostlist
-from clusterctl.slurm.topology import Topology
+from clusterctl.slurm.topology import TOP, Topology
 
 
 @dataclass(frozen=True)
@@ -80,9 +80,13 @@ def plan(layout: ParallelLayout, gpus_per_node: int, topology: Topology, allocat
     block = max(1, layout.nvlink_size() // gpus_per_node)  # nodes per NVLink-bound block
     groups = slot_groups(layout, gpus_per_node)
     levels = topology.level_names()
+    node_units = _node_units(topology, allocated)
+    unit_numbers = _unit_numbers(node_units)
 
     def report(slots: Sequence[str]) -> CostReport:
-        return evaluate(groups, unit_ids(topology, slots), levels, weights)
+        # evaluate() only compares units, so numbers shared by the whole allocation serve every order.
+        return evaluate(groups, [list(level) for level in zip(*map(unit_numbers.__getitem__, slots))], levels,
+                        weights)
 
     dfs_nodes = topology.dfs_order(allocated)[:slots_needed]
     slurm_nodes = slurm_order(allocated)[:slots_needed]
@@ -91,19 +95,16 @@ def plan(layout: ParallelLayout, gpus_per_node: int, topology: Topology, allocat
     blocks_needed = slots_needed // block
     every_block = _domain_blocks(topology, allocated, block, blocks_needed)
     physical = _best_fit(topology, every_block, blocks_needed)
-    optimiser = _Optimiser(layout, gpus_per_node, block, groups, topology, weights)
-    candidates: list[tuple[str, list[list[str]]]] = []
-    if block == 1:
-        candidates += [("slurm order", [[n] for n in slurm_nodes]), ("depth-first order", [[n] for n in dfs_nodes])]
-    for name, order, tile in optimiser.logical_orders(physical):
-        # Tiles fill leaves best when each leaf takes whole tiles: leaf-aligned nodes first.
-        places = physical if tile <= 1 else _tile_aligned(topology, every_block, tile)[:blocks_needed]
-        assignment: list[list[str]] = [[] for _ in range(blocks_needed)]
-        for position, logical_block in enumerate(order):
-            assignment[logical_block] = places[position]
-        candidates.append((name, assignment))
-    scored = [(optimiser.objective(a), i, name, a) for i, (name, a) in enumerate(candidates)]
-    best_score, _, strategy, assignment = min(scored)
+    optimiser = _Optimiser(layout, gpus_per_node, block, groups, topology, weights, node_units)
+    best: tuple[float, str, list[list[str]]] | None = None
+    for name, assignment in _candidates(topology, optimiser, physical, every_block, blocks_needed,
+                                        [[n] for n in slurm_nodes] if block == 1 else None,
+                                        [[n] for n in dfs_nodes] if block == 1 else None):
+        score = optimiser.objective(assignment)
+        if best is None or score < best[0]:  # the first of equally good candidates wins
+            best = (score, name, assignment)
+    assert best is not None, "the depth-first order of best-fit nodes is always a candidate"
+    best_score, strategy, assignment = best
     in_use = {id(b) for b in assignment}
     used_nodes = {n for b in assignment for n in b}
     spares = [b for b in every_block if not used_nodes & set(b) and id(b) not in in_use]
@@ -113,6 +114,52 @@ def plan(layout: ParallelLayout, gpus_per_node: int, topology: Topology, allocat
     explanation = _explain(optimiser, topology, assignment, strategy, best_score, polished, swaps, len(allocated),
                            slots_needed)
     return Plan(layout, rank_map, report(slots), baselines, strategy + (f" + {swaps} swaps" if swaps else ""), explanation)
+
+
+def _candidates(topology: Topology, optimiser: _Optimiser, physical: list[list[str]], every_block: list[list[str]],
+                blocks_needed: int, slurm_blocks: list[list[str]] | None, dfs_blocks: list[list[str]] | None,
+                ) -> Iterator[tuple[str, list[list[str]]]]:
+    """Every starting assignment (name, blocks in slot order): both baselines, then the optimiser's orders."""
+    if slurm_blocks is not None and dfs_blocks is not None:
+        yield "slurm order", slurm_blocks
+        yield "depth-first order", dfs_blocks
+    aligned: dict[int, list[list[str]]] = {}
+    for name, order, tile in optimiser.logical_orders(physical):
+        # Tiles fill leaves best when each leaf takes whole tiles: leaf-aligned nodes first.
+        if tile > 1 and tile not in aligned:
+            aligned[tile] = _tile_aligned(topology, every_block, tile)[:blocks_needed]
+        places = physical if tile <= 1 else aligned[tile]
+        assignment: list[list[str]] = [[] for _ in range(blocks_needed)]
+        for position, logical_block in enumerate(order):
+            assignment[logical_block] = places[position]
+        yield name, assignment
+
+
+def _node_units(topology: Topology, nodes: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Each node's unit at every level, as Topology.units gives it: the nodes of a leaf share the
+    switches above it, so each leaf's path is walked once."""
+    depth = topology.depth()
+    above: dict[str, tuple[str, ...]] = {}
+    out = {}
+    for node in nodes:
+        leaf = topology.leaf_of[node]
+        path = above.get(leaf)
+        if path is None:
+            switches = topology.switch_path(node)
+            path = above[leaf] = (*switches, *[TOP] * (depth - len(switches)))
+        out[node] = (topology.domain(node), *path)
+    return out
+
+
+def _unit_numbers(node_units: Mapping[str, tuple[str, ...]]) -> dict[str, tuple[int, ...]]:
+    """Each node's unit at every level (0 = NVLink domain, 1 = leaf, ...) as a number, one numbering for all."""
+    numbers: list[dict[str, int]] = []
+    out = {}
+    for node, units in node_units.items():
+        while len(numbers) < len(units):
+            numbers.append({})
+        out[node] = tuple(numbers[level].setdefault(unit, len(numbers[level])) for level, unit in enumerate(units))
+    return out
 
 
 def _check_nodes(topology: Topology, allocated: Sequence[str]) -> None:
@@ -195,8 +242,9 @@ class _Optimiser:
     """Works on blocks (k consecutive slots ↔ k nodes of one NVLink domain)."""
 
     def __init__(self, layout: ParallelLayout, gpus_per_node: int, block: int, groups: Mapping[str, SlotGroups],
-                 topology: Topology, weights: Mapping[str, float]) -> None:
+                 topology: Topology, weights: Mapping[str, float], node_units: Mapping[str, tuple[str, ...]]) -> None:
         self.layout, self.gpn, self.block, self.topology = layout, gpus_per_node, block, topology
+        self.node_units = node_units
         self.depth = topology.depth()
         nblocks = layout.world_size // gpus_per_node // block
         self.nblocks = nblocks
@@ -209,28 +257,27 @@ class _Optimiser:
                     edges[key] = edges.get(key, 0.0) + weights.get(kind, 1.0) * count
         self.edges = list(edges)
         self.edge_weight = list(edges.values())
+        self.penalty = [group_penalty(span) for span in range(max(map(len, self.edges), default=0) + 1)]
         self.member_sets = [set(members) for members in self.edges]
         self.edges_of: list[list[int]] = [[] for _ in range(nblocks)]
         for e, members in enumerate(self.edges):
             for b in members:
                 self.edges_of[b].append(e)
-        self.coords = [self._coordinates(b) for b in range(nblocks)]
+        sizes = [layout.size(d) if d != "ep" else 1 for d in layout.order_dims()]
+        self.coords = [_grid_coordinates(b * block * gpus_per_node, sizes) for b in range(nblocks)]
         self.varying = [d for d in range(len(self.coords[0])) if len({c[d] for c in self.coords}) > 1]
         self.dim_names = layout.order_dims()
 
-    def _coordinates(self, block: int) -> tuple[int, ...]:
-        return tuple(self.layout.coordinates(block * self.block * self.gpn).values())
-
     def units(self, blk: list[str]) -> tuple[str, ...]:
-        return self.topology.units(blk[0])[1:]
+        return self.node_units[blk[0]][1:]
 
     def objective(self, assignment: Sequence[list[str]]) -> float:
-        unit_of = [self.units(blk) for blk in assignment]
+        unit_at_level = [column.__getitem__ for column in zip(*map(self.units, assignment))]
+        level_weights = [level_weight(level + 1) for level in range(self.depth)]
         total = 0.0
         for members, weight in zip(self.edges, self.edge_weight):
-            for level in range(self.depth):
-                span = len({unit_of[b][level] for b in members})
-                total += weight * level_weight(level + 1) * group_penalty(span)
+            for level, unit_of in enumerate(unit_at_level):
+                total += weight * level_weights[level] * self.penalty[len(set(map(unit_of, members)))]
         return total
 
     def logical_orders(self, physical: Sequence[list[str]]) -> list[tuple[str, list[int], int]]:
@@ -263,16 +310,19 @@ class _Optimiser:
                 for *_, a, b in sorted(shapes)[:4]:
                     key = _tile_key(fast, slow, a, b, dims)
                     name = f"tiles of {a} ({self.dim_names[fast]}) × {b} ({self.dim_names[slow]})"
-                    coords = self.coords
-                    orders.append((name, sorted(blocks, key=_of_block(key, coords)), a * b))
+                    orders.append((name, self._sorted(key), a * b))
         for dim in dims:  # plain row orders: each dimension as the fastest
             rest = [d for d in dims if d != dim]
-            orders.append((f"{self.dim_names[dim]}-major rows",
-                           sorted(blocks, key=_of_block(_row_key(rest, dim), self.coords)), 1))
+            orders.append((f"{self.dim_names[dim]}-major rows", self._sorted(_row_key(rest, dim)), 1))
         unique: dict[tuple[tuple[int, ...], int], str] = {}
         for name, order, tile in orders:
             unique.setdefault((tuple(order), tile), name)
         return [(name, list(order), tile) for (order, tile), name in unique.items()][:32]
+
+    def _sorted(self, key: Callable[[tuple[int, ...]], tuple[int, ...]]) -> list[int]:
+        """Block numbers sorted by `key` of their coordinates (stable: ties keep block order)."""
+        keys = list(map(key, self.coords))
+        return sorted(range(self.nblocks), key=keys.__getitem__)
 
     def polish(self, assignment: list[list[str]], spares: list[list[str]], score: float,
                tries: int | None) -> tuple[list[list[str]], int, float]:
@@ -353,10 +403,13 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _of_block(key: Callable[[tuple[int, ...]], tuple[int, ...]],
-              coords: Sequence[tuple[int, ...]]) -> Callable[[int], tuple[int, ...]]:
-    """A sort key over block numbers from a key over their coordinates."""
-    return lambda block: key(coords[block])
+def _grid_coordinates(rank: int, sizes: Sequence[int]) -> tuple[int, ...]:
+    """A rank's index along each dimension of the order (as ParallelLayout.coordinates, without names)."""
+    out = []
+    for size in sizes:
+        out.append(rank % size)
+        rank //= size
+    return tuple(out)
 
 
 def _row_key(rest: list[int], dim: int) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
