@@ -69,10 +69,10 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
         _say(f"warning: {warning}")
     result = make_plan(spec.parallel, spec.job.gpus_per_node, topology, allocated, spec.placement.weight_map())
     summary = result.summary()
+    in_map = set(result.rank_map.slots)
     rank_map = JobRankMap(job_id, environ["SLURM_JOB_NODELIST"], result.rank_map,
                           master_port(job_id, spec.launch.master_port),
-                          tuple(n for n in allocated if n not in result.rank_map.slots), summary,
-                          plan_json(result, topology))
+                          tuple(n for n in allocated if n not in in_map), summary, plan_json(result, topology))
     (job_dir / "ranks").mkdir(parents=True, exist_ok=True)
     atomic_write(job_dir / "hostfile", "\n".join(hostfile_lines(rank_map, per_gpu=True)) + "\n")
     atomic_write(job_dir / "nodefile", "\n".join(hostfile_lines(rank_map, per_gpu=False)) + "\n")
