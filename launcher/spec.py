@@ -8,6 +8,7 @@ was found; unknown keys are errors with a "did you mean".
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import tomllib
@@ -19,7 +20,7 @@ from typing import Any
 from clusterctl.slurm import hostlist
 from clusterctl.launcher.cost import DEFAULT_WEIGHTS
 from clusterctl.errors import HostlistError, LayoutError, SpecError
-from clusterctl.launcher.parallel import DIMS, ParallelLayout, layout_from_mapping
+from clusterctl.launcher.parallel import DIMS, ParallelLayout, layout_from_mapping, validate_for_cluster
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class Field:
     required: bool = False
     choices: tuple[str, ...] = ()
     minimum: float | None = None
+    maximum: float | None = None
 
     @property
     def dotted(self) -> str:
@@ -49,13 +51,22 @@ MANAGED_SBATCH = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--gpu
                   "--no-requeue", "--wrap")
 DEFAULT_RESUME_ENV = "CLUSTERCTL_RESUME_FROM"
 RUN_DIR_PLACEHOLDER = "{run_dir}"
+COMMAND_PLACEHOLDERS = ("run_dir", "checkpoint_dir", "tp", "pp", "dp", "cp", "ep")
+RESUME_PLACEHOLDERS = ("path",)
+_BRACED = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# sbatch (getopt_long) accepts any unambiguous prefix of a long option (`--node=2` is --nodes);
+# these exact sbatch options happen to be prefixes of managed ones and stay allowed.
+UNMANAGED_PREFIXES = ("--gpus",)
+MAX_NODES = 100_000
+MAX_RANKS = MAX_NODES * 128
+DAY = 86_400.0
 
 FIELDS: tuple[Field, ...] = (
     Field("job", "name", "str", "Job name (Slurm --job-name); also names the run directory.", required=True),
-    Field("job", "nodes", "int", "Nodes the training runs on.", required=True, minimum=1),
-    Field("job", "gpus_per_node", "int", "GPUs used on each node; one rank per GPU.", 8, minimum=1),
+    Field("job", "nodes", "int", "Nodes the training runs on.", required=True, minimum=1, maximum=MAX_NODES),
+    Field("job", "gpus_per_node", "int", "GPUs used on each node; one rank per GPU.", 8, minimum=1, maximum=128),
     Field("job", "spare_nodes", "int", "Extra nodes to allocate; the rank map picks the best `nodes` of "
-          "them.", 0, minimum=0),
+          "them.", 0, minimum=0, maximum=MAX_NODES),
     Field("job", "partition", "str", "Slurm partition (--partition); default: the cluster's default."),
     Field("job", "account", "str", "Slurm account (--account)."),
     Field("job", "qos", "str", "Slurm QOS (--qos)."),
@@ -79,13 +90,13 @@ FIELDS: tuple[Field, ...] = (
     Field("launch", "python", "str", "Python with clusterctl installed, as seen from the compute nodes; "
           "default: the one running `clusterctl submit`."),
     Field("launch", "master_port", "int", "Rendezvous port on rank 0's node; default 20000 + job id mod "
-          "20000.", minimum=1024),
-    Field("parallel", "tp", "int", "Tensor-parallel size (kept inside one node / NVLink domain).", 1, minimum=1),
-    Field("parallel", "pp", "int", "Pipeline-parallel size.", 1, minimum=1),
+          "20000.", minimum=1024, maximum=65535),
+    Field("parallel", "tp", "int", "Tensor-parallel size (kept inside one node / NVLink domain).", 1, minimum=1, maximum=MAX_RANKS),
+    Field("parallel", "pp", "int", "Pipeline-parallel size.", 1, minimum=1, maximum=MAX_RANKS),
     Field("parallel", "dp", "int", "Data-parallel size; default: whatever fills nodes × gpus_per_node.",
-          minimum=1),
-    Field("parallel", "cp", "int", "Context-parallel size.", 1, minimum=1),
-    Field("parallel", "ep", "int", "Expert-parallel size.", 1, minimum=1),
+          minimum=1, maximum=MAX_RANKS),
+    Field("parallel", "cp", "int", "Context-parallel size.", 1, minimum=1, maximum=MAX_RANKS),
+    Field("parallel", "ep", "int", "Expert-parallel size.", 1, minimum=1, maximum=MAX_RANKS),
     Field("parallel", "order", "str", "Rank order: megatron (tp-cp-ep-dp-pp), megatron-tp-pp-dp, torchtitan, "
           "or an explicit order like tp-pp-dp.", "megatron"),
     Field("placement", "topology", "path", "topology.conf or saved `scontrol show topology`; default: ask "
@@ -107,22 +118,24 @@ FIELDS: tuple[Field, ...] = (
     Field("checkpoint", "resume_env", "str", "Environment variable that carries the checkpoint to resume "
           "from.", DEFAULT_RESUME_ENV),
     Field("restart", "max_restarts", "int", "Resubmissions allowed in total before the supervisor stops.",
-          10, minimum=0),
+          10, minimum=0, maximum=10_000),
     Field("restart", "max_program_failures", "int", "Failures with no node to blame (the program's own) "
-          "retried before stopping.", 1, minimum=0),
+          "retried before stopping.", 1, minimum=0, maximum=10_000),
     Field("restart", "retry_budget", "int", "Restarts allowed without the checkpoint advancing; the "
-          "budget refills whenever it advances.", 3, minimum=1),
+          "budget refills whenever it advances.", 3, minimum=1, maximum=10_000),
     Field("restart", "backoff_seconds", "float", "Wait before the first resubmission; doubles each time "
-          "without progress.", 2.0, minimum=0),
-    Field("restart", "backoff_max_seconds", "float", "Longest wait between resubmissions.", 300.0, minimum=0),
-    Field("restart", "blame_hours", "float", "How long a blamed node stays excluded.", 24.0, minimum=0),
+          "without progress.", 2.0, minimum=0, maximum=DAY),
+    Field("restart", "backoff_max_seconds", "float", "Longest wait between resubmissions.", 300.0, minimum=0,
+          maximum=7 * DAY),
+    Field("restart", "blame_hours", "float", "How long a blamed node stays excluded.", 24.0, minimum=0,
+          maximum=24 * 365),
     Field("restart", "unresponsive_seconds", "float", "A node of a running attempt that Slurm flags not "
           "responding this long (and is not one of most of the job's nodes going quiet at once) ends the "
-          "attempt; DOWN or drained by healthd ends it at once.", 30.0, minimum=0),
+          "attempt; DOWN or drained by healthd ends it at once.", 30.0, minimum=0, maximum=DAY),
     Field("restart", "on_too_few_nodes", "choice", "When exclusions leave too few usable nodes: wait for "
           "nodes to come back, or stop.", "wait", choices=("wait", "stop")),
     Field("restart", "poll_seconds", "float", "How often the supervisor asks Slurm (one squeue for all "
-          "jobs).", 2.0, minimum=0.1),
+          "jobs).", 2.0, minimum=0.1, maximum=3600),
     Field("restart", "webhook", "str", "URL that gets a JSON POST on blame, stop and completion."),
 )
 
@@ -305,14 +318,18 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
             raise bad("a whole number")
         if spec_field.minimum is not None and value < spec_field.minimum:
             raise bad(f"a whole number of at least {spec_field.minimum:g}")
-        if spec_field.key == "master_port" and value > 65535:
-            raise bad("a port number up to 65535")
+        if spec_field.maximum is not None and value > spec_field.maximum:
+            raise bad(f"a whole number of at most {spec_field.maximum:,.0f}")
         return value
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise bad("a number")
+        if not math.isfinite(value):
+            raise bad("a finite number")
         if spec_field.minimum is not None and value < spec_field.minimum:
             raise bad(f"a number of at least {spec_field.minimum:g}")
+        if spec_field.maximum is not None and value > spec_field.maximum:
+            raise bad(f"a number of at most {spec_field.maximum:g}")
         return float(value)
     if kind in ("str", "path", "time", "hostlist", "choice"):
         if not isinstance(value, str) or not value:
@@ -335,7 +352,7 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
             raise bad("an environment variable name (letters, digits, _)")
         return value
     if kind == "switches":
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_NODES):
             return value
         raise bad("'auto' or a whole number of switches (0 = don't ask)")
     if kind in ("argv", "strings"):
@@ -369,24 +386,50 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
             if name not in DIMS:
                 raise where.error(f"unknown group kind `{name}`" + _did_you_mean(name, DIMS),
                                   spec_field.section, spec_field.key)
-            if isinstance(item, bool) or not isinstance(item, int | float) or item < 0:
-                raise where.error(f"weight of {name} must be a number ≥ 0, found {_describe(item)}",
+            if isinstance(item, bool) or not isinstance(item, int | float) or not 0 <= item <= 1e6:
+                raise where.error(f"weight of {name} must be a number from 0 to 1e6, found {_describe(item)}",
                                   spec_field.section, spec_field.key)
             weights.append((name, float(item)))
         return tuple(weights)
     raise AssertionError(kind)
 
 
+def managed_option(option: str) -> str | None:
+    """The managed sbatch option `option` would set (`-N2` and `--node=2` set --nodes), or None."""
+    if option.startswith("--"):
+        name = option.split("=", 1)[0].split(" ", 1)[0]
+        if name in MANAGED_SBATCH:
+            return name
+        if len(name) > 2 and name not in UNMANAGED_PREFIXES:
+            return next((m for m in MANAGED_SBATCH if m.startswith("--") and m.startswith(name)), None)
+        return None
+    short = option[:2]  # getopt: `-N2`, `-N 2` and `-N=2` all give -N
+    return short if short in MANAGED_SBATCH else None
+
+
 def _check_sbatch_options(options: tuple[str, ...], where: _Where) -> None:
     for option in options:
-        name = option.split("=", 1)[0]
         if not option.startswith("-"):
             raise where.error(f"{option!r} is not an option; write each as '--name=value'", "job", "sbatch_options")
-        if name in MANAGED_SBATCH:
+        name = managed_option(option)
+        if name is not None:
             raise where.error(f"{name} is set by clusterctl from other keys (job.nodes, job.time, ...); "
                               "use those keys instead", "job", "sbatch_options")
         if any(ord(c) < 32 for c in option):
             raise where.error(f"{option!r} contains control characters", "job", "sbatch_options")
+
+
+def _check_placeholders(values: Sequence[str], known: Sequence[str], where: _Where, section: str, key: str) -> None:
+    """A `{name}` close to a known placeholder is a typo: it would reach the program literally."""
+    for value in values:
+        for name in _BRACED.findall(value):
+            if name in known:
+                continue
+            close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.6)
+            if close or name.lower() in known:
+                raise where.error(f"unknown placeholder {{{name}}} in {value!r}; did you mean "
+                                  f"{{{close[0] if close else name.lower()}}}? (known: "
+                                  + ", ".join("{" + k + "}" for k in known) + ")", section, key)
 
 
 def _resolve(path: str | None, base: Path) -> str | None:
@@ -412,6 +455,8 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"not valid TOML: {exc}", path=path) from None
+    except RecursionError:
+        raise SpecError("not valid TOML: nested too deeply", path=path) from None
     for section, table in data.items():
         if section not in SECTIONS:
             raise where.error(f"unknown section [{section}]" + _did_you_mean(section, SECTIONS), section)
@@ -436,6 +481,9 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
                 value = ()
         values.setdefault(spec_field.section, {})[spec_field.key] = value
     _check_sbatch_options(values["job"]["sbatch_options"], where)
+    _check_placeholders(values["launch"]["command"], COMMAND_PLACEHOLDERS, where, "launch", "command")
+    _check_placeholders(values["checkpoint"]["resume_args"], RESUME_PLACEHOLDERS, where, "checkpoint", "resume_args")
+    _check_placeholders([values["checkpoint"]["dir"] or ""], ("run_dir",), where, "checkpoint", "dir")
     _apply_overrides(values, overrides)
 
     base = base_dir or Path(path).resolve().parent
@@ -462,6 +510,11 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
     if layout.world_size != gpus:
         raise where.error(f"the layout needs {layout.world_size} GPUs (tp×pp×dp×cp = {layout.world_size}) but the job "
                           f"has {gpus} ({job['nodes']} nodes × {job['gpus_per_node']}); make them equal", "parallel")
+    try:  # NVLink domains may span nodes (declared where the job plans), so only the node's own GPUs are checked
+        validate_for_cluster(layout, nodes=job["nodes"], gpus_per_node=job["gpus_per_node"],
+                             nodes_per_nvlink_domain=job["nodes"])
+    except LayoutError as exc:
+        raise where.error(str(exc), "parallel") from None
     if values["restart"]["backoff_max_seconds"] < values["restart"]["backoff_seconds"]:
         raise where.error("must be at least restart.backoff_seconds", "restart", "backoff_max_seconds")
     return JobSpec(JobSection(**job), LaunchSection(**launch), layout, PlacementSection(**values["placement"]),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-from clusterctl.errors import ClusterctlError, SlurmCommandError
+from clusterctl.errors import SlurmCommandError, SpecError
 from clusterctl.launcher.render import BLOCK_TOPOLOGY_SINCE, SlurmFacts, SubmitRequest, Template, parse_version
 from clusterctl.launcher.render import prepare as prepare_request
 from clusterctl.launcher.runs import RunDir
@@ -25,10 +25,13 @@ def load_template(spec: JobSpec) -> Template:
     """The spec's own template, or the built-in one for its launch style."""
     if spec.launch.template:
         try:
-            return Template(Path(spec.launch.template).read_text(), spec.launch.template)
+            return Template(Path(spec.launch.template).read_text(encoding="utf-8"), spec.launch.template)
         except OSError as exc:
-            raise ClusterctlError(f"{spec.launch.template}: cannot read the template ({exc.strerror}); "
-                                  "fix [launch] template") from None
+            raise SpecError(f"cannot read the template ({exc.strerror}); fix [launch] template",
+                            path=spec.launch.template) from None
+        except UnicodeDecodeError as exc:
+            raise SpecError(f"the template is not UTF-8 text (byte {exc.start + 1}); an sbatch template is a "
+                            "bash script", path=spec.launch.template) from None
     return builtin_template(spec.launch.style)
 
 

@@ -40,3 +40,98 @@ def test_a_very_deep_switch_chain_is_refused_with_its_line() -> None:
 def test_a_deep_but_allowed_chain_walks_without_recursion() -> None:
     lines = ["SwitchName=s0 Nodes=n[1-2]"] + [f"SwitchName=s{i} Switches=s{i - 1}" for i in range(1, 60)]
     assert parse_topology_conf("\n".join(lines)).dfs_order() == ["n1", "n2"]
+
+
+# ---- the job spec ----------------------------------------------------------------------
+SPEC = """
+[job]
+name = "t"
+nodes = 2
+gpus_per_node = 8
+{job}
+[launch]
+command = {command}
+{launch}
+[parallel]
+{parallel}
+[restart]
+{restart}
+"""
+
+
+def spec_error(job: str = "", command: str = "['python3', 'train.py']", launch: str = "", parallel: str = "",
+               restart: str = "") -> str:
+    from clusterctl.errors import SpecError
+    from clusterctl.launcher.spec import parse_spec
+    text = SPEC.format(job=job, command=command, launch=launch, parallel=parallel, restart=restart)
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text, "job.toml", base_dir=Path("/tmp"))
+    return str(caught.value)
+
+
+@pytest.mark.parametrize("option", ["-N2", "-N 2", "--node=2", "--ntask=4", "-t10", "--part=gpu"])
+def test_managed_sbatch_options_in_any_spelling_are_refused(option: str) -> None:
+    assert "is set by clusterctl" in spec_error(job=f"sbatch_options = [{option!r}]")
+
+
+def test_an_exact_sbatch_option_that_prefixes_a_managed_one_is_allowed() -> None:
+    from clusterctl.launcher.spec import managed_option
+    assert managed_option("--gpus=8") is None and managed_option("--mem=0") is None
+
+
+def test_tp_that_straddles_nodes_is_refused() -> None:
+    from clusterctl.errors import SpecError
+    from clusterctl.launcher.spec import parse_spec
+    text = SPEC.format(job="", command="['x']", launch="", parallel="tp = 3\npp = 1", restart="")
+    text = text.replace("nodes = 2", "nodes = 3")  # 24 GPUs: tp=3 fills them, but 3 does not divide 8
+    with pytest.raises(SpecError, match="does not divide the 8 GPUs of a node"):
+        parse_spec(text, "job.toml", base_dir=Path("/tmp"))
+
+
+@pytest.mark.parametrize("command, typo", [("['python3', 'train.py', '--out', '{run_dri}']", "{run_dri}"),
+                                           ("['x', '--tp={TP}']", "{TP}"),
+                                           ("['x', '{checkpoint_directory}']", "{checkpoint_directory}")])
+def test_placeholder_typos_are_refused_not_passed_literally(command: str, typo: str) -> None:
+    assert f"unknown placeholder {typo}" in spec_error(command=command)
+
+
+def test_braces_that_are_no_placeholder_stay_as_written() -> None:
+    from clusterctl.launcher.spec import parse_spec
+    text = SPEC.format(job="", command="['x', '{\"lr\": 1}', '{batch_size}']", launch="", parallel="", restart="")
+    assert parse_spec(text, "job.toml", base_dir=Path("/tmp")).launch.command[1:] == ('{"lr": 1}', "{batch_size}")
+
+
+@pytest.mark.parametrize("job, restart, expected", [
+    ("spare_nodes = 100000000000000000000", "", "at most"),
+    ("", "poll_seconds = nan", "a finite number"),
+    ("", "blame_hours = inf", "a finite number"),
+    ("", "backoff_seconds = 1e300", "at most"),
+    ("", "max_restarts = 99999999999", "at most"),
+])
+def test_sizes_have_an_upper_bound(job: str, restart: str, expected: str) -> None:
+    assert expected in spec_error(job=job, restart=restart)
+
+
+def test_a_node_count_with_no_upper_bound_is_refused_on_the_command_line_too() -> None:
+    from clusterctl.errors import SpecError
+    from clusterctl.launcher.spec import parse_overrides
+    with pytest.raises(SpecError, match="at most 100,000"):
+        parse_overrides(nodes=10**12)
+
+
+def test_a_deeply_nested_spec_is_a_spec_error() -> None:
+    from clusterctl.errors import SpecError
+    from clusterctl.launcher.spec import parse_spec
+    with pytest.raises(SpecError, match="nested too deeply"):
+        parse_spec("x = " + "[" * 100_000 + "]" * 100_000, "job.toml")
+
+
+def test_a_template_that_is_not_utf8_is_a_spec_error(tmp_path: Path) -> None:
+    from clusterctl.errors import SpecError
+    from clusterctl.launcher.spec import parse_spec
+    from clusterctl.launcher.submit import load_template
+    (tmp_path / "t.sbatch").write_bytes(b"#!/bin/bash\n\xff\xfe\n")
+    spec = parse_spec(SPEC.format(job="", command="['x']", launch="template = 't.sbatch'", parallel="", restart=""),
+                      "job.toml", base_dir=tmp_path)
+    with pytest.raises(SpecError, match="not UTF-8"):
+        load_template(spec)
