@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from clusterctl.errors import ClusterctlError
 
 
 def _fsync_directory(directory: Path) -> None:
@@ -98,3 +101,92 @@ def read_json_lines(path: Path) -> JsonLines:
         else:
             bad.append(number)
     return JsonLines(tuple(records), tuple(bad), len(lines))
+
+
+# ---- writing into a directory other users may reach (root's records on shared storage) -----------
+
+class UnsafePathError(ClusterctlError):
+    """A directory root was to write into is not safe (writable by others, planted, a symlink)."""
+
+    exit_code = 11
+
+
+def _writable_by_others(st: os.stat_result) -> bool:
+    return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+
+
+def check_entry_name(name: str) -> str:
+    """`name` if it is one plain directory entry (no `/`, not `.`/`..`, no NUL); else UnsafePathError."""
+    if not name or name in (".", "..") or "/" in name or "\0" in name or len(name) > 255:
+        raise UnsafePathError(f"{name!r} is not a plain file name")
+    return name
+
+
+def open_checked_dir(path: Path) -> int:
+    """An O_DIRECTORY fd on `path` (its last component not a symlink), refused when others could swap its entries.
+
+    Others may write to it only with the sticky bit set (like /tmp): then they cannot rename
+    or delete entries they do not own.  Close the fd when done.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise UnsafePathError(f"{path}: cannot open as a directory ({exc.strerror}); "
+                              "it must be a real directory, not a symlink") from None
+    st = os.fstat(fd)
+    if _writable_by_others(st) and not st.st_mode & stat.S_ISVTX:
+        os.close(fd)
+        raise UnsafePathError(f"{path}: writable by group or others without the sticky bit "
+                              f"(mode {stat.S_IMODE(st.st_mode):o}); make it 0755, or 1777 with the sticky bit")
+    return fd
+
+
+def open_owned_subdir(dir_fd: int, name: str, *, where: str, mode: int = 0o755) -> int:
+    """Create (or reuse) directory `name` inside the checked directory `dir_fd`; an O_DIRECTORY fd on it.
+
+    Reused only when it is a real directory owned by the same user as `dir_fd`'s directory
+    and writable by nobody else: a directory (or symlink) planted there by another user is
+    refused with UnsafePathError.  `where` names the parent in messages.  Close the fd when done.
+    """
+    check_entry_name(name)
+    try:
+        os.mkdir(name, mode, dir_fd=dir_fd)
+    except FileExistsError:
+        pass
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except OSError as exc:  # ELOOP (a symlink), ENOTDIR (a file)
+        raise UnsafePathError(f"{where}/{name}: not a real directory ({exc.strerror}); refusing to write "
+                              "into it (planted by someone else?)") from None
+    st, parent = os.fstat(fd), os.fstat(dir_fd)
+    if st.st_uid != parent.st_uid or _writable_by_others(st):
+        os.close(fd)
+        raise UnsafePathError(f"{where}/{name}: owned by uid {st.st_uid} (mode {stat.S_IMODE(st.st_mode):o}), "
+                              f"not by the directory's owner uid {parent.st_uid} with no write for others; "
+                              "refusing to write into it (planted by someone else?)")
+    return fd
+
+
+def atomic_write_at(dir_fd: int, name: str, text: str, *, mode: int = 0o644) -> None:
+    """`atomic_write` relative to an open directory: nothing on the way is looked up by path again.
+
+    The temp file is created with O_EXCL|O_NOFOLLOW inside `dir_fd` and renamed over `name`
+    there (a symlink planted at `name` is replaced, never followed), then the directory is
+    fsynced.  Use with `open_checked_dir` / `open_owned_subdir` for directories others can reach.
+    """
+    check_entry_name(name)
+    tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=dir_fd)
+        except OSError:
+            pass
+        raise
+    os.fsync(dir_fd)

@@ -6,6 +6,7 @@ through `Sustained`, which remembers since when each one has been true.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from clusterctl.healthd.findings import Finding
@@ -127,14 +128,20 @@ def check_gpu_count(count: int, limits: CheckLimits, now: float) -> list[Finding
     return []
 
 
-def check_host(sample: HostSample, limits: CheckLimits, now: float) -> list[Finding]:
-    """Findings about host memory, free space and read-only mounts."""
+def check_host(sample: HostSample, limits: CheckLimits, now: float, drain_paths: Collection[str] = ()) -> list[Finding]:
+    """Findings about host memory, free space and read-only mounts.
+
+    A full path is "host-disk" (a warning): users fill /tmp and the like in ordinary work,
+    and a node must not leave service because of it.  Only a path the site opted in to
+    (`drain_paths`, healthd.toml `disk_drain_paths`) is "host-disk-full", which drains.
+    """
     out = []
     if sample.memory_available_fraction < limits.memory_min_available:
         out.append(Finding("host-memory", "host", now, value=round(sample.memory_available_fraction, 4)))
     for path, free in sorted(sample.disk_free_fraction.items()):
         if free < limits.disk_min_free:
-            out.append(Finding("host-disk", "host", now, value=path, detail=f"{path} {free:.1%} free"))
+            kind = "host-disk-full" if path in drain_paths else "host-disk"
+            out.append(Finding(kind, "host", now, value=path, detail=f"{path} {free:.1%} free"))
     for path in sample.readonly_paths:
         out.append(Finding("host-readonly", "host", now, value=path, detail=f"{path} is read-only"))
     return out

@@ -43,12 +43,21 @@ class HealthdConfig:
     resume_when_clean: bool = False
     clean_checks: int = 3
     disk_paths: tuple[str, ...] = ("/", "/tmp")
+    """Paths whose free space is watched: a full one is a warning (users fill /tmp in ordinary work)."""
+    disk_drain_paths: tuple[str, ...] = ()
+    """Paths the site opts in to drain for when full (watched too).  Never list a path users can write
+    to: any user could then take the node out of service by filling it."""
     job_records_dir: Path = Path("/var/spool/clusterctl/job-health")
     """Where the epilog writes per-job health records (<job>/<node>.json); shared storage, for the supervisor."""
     hook_timeout: float = 20.0
     """The prolog/epilog give up (and fail) after this long; keep it below Slurm's PrologEpilogTimeout."""
     checks: CheckLimits = field(default_factory=CheckLimits)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+    @property
+    def watched_disk_paths(self) -> tuple[str, ...]:
+        """Every path whose free space is sampled: the watched ones and the opted-in drain paths."""
+        return tuple(dict.fromkeys((*self.disk_paths, *self.disk_drain_paths)))
 
     @property
     def node_name(self) -> str:
@@ -121,10 +130,13 @@ def config_from_mapping(data: dict[str, Any], where: str = "healthd.toml") -> He
         except (ValueError, KeyError):
             raise ConfigError(f"{where}: key `policy.promote_xids.{xid}`: expected an Xid number and one of "
                               f"{', '.join(a.label for a in Action)}, found {action!r}") from None
-    unknown = set(policy) - {"promote_xids", "app_xid_repeat", "app_xid_window_h"}
+    unknown = set(policy) - {"promote_xids", "app_xid_repeat", "app_xid_window_h", "app_xid_count"}
     if unknown:
         raise ConfigError(f"{where}: unknown key `policy.{sorted(unknown)[0]}`")
+    count = _typed(where, "policy.app_xid_count", policy.get("app_xid_count", "users"), "users")
+    if count not in ("users", "jobs"):
+        raise ConfigError(f"{where}: key `policy.app_xid_count` must be \"users\" or \"jobs\", found {count!r}")
     policy_config = PolicyConfig(promote, int(_typed(where, "policy.app_xid_repeat", policy.get("app_xid_repeat", 2), 2)),
                                  float(_typed(where, "policy.app_xid_window_h", policy.get("app_xid_window_h", 24.0),
-                                              24.0)) * 3600)
+                                              24.0)) * 3600, count)
     return HealthdConfig(**values, checks=limits, policy=policy_config)

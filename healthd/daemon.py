@@ -34,15 +34,16 @@ from clusterctl.healthd.checks import HostSample, Sustained, check_host
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.journal import Journal, PlannedAction
-from clusterctl.healthd.kmsg import KernelLog, parse_gpu_event, read_boot_id
+from clusterctl.healthd.kmsg import KernelLog, KernelRecord, parse_gpu_event, read_boot_id
 from clusterctl.healthd.metrics import Metrics
 from clusterctl.healthd.nvml import EventWatcher, Nvml, NvmlHang, TimedCalls
 from clusterctl.healthd.policy import POLICY_VERSION
 from clusterctl.healthd.sampler import sample_host, scan_gpus
 from clusterctl.records.healthd_kmsg_cursor import KmsgCursor, read_kmsg_cursor, write_kmsg_cursor
 from clusterctl.records.healthd_state import HealthdState, write_healthd_state
+from clusterctl.records.healthd_job_start import read_job_starts
 from clusterctl.records.healthd_xid_history import (
-    XidSighting, append_xid_sighting, read_xid_history, xid_history_path,
+    XidSighting, append_xid_sighting, read_xid_history, rewrite_xid_history, xid_history_path,
 )
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm.nodes import NodeState, SlurmNode
@@ -60,7 +61,7 @@ STATE_REFRESH_S = 5.0
 BATCH = 100
 """At most this many inputs are handled between two state-file writes and watchdog feeds."""
 CURSOR_SAVE_S = 1.0
-"""The kernel-log cursor is saved at once after an Xid line, else at most this often."""
+"""The kernel-log cursor is saved when the log goes quiet, and at most this often while it is busy."""
 
 
 @dataclass(frozen=True)
@@ -117,10 +118,14 @@ class Daemon:
 
     def _xid_history(self) -> tuple[XidSighting, ...]:
         try:
-            return read_xid_history(self.config.journal_dir)
+            sightings = read_xid_history(self.config.journal_dir)
         except RecordError as exc:  # start without it: fewer repeats recognised, never more
             self._set_aside(xid_history_path(self.config.journal_dir), exc, "earlier Xids do not count as repeats")
             return ()
+        kept = engine.history_to_keep(sightings, self.config.policy, self.clock.now())
+        if len(kept) < len(sightings):  # the file holds only what can still count: it stays small
+            rewrite_xid_history(self.config.journal_dir, kept)
+        return kept
 
     def _set_aside(self, path: Path, error: RecordError, consequence: str) -> None:
         # A file from another healthd version would stop every later line from being read: keep it
@@ -161,11 +166,18 @@ class Daemon:
                 log.error("breaker open: not draining %s: %s", self.node, effect.alert.detail)
 
     def _with_jobs(self, finding: Finding) -> Finding:
+        """Attribute an app-level Xid to the one job that owned its GPU (and that job's user), or "unknown"."""
+        starts, problems = read_job_starts(self.config.journal_dir)
+        for problem in problems:
+            log.warning("job-start note not read: %s", problem)
         try:
-            jobs = self.slurm.jobs_here()
+            running: tuple[str, ...] | None = self.slurm.jobs_here()
         except SlurmCommandError:
-            jobs = ()
-        return replace(finding, job_ids=jobs or ("unknown",))
+            running = None
+        owner = engine.owner_of_gpu(finding.gpu, starts, running)
+        if owner is None:
+            return replace(finding, job_ids=("unknown",), users=("",))
+        return replace(finding, job_ids=(owner[0],), users=(owner[1],))
 
     # ---- threads: data in ------------------------------------------------------------------
     def _beat(self, name: str) -> None:
@@ -177,7 +189,7 @@ class Daemon:
             self.nvml.discover()
             self.nvml_ready = True
         except (pynvml.NVMLError, NvmlHang) as exc:
-            self.inbox.put(Observed("periodic", (Finding("nvml-error", "periodic", self.clock.now(),
+            self.inbox.put(Observed("periodic", (Finding("nvml-unavailable", "periodic", self.clock.now(),
                                                          detail=f"NVML unavailable: {exc}"),)))
             self.nvml_ready = False
         return self.nvml_ready
@@ -241,7 +253,9 @@ class Daemon:
         boot_id = read_boot_id(self.config.boot_id)
         while not self.stop.is_set():
             self._beat("kmsg")
-            if not path.exists():
+            # Kernel lines count only about this node's own GPUs, which NVML names: until it has,
+            # the log is left unread (and its position unmoved) rather than read blind.
+            if not path.exists() or not self.nvml.identities:
                 self.stop.wait(2.0)
                 continue
             try:
@@ -250,25 +264,36 @@ class Daemon:
                 log.error("kernel-log cursor not read, reading this boot's log from its start: %s", exc)
                 cursor = None
             reader = KernelLog(path, boot_id, cursor)
-            saved_at = self.clock.monotonic()
+            saved_at, unsaved = self.clock.monotonic(), None
             try:
-                for record in reader.follow(self.stop):
+                for batch in reader.follow(self.stop):
                     self._beat("kmsg")
-                    event = parse_gpu_event(record)
-                    if event is not None:
-                        gpu = next((i.index for i in self.nvml.identities.values() if i.pci_bus == event.pci_bus),
-                                   None)
-                        uuid = self.nvml.identities[gpu].uuid if gpu is not None else ""
-                        self.inbox.put(Observed("kmsg", (Finding("xid", "kmsg", self.clock.now(), gpu=gpu, uuid=uuid,
-                                                                 xid=event.xid, value=event.pci_bus,
-                                                                 detail=event.message[:200]),)))
-                    # Other lines only move the position: replaying them after a crash is harmless.
-                    if event is not None or self.clock.monotonic() - saved_at > CURSOR_SAVE_S:
-                        write_kmsg_cursor(self.config.journal_dir, KmsgCursor(boot_id, record.sequence))
-                        saved_at = self.clock.monotonic()
+                    found = self._kernel_findings(batch)
+                    if found:
+                        self.inbox.put(Observed("kmsg", found))
+                    unsaved = batch[-1].sequence if batch else unsaved
+                    # The position is saved once the log goes quiet, and at most every CURSOR_SAVE_S
+                    # during a storm: replaying a few lines after a crash is harmless (de-duplicated).
+                    if unsaved is not None and (not batch or self.clock.monotonic() - saved_at > CURSOR_SAVE_S):
+                        write_kmsg_cursor(self.config.journal_dir, KmsgCursor(boot_id, unsaved))
+                        saved_at, unsaved = self.clock.monotonic(), None
             except OSError as exc:
                 log.warning("kernel log %s: %s", path, exc)
                 self.stop.wait(2.0)
+            if unsaved is not None:
+                write_kmsg_cursor(self.config.journal_dir, KmsgCursor(boot_id, unsaved))
+
+    def _kernel_findings(self, batch: Sequence[KernelRecord]) -> tuple[Finding, ...]:
+        """The driver's Xid lines about this node's own GPUs in `batch` (forged or foreign lines are not)."""
+        own = {identity.pci_bus: identity for identity in list(self.nvml.identities.values())}
+        found = []
+        for record in batch:
+            event = parse_gpu_event(record, own)
+            if event is not None:
+                gpu = own[event.pci_bus]
+                found.append(Finding("xid", "kmsg", self.clock.now(), gpu=gpu.index, uuid=gpu.uuid, xid=event.xid,
+                                     value=event.pci_bus, detail=event.message[:200]))
+        return tuple(found)
 
     def _periodic_loop(self) -> None:
         while not self.stop.is_set():
@@ -288,7 +313,8 @@ class Daemon:
             scan = scan_gpus(self.nvml, self.config.checks, self.sustained, now, source="periodic")
             findings += scan.findings
             count = scan.count
-        findings += check_host(self.host_sampler(self.config.disk_paths), self.config.checks, now)
+        findings += check_host(self.host_sampler(self.config.watched_disk_paths), self.config.checks, now,
+                               self.config.disk_drain_paths)
         try:
             node, node_at = self.slurm.state(), self.clock.now()
         except SlurmCommandError as exc:

@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from clusterctl.clock import utc
+from clusterctl.clock import parse_utc, utc
 from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.findings import Action, Finding, Verdict
 from clusterctl.healthd.policy import POLICY_VERSION, PolicyConfig, drain_reason, judge
-from clusterctl.records.drain_reason import DrainReason, parse_drain_reason
+from clusterctl.records.drain_reason import parse_drain_reason
 from clusterctl.records.healthd_actions import PlannedAction
+from clusterctl.records.healthd_job_start import JobStart
 from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding
 from clusterctl.records.healthd_xid_history import XidSighting
 from clusterctl.slurm.nodes import NodeState
@@ -29,6 +30,12 @@ from clusterctl.slurm.nodes import NodeState
 RECENT_EVENTS = 50
 """One-off findings kept for the state file (older ones fall off)."""
 RECENT_ALERTS = 20
+MAX_HISTORY = 1000
+"""Xids remembered for the repeat rule, newest kept: a storm of lines must not grow memory without bound."""
+ALERT_WINDOW_S = 24 * 3600.0
+"""Alerts older than this leave the state file."""
+MAX_DEDUP_KEYS = 1000
+"""De-duplication keys remembered (each expires after the de-dup window; the newest are kept)."""
 NODE_KEY = "node"
 """Key of node-level findings (no GPU) in `EngineState.current`."""
 
@@ -218,7 +225,7 @@ def step(state: EngineState, settings: EngineSettings, source: str, findings: Se
         if finding.kind == "xid" and finding.xid is not None:
             history += (finding,)
             effects.append(Remember(XidSighting(finding.at, finding.xid, finding.source, finding.gpu, finding.uuid,
-                                                finding.job_ids)))
+                                                finding.job_ids, finding.users)))
         judged.append(Judged(finding, verdict))
         where = str(finding.gpu) if finding.gpu is not None else NODE_KEY
         if source == "periodic":
@@ -228,7 +235,7 @@ def step(state: EngineState, settings: EngineSettings, source: str, findings: Se
         if verdict.action.drains and (worst is None or verdict.action > worst[1].action):
             worst = (finding, verdict)
     state = replace(state, history=_within_window(history, settings, now), current=current, events=tuple(events),
-                    last_seen=last_seen)
+                    last_seen=_fresh_keys(last_seen, settings, now))
     if worst is not None:
         state = replace(state, clean_checks=0)
         known_drained = state.node is not None and state.node.drained_by_us
@@ -245,8 +252,41 @@ def step(state: EngineState, settings: EngineSettings, source: str, findings: Se
 
 
 def _within_window(history: tuple[Finding, ...], settings: EngineSettings, now: float) -> tuple[Finding, ...]:
-    # Older Xids can no longer count towards a repeat: forget them (the history file keeps them).
-    return tuple(f for f in history if now - f.at <= settings.policy.app_xid_window_s)
+    # Older Xids can no longer count towards a repeat: forget them, and keep at most MAX_HISTORY.
+    return tuple(f for f in history if now - f.at <= settings.policy.app_xid_window_s)[-MAX_HISTORY:]
+
+
+def _fresh_keys(last_seen: Mapping[tuple[object, ...], float], settings: EngineSettings,
+                now: float) -> dict[tuple[object, ...], float]:
+    # A key older than the de-dup window suppresses nothing any more.
+    fresh = sorted(((at, key) for key, at in last_seen.items() if now - at < settings.dedup_window),
+                   key=lambda pair: pair[0])
+    return {key: at for at, key in fresh[-MAX_DEDUP_KEYS:]}
+
+
+def history_to_keep(sightings: Sequence[XidSighting], policy: PolicyConfig, now: float) -> tuple[XidSighting, ...]:
+    """The Xid history a starting daemon keeps: what can still count towards a repeat, at most MAX_HISTORY."""
+    return tuple(s for s in sightings if now - s.at <= policy.app_xid_window_s)[-MAX_HISTORY:]
+
+
+def owner_of_gpu(gpu: int | None, starts: Sequence[JobStart], running: Sequence[str] | None) -> tuple[str, str] | None:
+    """The (job id, uid or "") that owned GPU `gpu` when an Xid happened on it; None when not exactly one job did.
+
+    `starts`: the prolog's notes of the jobs on this node (their GPUs and user); `running`: the
+    jobs Slurm says run here (None: Slurm did not answer), which drops notes of jobs that ended
+    without an epilog.  Without any note, a job alone on the node owns every GPU.  On a shared
+    node only the job given that GPU owns it: the other jobs there had nothing to do with it.
+    """
+    live = [s for s in starts if running is None or s.job_id in running]
+    if gpu is not None:
+        owners = [s for s in live if s.gpus is None or gpu in s.gpus]
+        if len(owners) == 1:
+            return owners[0].job_id, str(owners[0].uid) if owners[0].uid is not None else ""
+        if owners:
+            return None
+    if not live and running is not None and len(running) == 1:
+        return running[0], ""
+    return None
 
 
 def _maybe_resume(state: EngineState, settings: EngineSettings, now: float,
@@ -333,6 +373,8 @@ def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, 
     if decision.alert is not None:
         alerts = (alerts + (decision.alert,))[-RECENT_ALERTS:]
         effects = (RaiseAlert(decision.alert),)
+    # Alerts older than a day are history, not something to look at now.
+    alerts = tuple(a for a in alerts if now - (parse_utc(a.at) or now) <= ALERT_WINDOW_S)
     if action.op == "drain":
         events = tuple(replace(e, handled=True) if e.at_ts <= action.at + 1e-3 else e for e in state.events)
         state = replace(state, events=events, drain_in_flight=False, drain_outcome_at=now)
@@ -342,7 +384,7 @@ def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, 
 def restore(sightings: Sequence[XidSighting]) -> EngineState:
     """The state a starting daemon begins with: its Xid history."""
     return EngineState(history=tuple(Finding("xid", s.source, s.at, gpu=s.gpu, uuid=s.uuid, xid=s.xid,
-                                             job_ids=s.job_ids) for s in sightings))
+                                             job_ids=s.job_ids, users=s.users) for s in sightings))
 
 
 # ---- what the state file shows ----------------------------------------------------------------
@@ -405,8 +447,3 @@ def blocking_in_state(state: HealthdState, gpus: Sequence[int] | None) -> list[t
                                 xid=finding.xid, detail=finding.detail),
                         Verdict(finding.action, finding.reason, "healthd state")))
     return out
-
-
-def hook_drain(node: NodeState, reason: DrainReason) -> str | None:
-    """The reason a hook sets, or None when the node is already drained (by anyone: never relabelled)."""
-    return None if node.draining else reason.render()

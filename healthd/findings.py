@@ -28,6 +28,9 @@ class Finding:
     value: float | int | str | None = None
     detail: str = ""
     job_ids: tuple[str, ...] = field(default=())
+    """The job that owned this GPU when it happened (one id), "unknown", or empty: not asked."""
+    users: tuple[str, ...] = field(default=())
+    """The uid of that job's user, when known (same length as `job_ids`)."""
 
     @property
     def what(self) -> str:

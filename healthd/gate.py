@@ -116,10 +116,13 @@ def direct_check(config: HealthdConfig, gpus: list[int] | None, *, nvml_timeout:
         except NvmlHang as exc:
             findings.append(Finding("nvml-hang", "prolog", now, value=exc.function, detail=str(exc)))
         except pynvml.NVMLError as exc:
-            findings.append(Finding("nvml-error", "prolog", now, detail=f"NVML: {exc}"))
+            # NVML that cannot be loaded or initialised (no library, no driver, no permission) looks the
+            # same on every node at once: it says nothing about this node's GPUs ("cannot judge").
+            kind = "nvml-unavailable" if not nvml.initialised else "nvml-error"
+            findings.append(Finding(kind, "prolog", now, detail=f"NVML: {exc}"))
     except ImportError as exc:  # pragma: no cover - a broken install
         report.notes.append(f"pynvml unavailable: {exc}")
-    findings += check_host(sample_host(config.disk_paths), config.checks, now)
+    findings += check_host(sample_host(config.watched_disk_paths), config.checks, now, config.disk_drain_paths)
     for finding in findings:
         verdict = gate_verdict(finding, config.policy)
         if blocks_new_work(verdict.action):

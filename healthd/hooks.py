@@ -7,23 +7,27 @@ is read from its default path, and every step is bounded by `hook_timeout`.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from clusterctl.clock import utc
-from clusterctl.errors import SlurmCommandError
+from clusterctl.errors import ClusterctlError, SlurmCommandError
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
-from clusterctl.healthd.engine import hook_drain
+from clusterctl.healthd.engine import EngineSettings, breaker_partition, decide_apply
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, read_state, state_is_fresh
 from clusterctl.healthd.kmsg import RecordReader, parse_gpu_event
 from clusterctl.healthd.policy import drain_reason, judge
 from clusterctl.records.drain_reason import DrainReason
+from clusterctl.records.healthd_actions import PlannedAction
 from clusterctl.records.healthd_job_start import JobStart, job_start_path, read_job_start, write_job_start
+from clusterctl.records.healthd_state import HealthdState
 from clusterctl.records.healthd_node_record import NodeRecordEntry, append_node_record
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord, write_job_health
 from clusterctl.records.versioned import RecordError
@@ -61,54 +65,132 @@ def _bounded(hook: str, seconds: float, on_timeout_exit: int) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _drain(node: str, reason: DrainReason, slurm_factory: Callable[[str], SlurmNode]) -> str:
-    """Drain with an owned reason unless the node is already drained (by anyone)."""
+@dataclass(frozen=True)
+class DrainOutcome:
+    """What a hook's drain attempt came to: one line for slurmd's log, and whether the node is out of service."""
+
+    text: str
+    out_of_service: bool
+
+
+def _drain(hook: str, config: HealthdConfig, node: str, reason: DrainReason,
+           slurm_factory: Callable[[str], SlurmNode]) -> DrainOutcome:
+    """Drain through the daemon's own rules (engine.decide_apply): never over another drain, and never
+    past the breaker's share of the partition, so a fault seen on every node at once (a driver
+    update, a forged line) cannot take the whole partition out through the hooks either."""
+    now = time.time()
+    settings = EngineSettings.from_config(config, node)
+    action = PlannedAction(f"{hook}-drain-{node}-{int(now * 1e9)}", "drain", reason.render(), now)
     slurm = slurm_factory(node)
     try:
         state = slurm.state()
-        text = hook_drain(state, reason)
-        if text is None:
-            return f"already drained ({state.reason})"
-        slurm.drain(text)
-        return f"drained: {text}"
+        partition = breaker_partition(settings, action, state)
+        decision = decide_apply(settings, action, state, slurm.partition_nodes(partition) if partition else [], now)
+        if decision.call == "drain":
+            slurm.drain(action.reason)
     except SlurmCommandError as exc:
-        return f"could not drain ({exc})"
+        return DrainOutcome(f"could not drain ({exc})", False)
+    if decision.result == "drained":
+        return DrainOutcome(f"drained: {action.reason}", True)
+    if decision.result in ("already-drained", "kept-other-drain"):
+        return DrainOutcome(f"already drained ({state.reason})", True)
+    if decision.alert is not None:
+        return DrainOutcome(f"breaker open, not draining: {decision.alert.detail}", False)
+    return DrainOutcome(f"dry run: would drain: {action.reason}", False)
 
 
 def _problem_reason(problem: Problem) -> DrainReason:
     return drain_reason(problem.finding, problem.verdict, time.time())
 
 
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def _job_id(environ: Mapping[str, str]) -> str | None:
+    """SLURM_JOB_ID if it is a job id (ASCII digits): it becomes a file name in shared directories."""
+    job = environ.get("SLURM_JOB_ID", "")
+    return job if job.isascii() and job.isdigit() and len(job) <= 20 else None
+
+
+def _node_name(environ: Mapping[str, str], config: HealthdConfig) -> str:
+    node = environ.get("SLURMD_NODENAME") or config.node_name
+    return node if _NODE_NAME.fullmatch(node) else config.node_name
+
+
+def _job_uid(environ: Mapping[str, str]) -> int | None:
+    uid = environ.get("SLURM_JOB_UID", "")
+    return int(uid) if uid.isascii() and uid.isdigit() and len(uid) <= 10 else None
+
+
 def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode] = SlurmNode,
-               config: HealthdConfig | None = None) -> int:
-    """0 lets the job start; 1 refuses it (Slurm drains the node and requeues the job)."""
+               config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node) -> int:
+    """0 lets the job start; 1 refuses it (Slurm drains the node and requeues the job).
+
+    A job is refused only when the node is (now) drained: Slurm drains a node whose prolog
+    fails, so refusing while the breaker holds the drain back, or while Slurm cannot be
+    asked, would be a drain around the breaker.  The job then starts and the reason is logged.
+    """
     config = _setup("prolog", config)
     with _bounded("prolog", config.hook_timeout, 1):
-        return _prolog(environ, slurm_factory, config)
+        return _prolog(environ, slurm_factory, config, node_check)
 
 
-def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig) -> int:
-    job = environ.get("SLURM_JOB_ID", "unknown")
-    node = environ.get("SLURMD_NODENAME") or config.node_name
+def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig,
+            node_check: Callable[..., GateReport]) -> int:
+    job = _job_id(environ) or "unknown"
+    node = _node_name(environ, config)
     gpus = parse_job_gpus(environ.get("SLURM_JOB_GPUS"))
-    report = check_node(config, gpus)
+    report = node_check(config, gpus)
     for note in report.notes:
         _say("prolog", f"job {job}: {note}")
-    # The epilog judges findings within the job's window, which starts now.
-    write_job_start(config.journal_dir, JobStart(job, time.time(), tuple(gpus) if gpus is not None else None))
+    if job != "unknown":
+        # The epilog judges findings within the job's window, which starts now; healthd attributes
+        # an Xid on one of these GPUs to this job (and its user).
+        try:
+            write_job_start(config.journal_dir, JobStart(job, time.time(), tuple(gpus) if gpus is not None else None,
+                                                         _job_uid(environ)))
+        except OSError as exc:
+            _say("prolog", f"job {job}: start not noted in {config.journal_dir}: {exc}")
     if report.ok:
         return 0
     for problem in report.problems:
         _say("prolog", f"job {job} refused on {node}: {problem.describe()}")
-    outcome = _drain(node, _problem_reason(report.problems[0]), slurm_factory)
-    _say("prolog", outcome)
-    append_node_record(config.journal_dir, NodeRecordEntry(utc(time.time()), "prolog", job, node,
-                                                           tuple(p.describe() for p in report.problems), outcome))
+    outcome = _drain("prolog", config, node, _problem_reason(report.problems[0]), slurm_factory)
+    _say("prolog", outcome.text)
+    try:
+        append_node_record(config.journal_dir, NodeRecordEntry(utc(time.time()), "prolog", job, node,
+                                                               tuple(p.describe() for p in report.problems),
+                                                               outcome.text))
+    except OSError as exc:
+        _say("prolog", f"refusal not recorded in {config.journal_dir}: {exc}")
+    if not outcome.out_of_service:
+        _say("prolog", f"job {job} let in after all: refusing it would drain {node} ({outcome.text})")
+        return 0
     return 1
 
 
+def _gpu_addresses(config: HealthdConfig, state: HealthdState | None) -> dict[str, int]:
+    """This node's GPUs by PCI address (healthd's state, else NVML directly): whose kernel lines count."""
+    if state is not None and any(gpu.pci_bus for gpu in state.gpus):
+        return {gpu.pci_bus: gpu.index for gpu in state.gpus if gpu.pci_bus}
+    try:
+        import pynvml
+
+        from clusterctl.healthd.nvml import Nvml, NvmlHang, TimedCalls
+
+        nvml = Nvml(TimedCalls(2.0, max_abandoned=1))
+        try:
+            nvml.init()
+            return {identity.pci_bus: identity.index for identity in nvml.discover()}
+        except (pynvml.NVMLError, NvmlHang):
+            return {}
+    except ImportError:  # pragma: no cover - a broken install
+        return {}
+
+
 def _kernel_findings(config: HealthdConfig, start: float, end: float, identities: dict[str, int]) -> list[Finding]:
-    """Xids the kernel logged during [start, end] (its records carry microseconds since boot)."""
+    """Xids the driver logged about this node's GPUs (`identities`: PCI address → index) during [start, end]
+    (its records carry microseconds since boot)."""
     import psutil
 
     boot = psutil.boot_time()
@@ -123,7 +205,7 @@ def _kernel_findings(config: HealthdConfig, start: float, end: float, identities
     found = []
     for record in records:
         at = boot + record.usec / 1e6
-        event = parse_gpu_event(record)
+        event = parse_gpu_event(record, identities)
         if event is not None and start <= at <= end:
             found.append(Finding("xid", "kmsg", at, gpu=identities.get(event.pci_bus), xid=event.xid,
                                  value=event.pci_bus, detail=event.message[:200]))
@@ -132,10 +214,18 @@ def _kernel_findings(config: HealthdConfig, start: float, end: float, identities
 
 def run_epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode] = SlurmNode,
                config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node) -> int:
-    """Record what broke on this node during the job; drain for hardware faults. Always 0."""
+    """Record what broke on this node during the job; drain for hardware faults. Always 0.
+
+    A failing epilog drains the node in Slurm with a reason nobody can act on, so nothing
+    escapes: a record that cannot be written (unwritable, planted) is logged and skipped.
+    """
     config = _setup("epilog", config)
     with _bounded("epilog", config.hook_timeout, 0):  # a stuck epilog must not drain the node by itself
-        return _epilog(environ, slurm_factory, config, node_check)
+        try:
+            _epilog(environ, slurm_factory, config, node_check)
+        except Exception as exc:  # noqa: BLE001 - the last line of defence of "always 0"
+            _say("epilog", f"job {environ.get('SLURM_JOB_ID', 'unknown')!r}: gave up: {exc.__class__.__name__}: {exc}")
+    return 0
 
 
 def _job_start(config: HealthdConfig, job: str, end: float) -> float:
@@ -148,9 +238,12 @@ def _job_start(config: HealthdConfig, job: str, end: float) -> float:
 
 
 def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig,
-            node_check: Callable[..., GateReport]) -> int:
-    job = environ.get("SLURM_JOB_ID", "unknown")
-    node = environ.get("SLURMD_NODENAME") or config.node_name
+            node_check: Callable[..., GateReport]) -> None:
+    job = _job_id(environ)
+    if job is None:
+        _say("epilog", f"SLURM_JOB_ID {environ.get('SLURM_JOB_ID')!r} is not a job id: nothing recorded")
+        return
+    node = _node_name(environ, config)
     gpus = parse_job_gpus(environ.get("SLURM_JOB_GPUS"))
     end = time.time()
     start = _job_start(config, job, end)
@@ -168,9 +261,7 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], 
     state, unusable = read_state(config)
     if unusable:
         _say("epilog", f"job {job}: {unusable}")
-    identities: dict[str, int] = {}
     if state is not None:
-        identities = {gpu.pci_bus: gpu.index for gpu in state.gpus}
         for gpu in state.gpus:
             for f in gpu.findings:
                 # What the last check still sees holds now; an event counts if it happened during the job.
@@ -178,6 +269,9 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], 
                     finding = Finding(f.kind, f.source, f.at_ts if not f.current else end, gpu=gpu.index,
                                       uuid=gpu.uuid, xid=f.xid, detail=f.detail)
                     add(finding, f.action, f.reason, "healthd")
+    identities = _gpu_addresses(config, state)
+    if not identities:
+        _say("epilog", f"job {job}: this node's GPU addresses are unknown: the kernel log is not consulted")
     for finding in _kernel_findings(config, start - 1, end, identities):
         verdict = judge(finding, (), config.policy)
         if verdict.action > Action.IGNORE:
@@ -191,50 +285,84 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], 
     record = JobHealthRecord(job_id=job, node=node, window_start=utc(start), window_end=utc(end),
                              written_at=utc(time.time()), gpus=tuple(gpus) if gpus is not None else None,
                              findings=ordered, exit_code=environ.get("SLURM_JOB_EXIT_CODE"))
-    path = write_job_health(config.job_records_dir, record)
-    _say("epilog", f"job {job}: {record.verdict.label}, {len(ordered)} finding(s) → {path}")
+    try:
+        path = write_job_health(config.job_records_dir, record)
+        _say("epilog", f"job {job}: {record.verdict.label}, {len(ordered)} finding(s) → {path}")
+    except (OSError, ClusterctlError) as exc:  # the drain below and the cleanup still happen
+        _say("epilog", f"job {job}: {record.verdict.label}, {len(ordered)} finding(s); record NOT written: {exc}")
     hardware = record.worst_finding()
     if record.hardware_fault and hardware is not None:
         reason = DrainReason(kind=hardware.kind, action=hardware.action, at=utc(end), xid=hardware.xid,
                              gpu=hardware.gpu, uuid=hardware.uuid)
-        _say("epilog", _drain(node, reason, slurm_factory))
-    kill_strays(job)
+        _say("epilog", _drain("epilog", config, node, reason, slurm_factory).text)
+    killed = kill_strays(job, _job_uid(environ))
+    if killed:
+        _say("epilog", f"job {job}: killed {len(killed)} leftover task(s): {', '.join(map(str, killed))}")
     job_start_path(config.journal_dir, job).unlink(missing_ok=True)
-    return 0
 
 
-def _ancestors(pid: int) -> set[int]:
+def _ancestors(pid: int, proc: Path) -> set[int]:
     chain = set()
     while pid > 1 and pid not in chain:
         chain.add(pid)
         try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            stat = (proc / str(pid) / "stat").read_text()
             pid = int(stat[stat.rindex(")") + 2:].split()[1])
         except (OSError, ValueError, IndexError):
             break
     return chain
 
 
-def kill_strays(job: str) -> None:
-    """Best effort: tasks of the job still alive after it ended (Slurm normally kills them).
+def in_job_cgroup(cgroup_text: str, job: str) -> bool:
+    """`/proc/<pid>/cgroup` places the process under Slurm's `job_<id>` cgroup (v1 or v2 layout).
 
-    Only job tasks (they carry SLURM_PROCID) are touched, never this hook's own ancestry:
-    slurmd's hook runner carries SLURM_JOB_ID too, and killing it fails the epilog.
+    Only slurmstepd puts processes there, and users cannot move theirs into it: unlike an
+    environment variable, a process cannot claim it.
     """
-    spared = _ancestors(os.getpid())
-    marker = f"SLURM_JOB_ID={job}".encode()
-    for entry in Path("/proc").iterdir():
+    wanted = f"job_{job}"
+    for line in cgroup_text.splitlines():
+        path = line.split(":", 2)[-1]
+        if wanted in path.split("/"):
+            return True
+    return False
+
+
+def _real_uid(status_text: str) -> int | None:
+    for line in status_text.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
+
+
+def kill_strays(job: str, uid: int | None, *, proc: Path = Path("/proc"),
+                kill: Callable[[int, int], None] = os.kill) -> list[int]:
+    """Best effort: SIGKILL tasks of the job still alive after it ended (Slurm normally kills them); their pids.
+
+    A task is one in the job's cgroup (`in_job_cgroup`) that runs as the job's user (`uid`,
+    from SLURM_JOB_UID): never a process that merely sets SLURM_JOB_ID in its environment,
+    never another user's, never this hook's own ancestry (slurmd's hook runner).  Without a
+    uid, or on a node whose Slurm puts jobs in no cgroup, nothing is killed.
+    """
+    if uid is None or not (job.isascii() and job.isdigit()):
+        return []
+    spared = _ancestors(os.getpid(), proc)
+    killed = []
+    try:
+        entries = list(proc.iterdir())
+    except OSError:
+        return []
+    for entry in entries:
         if not entry.name.isdigit() or int(entry.name) in spared:
             continue
         try:
-            env = (entry / "environ").read_bytes().split(b"\0")
+            if not in_job_cgroup((entry / "cgroup").read_text(), job) or _real_uid((entry / "status").read_text()) != uid:
+                continue
+            kill(int(entry.name), signal.SIGKILL)
         except OSError:
             continue
-        if marker in env and any(v.startswith(b"SLURM_PROCID=") for v in env):
-            try:
-                os.kill(int(entry.name), signal.SIGKILL)
-            except OSError:
-                continue
+        killed.append(int(entry.name))
+    return killed
 
 
 def run_health_check(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode] = SlurmNode,
@@ -246,7 +374,7 @@ def run_health_check(environ: dict[str, str], slurm_factory: Callable[[str], Slu
 
 
 def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig) -> int:
-    node = environ.get("SLURMD_NODENAME") or config.node_name
+    node = _node_name(environ, config)
     state, unusable = read_state(config)
     if unusable:
         _say("healthcheck", unusable)
@@ -255,7 +383,10 @@ def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], SlurmN
         source = "healthd state"
     else:
         _say("healthcheck", "healthd is not running or its state is stale: checking NVML directly")
-        problems = check_node(config, None).problems
+        report = check_node(config, None)
+        for note in report.notes:
+            _say("healthcheck", note)
+        problems = report.problems
         source = "direct check"
     if not problems:
         print(f"clusterctl-healthcheck: {node} healthy ({source})")
@@ -264,5 +395,5 @@ def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], SlurmN
         _say("healthcheck", f"{node}: {problem.describe()} ({source})")
     # At slurmd start the node may not be registered yet: the Slurm command then fails or times out
     # (bounded), and the next run drains.
-    _say("healthcheck", _drain(node, _problem_reason(problems[0]), slurm_factory))
+    _say("healthcheck", _drain("healthcheck", config, node, _problem_reason(problems[0]), slurm_factory).text)
     return 0

@@ -14,16 +14,20 @@ import re
 import select
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from clusterctl.records.healthd_kmsg_cursor import KmsgCursor
 
-_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?\): "
-                  r"(?P<xid>\d+)")
-_FALLEN = re.compile(r"NVRM: GPU (?:at )?(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.\d)?:? "
-                     r".*fallen off the bus", re.IGNORECASE)
+# Anchored at the start of the message: the driver's own lines begin with its prefix, while user
+# text can reach the middle of kernel messages (a bad mount option echoed by a filesystem, a
+# process name in a segfault line).  Only the driver prints `NVRM: ` first.
+_PCI = r"(?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?"
+_XID = re.compile(r"NVRM: Xid \(" + _PCI + r"\): (?P<xid>\d{1,4})\b")
+_FALLEN = re.compile(r"NVRM: GPU (?:at )?" + _PCI + r":? .*fallen off the bus", re.IGNORECASE)
+KERNEL_FACILITY = 0
+"""syslog facility of the kernel's own messages (LOG_KERN); /dev/kmsg never lets user space write it."""
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,13 @@ class KernelRecord:
     message: str
     usec: int = 0
     """Microseconds since boot when the kernel logged it."""
+    facility: int = KERNEL_FACILITY
+    """syslog facility from the record's priority (`prio >> 3`): 0 is the kernel, 1 user space..."""
+
+    @property
+    def from_kernel(self) -> bool:
+        """Logged by the kernel itself: writes to /dev/kmsg from user space carry another facility."""
+        return self.facility == KERNEL_FACILITY
 
 
 @dataclass(frozen=True)
@@ -57,18 +68,34 @@ def parse_record(raw: str) -> KernelRecord | None:
     if not sep:
         return None
     fields = header.split(",")
-    if len(fields) < 3 or not fields[1].isdigit():
+    if len(fields) < 3 or not _ascii_digits(fields[0]) or not _ascii_digits(fields[1]):
         return None
-    return KernelRecord(int(fields[1]), message.rstrip("\n"), int(fields[2]) if fields[2].isdigit() else 0)
+    return KernelRecord(int(fields[1]), message.rstrip("\n"), int(fields[2]) if _ascii_digits(fields[2]) else 0,
+                        facility=int(fields[0]) >> 3)
 
 
-def parse_gpu_event(record: KernelRecord) -> GpuKernelEvent | None:
-    """The Xid in a record, if any."""
-    if match := _XID.search(record.message):
-        return GpuKernelEvent(record.sequence, normalise_pci(match["pci"]), int(match["xid"]), record.message)
-    if match := _FALLEN.search(record.message):
-        return GpuKernelEvent(record.sequence, normalise_pci(match["pci"]), 79, record.message)
-    return None
+def _ascii_digits(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 20
+
+
+def parse_gpu_event(record: KernelRecord, own_gpus: Collection[str]) -> GpuKernelEvent | None:
+    """The Xid in a record, if it is the NVIDIA driver's own message about one of `own_gpus`.
+
+    `own_gpus`: this node's GPUs' PCI addresses as NVML reports them (normalised, see
+    `normalise_pci`).  Everything else is refused: a record from another facility than the
+    kernel's, a message that does not start with the driver's `NVRM: ` prefix (text embedded
+    in another message), an address that is not one of this node's GPUs.
+    """
+    if not record.from_kernel:
+        return None
+    if match := _XID.match(record.message):
+        xid = int(match["xid"])
+    elif match := _FALLEN.match(record.message):
+        xid = 79
+    else:
+        return None
+    pci = normalise_pci(match["pci"])
+    return GpuKernelEvent(record.sequence, pci, xid, record.message) if pci in own_gpus else None
 
 
 def read_boot_id(path: Path) -> str:
@@ -130,17 +157,25 @@ class KernelLog:
         # A cursor from another boot means nothing: this boot's records are all new.
         self.after = cursor.sequence if cursor and cursor.boot_id == boot_id else -1
 
-    def follow(self, stop: threading.Event, poll: float = 0.05) -> Iterator[KernelRecord]:
-        """Yield new records until `stop.is_set()`; blocks between records."""
+    def follow(self, stop: threading.Event, poll: float = 0.05) -> Iterator[list[KernelRecord]]:
+        """Yield the new records in batches (what one read found) until `stop.is_set()`; an empty
+        batch when there was nothing new for `poll` seconds.
+
+        Batches let the caller save its position once per batch (or less often), and the
+        empty batch tells it the log went quiet: a storm of lines must not turn into a storm
+        of cursor writes, and a quiet log must not leave the position unsaved.
+        """
         reader = RecordReader(self.path)
         try:
             while not stop.is_set():
                 records = reader.available()
                 if not records:
                     reader.wait(poll)
-                for record in records:
-                    if record.sequence > self.after:
-                        self.after = record.sequence
-                        yield record
+                    yield []
+                    continue
+                batch = [record for record in records if record.sequence > self.after]
+                if batch:
+                    self.after = max(record.sequence for record in batch)
+                    yield batch
         finally:
             reader.close()

@@ -107,9 +107,12 @@ class Nvml:
         self.call = calls
         self.handles: dict[int, Any] = {}
         self.identities: dict[int, GpuIdentity] = {}
+        self.initialised = False
+        """nvmlInit succeeded (before it, an NVMLError means NVML cannot be used at all)."""
 
     def init(self) -> None:
         self.call("nvmlInit", pynvml.nvmlInit)
+        self.initialised = True
 
     def shutdown(self) -> None:
         try:

@@ -18,7 +18,7 @@ from clusterctl.records.drain_reason import REASON_PREFIX, DrainReason
 
 __all__ = ["POLICY_VERSION", "REASON_PREFIX", "PolicyConfig", "drain_reason", "judge", "policy_rows"]
 
-POLICY_VERSION = "2026.11.1"
+POLICY_VERSION = "2026.11.2"
 
 # (xids, action, meaning) — the catalog rows, as data.
 XID_TABLE: tuple[tuple[tuple[int, ...], Action, str], ...] = (
@@ -51,7 +51,9 @@ CONDITION_TABLE: tuple[tuple[str, Action, str], ...] = (
     ("nvml-hang", Action.WARN, "an NVML call hung (driver trouble)"),
     ("nvml-error", Action.WARN, "NVML returned an unexpected error"),
     ("host-memory", Action.WARN, "host memory nearly exhausted"),
-    ("host-disk", Action.DRAIN_RESET, "a configured path is (nearly) full"),
+    ("host-disk", Action.WARN, "a path is (nearly) full; users can fill it: warn only (see disk_drain_paths)"),
+    ("host-disk-full", Action.DRAIN_RESET, "a path the site opted in to drain for (disk_drain_paths) is (nearly) full"),
+    ("nvml-unavailable", Action.WARN, "NVML cannot be loaded or initialised: the GPUs cannot be judged"),
     ("host-readonly", Action.DRAIN_REBOOT, "a configured path is mounted read-only"),
 )
 
@@ -76,6 +78,9 @@ class PolicyConfig:
     app_xid_repeat: int = 2
     """Same GPU, same app-level Xid class, in this many different jobs within the window → drain."""
     app_xid_window_s: float = 24 * 3600
+    app_xid_count: str = "users"
+    """What must differ between the repeats: "users" (one user's own buggy jobs never drain a
+    node; a job whose user is unknown counts as its own user) or "jobs"."""
 
     def promoted(self, xid: int) -> Action | None:
         return self.promote_xids.get(xid)
@@ -112,14 +117,23 @@ def judge(finding: Finding, history: Iterable[Finding] = (), config: PolicyConfi
 
 
 def _app_fault_jobs(finding: Finding, history: Iterable[Finding], config: PolicyConfig) -> set[str]:
-    jobs = set(finding.job_ids)
-    for earlier in history:
-        if (earlier.kind == "xid" and earlier.gpu == finding.gpu and earlier.xid in _XID_INDEX
-                and _XID_INDEX[earlier.xid][0] is Action.APP_FAULT
-                and finding.at - earlier.at <= config.app_xid_window_s):
-            jobs.update(earlier.job_ids)
-    # An Xid seen while no job ran (or the job could not be learned) is not evidence of a repeat.
-    return jobs - {"unknown", ""}
+    """The distinct jobs (or users' jobs) this GPU's app-level Xids happened in, within the window."""
+    owners: dict[str, str] = {}  # job → who counts as its owner
+    for seen in (*history, finding):
+        if not (seen.kind == "xid" and seen.gpu == finding.gpu and seen.gpu is not None and seen.xid in _XID_INDEX
+                and _XID_INDEX[seen.xid][0] is Action.APP_FAULT and finding.at - seen.at <= config.app_xid_window_s):
+            continue
+        # Only an Xid attributed to exactly one job is evidence: one seen while no job, or several
+        # jobs, could own that GPU says nothing about the GPU.
+        if len(seen.job_ids) != 1 or seen.job_ids[0] in ("unknown", ""):
+            continue
+        job = seen.job_ids[0]
+        user = seen.users[0] if len(seen.users) == 1 and seen.users[0] else ""
+        owners[job] = f"user {user}" if config.app_xid_count == "users" and user else f"job {job}"
+    by_owner: dict[str, str] = {}
+    for job, owner in sorted(owners.items()):
+        by_owner.setdefault(owner, job)
+    return set(by_owner.values())
 
 
 def drain_reason(finding: Finding, verdict: Verdict, at: float) -> DrainReason:

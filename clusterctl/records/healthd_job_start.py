@@ -25,11 +25,13 @@ class JobStart:
     job_id: str
     start: float  # seconds since the epoch
     gpus: tuple[int, ...] | None = None
+    uid: int | None = None
+    """The job's user (SLURM_JOB_UID), when the prolog was told; older notes have none."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as stored."""
         return {**header(KIND, VERSION), "job": self.job_id, "start": self.start,
-                "gpus": list(self.gpus) if self.gpus is not None else None}
+                "gpus": list(self.gpus) if self.gpus is not None else None, "uid": self.uid}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> JobStart:
@@ -38,8 +40,10 @@ class JobStart:
         gpus = field(body, "gpus", (list, type(None)), where)
         if gpus is not None and not all(isinstance(g, int) and not isinstance(g, bool) for g in gpus):
             raise RecordError(where, "field `gpus` must list GPU indices")
+        # `uid` came later within version 1: optional, and older readers ignore it.
+        uid = field(body, "uid", (int, type(None)), where) if "uid" in body else None
         return cls(field(body, "job", str, where), float(field(body, "start", (int, float), where)),
-                   tuple(gpus) if gpus is not None else None)
+                   tuple(gpus) if gpus is not None else None, uid)
 
 
 def job_start_path(journal_dir: Path, job_id: str) -> Path:
@@ -69,3 +73,22 @@ def read_job_start(journal_dir: Path, job_id: str) -> JobStart | None:
     if record.job_id != job_id:
         raise RecordError(str(path), f"holds job {record.job_id}, not {job_id}")
     return record
+
+
+def read_job_starts(journal_dir: Path) -> tuple[tuple[JobStart, ...], tuple[str, ...]]:
+    """Every job-start note on this node (jobs whose epilog has not run yet), and why some could not be read."""
+    starts: list[JobStart] = []
+    problems: list[str] = []
+    try:
+        names = sorted(p.name for p in (journal_dir / "jobs").iterdir() if p.name.endswith(".json"))
+    except OSError:
+        return (), ()
+    for name in names:
+        try:
+            record = read_job_start(journal_dir, name.removesuffix(".json"))
+        except RecordError as exc:
+            problems.append(str(exc))
+            continue
+        if record is not None:
+            starts.append(record)
+    return tuple(starts), tuple(problems)

@@ -7,11 +7,13 @@ a restart (the policy drains only on such repeats).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusterctl.files import append_json_line, read_json_lines
+from clusterctl.files import append_json_line, atomic_write, read_json_lines
 from clusterctl.records.versioned import RecordError, check_header, field, header
 
 KIND = "healthd-xid"
@@ -31,11 +33,13 @@ class XidSighting:
     gpu: int | None = None
     uuid: str = ""
     job_ids: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    """The uid of the job's user, when known (older lines have none)."""
 
     def to_json(self) -> dict[str, Any]:
         """One line as stored."""
         return {**header(KIND, VERSION), "at": self.at, "xid": self.xid, "source": self.source, "gpu": self.gpu,
-                "uuid": self.uuid, "job_ids": list(self.job_ids)}
+                "uuid": self.uuid, "job_ids": list(self.job_ids), "users": list(self.users)}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> XidSighting:
@@ -44,9 +48,13 @@ class XidSighting:
         jobs = field(body, "job_ids", list, where)
         if not all(isinstance(j, str) for j in jobs):
             raise RecordError(where, "field `job_ids` must be a list of strings")
+        # `users` came later within version 1: optional, and older readers ignore it.
+        users = field(body, "users", list, where) if "users" in body else []
+        if not all(isinstance(u, str) for u in users):
+            raise RecordError(where, "field `users` must be a list of strings")
         return cls(float(field(body, "at", (int, float), where)), field(body, "xid", int, where),
                    field(body, "source", str, where), field(body, "gpu", _OPTIONAL_INT, where),
-                   field(body, "uuid", str, where), tuple(jobs))
+                   field(body, "uuid", str, where), tuple(jobs), tuple(users))
 
 
 def xid_history_path(journal_dir: Path) -> Path:
@@ -64,3 +72,9 @@ def read_xid_history(journal_dir: Path) -> tuple[XidSighting, ...]:
     path = xid_history_path(journal_dir)
     return tuple(XidSighting.from_json(r, f"{path}: record {n}")
                  for n, r in enumerate(read_json_lines(path).records, start=1))
+
+
+def rewrite_xid_history(journal_dir: Path, sightings: Sequence[XidSighting]) -> None:
+    """Replace the history with `sightings` (atomically): how the daemon keeps it to the policy window."""
+    atomic_write(xid_history_path(journal_dir),
+                 "".join(json.dumps(s.to_json(), sort_keys=True) + "\n" for s in sightings))

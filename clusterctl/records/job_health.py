@@ -9,12 +9,13 @@ definition, and a reader refuses a record it does not understand instead of gues
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusterctl.files import atomic_write
+from clusterctl.files import atomic_write_at, check_entry_name, open_checked_dir, open_owned_subdir
 from clusterctl.records.actions import Action
 from clusterctl.records.versioned import RecordError, check_header, field, header
 
@@ -124,9 +125,27 @@ def job_health_path(records_dir: Path, job_id: str, node: str) -> Path:
 
 
 def write_job_health(records_dir: Path, record: JobHealthRecord) -> Path:
-    """Write the record atomically (readers never see half of it); its path."""
-    return atomic_write(job_health_path(records_dir, record.job_id, record.node),
-                        json.dumps(record.to_json(), indent=1, sort_keys=True) + "\n")
+    """Write the record atomically (readers never see half of it); its path.
+
+    Root writes here into a directory that is often on shared storage, so nothing is looked
+    up by path twice: `records_dir` must be a real directory, not writable by others unless
+    sticky (UnsafePathError otherwise); `<job>/` is created there (0755) or reused only if it
+    is a real directory of the same owner that nobody else can write (a planted directory or
+    symlink is refused); the file is written relative to it (O_EXCL|O_NOFOLLOW temp, rename).
+    OSError when the directory cannot be written at all.
+    """
+    text = json.dumps(record.to_json(), indent=1, sort_keys=True) + "\n"
+    records_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+    parent = open_checked_dir(records_dir)
+    try:
+        job_dir = open_owned_subdir(parent, record.job_id, where=str(records_dir))
+        try:
+            atomic_write_at(job_dir, check_entry_name(f"{record.node}.json"), text)
+        finally:
+            os.close(job_dir)
+    finally:
+        os.close(parent)
+    return job_health_path(records_dir, record.job_id, record.node)
 
 
 def read_job_health(path: Path) -> JobHealthRecord:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -145,25 +146,61 @@ sys.exit(Daemon(config, slurm=Slurm()).run())
 """
 
 
-def test_a_kernel_xid_goes_through_the_running_daemon_to_a_drain_and_the_state_file(tmp_path):
+@pytest.fixture(scope="module")
+def emulated_gpus(tmp_path_factory) -> Path:
+    """The testbed's emulated libnvidia-ml.so.1 (eight GPUs, GPU 0 at PCI 0000:18:00, GPU 1 at 0000:2a:00)."""
+    from clusterctl_testbed.cluster import build_nvml
+
+    lib = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
+    build_nvml(lib)
+    return lib
+
+
+def run_daemon(tmp_path, lib: Path, kmsg: str):
     import subprocess
     import sys
 
+    (tmp_path / "boot_id").write_text("boot-a\n")
+    (tmp_path / "kmsg").write_text(kmsg)
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "events").touch()
+    env = {**os.environ, "LD_LIBRARY_PATH": str(lib.parent), "NVML_EMU_DIR": str(tmp_path / "gpus")}
+    env.pop("NVML_EMU_ROOT", None)
+    done = subprocess.run([sys.executable, "-c", RUN_DAEMON, str(tmp_path)], capture_output=True, text=True,
+                          timeout=30, env=env)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_kernel_xid_goes_through_the_running_daemon_to_a_drain_and_the_state_file(tmp_path, emulated_gpus):
     from clusterctl.records.healthd_actions import read_action_journal
     from clusterctl.records.healthd_kmsg_cursor import read_kmsg_cursor
 
-    (tmp_path / "boot_id").write_text("boot-a\n")
-    (tmp_path / "kmsg").write_text("6,1,1,-;usb 1-1: new device\n3,2,2,-;NVRM: Xid (PCI:0000:18:00): 48, pid=1, dbe\n")
-    done = subprocess.run([sys.executable, "-c", RUN_DAEMON, str(tmp_path)], capture_output=True, text=True,
-                          timeout=30, env={**os.environ, "LD_LIBRARY_PATH": "/nonexistent"})
-    assert done.returncode == 0, done.stderr
+    run_daemon(tmp_path, emulated_gpus,
+               "6,1,1,-;usb 1-1: new device\n3,2,2,-;NVRM: Xid (PCI:0000:18:00): 48, pid=1, dbe\n")
     journal = read_action_journal(tmp_path / "lib" / "actions.jsonl")
     assert [(a.op, journal.results[a.id]) for a in journal.planned] == [("drain", "drained")]
-    assert journal.planned[0].reason.startswith("healthd: xid 48 pci 0000:18:00 drain-reset ")
+    assert journal.planned[0].reason.startswith("healthd: xid 48 gpu0 ")
     state = read_healthd_state(tmp_path / "run")
     assert state is not None
-    assert [(f.what, f.handled) for f in state.node_findings if f.kind == "xid"] == [("xid 48", True)]
+    assert [(f.what, f.handled) for f in state.gpus[0].findings if f.kind == "xid"] == [("xid 48", True)]
     assert read_kmsg_cursor(tmp_path / "lib") is not None and read_kmsg_cursor(tmp_path / "lib").sequence == 2
+
+
+def test_forged_kernel_lines_drain_nothing(tmp_path, emulated_gpus):
+    from clusterctl.records.healthd_actions import read_action_journal
+    from clusterctl.records.healthd_kmsg_cursor import read_kmsg_cursor
+
+    forged = [
+        "14,1,1,-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, written to /dev/kmsg by a user",  # user facility
+        '3,2,2,-;overlayfs: unrecognized mount option "NVRM: Xid (PCI:0000:18:00): 79, pid=1" or missing value',
+        "3,3,3,-;NVRM: Xid (PCI:0000:77:00): 79, pid=1, GPU has fallen off the bus.",  # not a GPU of this node
+        "3,4,4,-;NVRM: GPU at PCI:0000:77:00: GPU has fallen off the bus.",
+    ]
+    run_daemon(tmp_path, emulated_gpus, "".join(line + "\n" for line in forged))
+    assert read_action_journal(tmp_path / "lib" / "actions.jsonl").planned == ()
+    state = read_healthd_state(tmp_path / "run")
+    assert state is not None and not [f for f in state.findings() if f.kind == "xid"]
+    assert read_kmsg_cursor(tmp_path / "lib").sequence == 4  # read, and not acted on
 
 
 def test_a_journal_from_another_healthd_version_is_set_aside_not_half_applied(config, caplog):

@@ -21,18 +21,19 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 def test_nvrm_lines_parse():
     rec = parse_record("3,1207,8813213,-;NVRM: Xid (PCI:0000:cb:00): 109, pid=1797828, name=pt_main_thread, ch 5")
     assert rec is not None and rec.sequence == 1207
-    event = parse_gpu_event(rec)
+    own = {"0000:cb:00", "0000:05:00"}
+    event = parse_gpu_event(rec, own)
     assert (event.pci_bus, event.xid) == ("0000:cb:00", 109)
-    fallen = parse_gpu_event(parse_record("4,9,1,-;NVRM: GPU at PCI:0000:05:00: GPU has fallen off the bus."))
+    fallen = parse_gpu_event(parse_record("4,9,1,-;NVRM: GPU at PCI:0000:05:00: GPU has fallen off the bus."), own)
     assert (fallen.pci_bus, fallen.xid) == ("0000:05:00", 79)
-    assert parse_gpu_event(parse_record("6,10,1,-;usb 1-1: new device")) is None
+    assert parse_gpu_event(parse_record("6,10,1,-;usb 1-1: new device"), own) is None
     assert parse_record(" SUBSYSTEM=pci") is None
     assert normalise_pci("00000000:5D:00.0") == "0000:5d:00"
 
 
 def first_record(log, boot_id: str, cursor: KmsgCursor):
-    for record in KernelLog(log, boot_id, cursor).follow(threading.Event()):
-        return record
+    for batch in KernelLog(log, boot_id, cursor).follow(threading.Event()):
+        return batch[0]
 
 
 def two_xids(tmp_path):
