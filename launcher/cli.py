@@ -31,7 +31,7 @@ from clusterctl.launcher.render import SlurmFacts
 from clusterctl.launcher.report import report_renderables
 from clusterctl.launcher.runs import RunDir
 from clusterctl.launcher.spec import JobSpec, default_runs_dir, load_spec, parse_overrides, reference_rows
-from clusterctl.launcher.status import status_renderables
+from clusterctl.launcher.status import ended_how, status_renderables
 from clusterctl.launcher.supervisor import Hooks, Supervisor
 from clusterctl.launcher.use_cases import (
     cancel_run, create_submission_run, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
@@ -164,11 +164,12 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
         click.echo(f"  log:    {run.log_path(job_id)}")
         click.echo(f"  status: clusterctl status {path}")
     if wait:
-        state = wait_for_job(slurm, job_id)
+        final = wait_for_job(slurm, job_id)
         console = Console(stderr=True)
         for shown in gather_status([run], slurm, lambda note: console.print(note, highlight=False)):
             console.print(status_renderables(shown))
-        if state != "COMPLETED":
+        console.print(f"job {job_id} ended {final.state}{ended_how(final)}", highlight=False)
+        if final.state != "COMPLETED":
             sys.exit(1)
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from clusterctl.records.slurm_cache import CachedAnswer, read_cached_answer, write_cached_answer
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm.commands import Slurm
-from clusterctl.slurm.jobs import JobReport, parse_squeue_json
+from clusterctl.slurm.jobs import JobReport
 
 
 class SharedReads:
@@ -49,8 +49,8 @@ class SharedReads:
         return cached.text if 0 <= cached.age(self.clock()) < self.max_age else None
 
     def queue(self) -> dict[str, JobReport]:
-        """Every job slurmctld holds (one `squeue --json` per interval for all supervisors)."""
-        return parse_squeue_json(self._read("squeue", self.slurm.queue_json))
+        """Every job slurmctld holds, finished ones included (one squeue per interval for all supervisors)."""
+        return self.slurm.parse_queue(self._read("squeue", self.slurm.queue_json))
 
     def nodes_json(self) -> str:
         """`sinfo --json`, shared the same way."""

@@ -33,6 +33,17 @@ def best_report(job_id: str, queue: Mapping[str, JobReport], accounting: Mapping
     return queue.get(job_id) or accounting.get(job_id)
 
 
+def ended_how(report: JobReport) -> str:
+    """How a finished job ended, for a person: " (exit 3)", " (signal 9)", or "" while it runs."""
+    if not report.terminal:
+        return ""
+    if report.exit_code is None and report.signal is None:
+        return "" if report.state == "COMPLETED" else " (exit code unknown)"
+    parts = ([f"exit {report.exit_code}"] if report.exit_code is not None else []) + (
+        [f"signal {report.signal}"] if report.signal else [])
+    return f" ({', '.join(parts)})"
+
+
 def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[str, JobRankMap],
                queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> dict[str, Any]:
     """A JSON-ready status of the run at `run_path` from its journal's `events`, the `rank_maps` its
@@ -45,6 +56,7 @@ def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[st
             "attempt": attempt.number, "job_id": attempt.job_id,
             "state": report.state if report else "UNKNOWN", "reason": report.reason if report else "",
             "nodes": report.nodes if report else "", "exit_code": report.exit_code if report else None,
+            "signal": report.signal if report else None, "ended": ended_how(report).strip(" ()") if report else "",
             "resume_from": attempt.resume_from, "exclude": attempt.exclude,
             "log": str(log_path(run_path, attempt.job_id)),
             "rank_map": rank_map_summary(rank_map) if rank_map is not None else None,
@@ -74,7 +86,8 @@ def status_renderables(status: dict[str, Any]) -> Group:
     for a in status["attempts"]:
         rm = a["rank_map"]
         cost = (f"{rm['leaf_crossing_groups']} / {rm['slurm_order_leaf_crossing_groups']}" if rm else "-")
-        state = a["state"] + (f" ({a['reason']})" if a["reason"] not in ("", "None") else "")
+        state = a["state"] + (f" ({a['reason']})" if a["reason"] not in ("", "None") else "") + (
+            f" {a['ended']}" if a.get("ended") else "")
         table.add_row(str(a["attempt"]), a["job_id"], state, a["nodes"] or "-", cost, a["log"])
     parts.append(table)
     return Group(*parts)

@@ -37,6 +37,7 @@ from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
 from clusterctl.slurm.jobs import JobReport
 from clusterctl.slurm.nodes import NodeState, parse_sinfo_json
+from clusterctl.slurm.version import SlurmVersionError
 
 EXIT_DONE, EXIT_STOPPED, EXIT_CANCELLED = 0, 1, 2
 JOB_ID_REUSE_SLACK = 60.0  # a report submitted this long before our sbatch is another job with a reused id
@@ -96,6 +97,8 @@ class Supervisor:
                 try:
                     self._step(state)
                     self._slurm_errors = 0
+                except SlurmVersionError:
+                    raise  # an answer this clusterctl cannot read stays unreadable: stop, clearly (exit 8)
                 except SlurmCommandError as exc:
                     # slurmctld restarting or briefly unreachable: back off, never give up on the run.
                     self._slurm_errors += 1

@@ -25,6 +25,7 @@ from clusterctl.records.run_journal import EventKind, RunEnded
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.jobs import JobReport
 from clusterctl.slurm.topology import Topology, load_nvlink_domains, load_topology, parse_scontrol_topology
 
 PLAN_GPUS_PER_NODE = 8
@@ -66,16 +67,28 @@ def submit_first_attempt(run: RunDir, submission: Submission, slurm: Slurm) -> s
     return submit_attempt(run, submission.request, slurm, 1, None)
 
 
-def wait_for_job(slurm: Slurm, job_id: str, sleep: Callable[[float], None] = time.sleep, poll: float = 1.0) -> str:
-    """Poll the controller (then accounting) until the job is terminal; its final state."""
+WAIT_MISSING_POLLS = 30
+"""Polls in a row in which neither the controller nor accounting knows the job before wait gives up."""
+
+
+def wait_for_job(slurm: Slurm, job_id: str, sleep: Callable[[float], None] = time.sleep,
+                 poll: float = 1.0) -> JobReport:
+    """Poll the controller (then accounting) until the job is terminal; Slurm's final report of it.
+
+    The controller holds a finished job for MinJobAge, so this works without accounting; a job
+    neither knows for WAIT_MISSING_POLLS polls in a row is a RunError (its end is unknown).
+    """
+    missing = 0
     while True:
-        report = slurm.queue().get(job_id)
+        report = slurm.queue([job_id]).get(job_id)
         if report is None:
-            found = slurm.accounting([job_id]).get(job_id)
-            if found is not None and found.terminal:
-                return found.state
-        elif report.terminal:
-            return report.state
+            report = slurm.accounting([job_id]).get(job_id)
+        if report is not None and report.terminal:
+            return report
+        missing = missing + 1 if report is None else 0
+        if missing >= WAIT_MISSING_POLLS:
+            raise RunError(f"job {job_id} is known neither to slurmctld nor to accounting; its end is unknown "
+                           "(see its log, and `sacct -j` if the cluster keeps accounting)")
         sleep(poll)
 
 
@@ -100,8 +113,9 @@ def resolve_runs(target: str | None, runs_root: Path) -> list[RunDir]:
 
 def cancel_run(run: RunDir, slurm: Slurm) -> list[str]:
     """Journal the cancellation (its supervisor stops), then scancel the run's live jobs; their ids."""
-    queue = slurm.queue()
-    live = [a.job_id for a in run.attempts() if a.job_id in queue and not queue[a.job_id].terminal]
+    ids = [a.job_id for a in run.attempts()]
+    queue = slurm.queue(ids) if ids else {}
+    live = [job_id for job_id in ids if job_id in queue and not queue[job_id].terminal]
     run.record(RunEnded(kind=EventKind.CANCELLED, at=run.now(), message="cancelled by the user", jobs=tuple(live)))
     slurm.cancel(live)
     return live
@@ -113,10 +127,11 @@ def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], Non
     A rank map this clusterctl cannot read is shown as missing, with a note through `say`.
     """
     journals = {run.path: run.events() for run in runs}
-    queue = slurm.queue()
     attempts = {path: attempts_of(events) for path, events in journals.items()}
-    ids = [a.job_id for run in runs for a in attempts[run.path] if a.job_id not in queue]
-    accounting = slurm.accounting(ids) if ids else {}
+    every = [a.job_id for run in runs for a in attempts[run.path]]
+    queue = slurm.queue(every) if every else {}
+    older = [job_id for job_id in every if job_id not in queue]  # past MinJobAge: only accounting has them
+    accounting = slurm.accounting(older) if older else {}
     statuses = []
     for run in runs:
         try:

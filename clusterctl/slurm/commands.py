@@ -100,19 +100,49 @@ class Slurm:
         """Submit; the job id.  A refusal raises SlurmCommandError with sbatch's own message."""
         return parse_sbatch_parsable(self._run(argv))
 
-    def queue_json(self) -> str:
-        """`squeue --json`: every job slurmctld holds (22.05 ignores filters with --json)."""
-        return self._run(["squeue", "--json"])
+    def queue_argv(self, job_ids: Sequence[str] = ()) -> list[str]:
+        """The one squeue call that shows the given jobs (every job when none), finished ones included.
 
-    def queue(self) -> dict[str, JobReport]:
-        """Every job slurmctld holds, in one call, parsed."""
-        return parse_squeue_json(self.queue_json())
+        From 24.05.1 `squeue --json` honours filters and hides finished jobs unless `-t all`;
+        before, it ignores every filter and lists all jobs slurmctld holds (so: one plain call).
+        """
+        if not self.release().squeue_json_filters:
+            return ["squeue", "--json"]
+        return ["squeue", "--json", "-t", "all", *(["-j", ",".join(job_ids)] if job_ids else [])]
+
+    def queue_json(self, job_ids: Sequence[str] = ()) -> str:
+        """`squeue --json` as queue_argv asks it (parse with parse_queue); a single job id the
+        controller no longer holds (past MinJobAge) gives an empty job list, not an error."""
+        argv = self.queue_argv(job_ids)
+        result = self.runner(argv, self.timeout)
+        if result.returncode != 0:
+            if len(job_ids) == 1 and "Invalid job id specified" in result.stderr:
+                return '{"jobs": [], "meta": {}}'
+            raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
+        return result.stdout
+
+    def parse_queue(self, text: str, job_ids: Sequence[str] = ()) -> dict[str, JobReport]:
+        """queue_json's text → job id → report (only the given jobs when some are named)."""
+        jobs = parse_squeue_json(text, self.release(), self.queue_argv(job_ids))
+        return {k: v for k, v in jobs.items() if k in job_ids} if job_ids else jobs
+
+    def queue(self, job_ids: Sequence[str] = ()) -> dict[str, JobReport]:
+        """The controller's view of the given jobs (every job when none), finished ones included
+        while it holds them (MinJobAge): works without accounting."""
+        return self.parse_queue(self.queue_json(job_ids), job_ids)
 
     def accounting(self, job_ids: list[str]) -> dict[str, JobReport]:
-        """Accounting records (with steps) of the given jobs, in one call."""
+        """Accounting records (with steps) of the given jobs, in one call; {} (unknown) when the
+        cluster has no accounting storage."""
         if not job_ids:
             return {}
-        return parse_sacct_json(self._run(["sacct", "--json", "-j", ",".join(job_ids)]))
+        argv = ["sacct", "--json", "-j", ",".join(job_ids)]
+        result = self.runner(argv, self.timeout)
+        if result.returncode != 0:
+            if "accounting storage is disabled" in (result.stderr + result.stdout).lower():
+                return {}
+            raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
+        return parse_sacct_json(result.stdout, self.release(), argv)
 
     def nodes_json(self) -> str:
         """Every node with its own reason: `scontrol show node --json` from 23.02, `sinfo --json` on

@@ -1,28 +1,51 @@
-"""Parsers for Slurm's job reports (`squeue --json`, `sacct --json`, `sbatch --parsable`).
+"""Parsers for Slurm's job reports (`squeue --json`, `sacct --json`, `sbatch --parsable`), every release.
 
-Pure functions on text; the recorded outputs of the testbed's real Slurm 22.05 are their
-unit-test data.  Notes on 22.05 relied on: `squeue --json` ignores `--jobs` and lists every
-job slurmctld still holds (finished ones for MinJobAge, 300 s by default), so one call
-answers for all supervised jobs; its `exit_code` is a wait status (768 = exit 3).  The
-accounting record from `sacct --json` can lag the controller by seconds (a running job may
-still read PENDING, a failed one exit 0), so live state comes from squeue first.
+Pure functions on text; the recorded outputs of real Slurm 22.05, 24.11 and 26.05
+(tests/data/slurm/<release>/) are their unit-test data.  Each output names its own format in
+`meta` (22.05: `meta.plugin.type` "openapi/v0.0.38"; 23.11 on: `meta.plugin.data_parser`
+"data_parser/v0.0.4x"); the family decides how each field reads:
+
+| field | v0.0.38 (22.05) | v0.0.40+ (23.11 → 26.05) |
+|---|---|---|
+| squeue `job_state` / sacct `state.current` | "FAILED" | ["FAILED", flags…] |
+| squeue `exit_code` | wait status (768 = exit 3) | {status, return_code{set,number}, signal{id{set,number}}} |
+| squeue times | int | {set, infinite, number} |
+| sacct step id | `step.id` "batch" / 0 | `step.id` "N.batch" |
+
+23.02's v0.0.39 is refused with a clear error (no recording to read it from).  Whatever the
+family, an output the parser does not understand is a SlurmVersionError naming the release, the
+command and the field, never a job silently read as "no jobs", "not terminal" or exit 0.
+
+Relied-on behaviour: 22.05's `squeue --json` ignores filters and lists every job slurmctld
+holds (finished ones for MinJobAge); from 24.05.1 filters are honoured and finished jobs need
+`-t all`.  sacct's JSON exit code of a failed job reads SUCCESS/0 on 22.05/23.02, so it is
+reported as unknown there.  Accounting can lag the controller by seconds.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from clusterctl.errors import SlurmCommandError
+from clusterctl.slurm.version import SlurmVersion, SlurmVersionError
 
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                              "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
 
+FAMILY_38, FAMILY_39, FAMILY_40 = "v0.0.38", "v0.0.39", "v0.0.40+"
+"""The `--json` output families (see clusterctl.slurm.version.SlurmVersion.json_family)."""
+
+_PLUGIN_VERSION = re.compile(r"v0\.0\.(\d+)$")
+
 
 @dataclass(frozen=True)
 class StepReport:
-    """One step of a finished job (from accounting)."""
+    """One step of a job (from accounting); `step` is the step's own id: "batch", "extern", "0"."""
 
     step: str
     name: str
@@ -30,11 +53,17 @@ class StepReport:
     exit_code: int | None
     signal: int | None
     nodes: tuple[str, ...]
+    state_flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class JobReport:
-    """What Slurm says about one job."""
+    """What Slurm says about one job.
+
+    `state` is the base state ("FAILED"), `state_flags` the flags Slurm listed after it
+    (e.g. "REQUEUED"); `exit_code`/`signal` are None when Slurm did not say (or, for 22.05's
+    and 23.02's accounting, cannot be trusted); times are epoch seconds, 0 when unset.
+    """
 
     job_id: str
     name: str
@@ -50,6 +79,12 @@ class JobReport:
     steps: tuple[StepReport, ...] = ()
     source: str = "squeue"
     comment: str = ""
+    state_flags: tuple[str, ...] = ()
+
+    @property
+    def states(self) -> tuple[str, ...]:
+        """The state as Slurm lists it: base state first, then its flags."""
+        return (self.state, *self.state_flags)
 
     @property
     def terminal(self) -> bool:
@@ -57,71 +92,249 @@ class JobReport:
         return self.state in TERMINAL_STATES
 
 
-def _load(text: str, argv: list[str]) -> dict[str, Any]:
+class _Output:
+    """One command's JSON output with the family it is in, for reading fields with clear errors."""
+
+    def __init__(self, text: str, argv: list[str], release: SlurmVersion | None) -> None:
+        self.argv = argv
+        self.release = str(release) if release else None
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise SlurmCommandError(argv, 0, f"output is not JSON ({str(exc)[:80]})") from None
+        if not isinstance(data, dict):
+            raise SlurmCommandError(argv, 0, "JSON output is not an object")
+        meta = data.get("meta")
+        self.release = _meta_release(meta) or self.release
+        self.family = self._family(meta, release)
+        if self.family == FAMILY_39:
+            self.fail("meta.plugin", "data_parser/v0.0.39",
+                      "a family this clusterctl reads (22.05's v0.0.38, or 23.11's v0.0.40 and later); "
+                      "23.02's JSON is not supported: upgrade Slurm")
+        jobs = data.get("jobs")
+        if not isinstance(jobs, list):
+            self.fail("jobs", jobs, "a list of jobs")
+        self.jobs: list[Any] = jobs
+
+    def _family(self, meta: object, release: SlurmVersion | None) -> str:
+        plugin = meta.get("plugin") if isinstance(meta, dict) else None
+        named = ""
+        if isinstance(plugin, dict):
+            named = str(plugin.get("data_parser") or plugin.get("type") or "")
+        match = _PLUGIN_VERSION.search(named)
+        if match:
+            number = int(match[1])
+            if number == 38:
+                return FAMILY_38
+            if number == 39:
+                return FAMILY_39
+            if number >= 40:
+                return FAMILY_40
+            self.fail("meta.plugin", named, "v0.0.38 or later")
+        if release is not None:
+            return release.json_family
+        self.fail("meta.plugin", plugin, "the output's format (`data_parser` or `type`)")
+
+    def fail(self, where: str, value: object, expected: str) -> NoReturn:
+        """Raise the error naming release, command and field."""
+        shown = json.dumps(value)[:80] if _jsonable(value) else repr(value)[:80]
+        raise SlurmVersionError(self.argv, f"Slurm {self.release or '(release unknown)'}: `{where}` is {shown}, "
+                                           f"expected {expected} ({self.family if hasattr(self, 'family') else '?'}"
+                                           " output); this clusterctl cannot read it")
+
+    # ---- field readers: each either returns the typed value or fails naming the field ----------
+    def obj(self, value: object, where: str) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            self.fail(where, value, "an object")
+        return value
+
+    def text(self, job: dict[str, Any], key: str, where: str) -> str:
+        value = job.get(key)
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            self.fail(f"{where}.{key}", value, "a string")
+        return value
+
+    def number(self, value: object, where: str) -> int | None:
+        """An int, or 22.05+'s {set, infinite, number} (None when unset or infinite)."""
+        if isinstance(value, dict) and self.family == FAMILY_40:
+            number = _as_int(value.get("number"))
+            if not isinstance(value.get("set"), bool) or number is None:
+                self.fail(where, value, "{set, infinite, number}")
+            return number if value["set"] and not value.get("infinite") else None
+        if value is None:
+            return None
+        found = _as_int(value)
+        if found is None:
+            self.fail(where, value, "an integer" + (" or {set, infinite, number}" if self.family == FAMILY_40 else ""))
+        return found
+
+    def time(self, value: object, where: str) -> float:
+        found = self.number(value, where)
+        return float(found) if found is not None else 0.0
+
+    def job_id(self, job: dict[str, Any], where: str) -> str:
+        value = job.get("job_id")
+        number = _as_int(value)
+        if number is not None and number >= 0:
+            return str(number)
+        if isinstance(value, str) and value.isdigit():
+            return value
+        self.fail(f"{where}.job_id", value, "a job id")
+
+    def states(self, value: object, where: str) -> tuple[str, tuple[str, ...]]:
+        """(base state, flags) from "FAILED" (v0.0.38) or ["FAILED", flags...] (v0.0.40+)."""
+        if self.family == FAMILY_38 and isinstance(value, str) and value:
+            return value, ()
+        if (self.family == FAMILY_40 and isinstance(value, list) and value
+                and all(isinstance(s, str) and s for s in value)):
+            return value[0], tuple(value[1:])
+        self.fail(where, value, "a state string" if self.family == FAMILY_38 else "a list of states, base state first")
+
+    def exit_object(self, value: object, where: str) -> tuple[int | None, int | None]:
+        """sacct's (and v0.0.40+ squeue's) exit code object → (exit code, signal)."""
+        if value is None:
+            return None, None
+        found = self.obj(value, where)
+        code = self.number(found.get("return_code"), f"{where}.return_code")
+        signal_field = found.get("signal")
+        signal = None
+        if isinstance(signal_field, dict):
+            ident = signal_field.get("id", signal_field.get("signal_id"))
+            signal = self.number(ident, f"{where}.signal.id")
+        elif signal_field is not None:
+            self.fail(f"{where}.signal", signal_field, "an object")
+        return code, signal or None
+
+
+def _jsonable(value: object) -> bool:
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SlurmCommandError(argv, 0, f"output is not JSON ({exc})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("jobs"), list):
-        raise SlurmCommandError(argv, 0, "JSON output has no `jobs` list")
-    return data
+        json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return True
 
 
-def _time(value: object) -> float:
-    return float(value) if isinstance(value, int | float) else 0.0
+def _as_int(value: object) -> int | None:
+    """The integer `value` is, else None (Slurm prints integers; a whole finite float such as 1e9 is
+    the same number written another way; booleans are not numbers here)."""
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) and value.is_integer() else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def parse_squeue_json(text: str) -> dict[str, JobReport]:
-    """`squeue --json` → job id → report (every job slurmctld still holds)."""
-    jobs: dict[str, JobReport] = {}
-    for job in _load(text, ["squeue", "--json"])["jobs"]:
-        status = job.get("exit_code")
+def _meta_release(meta: object) -> str | None:
+    if not isinstance(meta, dict):
+        return None
+    for key in ("slurm", "Slurm"):
+        inner = meta.get(key)
+        if isinstance(inner, dict) and isinstance(inner.get("release"), str) and inner["release"]:
+            return str(inner["release"])
+    return None
+
+
+def _each_job(out: _Output, read: Callable[[dict[str, Any], str], JobReport]) -> list[JobReport]:
+    return [read(out.obj(job, f"jobs[{i}]"), f"jobs[{i}]") for i, job in enumerate(out.jobs)]
+
+
+def parse_squeue_json(text: str, release: SlurmVersion | None = None,
+                      argv: Sequence[str] = ("squeue", "--json")) -> dict[str, JobReport]:
+    """`squeue --json` → job id → report.  `release` (asked with `sbatch --version`) is used only
+    when the output does not name its own format; errors name it and `argv`."""
+    out = _Output(text, list(argv), release)
+
+    def read(job: dict[str, Any], where: str) -> JobReport:
+        state, flags = out.states(job.get("job_state"), f"{where}.job_state")
         exit_code = signal = None
-        if isinstance(status, int) and job.get("job_state") in TERMINAL_STATES:
-            exit_code, signal = (status >> 8) & 0xFF, (status & 0x7F) or None
-        job_id = str(job["job_id"])
-        jobs[job_id] = JobReport(job_id, str(job.get("name", "")), str(job.get("job_state", "UNKNOWN")),
-                                 str(job.get("state_reason", "")), str(job.get("nodes") or ""), exit_code, signal,
-                                 _time(job.get("submit_time")), _time(job.get("start_time")),
-                                 _time(job.get("end_time")), int(job.get("restart_cnt") or 0),
-                                 comment=str(job.get("comment") or ""))
-    return jobs
+        if state in TERMINAL_STATES:
+            exit_code, signal = _squeue_exit(out, job.get("exit_code"), f"{where}.exit_code")
+        restarts = out.number(job.get("restart_cnt"), f"{where}.restart_cnt") or 0
+        return JobReport(out.job_id(job, where), out.text(job, "name", where), state,
+                         out.text(job, "state_reason", where), out.text(job, "nodes", where), exit_code, signal,
+                         out.time(job.get("submit_time"), f"{where}.submit_time"),
+                         out.time(job.get("start_time"), f"{where}.start_time"),
+                         out.time(job.get("end_time"), f"{where}.end_time"), restarts,
+                         comment=out.text(job, "comment", where), state_flags=flags)
+
+    return {report.job_id: report for report in _each_job(out, read)}
 
 
-def _exit(value: object) -> tuple[int | None, int | None]:
-    if not isinstance(value, dict):
-        return None, None
-    signal = value.get("signal", {})
-    return (value.get("return_code") if isinstance(value.get("return_code"), int) else None,
-            signal.get("signal_id") if isinstance(signal, dict) else None)
+def _squeue_exit(out: _Output, value: object, where: str) -> tuple[int | None, int | None]:
+    if out.family == FAMILY_38:
+        if value is None:
+            return None, None
+        status = _as_int(value)
+        if status is None or not 0 <= status < 1 << 16:
+            out.fail(where, value, "a wait status")
+        return (status >> 8) & 0xFF, (status & 0x7F) or None
+    return out.exit_object(value, where)
 
 
-def parse_sacct_json(text: str) -> dict[str, JobReport]:
-    """`sacct --json -j ...` → job id → report with its steps."""
-    jobs: dict[str, JobReport] = {}
-    for job in _load(text, ["sacct", "--json"])["jobs"]:
-        state = job.get("state", {})
-        times = job.get("time", {})
-        exit_code, signal = _exit(job.get("exit_code"))
-        steps = []
-        for step in job.get("steps", []):
-            ident = step.get("step", {})
-            step_code, step_signal = _exit(step.get("exit_code"))
-            nodes = step.get("nodes", {})
-            steps.append(StepReport(str(ident.get("id", "")), str(ident.get("name", "")), str(step.get("state", "")),
-                                    step_code, step_signal,
-                                    tuple(nodes.get("list", [])) if isinstance(nodes, dict) else ()))
-        job_id = str(job["job_id"])
+def parse_sacct_json(text: str, release: SlurmVersion | None = None,
+                     argv: Sequence[str] = ("sacct", "--json")) -> dict[str, JobReport]:
+    """`sacct --json -j ...` → job id → report with its steps.
+
+    On 22.05 (and 23.02) sacct's job exit code of a failed job reads 0: it is reported as unknown
+    (None) there unless the job completed; prefer squeue's while the controller holds the job.
+    """
+    out = _Output(text, list(argv), release)
+    trusted = out.family == FAMILY_40
+
+    def read(job: dict[str, Any], where: str) -> JobReport:
+        state_field = out.obj(job.get("state"), f"{where}.state")
+        state, flags = out.states(state_field.get("current"), f"{where}.state.current")
+        times = out.obj(job.get("time", {}), f"{where}.time")
+        exit_code, signal = out.exit_object(job.get("exit_code"), f"{where}.exit_code")
+        if state not in TERMINAL_STATES or (not trusted and state != "COMPLETED"):
+            exit_code = signal = None  # not ended yet, or 22.05/23.02's 0 for a failed job
+        steps = tuple(_sacct_step(out, out.obj(step, f"{where}.steps[{i}]"), f"{where}.steps[{i}]", trusted)
+                      for i, step in enumerate(_list(out, job.get("steps", []), f"{where}.steps")))
         comment = job.get("comment")
-        report = JobReport(job_id, str(job.get("name", "")), str(state.get("current", "UNKNOWN")),
-                           str(state.get("reason", "")), str(job.get("nodes") or ""), exit_code, signal,
-                           _time(times.get("submission")), _time(times.get("start")), _time(times.get("end")),
-                           0, tuple(steps), "sacct",
-                           str(comment.get("job") or "") if isinstance(comment, dict) else str(comment or ""))
+        note = out.text(comment, "job", f"{where}.comment") if isinstance(comment, dict) else out.text(
+            job, "comment", where)
+        reason = state_field.get("reason")
+        return JobReport(out.job_id(job, where), out.text(job, "name", where), state,
+                         reason if isinstance(reason, str) else "", out.text(job, "nodes", where), exit_code, signal,
+                         out.time(times.get("submission"), f"{where}.time.submission"),
+                         out.time(times.get("start"), f"{where}.time.start"),
+                         out.time(times.get("end"), f"{where}.time.end"), 0, steps, "sacct", note, flags)
+
+    jobs: dict[str, JobReport] = {}
+    for report in _each_job(out, read):
         # A fresh cluster reuses job ids: keep the newest submission of each id.
-        if job_id not in jobs or report.submit_time >= jobs[job_id].submit_time:
-            jobs[job_id] = report
+        if report.job_id not in jobs or report.submit_time >= jobs[report.job_id].submit_time:
+            jobs[report.job_id] = report
     return jobs
+
+
+def _list(out: _Output, value: object, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        out.fail(where, value, "a list")
+    return value
+
+
+def _sacct_step(out: _Output, step: dict[str, Any], where: str, trusted: bool) -> StepReport:
+    ident = out.obj(step.get("step"), f"{where}.step")
+    raw = ident.get("id")
+    if out.family == FAMILY_40:
+        # "12.batch", "12.0", "12.extern": the step's own id is after the job id.
+        if not isinstance(raw, str) or "." not in raw:
+            out.fail(f"{where}.step.id", raw, "`<job>.<step>`")
+        step_id = raw.split(".", 1)[1]
+    elif isinstance(raw, str | int) and not isinstance(raw, bool):
+        step_id = str(raw)
+    else:
+        out.fail(f"{where}.step.id", raw, "a step id")
+    state, flags = out.states(step.get("state"), f"{where}.state")
+    code, signal = out.exit_object(step.get("exit_code"), f"{where}.exit_code")
+    if state not in TERMINAL_STATES or (not trusted and state != "COMPLETED"):
+        code = signal = None  # 22.05's batch step of a job that exited 3 reads 0 too (recorded)
+    nodes = step.get("nodes")
+    names = _list(out, nodes.get("list", []), f"{where}.nodes.list") if isinstance(nodes, dict) else []
+    name = ident.get("name")
+    return StepReport(step_id, name if isinstance(name, str) else "", state, code, signal,
+                      tuple(str(n) for n in names), flags)
 
 
 def parse_sbatch_parsable(text: str) -> str:

@@ -1,33 +1,145 @@
-"""Slurm 22.05's JSON job reports, as recorded on the testbed."""
+"""Slurm's JSON job reports from every release, as recorded on the testbed (tests/data/slurm/<release>/)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from clusterctl.errors import SlurmCommandError
+from clusterctl.slurm.commands import Completed, Slurm
 from clusterctl.slurm.jobs import parse_sacct_json, parse_sbatch_parsable, parse_squeue_json
+from clusterctl.slurm.version import SlurmVersion, SlurmVersionError
 from tests.conftest import REPO
 
 DATA = REPO / "tests" / "data" / "slurm"
+RELEASES = ("22.05", "24.11", "26.05")
 
 
-def test_squeue_lists_every_job_with_its_exit_status_decoded():
-    jobs = parse_squeue_json((DATA / "squeue.json").read_text())
-    assert set(jobs) == {"1", "2", "3", "4", "5", "6"}
-    failed, cancelled, running = jobs["4"], jobs["5"], jobs["6"]
-    assert (failed.state, failed.reason, failed.exit_code, failed.nodes) == ("FAILED", "NonZeroExitCode", 3, "node1")
-    assert (cancelled.state, cancelled.signal) == ("CANCELLED", 15)
-    assert running.state == "RUNNING" and not running.terminal and running.exit_code is None
-    assert jobs["1"].nodes == "node[1,3]" and jobs["1"].terminal
+def recording(release: str, name: str) -> str:
+    return (DATA / release / name).read_text()
 
 
-def test_sacct_gives_steps_with_their_nodes_and_exit_codes():
-    jobs = parse_sacct_json((DATA / "sacct.json").read_text())
-    first = jobs["1"]
-    assert first.state == "COMPLETED" and first.source == "sacct"
-    assert [(s.step, s.name, s.nodes) for s in first.steps] == [("batch", "batch", ("node1",)),
-                                                                 ("0", "bash", ("node1", "node3"))]
-    assert jobs["5"].steps[0].signal == 15
+class Recorded:
+    """A runner replaying what one release's commands printed (its index.json says which argv)."""
+
+    def __init__(self, release: str, **extra: Completed) -> None:
+        index = json.loads(recording(release, "index.json"))
+        self.jobs: dict[str, str] = index["jobs"]
+        self.answers = {tuple(entry["argv"]): Completed(entry["returncode"], recording(release, name),
+                                                        entry.get("stderr", ""))
+                        for name, entry in index["files"].items()}
+        self.extra = extra
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv, timeout) -> Completed:
+        self.calls.append(list(argv))
+        key = " ".join(argv)
+        if key in self.extra:
+            return self.extra[key]
+        return self.answers.get(tuple(argv), Completed(1, "", f"not recorded: {argv}"))
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_release_reads_into_the_same_reports(release):
+    jobs = parse_squeue_json(recording(release, "squeue-t-all.json"))
+    ids = json.loads(recording(release, "index.json"))["jobs"]
+    completed, failed, cancelled = jobs[ids["completed"]], jobs[ids["failed"]], jobs[ids["cancelled"]]
+    assert (completed.state, completed.exit_code, completed.terminal) == ("COMPLETED", 0, True)
+    assert (failed.state, failed.exit_code, failed.reason, failed.nodes) == ("FAILED", 3, "NonZeroExitCode", "node1")
+    assert cancelled.state == "CANCELLED" and jobs[ids["node_fail"]].state == "NODE_FAIL"
+    running, pending = jobs[ids["running"]], jobs[ids["pending"]]
+    assert (running.state, running.terminal, running.exit_code) == ("RUNNING", False, None)
+    assert (pending.state, pending.reason) == ("PENDING", "Resources")
+    assert failed.end_time >= failed.start_time >= failed.submit_time > 1.7e9
+    assert failed.states == ("FAILED",) and running.name == "running"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_accounting_steps_and_exit_codes_per_release(release):
+    ids = json.loads(recording(release, "index.json"))["jobs"]
+    jobs = parse_sacct_json(recording(release, "sacct.json"))
+    failed, running = jobs[ids["failed"]], jobs[ids["running"]]
+    assert failed.state == "FAILED" and failed.source == "sacct"
+    assert [s.step for s in running.steps] == ["batch", "0", "1"]
+    assert running.steps[1].state == "COMPLETED" and running.steps[1].nodes == ("node1",)
+    if release == "22.05":  # sacct says SUCCESS/0 for a job that exited 3: unknown, never 0
+        assert failed.exit_code is None and failed.steps[0].exit_code is None
+    else:
+        assert failed.exit_code == 3 and failed.steps[0].exit_code == 3
+    assert running.exit_code is None  # not ended yet
+
+
+def test_newer_releases_keep_state_flags_after_the_base_state():
+    text = recording("26.05", "squeue-t-all.json")
+    data = json.loads(text)
+    data["jobs"][0]["job_state"] = ["PENDING", "REQUEUED"]
+    job = parse_squeue_json(json.dumps(data))[str(data["jobs"][0]["job_id"])]
+    assert (job.state, job.state_flags, job.states, job.terminal) == ("PENDING", ("REQUEUED",),
+                                                                      ("PENDING", "REQUEUED"), False)
+
+
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_a_list_state_read_with_the_old_shape_is_an_error_naming_release_command_and_field(release):
+    data = json.loads(recording(release, "squeue-t-all.json"))
+    data["jobs"][1]["job_state"] = "FAILED"  # the shape 22.05 printed, in a newer output
+    with pytest.raises(SlurmVersionError) as caught:
+        parse_squeue_json(json.dumps(data), argv=["squeue", "--json", "-t", "all"])
+    message = str(caught.value)
+    assert f"Slurm {release}." in message and "squeue --json -t all" in message
+    assert "`jobs[1].job_state`" in message and caught.value.exit_code == 8
+
+
+def test_22_05_output_with_a_list_state_is_an_error_too():
+    data = json.loads(recording("22.05", "squeue.json"))
+    data["jobs"][0]["exit_code"] = {"return_code": 3}
+    with pytest.raises(SlurmVersionError, match=r"Slurm 22\.05\.8: `jobs\[0\]\.exit_code`.*wait status"):
+        parse_squeue_json(json.dumps(data))
+
+
+def test_23_02s_family_is_refused_clearly():
+    text = json.dumps({"meta": {"plugin": {"data_parser": "data_parser/v0.0.39"},
+                                "Slurm": {"release": "23.02.7"}}, "jobs": []})
+    with pytest.raises(SlurmVersionError, match=r"Slurm 23\.02\.7: `meta.plugin`.*23\.02's JSON is not supported"):
+        parse_squeue_json(text)
+
+
+def test_output_that_names_no_format_is_read_as_the_asked_release_or_refused():
+    assert parse_squeue_json('{"jobs": []}', SlurmVersion(24, 11, 5)) == {}
+    with pytest.raises(SlurmVersionError, match="release unknown"):
+        parse_squeue_json('{"jobs": []}')
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_door_asks_what_each_release_answers(release):
+    runner = Recorded(release)
+    ids = runner.jobs
+    slurm = Slurm(runner)
+    asked = [ids["completed"], ids["failed"], ids["running"]]
+    jobs = slurm.queue(asked)  # 22.05 ignores filters: one plain call; later: exactly these, finished included
+    assert set(jobs) == set(asked) and jobs[ids["failed"]].exit_code == 3
+    squeue_calls = [c for c in runner.calls if c[0] == "squeue"]
+    assert squeue_calls == [["squeue", "--json"] if release == "22.05" else
+                            ["squeue", "--json", "-t", "all", "-j", ",".join(asked)]]
+
+
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_a_job_the_controller_no_longer_holds_is_absent_not_an_error(release):
+    runner = Recorded(release)
+    unknown = runner.answers[("squeue", "--json", "-t", "all", "-j", "999999")]
+    assert unknown.returncode == 1  # what Slurm really does for one unknown id
+    assert Slurm(runner).queue(["999999"]) == {}
+
+
+def test_accounting_disabled_is_unknown_not_an_error():
+    disabled = Completed(1, "", "sacct: error: Slurm accounting storage is disabled\n")
+    runner = Recorded("26.05", **{"sacct --json -j 2": disabled})
+    assert Slurm(runner).accounting(["2"]) == {}
+    runner = Recorded("26.05", **{"sacct --json -j 2": Completed(1, "", "sacct: error: Problem talking to the db")})
+    with pytest.raises(SlurmCommandError, match="Problem talking"):
+        Slurm(runner).accounting(["2"])
 
 
 def test_sbatch_parsable_output_and_garbage():
@@ -37,3 +149,33 @@ def test_sbatch_parsable_output_and_garbage():
         parse_sbatch_parsable("sbatch: error: Batch job submission failed")
     with pytest.raises(SlurmCommandError, match="not JSON"):
         parse_squeue_json("<html>")
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner,
+                                                                                max_size=4), max_leaves=20)
+JOB_KEYS = st.sampled_from(["job_id", "job_state", "exit_code", "submit_time", "start_time", "end_time",
+                            "restart_cnt", "name", "nodes", "comment", "state_reason", "state", "time", "steps"])
+META = st.sampled_from([{}, {"plugin": {"type": "openapi/v0.0.38"}}, {"plugin": {"data_parser": "data_parser/v0.0.42"}},
+                        {"plugin": {"data_parser": "v0.0.7"}}])
+
+
+@settings(max_examples=300, deadline=None)
+@given(meta=META, jobs=st.lists(st.dictionaries(JOB_KEYS, JSON, max_size=8), max_size=3) | JSON)
+def test_garbage_json_is_a_slurm_error_never_another_exception(meta, jobs):
+    text = json.dumps({"meta": meta, "jobs": jobs})
+    for parse in (parse_squeue_json, parse_sacct_json):
+        try:
+            parse(text)
+        except SlurmCommandError:
+            pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=40) | JSON.map(json.dumps))
+def test_any_text_is_a_slurm_error_never_another_exception(text):
+    for parse in (parse_squeue_json, parse_sacct_json):
+        try:
+            parse(text)
+        except SlurmCommandError:
+            pass

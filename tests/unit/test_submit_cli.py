@@ -213,5 +213,5 @@ def test_waiting_for_a_job_polls_until_slurm_says_it_ended():
                 job = json.loads((DATA / "squeue.json").read_text())["jobs"][0]
                 return Completed(0, json.dumps({"jobs": [{**job, "job_id": 9, "job_state": next(states)}]}), "")
             return super().__call__(argv, timeout)
-    assert wait_for_job(Slurm(Changing()), "9", sleep=polls.append, poll=0.5) == "COMPLETED"
+    assert wait_for_job(Slurm(Changing()), "9", sleep=polls.append, poll=0.5).state == "COMPLETED"
     assert polls == [0.5, 0.5]
