@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -114,9 +115,30 @@ class RunDir:
                 continue
         return maps
 
+    def check_owned(self, uid: int | None = None) -> None:
+        """RunError unless this user owns the run directory, its spec and journal, and nobody else can write them.
+
+        A supervisor acts on what these files say (cancel, resubmit, blame): in a shared runs
+        directory it must not act on a run, or a journal, that another user could have written.
+        """
+        uid = os.getuid() if uid is None else uid
+        for path in (self.path, self.path / "spec.json", self.journal_path):
+            try:
+                info = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(info.st_mode) or info.st_uid != uid or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                raise RunError(f"{path} is owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):o}"
+                               f"{' (a symlink)' if stat.S_ISLNK(info.st_mode) else ''}; only its owner "
+                               f"(not uid {uid}) may supervise this run, and nobody else may write it")
+
     def lock(self) -> int:
         """Hold the run's lock (one supervisor per run) until the process exits; the fd."""
-        fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise RunError(f"{self.path / '.lock'}: cannot open the run's lock ({exc.strerror}); another user "
+                           "made it or it is a symlink: only the run's owner may supervise it") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -5,43 +5,97 @@ node would ask slurmctld ten times per interval for the same answer.  The answer
 a file next to the runs (written atomically, read by all) and reused while it is younger
 than the poll interval, so slurmctld sees one query per interval however many runs are
 supervised.  A lock makes only one supervisor refresh at a time.
+
+The cache and its lock are per user (`<runs>/.clusterctl-<uid>/`, mode 0700): in a runs
+directory several users share, another user could otherwise write a fake answer (a job
+"COMPLETED", a node drained) that a supervisor would act on, or hold the lock file so that a
+supervisor cannot open it.  A cache directory or file not owned by this user, or open to
+others, is not trusted: the supervisor then asks Slurm itself.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from clusterctl.records.slurm_cache import CachedAnswer, read_cached_answer, write_cached_answer
+from clusterctl.errors import RunError
+from clusterctl.records.slurm_cache import CachedAnswer, cache_path, read_cached_answer, write_cached_answer
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm.commands import Slurm
 from clusterctl.slurm.jobs import JobReport
 
 
-class SharedReads:
-    """`queue()` and `nodes_json()` through a cache file shared by supervisors."""
+def owned_privately(info: os.stat_result, uid: int) -> bool:
+    """A file or directory this user owns that nobody else may write (group or others)."""
+    return info.st_uid == uid and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
-    def __init__(self, slurm: Slurm, directory: Path, max_age: float, clock: Callable[[], float]) -> None:
-        self.slurm, self.directory, self.max_age, self.clock = slurm, directory, max_age, clock
+
+def user_cache_dir(runs_root: Path, uid: int) -> Path | None:
+    """This user's cache directory under a runs directory (made 0700); None when it cannot be trusted.
+
+    Not trusted: a symlink, a file, or a directory another user made or others can write.
+    """
+    path = runs_root / f".clusterctl-{uid}"
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or not owned_privately(info, uid) or info.st_mode & stat.S_IRWXO:
+        return None
+    return path
+
+
+class SharedReads:
+    """`queue()` and `nodes_json()` through a cache file shared by this user's supervisors."""
+
+    def __init__(self, slurm: Slurm, directory: Path, max_age: float, clock: Callable[[], float],
+                 uid: int | None = None) -> None:
+        self.slurm, self.max_age, self.clock = slurm, max_age, clock
+        self.uid = os.getuid() if uid is None else uid
+        self.runs_root = directory
+
+    @property
+    def directory(self) -> Path | None:
+        """The per-user cache directory (None: not trustworthy, every read goes to Slurm)."""
+        return user_cache_dir(self.runs_root, self.uid)
 
     def _read(self, command: str, fetch: Callable[[], str]) -> str:
-        fresh = self._fresh(command)
+        directory = self.directory
+        if directory is None:
+            return fetch()
+        fresh = self._fresh(directory, command)
         if fresh is not None:
             return fresh
-        with open(self.directory / f".slurm-{command}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one refresher; the others then read its answer
-            fresh = self._fresh(command)
+        lock_path = directory / f".slurm-{command}.lock"
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM, errno.ELOOP):
+                raise RunError(f"{lock_path}: cannot open the Slurm-answer lock ({exc.strerror}); it is not this "
+                               f"user's (uid {self.uid}): remove it, or point $CLUSTERCTL_RUNS elsewhere") from None
+            raise
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one refresher; the others then read its answer
+            fresh = self._fresh(directory, command)
             if fresh is not None:
                 return fresh
             text = fetch()
-            write_cached_answer(self.directory, CachedAnswer(command, self.clock(), os.getpid(), text))
+            write_cached_answer(directory, CachedAnswer(command, self.clock(), os.getpid(), text))
             return text
+        finally:
+            os.close(fd)
 
-    def _fresh(self, command: str) -> str | None:
+    def _fresh(self, directory: Path, command: str) -> str | None:
         try:
-            cached = read_cached_answer(self.directory, command)
+            info = os.lstat(cache_path(directory, command))
+            if not stat.S_ISREG(info.st_mode) or not owned_privately(info, self.uid):
+                return None  # planted or loosened by someone else: never trust it
+            cached = read_cached_answer(directory, command)
         except (OSError, RecordError):
             return None  # an answer we cannot read is a miss: ask Slurm and write one we can
         if cached is None:

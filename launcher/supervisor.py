@@ -88,6 +88,7 @@ class Supervisor:
     # ---- the loop ---------------------------------------------------------------
     def supervise(self) -> int:
         """Run until the run ends; the exit code (0 done, 1 stopped, 2 cancelled)."""
+        self.run.check_owned()  # it acts on what the run's files say: only its owner's files count
         lock = self.run.lock()
         try:
             while True:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 
 from clusterctl.files import append_json_line, read_json_lines
 from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.slurm.names import job_id_problem, node_name_problem
 
 KIND = "run-event"
 VERSION = 1
@@ -92,6 +93,23 @@ def _strings(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
     return tuple(values)
 
 
+def _job_id(data: Mapping[str, Any], key: str, where: str) -> str:
+    # A job id read back from the journal goes to scancel/sacct: it must be one, not an option.
+    value = str(field(data, key, (str, int), where))
+    problem = job_id_problem(value)
+    if problem:
+        raise RecordError(where, f"field `{key}`: {problem}")
+    return value
+
+
+def _node(data: Mapping[str, Any], key: str, where: str) -> str:
+    value = field(data, key, str, where)
+    problem = node_name_problem(value)
+    if problem:
+        raise RecordError(where, f"field `{key}`: {problem}")
+    return value
+
+
 def _choice(enum_type: type[enum.StrEnum], data: Mapping[str, Any], key: str, where: str) -> Any:
     value = field(data, key, str, where)
     try:
@@ -124,7 +142,7 @@ class BlamedNode:
         """Parse one blamed node; RecordError naming the field that is wrong."""
         if not isinstance(data, Mapping):
             raise RecordError(where, "a blamed node is not a JSON object")
-        return cls(node=field(data, "node", str, where), reason=field(data, "reason", str, where),
+        return cls(node=_node(data, "node", where), reason=field(data, "reason", str, where),
                    evidence=_strings(data, "evidence", where) if "evidence" in data else (),
                    until=_optional_number(data, "until", where) if "until" in data else None)
 
@@ -228,7 +246,7 @@ class Submitted:
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Submitted:
         """Read the event\'s own fields (the header, `event` and `at` are already read)."""
-        return cls(at=at, attempt=field(data, "attempt", int, where), job_id=str(field(data, "job_id", (str, int), where)),
+        return cls(at=at, attempt=field(data, "attempt", int, where), job_id=_job_id(data, "job_id", where),
                    argv=_strings(data, "argv", where) if "argv" in data else (),
                    resume_from=field(data, "resume_from", _OPTIONAL_STR, where) if "resume_from" in data else None,
                    exclude=field(data, "exclude", _OPTIONAL_STR, where) if "exclude" in data else None,
@@ -272,7 +290,7 @@ class Ending:
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Ending:
         """Read the event\'s own fields (the header, `event` and `at` are already read)."""
-        return cls(at=at, attempt=field(data, "attempt", int, where), job_id=str(field(data, "job_id", (str, int), where)),
+        return cls(at=at, attempt=field(data, "attempt", int, where), job_id=_job_id(data, "job_id", where),
                    blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)))
 
 

@@ -265,6 +265,7 @@ def test_a_shared_answer_it_cannot_read_is_asked_of_slurm_again(tmp_path):
     slurm = ScriptedSlurm(clock)
     calls = {"squeue": 0}
     slurm.on_poll = lambda: calls.__setitem__("squeue", calls["squeue"] + 1)
-    (tmp_path / ".slurm-squeue.json").write_text('{"kind": "slurm-cache", "version": 9}')
+    (tmp_path / f".clusterctl-{os.getuid()}").mkdir(mode=0o700)
+    (tmp_path / f".clusterctl-{os.getuid()}" / ".slurm-squeue.json").write_text('{"kind": "slurm-cache", "version": 9}')
     assert SharedReads(Slurm(slurm), tmp_path, 2.0, clock.time).queue() == {} and calls["squeue"] == 1
     assert SharedReads(Slurm(slurm), tmp_path, 2.0, clock.time).queue() == {} and calls["squeue"] == 1

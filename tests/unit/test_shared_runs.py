@@ -1,0 +1,146 @@
+"""One user cannot steer another user's supervisor through a runs directory they share.
+
+The victim runs in a forked child as `nobody` (uid 65534); the attacker is the test process
+(root), planting files in a sticky, world-writable runs directory as another user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from clusterctl.errors import RunError
+from clusterctl.launcher.runs import RunDir
+from clusterctl.launcher.shared_reads import SharedReads, user_cache_dir
+from clusterctl.slurm.commands import Completed, Slurm
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm" / "22.05"
+VICTIM = 65534
+REAL_SQUEUE = (DATA / "squeue-j-running.json").read_text()
+RUNNING_JOB = next(str(job["job_id"]) for job in json.loads(REAL_SQUEUE)["jobs"] if job["job_state"] == "RUNNING")
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plays two users: needs root to become `nobody`")
+
+
+def real_slurm() -> Slurm:
+    def runner(argv: Any, timeout: float) -> Completed:
+        if argv[0] == "sbatch":
+            return Completed(0, "slurm-wlm 22.05.8\n", "")
+        return Completed(0, REAL_SQUEUE, "")
+    return Slurm(runner)
+
+
+def as_user(uid: int, action: Callable[[], Any]) -> Any:
+    """Run `action` in a child that became `uid`; its result, or the exception it raised (re-raised here)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read)
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            outcome: tuple[str, Any] = ("ok", action())
+        except BaseException as exc:  # noqa: BLE001 - every outcome goes back to the parent
+            outcome = ("raised", (type(exc).__name__, str(exc)))
+        os.write(write, pickle.dumps(outcome))
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return pickle.loads(data)
+
+
+@pytest.fixture
+def shared_runs() -> Iterator[Path]:
+    """A runs directory every user may write, with the sticky bit (like /scratch/runs)."""
+    path = Path(tempfile.mkdtemp(prefix="clusterctl-shared-", dir="/tmp"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path)
+
+
+def victims_view(runs: Path) -> tuple[str, Any]:
+    def read() -> str:
+        return SharedReads(real_slurm(), runs, 60.0, lambda: 1000.0).queue()[RUNNING_JOB].state
+    return as_user(VICTIM, read)
+
+
+def test_a_fake_answer_planted_by_another_user_is_not_believed(shared_runs: Path) -> None:
+    fake = REAL_SQUEUE.replace('"RUNNING"', '"COMPLETED"')
+    cache = {"kind": "slurm-cache", "version": 1, "command": "squeue", "at": 1000.0, "pid": 1, "text": fake}
+    (shared_runs / ".slurm-squeue.json").write_text(json.dumps(cache))  # where every user's supervisor looked
+    assert victims_view(shared_runs) == ("ok", "RUNNING")
+
+
+def test_a_cache_directory_planted_in_the_victims_name_is_not_used(shared_runs: Path) -> None:
+    planted = shared_runs / f".clusterctl-{VICTIM}"
+    planted.mkdir()
+    planted.chmod(0o777)
+    fake = REAL_SQUEUE.replace('"RUNNING"', '"COMPLETED"')
+    (planted / ".slurm-squeue.json").write_text(json.dumps(
+        {"kind": "slurm-cache", "version": 1, "command": "squeue", "at": 1000.0, "pid": 1, "text": fake}))
+    assert user_cache_dir(shared_runs, VICTIM) is None
+    assert victims_view(shared_runs) == ("ok", "RUNNING")
+
+
+def test_a_lock_file_another_user_holds_does_not_stop_the_victim(shared_runs: Path) -> None:
+    lock = shared_runs / ".slurm-squeue.lock"
+    lock.write_text("")
+    lock.chmod(0o600)  # the victim cannot open it: before, its supervisor died with PermissionError
+    assert victims_view(shared_runs) == ("ok", "RUNNING")
+
+
+def test_a_symlinked_lock_is_a_clear_run_error_not_a_traceback(tmp_path: Path) -> None:
+    reads = SharedReads(real_slurm(), tmp_path, 60.0, lambda: 1000.0)
+    directory = user_cache_dir(tmp_path, os.getuid())
+    assert directory is not None
+    (directory / ".slurm-squeue.lock").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(RunError, match="cannot open the Slurm-answer lock"):
+        reads.queue()
+
+
+def test_the_cache_file_of_another_owner_is_a_miss(tmp_path: Path) -> None:
+    reads = SharedReads(real_slurm(), tmp_path, 60.0, lambda: 1000.0)
+    assert reads.queue()[RUNNING_JOB].state == "RUNNING"  # written by this user: now cached
+    directory = user_cache_dir(tmp_path, os.getuid())
+    assert directory is not None
+    cache = directory / ".slurm-squeue.json"
+    cache.write_text(cache.read_text().replace('\\"RUNNING\\"', '\\"COMPLETED\\"'))
+    assert reads.queue()[RUNNING_JOB].state == "COMPLETED"  # this user's own file is trusted
+    os.chown(cache, 1000, 1000)
+    assert reads.queue()[RUNNING_JOB].state == "RUNNING"  # another owner's is not
+
+
+def test_only_the_owner_of_a_run_may_supervise_it(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "spec.json").write_text("{}")
+    (run / "journal.jsonl").write_text("")
+    RunDir(run).check_owned()
+    os.chown(run / "journal.jsonl", 1000, 1000)  # another user's journal would steer the supervisor
+    with pytest.raises(RunError, match="only its owner"):
+        RunDir(run).check_owned()
+    os.chown(run / "journal.jsonl", 0, 0)
+    (run / "spec.json").chmod(0o666)
+    with pytest.raises(RunError, match="nobody else may write it"):
+        RunDir(run).check_owned()
+
+
+def test_a_run_lock_another_user_made_is_a_clear_run_error(shared_runs: Path) -> None:
+    run = shared_runs / "run"
+    run.mkdir()
+    run.chmod(0o777)
+    (run / ".lock").write_text("")
+    (run / ".lock").chmod(0o600)
+    outcome = as_user(VICTIM, lambda: RunDir(run).lock() and None)
+    assert outcome[0] == "raised" and outcome[1][0] == "RunError" and "cannot open the run's lock" in outcome[1][1]
