@@ -1,9 +1,12 @@
 """What a generated sbatch script runs inside the job (`python -m clusterctl.launcher.in_job ...`).
 
-- `plan`: rank map for SLURM_JOB_NODELIST → `<job dir>/rankmap.json`, `hostfile`, `nodefile`.
-- `rank`: one per rank; checks (node, local GPU) against the map, records where it ran,
-  sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* and becomes the command.
+- `plan`: rank map for SLURM_JOB_NODELIST → `<job dir>/rankmap.json`, `rankmap.idx`, `hostfile`, `nodefile`.
+- `rank`: one per rank; checks (node, local GPU) against its slot of the map, records where it
+  ran, sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* and becomes the command.
 - `node`: one per node (torchrun style); checks the node, then becomes torchrun.
+
+Ranks read `rankmap.idx` (the header and their own slot's line), never the whole map, so what
+a rank reads from the shared filesystem does not grow with the job.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from clusterctl.files import atomic_write
 from clusterctl.launcher.preflight import (
     hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv, visible_gpus,
 )
-from clusterctl.records.rank_map import JobRankMap, read_rank_map, rank_map_path, write_rank_map
+from clusterctl.records.rank_index import SlotView, rank_index_path, read_slot, write_rank_index
+from clusterctl.records.rank_map import JobRankMap, write_rank_map
 from clusterctl.records.rank_record import RankRecord, write_rank_record
 
 if TYPE_CHECKING:
@@ -76,6 +80,7 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
     (job_dir / "ranks").mkdir(parents=True, exist_ok=True)
     atomic_write(job_dir / "hostfile", "\n".join(hostfile_lines(rank_map, per_gpu=True)) + "\n")
     atomic_write(job_dir / "nodefile", "\n".join(hostfile_lines(rank_map, per_gpu=False)) + "\n")
+    write_rank_index(job_dir, rank_map)
     path = write_rank_map(job_dir, rank_map)
     _say(f"rank map for {environ['SLURM_JOB_NODELIST']}: node slots {hostlist.compress(list(rank_map.slots))} "
          f"in order {' '.join(rank_map.slots)}; leaf-crossing DP/PP groups {summary.leaf_crossing_groups} "
@@ -90,11 +95,11 @@ def _record(job_dir: Path, rank: int, node: str, environ: Mapping[str, str]) -> 
         slurm_nodeid=environ.get("SLURM_NODEID"), cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES")))
 
 
-def _load_map(job_dir: Path) -> JobRankMap:
+def _load_slot(job_dir: Path, *, rank: int | None = None, node_rank: int | None = None) -> SlotView:
     try:
-        return read_rank_map(job_dir)
+        return read_slot(job_dir, rank=rank, node_rank=node_rank)
     except FileNotFoundError:
-        raise ClusterctlError(f"{rank_map_path(job_dir)} is missing: the job's `plan` step did not run or "
+        raise ClusterctlError(f"{rank_index_path(job_dir)} is missing: the job's `plan` step did not run or "
                               "failed; see the start of the job log") from None
 
 
@@ -105,7 +110,6 @@ def _node_name(environ: Mapping[str, str]) -> str:
 
 def exec_rank(job_dir: Path, command: Sequence[str], environ: Mapping[str, str], *, under_torchrun: bool) -> int:
     """Check this task against the map, record it, and exec the command (returns only on failure)."""
-    rank_map = _load_map(job_dir)
     node = _node_name(environ)
     local_id: int | None
     if under_torchrun:
@@ -113,6 +117,7 @@ def exec_rank(job_dir: Path, command: Sequence[str], environ: Mapping[str, str],
     else:
         rank = int(environ["SLURM_PROCID"])
         local_id = int(environ["SLURM_LOCALID"]) if "SLURM_LOCALID" in environ else None
+    rank_map = _load_slot(job_dir, rank=rank)
     problems = placement_problems(rank_map, rank, node, local_id, visible_gpus(environ))
     if problems:
         for problem in problems:
@@ -125,8 +130,8 @@ def exec_rank(job_dir: Path, command: Sequence[str], environ: Mapping[str, str],
 
 def exec_node(job_dir: Path, command: Sequence[str], environ: Mapping[str, str]) -> int:
     """torchrun style: check this node's slot, then exec torchrun with the map's node rank."""
-    rank_map = _load_map(job_dir)
     node_rank = int(environ["SLURM_PROCID"])
+    rank_map = _load_slot(job_dir, node_rank=node_rank)
     problems = node_problems(rank_map, node_rank, _node_name(environ))
     if problems:
         for problem in problems:

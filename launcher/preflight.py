@@ -8,8 +8,31 @@ re-sorts nodes, `SLURM_NODEID` does not follow a hostfile, c10d ranks nodes by F
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from clusterctl.records.rank_map import JobRankMap
+
+
+class PlacedRanks(Protocol):
+    """What a rank's checks and environment need of the map: the whole map (JobRankMap) or,
+    inside a job, the one slot a rank read of the index (clusterctl.records.rank_index.SlotView)."""
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def gpus_per_node(self) -> int: ...
+
+    @property
+    def node_count(self) -> int: ...
+
+    @property
+    def master_addr(self) -> str: ...
+
+    @property
+    def master_port(self) -> int: ...
+
+    def location(self, rank: int) -> tuple[str, int]: ...
 
 
 def master_port(job_id: str, configured: int | None) -> int:
@@ -26,7 +49,7 @@ def hostfile_lines(rank_map: JobRankMap, per_gpu: bool) -> list[str]:
     return [node for node in rank_map.slots for _ in range(repeat)]
 
 
-def rank_environment(rank_map: JobRankMap, rank: int) -> dict[str, str]:
+def rank_environment(rank_map: PlacedRanks, rank: int) -> dict[str, str]:
     """What every launcher style gives a rank: torch.distributed's variables, from the map."""
     node, gpu = rank_map.location(rank)
     return {
@@ -49,7 +72,7 @@ def visible_gpus(environ: Mapping[str, str]) -> list[str] | None:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-def placement_problems(rank_map: JobRankMap, rank: int, node: str, local_id: int | None,
+def placement_problems(rank_map: PlacedRanks, rank: int, node: str, local_id: int | None,
                        visible: Sequence[str] | None) -> list[str]:
     """Why this task is not where the map puts `rank` (empty when it is)."""
     if not 0 <= rank < rank_map.world_size:
@@ -68,19 +91,20 @@ def placement_problems(rank_map: JobRankMap, rank: int, node: str, local_id: int
     return problems
 
 
-def node_problems(rank_map: JobRankMap, node_rank: int, node: str) -> list[str]:
+def node_problems(rank_map: PlacedRanks, node_rank: int, node: str) -> list[str]:
     """Why this per-node task (torchrun style) is not on the map's node for `node_rank`."""
-    if not 0 <= node_rank < len(rank_map.slots):
-        return [f"node rank {node_rank} is outside the map's {len(rank_map.slots)} nodes"]
-    if rank_map.slots[node_rank] != node:
-        return [f"node rank {node_rank} runs on {node} but the rank map puts it on {rank_map.slots[node_rank]}"]
+    if not 0 <= node_rank < rank_map.node_count:
+        return [f"node rank {node_rank} is outside the map's {rank_map.node_count} nodes"]
+    want_node, _ = rank_map.location(node_rank * rank_map.gpus_per_node)
+    if want_node != node:
+        return [f"node rank {node_rank} runs on {node} but the rank map puts it on {want_node}"]
     return []
 
 
-def torchrun_argv(rank_map: JobRankMap, node_rank: int, python: str, job_dir: str,
+def torchrun_argv(rank_map: PlacedRanks, node_rank: int, python: str, job_dir: str,
                   command: Sequence[str]) -> list[str]:
     """torchrun with static rendezvous and the map's node rank; workers re-check their GPU."""
-    return ["torchrun", f"--nnodes={len(rank_map.slots)}", f"--nproc-per-node={rank_map.gpus_per_node}",
+    return ["torchrun", f"--nnodes={rank_map.node_count}", f"--nproc-per-node={rank_map.gpus_per_node}",
             f"--node-rank={node_rank}", "--rdzv-backend=static", f"--master-addr={rank_map.master_addr}",
             f"--master-port={rank_map.master_port}", "--no-python",
             python, "-m", "clusterctl.launcher.in_job", "rank", "--under-torchrun", "--job-dir", job_dir, "--", *command]

@@ -1,10 +1,10 @@
 """A job's rank map: `<run>/jobs/<job id>/rankmap.json`, and the map itself.
 
 Written once per job by `python -m clusterctl.launcher.in_job plan` (the job's first step);
-read by every rank's preflight check (`in_job rank` / `in_job node`), by `clusterctl status`,
-and by scripts (scripts/main-job.sh reads `slots`).  The `plan` object inside is the
+read by `clusterctl status` and by scripts (scripts/main-job.sh reads `slots`).  The `plan` object inside is the
 planner's own document (what `clusterctl plan --json` prints), kept for people; programs read
-the typed fields only.
+the typed fields only.  Ranks do not read this file: each reads its own slot of `rankmap.idx`
+(clusterctl.records.rank_index), a few hundred bytes whatever the job's size.
 
 This module is imported by every rank of a job: it stays light (no planner, no rich).
 """
@@ -108,6 +108,11 @@ class JobRankMap:
     def world_size(self) -> int:
         """Ranks in the job."""
         return self.rank_map.world_size
+
+    @property
+    def node_count(self) -> int:
+        """Slots (nodes) in the map."""
+        return len(self.rank_map.slots)
 
     @property
     def master_addr(self) -> str:

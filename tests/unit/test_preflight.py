@@ -146,4 +146,4 @@ def test_a_rank_in_the_wrong_place_fails_the_job_with_a_clear_message(tmp_path):
 
 def test_a_rank_without_a_map_says_the_plan_step_did_not_run(tmp_path):
     done = _rank(tmp_path, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "node1"})
-    assert done.returncode == 1 and "rankmap.json is missing: the job's `plan` step did not run" in done.stderr
+    assert done.returncode == 1 and "rankmap.idx is missing: the job's `plan` step did not run" in done.stderr
