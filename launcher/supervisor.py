@@ -72,6 +72,8 @@ class Supervisor:
     hooks: Hooks = field(default_factory=Hooks)
     evidence_grace: float = 3.0
     facts: SlurmFacts | None = None
+    uid: int = field(default_factory=os.getuid)
+    """The user whose jobs are this run's (jobs of other users with our comment are not)."""
 
     def __post_init__(self) -> None:
         self.run = RunDir(self.run.path, clock=self.hooks.clock)  # the journal keeps the supervisor's time
@@ -145,9 +147,14 @@ class Supervisor:
                 and not not_responding(n)
                 and n.name not in excluded and n.name not in permanent]
 
+    def _ours(self, job: JobReport) -> bool:
+        # Anyone can submit a job with our comment (squeue shows it to all): only our own user's jobs count.
+        return job.user_id is None or job.user_id == self.uid
+
     def _live_copies(self) -> list[JobReport]:
         prefix = f"clusterctl:{self.run.path.name}:"
-        return [j for j in self.slurm.queue().values() if j.comment.startswith(prefix) and not j.terminal]
+        return [j for j in self.slurm.queue().values()
+                if j.comment.startswith(prefix) and not j.terminal and self._ours(j)]
 
     def _submit_next(self, state: RunState, number: int) -> None:
         now = self.hooks.clock()
@@ -197,7 +204,7 @@ class Supervisor:
     def _reconcile(self, attempt: AttemptState) -> None:
         """A `submitting` with no `submitted`: did sbatch get through before we died?"""
         for job in self.slurm.queue().values():
-            if job.comment == attempt.comment:
+            if job.comment == attempt.comment and self._ours(job):
                 self.run.record(Submitted(at=self.run.now(), attempt=attempt.number, job_id=job.job_id,
                                           reconciled=True))
                 self.hooks.say(f"attempt {attempt.number}: found job {job.job_id} submitted before a restart")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from clusterctl.errors import SlurmCommandError
+from clusterctl.slurm.names import is_job_id
 from clusterctl.slurm.version import SlurmVersion, SlurmVersionError
 
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -79,6 +80,7 @@ class JobReport:
     steps: tuple[StepReport, ...] = ()
     source: str = "squeue"
     comment: str = ""
+    user_id: int | None = None  # who owns the job (squeue): another user's job is never one of ours
     state_flags: tuple[str, ...] = ()
 
     @property
@@ -177,9 +179,9 @@ class _Output:
     def job_id(self, job: dict[str, Any], where: str) -> str:
         value = job.get("job_id")
         number = _as_int(value)
-        if number is not None and number >= 0:
+        if number is not None and is_job_id(str(number)):
             return str(number)
-        if isinstance(value, str) and value.isdigit():
+        if isinstance(value, str) and is_job_id(value):  # ASCII digits: the id goes to scancel/sacct argv
             return value
         self.fail(f"{where}.job_id", value, "a job id")
 
@@ -255,7 +257,8 @@ def parse_squeue_json(text: str, release: SlurmVersion | None = None,
                          out.time(job.get("submit_time"), f"{where}.submit_time"),
                          out.time(job.get("start_time"), f"{where}.start_time"),
                          out.time(job.get("end_time"), f"{where}.end_time"), restarts,
-                         comment=out.text(job, "comment", where), state_flags=flags)
+                         comment=out.text(job, "comment", where), state_flags=flags,
+                         user_id=out.number(job.get("user_id"), f"{where}.user_id"))
 
     return {report.job_id: report for report in _each_job(out, read)}
 
@@ -341,6 +344,6 @@ def parse_sbatch_parsable(text: str) -> str:
     """`sbatch --parsable` prints `<job id>[;<cluster>]`."""
     first = text.strip().splitlines()[0] if text.strip() else ""
     job_id = first.split(";")[0].strip()
-    if not job_id.isdigit():
+    if not is_job_id(job_id):
         raise SlurmCommandError(["sbatch", "--parsable"], 0, f"unexpected output {text.strip()!r}")
     return job_id

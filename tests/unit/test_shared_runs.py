@@ -144,3 +144,30 @@ def test_a_run_lock_another_user_made_is_a_clear_run_error(shared_runs: Path) ->
     (run / ".lock").chmod(0o600)
     outcome = as_user(VICTIM, lambda: RunDir(run).lock() and None)
     assert outcome[0] == "raised" and outcome[1][0] == "RunError" and "cannot open the run's lock" in outcome[1][1]
+
+
+def test_a_held_job_of_another_user_with_the_runs_comment_is_not_its_live_copy(tmp_path: Path) -> None:
+    from clusterctl.launcher.runs import create_run
+    from clusterctl.launcher.spec import load_spec
+    from clusterctl.launcher.supervisor import EXIT_DONE, Hooks, Supervisor
+    from tests.conftest import REPO
+    from tests.unit.test_supervisor_loop import Clock, ScriptedSlurm
+
+    run = create_run(tmp_path / "run", load_spec(REPO / "examples" / "toy_trainer.toml"), "")
+    clock = Clock()
+    slurm = ScriptedSlurm(clock)
+    slurm.jobs["900"] = {"job_id": 900, "name": "toy", "job_state": "PENDING", "state_reason": "JobHeldUser",
+                         "nodes": "", "exit_code": 0, "submit_time": clock.now, "start_time": 0, "end_time": 0,
+                         "comment": "clusterctl:run:1:deadbeef", "user_id": 1000}  # another user's, held forever
+    polls = []
+
+    def script() -> None:
+        polls.append(1)
+        assert len(polls) < 50, "the supervisor keeps waiting for another user's job"
+        if "1" in slurm.jobs:
+            slurm.end("1", "COMPLETED")
+    slurm.on_poll = script
+    hooks = Hooks(clock=clock.time, sleep=clock.sleep, say=lambda message: None)
+    supervisor = Supervisor(RunDir(run.path), Slurm(slurm), "/py", None, hooks, evidence_grace=0.0, uid=0)
+    assert supervisor.supervise() == EXIT_DONE
+    assert len(slurm.sbatch_calls) == 1
