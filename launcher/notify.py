@@ -1,23 +1,92 @@
-"""Optional webhook notifications (a JSON POST per event); a failed POST is logged, never fatal."""
+"""Optional webhook notifications (a JSON POST per event); a failed POST is logged, never fatal.
+
+The URL is often a secret (Slack and Teams hooks carry their token in the path), so it is
+never printed whole: messages name only its scheme and host.  POSTs go out from one
+background thread in event order, so the supervisor's decisions never wait on a slow or dead
+endpoint; `drain()` waits (boundedly) for the last ones before the process exits.  Redirects
+are not followed (a redirect could carry the payload elsewhere), and plain http is warned about.
+"""
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
+Post = Callable[..., Any]
 
-def webhook_notifier(url: str | None, say: Callable[[str], None],
-                     timeout: float = 5.0) -> Callable[[str, dict[str, Any]], None]:
-    """A notifier that POSTs {"event": ..., **payload} to `url` (or does nothing without a URL)."""
-    def notify(event: str, payload: dict[str, Any]) -> None:
-        if not url:
+
+def redact(url: str) -> str:
+    """The URL with only scheme and host kept: `https://hooks.slack.com/…`."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "(an unreadable webhook URL)"
+    return f"{parts.scheme or '?'}://{host}{port}/…"
+
+
+class WebhookNotifier:
+    """Call with (event, payload): queued and POSTed by a background thread; `drain()` before exit."""
+
+    def __init__(self, url: str | None, say: Callable[[str], None], timeout: float = 5.0,
+                 post: Post = requests.post) -> None:
+        self.url, self.say, self.timeout, self.post = url, say, timeout, post
+        self.shown = redact(url) if url else ""
+        self._queue: queue.Queue[tuple[str, dict[str, Any]] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        if url and urlsplit(url).scheme == "http":
+            say(f"warning: webhook {self.shown} is plain http: the events (and the URL's secret) travel "
+                "unencrypted; use https")
+
+    def __call__(self, event: str, payload: dict[str, Any]) -> None:
+        if not self.url:
             return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="webhook", daemon=True)
+            self._thread.start()
+        self._queue.put((event, payload))
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            try:
+                self._send(*item)
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+    def _send(self, event: str, payload: dict[str, Any]) -> None:
         try:
-            response = requests.post(url, json={"event": event, **payload}, timeout=timeout)
-            if response.status_code >= 400:
-                say(f"webhook {url} answered {response.status_code} to {event}")
+            response = self.post(self.url, json={"event": event, **payload}, timeout=self.timeout,
+                                 allow_redirects=False)
         except requests.RequestException as exc:
-            say(f"webhook {url} failed for {event}: {exc}")
-    return notify
+            # The exception's text carries the URL: say only what kind of failure it was.
+            self.say(f"webhook {self.shown} failed for {event}: {type(exc).__name__}")
+            return
+        status = int(getattr(response, "status_code", 0))
+        if 300 <= status < 400:
+            self.say(f"webhook {self.shown} answered {status} to {event}: redirects are not followed; "
+                     "give the final URL")
+        elif status >= 400:
+            self.say(f"webhook {self.shown} answered {status} to {event}")
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds (default: one POST's timeout) for queued events; True when all went."""
+        if self._thread is None:
+            return True
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return not self._queue.unfinished_tasks
+
+
+def webhook_notifier(url: str | None, say: Callable[[str], None], timeout: float = 5.0,
+                     post: Post = requests.post) -> WebhookNotifier:
+    """A notifier that POSTs {"event": ..., **payload} to `url` in the background (nothing without a URL)."""
+    return WebhookNotifier(url, say, timeout, post)

@@ -195,8 +195,10 @@ def create_run(path: Path, spec: JobSpec, spec_text: str) -> RunDir:
         raise RunError(f"{path} already exists; pass another --run-dir or let clusterctl name it") from None
     for sub in ("logs", "jobs", "attempts"):
         (path / sub).mkdir()
-    atomic_write(path / "spec.toml", spec_text)
-    atomic_write(path / "spec.json", json.dumps(spec_document(spec), indent=2, sort_keys=True) + "\n")
+    # Only the owner reads the spec back (the job runs as the same user): it may hold secrets
+    # (restart.webhook, [launch] env values), so it is not left world-readable.
+    atomic_write(path / "spec.toml", spec_text, mode=0o600)
+    atomic_write(path / "spec.json", json.dumps(spec_document(spec), indent=2, sort_keys=True) + "\n", mode=0o600)
     run = RunDir(path)
     run.record(Created(at=run.now(), name=spec.job.name, source=spec.source))
     return run

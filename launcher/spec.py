@@ -348,6 +348,8 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
                 hostlist.expand(value)
             except HostlistError as exc:
                 raise bad(f"a Slurm hostlist ({exc})") from None
+        if spec_field.key == "webhook" and not re.match(r"^https?://[^/\s]+", value):
+            raise bad("an http(s) URL like https://hooks.example.com/...")
         if kind == "str" and spec_field.key == "resume_env" and not ENV_NAME.match(value):
             raise bad("an environment variable name (letters, digits, _)")
         return value

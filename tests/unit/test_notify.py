@@ -1,12 +1,17 @@
-"""Webhook notifications reach a real HTTP server; a dead endpoint is a log line, not a crash."""
+"""Webhook notifications reach a real HTTP server; a dead endpoint is a log line, not a crash; the URL
+(a secret) is never printed whole, redirects are not followed and the caller never waits on a POST."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
 
-from clusterctl.launcher.notify import webhook_notifier
+import requests
+
+from clusterctl.launcher.notify import redact, webhook_notifier
 
 
 def test_events_are_posted_as_json_and_failures_are_only_reported():
@@ -25,14 +30,79 @@ def test_events_are_posted_as_json_and_failures_are_only_reported():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     said: list[str] = []
     try:
-        notify = webhook_notifier(f"http://127.0.0.1:{server.server_port}/hook", said.append)
+        notify = webhook_notifier(f"http://127.0.0.1:{server.server_port}/hook/T0KEN", said.append)
         notify("blame", {"run": "/runs/r1", "blame": [{"node": "node3"}]})
         notify("stopped", {"run": "/runs/r1", "message": "boom"})
+        assert notify.drain(5.0)
     finally:
         server.shutdown()
     assert received == [{"event": "blame", "run": "/runs/r1", "blame": [{"node": "node3"}]},
                         {"event": "stopped", "run": "/runs/r1", "message": "boom"}]
-    assert said == [f"webhook http://127.0.0.1:{server.server_port}/hook answered 500 to stopped"]
-    webhook_notifier("http://127.0.0.1:9/nothing", said.append, timeout=1)("done", {})
-    assert said[-1].startswith("webhook http://127.0.0.1:9/nothing failed for done:")
+    assert said[0].startswith(f"warning: webhook http://127.0.0.1:{server.server_port}/… is plain http")
+    assert said[1:] == [f"webhook http://127.0.0.1:{server.server_port}/… answered 500 to stopped"]
+    dead = webhook_notifier("http://127.0.0.1:9/nothing/S3CRET", said.append, timeout=1)
+    dead("done", {})
+    dead.drain(5.0)
+    assert said[-1] == "webhook http://127.0.0.1:9/… failed for done: ConnectionError"
+    assert not any("T0KEN" in line or "S3CRET" in line for line in said)
     webhook_notifier(None, said.append)("done", {})  # no URL: nothing happens
+
+
+def test_the_secret_part_of_a_url_is_never_shown():
+    assert redact("https://user:pw@hooks.slack.com/services/T000/B000/XXXX?token=abc") == "https://hooks.slack.com/…"
+
+
+def test_a_redirect_is_reported_not_followed():
+    calls: list[dict[str, Any]] = []
+
+    def post(url: str, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return type("Response", (), {"status_code": 302})()
+
+    said: list[str] = []
+    notify = webhook_notifier("https://example.invalid/hook/SECRET", said.append, post=post)
+    notify("done", {})
+    notify.drain(5.0)
+    assert calls[0]["allow_redirects"] is False
+    assert said == ["webhook https://example.invalid/… answered 302 to done: redirects are not followed; "
+                    "give the final URL"]
+
+
+def test_a_hanging_endpoint_never_holds_up_the_caller():
+    release = threading.Event()
+
+    def post(url: str, **kwargs: Any) -> Any:
+        release.wait(10)
+        raise requests.Timeout("read timed out for https://example.invalid/hook/SECRET")
+
+    said: list[str] = []
+    notify = webhook_notifier("https://example.invalid/hook/SECRET", said.append, post=post)
+    start = time.monotonic()
+    for _ in range(3):
+        notify("blame", {})
+    assert time.monotonic() - start < 0.5 and not notify.drain(0.1)
+    release.set()
+    assert notify.drain(5.0)
+    assert said == ["webhook https://example.invalid/… failed for blame: Timeout"] * 3
+
+
+def test_the_run_directory_keeps_the_webhook_from_other_users(tmp_path):
+    import stat
+
+    from clusterctl.launcher.runs import create_run
+    from clusterctl.launcher.spec import parse_spec
+    text = ('[job]\nname = "t"\nnodes = 1\n[launch]\ncommand = ["x"]\n'
+            '[restart]\nwebhook = "https://hooks.example.com/T/SECRET"\n')
+    run = create_run(tmp_path / "run", parse_spec(text, "job.toml", base_dir=tmp_path), text)
+    for name in ("spec.toml", "spec.json"):
+        assert stat.S_IMODE((run.path / name).stat().st_mode) == 0o600
+
+
+def test_a_webhook_that_is_not_an_http_url_is_a_spec_error():
+    import pytest
+
+    from clusterctl.errors import SpecError
+    from clusterctl.launcher.spec import parse_spec
+    with pytest.raises(SpecError, match="an http"):
+        parse_spec('[job]\nname = "t"\nnodes = 1\n[launch]\ncommand = ["x"]\n[restart]\nwebhook = "file:///etc/passwd"\n',
+                   "job.toml")
