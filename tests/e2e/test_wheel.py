@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl_testbed import rootfs
 from tests.conftest import REPO, wait_job
 
 pytestmark = pytest.mark.e2e
@@ -35,16 +37,18 @@ def wheel_venv(testbed_session, tmp_path_factory) -> Path:
 
 
 def _venv_of_the_root_filesystem(tb, work: Path) -> Path:
-    # The wheel is built here (its build needs nothing of the target); venv and install run on the
-    # login host, inside its root filesystem, from a directory outside the checkout.
+    # The wheel is built here (its build needs nothing of the target); the venv is made and the wheel
+    # installed by the root filesystem's python3, chrooted into it with this machine's network (the
+    # testbed's hosts reach no package index), and then used on the testbed's hosts.
     built = subprocess.run([sys.executable, "-m", "build", "--outdir", str(work / "dist"), str(REPO)],
                            capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
     wheel = next((work / "dist").glob("clusterctl-*.whl"))
     venv = work / "venv"
-    tb.run_on("ctl", ["python3", "-m", "venv", str(venv)], env=user_env(), cwd=str(work), timeout=120)
-    tb.run_on("ctl", [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
-              env=user_env(), cwd=str(work), timeout=600)
+    root = Path(tb.running().rootfs)
+    rootfs.run_in_root(root, REPO, ["python3", "-m", "venv", str(venv)], timeout=120)
+    rootfs.run_in_root(root, REPO, [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                                    str(wheel)], timeout=600)
     return venv
 
 
@@ -66,7 +70,9 @@ def test_the_installed_wheel_runs_the_example_on_slurm(cluster, wheel_venv, tmp_
     summary = json.loads(from_the_wheel("submit", "examples/toy_trainer.toml", "--run-dir", str(run_dir),
                                         "--json").stdout)
     script = Path(summary["sbatch_argv"][-1]).read_text()
-    assert f"python={wheel_venv}/bin/python\n" in script, "the job's in-job steps must run the wheel's Python"
+    # python, python3 or python3.N of that virtualenv: whichever name its scripts were installed with.
+    assert re.search(rf"^python={re.escape(str(wheel_venv))}/bin/python[0-9.]*$", script, re.M), \
+        "the job's in-job steps must run the wheel's Python"
 
     job_id = summary["job_id"]
     log = run_dir / "logs" / f"{job_id}.out"
