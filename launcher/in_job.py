@@ -57,6 +57,16 @@ def job_topology(spec_topology: str | None, slurm: Slurm, nodes: Sequence[str]) 
     return parse_scontrol_topology(text), None
 
 
+def port_is_free(port: int) -> bool:
+    """Nobody listens on TCP `port` here yet (probed by binding it, then letting it go)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
 def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm: Slurm) -> JobRankMap:
     """Compute and write the job's rank map; returns it."""
     # Imported here, not at the top: every rank runs this module (the `rank` step), and on a
@@ -75,7 +85,9 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
     summary = result.summary()
     in_map = set(result.rank_map.slots)
     rank_map = JobRankMap(job_id, environ["SLURM_JOB_NODELIST"], result.rank_map,
-                          master_port(job_id, spec.launch.master_port),
+                          master_port(spec.launch.master_port,
+                                      free=port_is_free if result.rank_map.slots[0] == _node_name(environ)
+                                      else lambda port: True),
                           tuple(n for n in allocated if n not in in_map), summary, plan_json(result, topology))
     (job_dir / "ranks").mkdir(parents=True, exist_ok=True)
     atomic_write(job_dir / "hostfile", "\n".join(hostfile_lines(rank_map, per_gpu=True)) + "\n")

@@ -7,7 +7,8 @@ re-sorts nodes, `SLURM_NODEID` does not follow a hostfile, c10d ranks nodes by F
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from clusterctl.records.rank_map import JobRankMap
@@ -35,12 +36,27 @@ class PlacedRanks(Protocol):
     def location(self, rank: int) -> tuple[str, int]: ...
 
 
-def master_port(job_id: str, configured: int | None) -> int:
-    """The spec's port, or one derived from the job id (two jobs sharing a node differ)."""
+MASTER_PORTS = range(20000, 32768)
+"""Where a rendezvous port is picked: below Linux's ephemeral range (32768-60999), so outgoing
+connections never take it, and above the well-known services."""
+
+
+def master_port(configured: int | None, *, randbelow: Callable[[int], int] = secrets.randbelow,
+                free: Callable[[int], bool] = lambda port: True, tries: int = 20) -> int:
+    """The spec's port, or a random one from MASTER_PORTS that `free` says is not taken.
+
+    Never derived from the job id: on a shared node another user could compute it and bind it
+    first, so the job's rendezvous would fail (or talk to them).  The pick is recorded in the
+    rank map, which every rank reads.
+    """
     if configured:
         return configured
-    digits = "".join(c for c in job_id if c.isdigit()) or "0"
-    return 20000 + int(digits) % 20000
+    port = MASTER_PORTS[randbelow(len(MASTER_PORTS))]
+    for _ in range(tries):
+        if free(port):
+            return port
+        port = MASTER_PORTS[randbelow(len(MASTER_PORTS))]
+    return port
 
 
 def hostfile_lines(rank_map: JobRankMap, per_gpu: bool) -> list[str]:

@@ -190,7 +190,9 @@ def create_run(path: Path, spec: JobSpec, spec_text: str) -> RunDir:
     """Make the run directory (it must not exist) with its spec files and a `created` event."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        path.mkdir()
+        # Private to its owner: the journal steers a supervisor, the rank map names the rendezvous
+        # port, spec and logs may hold secrets.  (The job runs as the same user.)
+        path.mkdir(mode=0o700)
     except FileExistsError:
         raise RunError(f"{path} already exists; pass another --run-dir or let clusterctl name it") from None
     for sub in ("logs", "jobs", "attempts"):

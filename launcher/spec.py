@@ -89,8 +89,9 @@ FIELDS: tuple[Field, ...] = (
           "(same {{placeholders}})."),
     Field("launch", "python", "str", "Python with clusterctl installed, as seen from the compute nodes; "
           "default: the one running `clusterctl submit`."),
-    Field("launch", "master_port", "int", "Rendezvous port on rank 0's node; default 20000 + job id mod "
-          "20000.", minimum=1024, maximum=65535),
+    Field("launch", "master_port", "int", "Rendezvous port on rank 0's node; default: a random free port in "
+          "20000-32767 picked by the job (recorded in its rank map), never one another user could guess.",
+          minimum=1024, maximum=65535),
     Field("parallel", "tp", "int", "Tensor-parallel size (kept inside one node / NVLink domain).", 1, minimum=1, maximum=MAX_RANKS),
     Field("parallel", "pp", "int", "Pipeline-parallel size.", 1, minimum=1, maximum=MAX_RANKS),
     Field("parallel", "dp", "int", "Data-parallel size; default: whatever fills nodes × gpus_per_node.",

@@ -42,8 +42,23 @@ def test_hostfiles_list_one_line_per_task_in_map_order():
     assert hostfile_lines(MAP, per_gpu=True)[7:9] == ["node3", "node1"]
 
 
-def test_the_master_port_is_the_specs_or_derived_from_the_job_id():
-    assert master_port("42", None) == 20042 and master_port("42", 29500) == 29500
+def test_the_master_port_is_the_specs_or_a_random_free_one_never_the_job_ids():
+    assert master_port(29500) == 29500
+    picks = {master_port(None) for _ in range(50)}
+    assert len(picks) > 40 and all(20000 <= p < 32768 for p in picks)  # another user cannot guess it
+    taken = {20000 + 5}
+    picks_in_order = iter([5, 5, 9])
+    assert master_port(None, randbelow=lambda n: next(picks_in_order), free=lambda p: p not in taken) == 20009
+
+
+def test_the_job_picks_a_port_nobody_listens_on(tmp_path):
+    import socket
+
+    from clusterctl.launcher.in_job import port_is_free
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        assert not port_is_free(held.getsockname()[1])
 
 
 def test_a_w_resorted_launch_is_caught_on_the_first_rank():
@@ -147,3 +162,13 @@ def test_a_rank_in_the_wrong_place_fails_the_job_with_a_clear_message(tmp_path):
 def test_a_rank_without_a_map_says_the_plan_step_did_not_run(tmp_path):
     done = _rank(tmp_path, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURMD_NODENAME": "node1"})
     assert done.returncode == 1 and "rankmap.idx is missing: the job's `plan` step did not run" in done.stderr
+
+
+def test_a_run_directory_is_private_to_its_owner(tmp_path):
+    import stat
+
+    from clusterctl.launcher.runs import create_run
+    from clusterctl.launcher.spec import parse_spec
+    text = '[job]\nname = "t"\nnodes = 1\n[launch]\ncommand = ["x"]\n'
+    run = create_run(tmp_path / "run", parse_spec(text, "job.toml", base_dir=tmp_path), text)
+    assert stat.S_IMODE(run.path.stat().st_mode) == 0o700  # its rank map (and port) unreadable by others
