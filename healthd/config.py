@@ -71,12 +71,34 @@ def load_config(path: Path | None) -> HealthdConfig:
             return HealthdConfig()
         path = DEFAULT_PATH
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_bytes().decode("utf-8"))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: nested too deeply to be a healthd.toml") from None
     return config_from_mapping(data, str(path))
+
+
+# Values that make no sense below (or above) these bounds: check_interval = 0 would ask Slurm
+# many times a second; a breaker share above 1 is no breaker.
+_BOUNDS: dict[str, tuple[float, float]] = {
+    "check_interval": (1.0, 3600.0), "nvml_timeout": (0.1, 60.0), "event_wait_ms": (10, 60_000),
+    "xid_dedup_window": (0.0, 7 * 86400.0), "breaker_max_share": (0.0, 1.0), "clean_checks": (1, 1000),
+    "hook_timeout": (1.0, 3600.0),
+}
+
+
+def _bounded(where: str, key: str, value: Any) -> Any:
+    if key not in _BOUNDS:
+        return value
+    low, high = _BOUNDS[key]
+    if not low <= value <= high:
+        raise ConfigError(f"{where}: key `{key}` must be between {low:g} and {high:g}, found {value!r}")
+    return value
 
 
 def _typed(where: str, key: str, value: Any, default: Any) -> Any:
@@ -110,7 +132,7 @@ def config_from_mapping(data: dict[str, Any], where: str = "healthd.toml") -> He
             continue
         if key not in top:
             raise ConfigError(f"{where}: unknown key `{key}`; known: {', '.join(sorted(top | {'checks', 'policy'}))}")
-        values[key] = _typed(where, key, value, getattr(base, key))
+        values[key] = _bounded(where, key, _typed(where, key, value, getattr(base, key)))
     checks = data.get("checks", {})
     if not isinstance(checks, dict):
         raise ConfigError(f"{where}: `checks` must be a table")
@@ -136,7 +158,10 @@ def config_from_mapping(data: dict[str, Any], where: str = "healthd.toml") -> He
     count = _typed(where, "policy.app_xid_count", policy.get("app_xid_count", "users"), "users")
     if count not in ("users", "jobs"):
         raise ConfigError(f"{where}: key `policy.app_xid_count` must be \"users\" or \"jobs\", found {count!r}")
-    policy_config = PolicyConfig(promote, int(_typed(where, "policy.app_xid_repeat", policy.get("app_xid_repeat", 2), 2)),
+    repeat = int(_typed(where, "policy.app_xid_repeat", policy.get("app_xid_repeat", 2), 2))
+    if repeat < 1:
+        raise ConfigError(f"{where}: key `policy.app_xid_repeat` must be at least 1, found {repeat}")
+    policy_config = PolicyConfig(promote, repeat,
                                  float(_typed(where, "policy.app_xid_window_h", policy.get("app_xid_window_h", 24.0),
                                               24.0)) * 3600, count)
     return HealthdConfig(**values, checks=limits, policy=policy_config)

@@ -282,3 +282,16 @@ def test_an_unknown_app_xid_count_setting_is_a_clear_error():
 
     with pytest.raises(ConfigError, match="policy.app_xid_count` must be"):
         config_from_mapping({"policy": {"app_xid_count": "hosts"}})
+
+
+def test_nonsense_or_undecodable_healthd_config_is_one_clear_error(tmp_path):
+    from clusterctl.healthd.config import ConfigError, load_config
+
+    path = tmp_path / "healthd.toml"
+    for text, message in ((b"check_interval = 0\n", "`check_interval` must be between 1 and 3600"),
+                          (b"breaker_max_share = 5\n", "`breaker_max_share` must be between 0 and 1"),
+                          (b'node = "n\xff"\n', "not UTF-8 text"),
+                          (b"x = " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "healthd.toml: ")):
+        path.write_bytes(text)
+        with pytest.raises(ConfigError, match=message):
+            load_config(path)
