@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -43,15 +44,23 @@ def run_checked(runner: Runner, argv: list[str], timeout: float) -> str:
     return result.stdout
 
 
-_RELEASES: dict[int, SlurmVersion] = {}
+# Keyed by the runner itself, weakly: an id() would be reused by the next runner once one is gone.
+_RELEASES: weakref.WeakKeyDictionary[Runner, SlurmVersion] = weakref.WeakKeyDictionary()
 
 
 def ask_version(runner: Runner, timeout: float) -> SlurmVersion:
     """The Slurm release the commands belong to, asked once per runner per process (`sbatch --version`)."""
-    known = _RELEASES.get(id(runner))
+    try:
+        known = _RELEASES.get(runner)
+    except TypeError:  # a runner that cannot be weakly referenced is asked every time
+        known = None
     if known is None:
         argv = ["sbatch", "--version"]
-        known = _RELEASES[id(runner)] = parse_version(run_checked(runner, argv, timeout), argv)
+        known = parse_version(run_checked(runner, argv, timeout), argv)
+        try:
+            _RELEASES[runner] = known
+        except TypeError:
+            pass
     return known
 
 

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clusterctl.errors import SlurmCommandError
-from clusterctl.slurm.commands import Completed
+from clusterctl.slurm.commands import Completed, Slurm
 from clusterctl.slurm.nodes import BASE_STATES, NodeState, SlurmNode, parse_nodes_json
 from clusterctl.slurm.version import SlurmVersion, SlurmVersionError
 
@@ -159,3 +159,48 @@ def test_a_node_slurm_does_not_know_is_an_error_naming_it():
     slurm = SlurmNode("node9", replay({"scontrol show node": '{"nodes": []}'}, []), release=MID)
     with pytest.raises(SlurmCommandError, match="node node9 not known to Slurm"):
         slurm.state()
+
+
+# ---- real outputs recorded from each release's testbed (scripts/record-slurm-outputs.py) ----
+RECORDED = sorted(path.parent for path in DATA.glob("*/index.json"))
+
+
+def recorded_runner(directory: Path):
+    """Replays what the recording script saw for each argv; a command it did not record fails the test."""
+    index = json.loads((directory / "index.json").read_text())
+    answers = {tuple(entry["argv"]): (directory / name).read_text() for name, entry in index["files"].items()
+               if entry["returncode"] == 0}
+
+    def runner(argv, timeout):
+        assert tuple(argv) in answers, f"{directory.name}: no recorded output of {argv}"
+        return Completed(0, answers[tuple(argv)], "")
+    return runner
+
+
+@pytest.mark.parametrize("directory", RECORDED, ids=[path.name for path in RECORDED])
+def test_on_every_recorded_release_healthd_tells_an_admin_drain_from_its_own(directory):
+    runner = recorded_runner(directory)
+    state = {name: SlurmNode(name, runner).state() for name in ("node1", "node2", "node3", "node4")}
+    assert state["node2"].drained_by_someone_else and state["node2"].reason == "admin: maintenance"
+    assert state["node3"].drained_by_us and state["node3"].reason.startswith("healthd: xid 79 gpu0")
+    assert not state["node1"].draining and state["node1"].state in ("allocated", "mixed")
+    assert state["node4"].state == "down"
+    share = SlurmNode("node1", runner).partition_nodes("gpu")
+    assert sorted(n.name for n in share) == ["node1", "node2", "node3", "node4"]
+    assert [n.name for n in share if n.drained_by_us] == ["node3"]
+
+
+@pytest.mark.parametrize("directory", RECORDED, ids=[path.name for path in RECORDED])
+def test_on_every_recorded_release_the_supervisors_node_view_has_each_nodes_own_reason(directory):
+    nodes = {n.name: n for n in parse_nodes_json(Slurm(recorded_runner(directory)).nodes_json())}
+    assert nodes["node3"].drained_by_us and nodes["node2"].drained_by_someone_else
+
+
+@pytest.mark.parametrize("directory", RECORDED, ids=[path.name for path in RECORDED])
+def test_plain_sinfo_json_is_read_on_2205_and_refused_where_it_groups_two_drains(directory):
+    text = (directory / "sinfo.json").read_text()
+    if (directory / "sbatch-version.txt").read_text().split()[-1].startswith("22.05"):
+        assert {n.name for n in parse_nodes_json(text) if n.drained_by_us} == {"node3"}
+    else:
+        with pytest.raises(SlurmVersionError, match="only the first one's"):
+            parse_nodes_json(text)
