@@ -295,3 +295,9 @@ def test_nonsense_or_undecodable_healthd_config_is_one_clear_error(tmp_path):
         path.write_bytes(text)
         with pytest.raises(ConfigError, match=message):
             load_config(path)
+
+
+def test_a_health_check_that_cannot_load_nvml_drains_nothing(config, capsys):
+    slurm = FakeSlurm()
+    assert run_health_check({}, slurm, replace(config, checks=CheckLimits(expected_gpus=8))) == 0
+    assert slurm.drains == [] and "nvml-unavailable" in capsys.readouterr().err
