@@ -16,16 +16,16 @@ from clusterctl.launcher.parallel import DIMS, FRAMEWORK_ORDERS
 from clusterctl.launcher.shell import comment, quote, words
 from clusterctl.launcher.spec import JobSpec
 from clusterctl.slurm.topology import Topology
+from clusterctl.slurm.version import SlurmVersion
 
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_]+)\s*\}\}")
-BLOCK_TOPOLOGY_SINCE = (23, 11)  # --segment and topology/block arrived in Slurm 23.11
 
 
 @dataclass(frozen=True)
 class SlurmFacts:
-    """What submit learned from the cluster once: version, topology plugin and tree."""
+    """What submit learned from the cluster once: release, topology plugin and tree (or blocks)."""
 
-    version: tuple[int, int, int] | None = None
+    version: SlurmVersion | None = None
     topology_plugin: str | None = None
     topology: Topology | None = None
 
@@ -50,12 +50,6 @@ class SubmitRequest:
     resume_from: str | None = None
 
 
-def parse_version(text: str) -> tuple[int, int, int] | None:
-    """`slurm 22.05.8` (sbatch --version) → (22, 5, 8)."""
-    found = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
-    return (int(found[1]), int(found[2]), int(found[3])) if found else None
-
-
 def fewest_leaves(topology: Topology, nodes: int) -> int | None:
     """The fewest leaf switches whose nodes add up to `nodes` (None if the tree is too small)."""
     sizes = sorted((sum(1 for leaf in topology.leaf_of.values() if leaf == name)
@@ -68,6 +62,25 @@ def fewest_leaves(topology: Topology, nodes: int) -> int | None:
     return None
 
 
+def segment_request(nodes: int, facts: SlurmFacts) -> tuple[list[str], list[str]]:
+    """`--segment` for a block topology: the largest segment that divides the node count and fits
+    one base block (Slurm refuses a segment larger than a base block, or one that does not divide
+    the job); the whole job in one block when it fits.  Only from 24.05, which has `--segment`."""
+    release = facts.version
+    if release is None or not release.segment:
+        since = f"Slurm {release}" if release else "a Slurm of unknown release"
+        return [], [f"topology/block on {since}: sbatch has no --segment before 24.05; no compact request"]
+    block = facts.topology.block_size if facts.topology is not None else None
+    if not block:
+        return [], ["topology/block, but the block size could not be read from `scontrol show topology`; "
+                    "no --segment request"]
+    segment = max(size for size in range(1, min(block, nodes) + 1) if nodes % size == 0)
+    if segment == 1 and nodes > 1:
+        return [], [f"{nodes} nodes split into no segment larger than one node within {block}-node blocks; "
+                    "no --segment request (choose a node count with a divisor up to the block size)"]
+    return [f"--segment={segment}"], []
+
+
 def compact_request(spec: JobSpec, facts: SlurmFacts) -> tuple[list[str], list[str]]:
     """sbatch options asking for a compact allocation, and warnings when it cannot be asked."""
     wanted = spec.placement.switches
@@ -76,10 +89,13 @@ def compact_request(spec: JobSpec, facts: SlurmFacts) -> tuple[list[str], list[s
     nodes = spec.job.nodes + spec.job.spare_nodes
     wait = spec.placement.switch_wait
     plugin = facts.topology_plugin or ("topology/tree" if facts.topology is not None else None)
+    if facts.topology is not None and facts.topology.kind == "block":
+        plugin = "topology/block"  # what Slurm shows wins: with topology.yaml (25.05+) the plugin may read flat
+    elif (facts.topology is not None and plugin == "topology/flat" and facts.version is not None
+          and facts.version.topology_yaml):
+        plugin = "topology/tree"  # a tree from topology.yaml, with TopologyPlugin left at its default
     if plugin == "topology/block":
-        if facts.version is None or facts.version < BLOCK_TOPOLOGY_SINCE:
-            return [], ["topology/block without --segment support (Slurm < 23.11): no compact request"]
-        return [f"--segment={nodes}"], []
+        return segment_request(nodes, facts)
     if plugin != "topology/tree" or facts.topology is None:
         return [], ["Slurm has no tree topology here (TopologyPlugin is not topology/tree): "
                     "no --switches request; the rank map still follows whatever topology it can read"]

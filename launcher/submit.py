@@ -6,7 +6,7 @@ import importlib.resources
 from pathlib import Path
 
 from clusterctl.errors import SlurmCommandError, SpecError
-from clusterctl.launcher.render import BLOCK_TOPOLOGY_SINCE, SlurmFacts, SubmitRequest, Template, parse_version
+from clusterctl.launcher.render import SlurmFacts, SubmitRequest, Template
 from clusterctl.launcher.render import prepare as prepare_request
 from clusterctl.launcher.runs import RunDir
 from clusterctl.records.run_journal import Submitted
@@ -36,14 +36,14 @@ def load_template(spec: JobSpec) -> Template:
 
 
 def gather_facts(slurm: Slurm, spec: JobSpec) -> tuple[SlurmFacts, list[str]]:
-    """Slurm's version, topology plugin and tree, asked once; what could not be learned becomes a warning."""
+    """Slurm's release, topology plugin and tree, asked once; what could not be learned becomes a warning."""
     warnings: list[str] = []
     try:
-        version = parse_version(slurm.version())
+        version = slurm.release()
     except SlurmCommandError as exc:
         return SlurmFacts(), [f"cannot ask Slurm its version ({exc}); no compact-allocation request"]
     plugin = None
-    if version is not None and version >= BLOCK_TOPOLOGY_SINCE:
+    if version.topology_block:
         try:
             plugin = slurm.config_value("TopologyPlugin")
         except SlurmCommandError as exc:

@@ -5,7 +5,14 @@
   every node below them, so only switches without `Switches=` place nodes),
 * per-node `SLURM_TOPOLOGY_ADDR` paths (`spine.leaf1.node1`, optionally `node1 spine.leaf1.node1`).
 
-All three give the same `Topology`.  NVLink domains larger than one node (an NVL72 rack)
+Block topologies (topology/block, Slurm 23.11+) read as the same tree: each base block is a
+leaf, each aggregated block the unit above the blocks it contains.  From topology.conf
+(`BlockName=b1 Nodes=node[1-2]`, `BlockSizes=2,4`) and from `scontrol show topology`
+(`BlockName=b1 BlockIndex=0 Nodes=node[1-2]`; 24.11 adds ` BlockSize=2` and
+`AggregatedBlock=b[1-2] BlockIndex=2 Nodes=node[1-4] BlockSize=4` lines).  topology.yaml
+(25.05+) is read through `scontrol show topology`, which prints whichever file defines it.
+
+All give the same `Topology`.  NVLink domains larger than one node (an NVL72 rack)
 come from a small TOML file of ours; without one, each node is its own NVLink domain.
 """
 
@@ -38,6 +45,11 @@ class Topology:
     leaf_of: dict[str, str]
     nvlink_domain: dict[str, str] = field(default_factory=dict)
     source: str = ""
+    kind: str = "tree"
+    """"tree" (switches) or "block" (topology/block: leaves are base blocks)."""
+    block_size: int | None = None
+    """For a block topology, the nodes of one base block (Slurm's bblock_node_cnt): no
+    `--segment` may be larger."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_units", {})  # node -> its unit at every level (a cache, not state)
@@ -80,8 +92,12 @@ class Topology:
         return path[level - 1] if level - 1 < len(path) else TOP
 
     def level_names(self) -> list[str]:
-        """Names of levels 0..depth: nvlink, leaf, agg (or agg2, agg3...), spine (the roots)."""
+        """Names of levels 0..depth: nvlink, leaf, agg (or agg2, agg3...), spine (the roots);
+        for a block topology nvlink, block, then aggregated blocks (agg-block, agg-block2...)."""
         depth = self.depth()
+        if self.kind == "block":
+            upper = ["agg-block" if level == 2 else f"agg-block{level - 1}" for level in range(2, depth + 1)]
+            return ["nvlink", "block", *upper][: depth + 1]
         names = ["nvlink", "leaf"][: depth + 1]
         middle = range(2, depth)
         names += ["agg" if len(middle) == 1 else f"agg{level}" for level in middle]
@@ -111,7 +127,7 @@ class Topology:
         if unknown:
             raise TopologyError(f"NVLink domains name nodes that are not in the topology: "
                                 f"{hostlist.compress(unknown)}", source=self.source)
-        return Topology(self.parent, self.leaf_of, dict(domains), self.source)
+        return Topology(self.parent, self.leaf_of, dict(domains), self.source, self.kind, self.block_size)
 
 
 # ---- parsing -------------------------------------------------------------------------
@@ -202,13 +218,129 @@ def _build(switches: Sequence[_Switch], source: str) -> Topology:
     return Topology(parent, leaf_of, {}, source)
 
 
+BLOCK_KEYS = frozenset({"blockname", "aggregatedblock", "blocksizes"})
+"""First keys of a topology/block line (topology.conf or `scontrol show topology`)."""
+
+
+@dataclass
+class _Block:
+    name: str
+    line: int
+    nodes: list[str]
+    aggregated: bool
+    size: int | None
+
+
+def _is_block(text: str) -> bool:
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            return line.split("=", 1)[0].strip().lower() in BLOCK_KEYS
+    return False
+
+
+def _parse_block_lines(text: str, source: str) -> tuple[list[_Block], list[int]]:
+    """Blocks in order, and BlockSizes= (topology.conf) if given."""
+    blocks: list[_Block] = []
+    sizes: list[int] = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        fields: dict[str, str] = {}
+        first = ""
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if not sep or not key:
+                raise TopologyError(f"expected Key=Value, found {token!r}", source=source, line=number)
+            first = first or key.lower()
+            fields[key.lower()] = value
+        unknown = set(fields) - {"blockname", "aggregatedblock", "blockindex", "nodes", "blocksize", "blocksizes"}
+        if unknown:
+            raise TopologyError(f"unknown key {sorted(unknown)[0]!r} in a block topology (known: BlockName, "
+                                "AggregatedBlock, BlockIndex, Nodes, BlockSize, BlockSizes)", source=source, line=number)
+        if first == "blocksizes":
+            try:
+                sizes = [int(size) for size in fields["blocksizes"].split(",")]
+            except ValueError:
+                sizes = []
+            if not sizes or any(size <= 0 for size in sizes):
+                raise TopologyError(f"BlockSizes={fields['blocksizes']!r}: expected positive numbers, e.g. 2,4",
+                                    source=source, line=number)
+            continue
+        if first not in ("blockname", "aggregatedblock") or not fields[first]:
+            raise TopologyError("every block line starts with BlockName= or AggregatedBlock=", source=source,
+                                line=number)
+        size = fields.get("blocksize")
+        if size is not None and not size.isdigit():
+            raise TopologyError(f"BlockSize={size!r} is not a number", source=source, line=number)
+        nodes = _expand(fields["nodes"], source, number, "Nodes") if fields.get("nodes") else []
+        blocks.append(_Block(fields[first], number, nodes, first == "aggregatedblock",
+                             int(size) if size is not None else None))
+    return blocks, sizes
+
+
+def _aggregate_by_sizes(blocks: list[_Block], sizes: list[int], base: int) -> list[_Block]:
+    """topology.conf's BlockSizes: each larger size groups that many nodes' worth of consecutive base blocks."""
+    out: list[_Block] = []
+    for size in sizes[1:]:
+        per = size // base
+        if per < 2 or size % base:
+            continue
+        for start in range(0, len(blocks) - per + 1, per):
+            group = blocks[start:start + per]
+            out.append(_Block(hostlist.compress([b.name for b in group]), group[0].line,
+                              [n for b in group for n in b.nodes], True, size))
+    return out
+
+
+def _build_blocks(blocks: list[_Block], sizes: list[int], source: str) -> Topology:
+    base = [b for b in blocks if not b.aggregated and b.nodes]
+    if not base:
+        raise TopologyError("no BlockName= line lists any node (Nodes=)", source=source)
+    # Slurm's base block size: BlockSizes' first, else what the lines say, else the first block's nodes.
+    printed = [b.size for b in base if b.size]
+    block_size = sizes[0] if sizes else min(printed) if printed else len(base[0].nodes)
+    upper = [b for b in blocks if b.aggregated and b.nodes] or _aggregate_by_sizes(base, sizes, block_size)
+    leaf_of: dict[str, str] = {}
+    parent: dict[str, str | None] = {}
+    members: dict[str, frozenset[str]] = {}
+    for block in base:
+        if block.name in parent:
+            raise TopologyError(f"block {block.name!r} is defined twice", source=source, line=block.line)
+        parent[block.name] = None
+        members[block.name] = frozenset(block.nodes)
+        for node in block.nodes:
+            if node in leaf_of:
+                raise TopologyError(f"node {node!r} is in two blocks, {leaf_of[node]!r} and {block.name!r}",
+                                    source=source, line=block.line)
+            leaf_of[node] = block.name
+    for block in sorted(upper, key=lambda b: len(b.nodes)):
+        name = block.name if block.name not in parent else f"{block.name}@{len(block.nodes)}"
+        nodes = frozenset(block.nodes)
+        unknown = sorted(nodes - set(leaf_of))
+        if unknown:
+            raise TopologyError(f"aggregated block {block.name!r} lists nodes in no block: "
+                                f"{hostlist.compress(unknown)}", source=source, line=block.line)
+        children = [unit for unit, up in parent.items() if up is None and members[unit] <= nodes]
+        parent[name] = None
+        members[name] = nodes
+        for child in children:
+            parent[child] = name
+    return Topology(parent, leaf_of, {}, source, "block", block_size)
+
+
 def parse_topology_conf(text: str, source: str = "topology.conf") -> Topology:
-    """Read Slurm's topology.conf (topology/tree)."""
+    """Read Slurm's topology.conf (topology/tree switches or topology/block blocks)."""
+    if _is_block(text):
+        return _build_blocks(*_parse_block_lines(text, source), source)
     return _build(_parse_switch_lines(text, source, aggregated=False), source)
 
 
 def parse_scontrol_topology(text: str, source: str = "scontrol show topology") -> Topology:
-    """Read the output of `scontrol show topology`."""
+    """Read the output of `scontrol show topology` (tree switches or blocks)."""
+    if _is_block(text):
+        return _build_blocks(*_parse_block_lines(text, source), source)
     return _build(_parse_switch_lines(text, source, aggregated=True), source)
 
 
@@ -250,6 +382,8 @@ def parse_topology(text: str, source: str) -> Topology:
     """Any of the three formats, recognised by content."""
     meaningful = [line.split("#", 1)[0].strip() for line in text.splitlines()]
     meaningful = [line for line in meaningful if line]
+    if _is_block(text):
+        return parse_topology_conf(text, source)
     if any("level=" in line.lower() for line in meaningful):
         return parse_scontrol_topology(text, source)
     if meaningful and all("=" not in line for line in meaningful):

@@ -17,12 +17,17 @@ from clusterctl.launcher.shell import quote
 from clusterctl.launcher.spec import load_spec, parse_spec
 from clusterctl.launcher.submit import load_template
 from clusterctl.slurm.topology import parse_scontrol_topology
+from clusterctl.slurm.version import SlurmVersion
 from tests.conftest import REPO
 from tests.golden import assert_golden
 
 DATA = REPO / "tests" / "data"
 TOPOLOGY = parse_scontrol_topology((DATA / "slurm" / "scontrol-show-topology.txt").read_text())
-FACTS = SlurmFacts((22, 5, 8), None, TOPOLOGY)
+OLD, MID, NEW = SlurmVersion(22, 5, 8), SlurmVersion(24, 11, 5), SlurmVersion(26, 5, 5)
+FACTS = SlurmFacts(OLD, None, TOPOLOGY)
+BLOCKS = parse_scontrol_topology("BlockName=b1 BlockIndex=0 Nodes=node[1-4] BlockSize=4\n"
+                                 "BlockName=b2 BlockIndex=1 Nodes=node[5-8] BlockSize=4\n"
+                                 "AggregatedBlock=b[1-2] BlockIndex=2 Nodes=node[1-8] BlockSize=8\n")
 PYTHON = "/opt/clusterctl/bin/python3"
 
 TORCHRUN = """\
@@ -139,9 +144,14 @@ def test_a_custom_template_with_an_unknown_placeholder_names_its_line():
     (FACTS, "auto", ["--switches=2@5:00"], False),          # 3 nodes need both 2-node leaves
     (FACTS, 1, ["--switches=1@5:00"], False),
     (FACTS, 0, [], False),
-    (SlurmFacts((22, 5, 8), None, None), "auto", [], True),  # no tree topology: say so, ask nothing
-    (SlurmFacts((22, 5, 8), "topology/block", None), "auto", [], True),
-    (SlurmFacts((23, 11, 1), "topology/block", None), "auto", ["--segment=3"], False),
+    (SlurmFacts(OLD, None, None), "auto", [], True),  # no tree topology: say so, ask nothing
+    (SlurmFacts(OLD, "topology/block", None), "auto", [], True),
+    (SlurmFacts(SlurmVersion(23, 11, 1), "topology/block", BLOCKS), "auto", [], True),  # no --segment before 24.05
+    (SlurmFacts(MID, "topology/block", BLOCKS), "auto", ["--segment=3"], False),  # 3 nodes fit one 4-node block
+    (SlurmFacts(MID, "topology/block", None), "auto", [], True),  # block size unknown: never guess
+    (SlurmFacts(NEW, "topology/flat", BLOCKS), "auto", ["--segment=3"], False),  # topology.yaml: plugin reads flat
+    (SlurmFacts(NEW, "topology/flat", TOPOLOGY), "auto", ["--switches=2@5:00"], False),
+    (SlurmFacts(MID, "topology/flat", TOPOLOGY), "auto", [], True),
 ])
 def test_compact_request_follows_the_topology_plugin_and_version(facts, switches, expected, warned):
     spec = load_spec(REPO / "examples" / "toy_trainer.toml")
@@ -149,3 +159,13 @@ def test_compact_request_follows_the_topology_plugin_and_version(facts, switches
     spec = replace(spec, placement=replace(spec.placement, switches=switches))
     options, warnings = compact_request(spec, facts)
     assert options == expected and bool(warnings) == warned
+
+
+@pytest.mark.parametrize(("nodes", "segment"), [(1, 1), (4, 4), (6, 3), (8, 4), (12, 4), (10, 2), (7, None)])
+def test_a_segment_divides_the_job_and_fits_one_block(nodes, segment):
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    from dataclasses import replace
+    spec = replace(spec, job=replace(spec.job, nodes=nodes, spare_nodes=0))
+    options, warnings = compact_request(spec, SlurmFacts(MID, "topology/block", BLOCKS))
+    assert options == ([f"--segment={segment}"] if segment else [])
+    assert bool(warnings) == (segment is None)

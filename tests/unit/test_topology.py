@@ -8,7 +8,8 @@ import pytest
 
 from clusterctl.errors import TopologyError
 from clusterctl.slurm.topology import (
-    load_nvlink_domains, load_topology, parse_scontrol_topology, parse_topology_addrs, parse_topology_conf,
+    load_nvlink_domains, load_topology, parse_scontrol_topology, parse_topology, parse_topology_addrs,
+    parse_topology_conf,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -94,3 +95,40 @@ def test_unreadable_file_is_a_topology_error(tmp_path):
 def test_scontrol_upper_levels_do_not_place_nodes():
     topo = parse_scontrol_topology((DATA / "scontrol-show-topology.txt").read_text())
     assert set(topo.leaf_of.values()) == {"leaf1", "leaf2"}
+
+
+# ---- topology/block (23.11+): blocks are leaves, aggregated blocks the units above them ----
+SHOWN_2411 = """\
+BlockName=b1 BlockIndex=0 Nodes=node[1-2] BlockSize=2
+BlockName=b2 BlockIndex=1 Nodes=node[3-4] BlockSize=2
+AggregatedBlock=b[1-2] BlockIndex=2 Nodes=node[1-4] BlockSize=4
+"""
+CONF = "BlockName=b1 Nodes=node[1-2]\nBlockName=b2 Nodes=node[3-4]\nBlockSizes=2,4\n"
+
+
+def test_a_block_topology_reads_the_same_from_slurm_and_from_topology_conf():
+    shown = parse_scontrol_topology(SHOWN_2411)
+    conf = parse_topology_conf(CONF)
+    assert shape(shown) == shape(conf) == ({"b1": "b[1-2]", "b2": "b[1-2]", "b[1-2]": None},
+                                           {"node1": "b1", "node2": "b1", "node3": "b2", "node4": "b2"})
+    assert shown.kind == conf.kind == "block" and shown.block_size == conf.block_size == 2
+    assert shown.level_names() == ["nvlink", "block", "agg-block"]
+    assert parse_topology(SHOWN_2411, "somewhere").leaf_of == shown.leaf_of  # recognised by content
+
+
+def test_before_2411_blocks_have_no_size_or_aggregates_and_the_first_blocks_nodes_are_its_size():
+    shown = parse_scontrol_topology("BlockName=b1 BlockIndex=0 Nodes=node[1-4]\nBlockName=b2 BlockIndex=1\n")
+    assert shown.leaf_of == {f"node{i}": "b1" for i in range(1, 5)} and shown.block_size == 4
+    assert shown.parent == {"b1": None}  # an empty block places nothing
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("BlockName=b1 Nodes=node[1-2]\nBlockName=b2 Nodes=node2\n", r":2: node 'node2' is in two blocks"),
+    ("BlockName=b1 Nodes=node1 Speed=3\n", r":1: unknown key 'speed' in a block topology"),
+    ("BlockName=b1 Nodes=node1\nBlockSizes=two\n", r":2: BlockSizes='two'"),
+    ("BlockName=b1\n", "no BlockName= line lists any node"),
+    ("BlockName=b1 Nodes=node1\nAggregatedBlock=x Nodes=node[1-2]\n", r"lists nodes in no block: node2"),
+])
+def test_bad_block_topologies_name_the_line(text, message):
+    with pytest.raises(TopologyError, match=message):
+        parse_topology_conf(text)
