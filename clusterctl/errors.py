@@ -59,6 +59,16 @@ class RunError(ClusterctlError):
     exit_code = 9
 
 
+class OutputError(ClusterctlError):
+    """A file or directory clusterctl was asked to write that cannot be written (--svg, --run-dir)."""
+
+    exit_code = 12
+
+
+INTERNAL_ERROR_EXIT = 70
+"""What the command line exits with on an error no family covers (a bug): one line, `--debug` for more."""
+
+
 class SlurmCommandError(ClusterctlError):
     """A Slurm command that failed or timed out; carries Slurm's own message."""
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -20,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from clusterctl import __version__
-from clusterctl.errors import ClusterctlError, RunError
+from clusterctl.errors import INTERNAL_ERROR_EXIT, ClusterctlError, OutputError, RunError
 from clusterctl.files import atomic_write
 from clusterctl.launcher.cost import DEFAULT_WEIGHTS
 from clusterctl.launcher.notify import webhook_notifier
@@ -30,7 +31,9 @@ from clusterctl.launcher.plan_view import plan_json, plan_renderables, plan_svg
 from clusterctl.launcher.render import SlurmFacts
 from clusterctl.launcher.report import report_renderables
 from clusterctl.launcher.runs import RunDir
-from clusterctl.launcher.spec import JobSpec, default_runs_dir, load_spec, parse_overrides, reference_rows
+from clusterctl.launcher.spec import (
+    MAX_NODES, MAX_RANKS, JobSpec, default_runs_dir, load_spec, parse_overrides, reference_rows,
+)
 from clusterctl.launcher.status import ended_how, status_renderables
 from clusterctl.launcher.supervisor import Hooks, Supervisor
 from clusterctl.launcher.use_cases import (
@@ -41,6 +44,9 @@ from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
 
 DEFAULT_JOB_RECORDS = "/var/spool/clusterctl/job-health"
+DETACH_GRACE = 2.0
+"""Seconds `--detach` watches the background supervisor start before saying it supervises."""
+SIZE = click.IntRange(1, MAX_RANKS)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -62,7 +68,9 @@ def cli(debug: bool) -> None:
     \b
     Exit codes: 0 ok, 2 usage, 3 hostlist, 4 topology, 5 layout, 6 placement,
     7 spec, 8 Slurm command, 9 run directory, 10 a record file this version
-    cannot read.  supervise: 0 done, 1 stopped, 2 cancelled.
+    cannot read, 11 an unsafe directory, 12 a file that cannot be written,
+    70 an internal error (please report it; --debug shows where), 130
+    interrupted.  supervise: 0 done, 1 stopped, 2 cancelled.
     """
     if debug:
         os.environ["CLUSTERCTL_DEBUG"] = "1"
@@ -182,6 +190,14 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
                                       str(run.path), "--job-records", str(job_records)],
                                      stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
+        try:  # a supervisor that cannot start (a held lock, a damaged run) dies at once: say so, not "supervising"
+            code = child.wait(timeout=DETACH_GRACE)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is not None:
+            lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+            raise RunError(f"the background supervisor exited at once (exit {code}): "
+                           f"{lines[-1].strip() if lines else 'no message'}; see {log}")
         click.echo(f"supervising in the background (pid {child.pid}); log {log}; "
                    f"re-attach with `clusterctl supervise {run.path}`")
         return 0
@@ -191,11 +207,15 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
     def say(message: str) -> None:
         console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False, soft_wrap=True)
 
-    hooks = Hooks(say=say, notify=webhook_notifier(spec.restart.webhook, say))
+    notifier = webhook_notifier(spec.restart.webhook, say)
+    hooks = Hooks(say=say, notify=notifier)
     # `facts`: already asked of Slurm by `submit`; None makes the supervisor ask.
     supervisor = Supervisor(run, slurm, sys.executable, job_records, hooks, facts=facts)
     if not console.is_terminal:
-        return supervisor.supervise()
+        try:
+            return supervisor.supervise()
+        finally:
+            notifier.drain()  # the last events (done, stopped) go out before the process ends
     with Live(console=console, auto_refresh=False, transient=True) as live:
         def show(snapshot: dict[str, Any]) -> None:
             blamed = "; ".join(f"{n}: {r}" for n, r in snapshot["blamed"].items()) or "none"
@@ -205,7 +225,10 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
         hooks.say = lambda message: live.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}",
                                                       highlight=False, soft_wrap=True)
         hooks.show = show
-        return supervisor.supervise()
+        try:
+            return supervisor.supervise()
+        finally:
+            notifier.drain()
 
 
 @cli.command()
@@ -258,7 +281,8 @@ def status(target: str | None, as_json: bool) -> None:
     $CLUSTERCTL_RUNS (default ~/.clusterctl/runs).
     """
     runs = _resolve_target(target)
-    statuses = gather_status(runs, Slurm(), lambda note: click.echo(f"clusterctl: {note}", err=True))
+    statuses = gather_status(runs, Slurm(), lambda note: click.echo(f"clusterctl: {note}", err=True),
+                             skip_damaged=target is None)
     if as_json:
         click.echo(json.dumps(statuses if target is None else statuses[0], indent=2, sort_keys=True))
         return
@@ -330,8 +354,11 @@ def _weights(items: tuple[str, ...]) -> dict[str, float]:
             if not sep or kind not in DIMS:
                 raise ValueError
             weights[kind] = float(value)
+            if not math.isfinite(weights[kind]) or not 0 <= weights[kind] <= 1e6:
+                raise ValueError
         except ValueError:
-            raise click.BadParameter(f"{item!r}: expected KIND=NUMBER with KIND one of {', '.join(DIMS)}",
+            raise click.BadParameter(f"{item!r}: expected KIND=NUMBER with KIND one of {', '.join(DIMS)} and "
+                                     "NUMBER from 0 to 1e6",
                                      param_hint="--weight") from None
     return weights
 
@@ -339,19 +366,19 @@ def _weights(items: tuple[str, ...]) -> dict[str, float]:
 @cli.command()
 @click.option("--spec", type=click.Path(path_type=Path, dir_okay=False),
               help="Plan a job spec's [parallel] layout and gpus_per_node (options below override it).")
-@click.option("--tp", type=int, help="Tensor-parallel size.")
-@click.option("--pp", type=int, help="Pipeline-parallel size.")
-@click.option("--dp", type=int, help="Data-parallel size (default: whatever fills the nodes).")
-@click.option("--cp", type=int, help="Context-parallel size.")
-@click.option("--ep", type=int, help="Expert-parallel size.")
+@click.option("--tp", type=SIZE, help="Tensor-parallel size.")
+@click.option("--pp", type=SIZE, help="Pipeline-parallel size.")
+@click.option("--dp", type=SIZE, help="Data-parallel size (default: whatever fills the nodes).")
+@click.option("--cp", type=SIZE, help="Context-parallel size.")
+@click.option("--ep", type=SIZE, help="Expert-parallel size.")
 @click.option("--order", help="Framework (megatron, megatron-tp-pp-dp, torchtitan) or an order like tp-pp-dp.")
-@click.option("--gpus-per-node", type=int, help="GPUs per node (default: the spec's, else 8).")
+@click.option("--gpus-per-node", type=click.IntRange(1, 128), help="GPUs per node (default: the spec's, else 8).")
 @click.option("--topology", "topology_file", type=click.Path(path_type=Path, dir_okay=False),
               help="topology.conf, saved `scontrol show topology` output, or SLURM_TOPOLOGY_ADDR lines.")
 @click.option("--nvlink-domains", type=click.Path(path_type=Path, dir_okay=False),
               help="TOML with [[domain]] name/nodes for NVLink domains larger than a node.")
 @click.option("--nodelist", help="The allocated nodes as a hostlist (e.g. 'node[1-3,7]').")
-@click.option("--nodes", "node_count", type=int,
+@click.option("--nodes", "node_count", type=click.IntRange(1, MAX_NODES),
               help="Plan for N nodes: N of --nodelist, or of the live cluster's idle nodes without it.")
 @click.option("--partition", help="With --nodes: only this partition's idle nodes.")
 @click.option("--weight", multiple=True, metavar="KIND=W", help="Traffic weight of a group kind (default "
@@ -385,7 +412,11 @@ def plan(spec: Path | None, tp: int | None, pp: int | None, dp: int | None, cp: 
     topology = inputs.topology
     result = make_plan(inputs.layout, inputs.gpus_per_node, topology, inputs.allocated, _weights(weight))
     if svg is not None:
-        atomic_write(svg, plan_svg(result, topology))
+        try:
+            atomic_write(svg, plan_svg(result, topology))
+        except OSError as exc:
+            raise OutputError(f"--svg {svg}: cannot write it ({exc.strerror}); pick a path in a directory you "
+                              "can write") from None
     if as_json:
         click.echo(json.dumps(plan_json(result, topology), indent=2, sort_keys=True))
     else:
@@ -408,3 +439,13 @@ def main() -> None:
             traceback.print_exc()
         click.echo(f"clusterctl: error: {exc}", err=True)
         sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        click.echo("Interrupted.", err=True)
+        sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 - the edge: a bug is one line and its own exit code, not a traceback
+        if os.environ.get("CLUSTERCTL_DEBUG"):
+            traceback.print_exc()
+        first = str(exc).splitlines()[0][:300] if str(exc) else ""
+        click.echo(f"clusterctl: internal error: {type(exc).__name__}: {first} (a bug: please report it with the "
+                   "output of the same command with --debug)", err=True)
+        sys.exit(INTERNAL_ERROR_EXIT)

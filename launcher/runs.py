@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from clusterctl.errors import ClusterctlError, RunError
+from clusterctl.errors import ClusterctlError, OutputError, RunError
 from clusterctl.files import atomic_write
 from clusterctl.launcher.spec import JobSpec, spec_from_dict
 from clusterctl.records.rank_map import JobRankMap, read_rank_map
@@ -188,13 +188,20 @@ def run_dir_name(name: str, now: float) -> str:
 
 def create_run(path: Path, spec: JobSpec, spec_text: str) -> RunDir:
     """Make the run directory (it must not exist) with its spec files and a `created` event."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_new_run_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{path.parent}: cannot make the runs directory ({exc.strerror}); pass another --run-dir "
+                          "or set job.runs_dir") from None
     try:
         # Private to its owner: the journal steers a supervisor, the rank map names the rendezvous
         # port, spec and logs may hold secrets.  (The job runs as the same user.)
         path.mkdir(mode=0o700)
     except FileExistsError:
         raise RunError(f"{path} already exists; pass another --run-dir or let clusterctl name it") from None
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot make the run directory ({exc.strerror}); pass another --run-dir") from None
     for sub in ("logs", "jobs", "attempts"):
         (path / sub).mkdir()
     # Only the owner reads the spec back (the job runs as the same user): it may hold secrets
@@ -204,6 +211,24 @@ def create_run(path: Path, spec: JobSpec, spec_text: str) -> RunDir:
     run = RunDir(path)
     run.record(Created(at=run.now(), name=spec.job.name, source=spec.source))
     return run
+
+
+def check_new_run_path(path: Path) -> None:
+    """RunError/OutputError unless a run directory can be made at `path` (checked before `--dry-run` shows it).
+
+    It must not exist, and its nearest existing ancestor must be a directory this user may write.
+    """
+    if path.exists() or path.is_symlink():
+        raise RunError(f"{path} already exists; pass another --run-dir or let clusterctl name it")
+    ancestor = path.parent
+    while not ancestor.exists():
+        if ancestor.is_symlink():
+            break
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(f"{path}: {ancestor} is not a directory; pass another --run-dir")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise OutputError(f"{path}: {ancestor} is not writable by this user; pass another --run-dir")
 
 
 def attempts_of(events: Sequence[RunEvent]) -> list[Attempt]:
@@ -226,7 +251,11 @@ def find_run_of_job(runs_root: Path, job_id: str) -> RunDir | None:
     found: list[tuple[float, RunDir]] = []
     for journal in runs_root.glob("*/journal.jsonl"):
         run = RunDir(journal.parent)
-        for attempt in run.attempts():
+        try:
+            attempts = run.attempts()
+        except (RecordError, OSError):
+            continue  # a damaged or foreign run must not hide every other run's jobs
+        for attempt in attempts:
             if attempt.job_id == job_id:
                 found.append((attempt.submitted_at, run))
     return max(found, key=lambda item: item[0])[1] if found else None

@@ -6,6 +6,7 @@ module only parses options, calls one of these and prints the result.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,9 @@ from clusterctl.launcher.checkpoints import find_checkpoints
 from clusterctl.launcher.parallel import ParallelLayout, layout_from_mapping
 from clusterctl.launcher.render import SlurmFacts, SubmitRequest
 from clusterctl.launcher.report import run_report
-from clusterctl.launcher.runs import RunDir, attempts_of, create_run, find_run_of_job, list_runs, unique_run_path
+from clusterctl.launcher.runs import (
+    RunDir, attempts_of, check_new_run_path, create_run, find_run_of_job, list_runs, unique_run_path,
+)
 from clusterctl.launcher.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
 from clusterctl.launcher.status import run_status
 from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
@@ -25,6 +28,7 @@ from clusterctl.records.run_journal import EventKind, RunEnded
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.names import is_job_id
 from clusterctl.slurm.jobs import JobReport
 from clusterctl.slurm.topology import Topology, load_nvlink_domains, load_topology, parse_scontrol_topology
 
@@ -53,6 +57,7 @@ def prepare_submission(spec: JobSpec, slurm: Slurm, *, run_dir: Path | None, now
     facts, warnings = gather_facts(slurm, spec)
     root = Path(spec.job.runs_dir or default_runs_dir())
     path = (run_dir or unique_run_path(root, spec.job.name, now)).absolute()
+    check_new_run_path(path)  # --dry-run says so too, before anything is written
     request = prepare(spec, facts, run_dir=str(path), python=python, resume_from=resume_from, no_requeue=supervise)
     return Submission(spec, path, request, facts, (*warnings, *request.warnings))
 
@@ -63,8 +68,16 @@ def create_submission_run(submission: Submission, spec_text: str) -> RunDir:
 
 
 def submit_first_attempt(run: RunDir, submission: Submission, slurm: Slurm) -> str:
-    """sbatch the submission's request as attempt 1 (unsupervised) and journal it; the job id."""
-    return submit_attempt(run, submission.request, slurm, 1, None)
+    """sbatch the submission's request as attempt 1 (unsupervised) and journal it; the job id.
+
+    When sbatch refuses, the run directory just made for it is removed again: no run without a job.
+    """
+    try:
+        return submit_attempt(run, submission.request, slurm, 1, None)
+    except BaseException:
+        if not run.attempts():
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise
 
 
 WAIT_MISSING_POLLS = 30
@@ -103,7 +116,7 @@ def resolve_runs(target: str | None, runs_root: Path) -> list[RunDir]:
         if not run.exists():
             raise RunError(f"{candidate} is not a clusterctl run directory (no spec.json)")
         return [run]
-    if target.isdigit():
+    if is_job_id(target):
         found = find_run_of_job(runs_root, target)
         if found is None:
             raise RunError(f"no run under {runs_root} submitted job {target}; pass the run directory instead")
@@ -121,12 +134,23 @@ def cancel_run(run: RunDir, slurm: Slurm) -> list[str]:
     return live
 
 
-def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], None]) -> list[dict[str, Any]]:
+def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], None],
+                  skip_damaged: bool = False) -> list[dict[str, Any]]:
     """The status of each run: its journal and rank maps joined with one squeue (and sacct for the rest).
 
-    A rank map this clusterctl cannot read is shown as missing, with a note through `say`.
+    A rank map this clusterctl cannot read is shown as missing, with a note through `say`.  With
+    `skip_damaged` (listing every run), a run whose journal cannot be read is left out with a note
+    instead of ending the listing; without it, its RecordError is the answer.
     """
-    journals = {run.path: run.events() for run in runs}
+    journals = {}
+    for run in runs:
+        try:
+            journals[run.path] = run.events()
+        except RecordError as exc:
+            if not skip_damaged:
+                raise
+            say(f"note: skipping a run: {exc}")
+    runs = [run for run in runs if run.path in journals]
     attempts = {path: attempts_of(events) for path, events in journals.items()}
     every = [a.job_id for run in runs for a in attempts[run.path]]
     queue = slurm.queue(every) if every else {}
