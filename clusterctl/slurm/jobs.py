@@ -38,6 +38,9 @@ from clusterctl.slurm.version import SlurmVersion, SlurmVersionError
 TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                              "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
 
+UNFINISHED_FLAGS = frozenset({"COMPLETING", "STAGE_OUT"})
+"""State flags that mean Slurm is still finishing a job whose base state is already final."""
+
 FAMILY_38, FAMILY_39, FAMILY_40 = "v0.0.38", "v0.0.39", "v0.0.40+"
 """The `--json` output families (see clusterctl.slurm.version.SlurmVersion.json_family)."""
 
@@ -90,8 +93,12 @@ class JobReport:
 
     @property
     def terminal(self) -> bool:
-        """Slurm is done with the job (it will not run again unless resubmitted)."""
-        return self.state in TERMINAL_STATES
+        """Slurm is done with the job (it will not run again unless resubmitted) and its epilogs have run.
+
+        From 23.11 a job whose epilog still runs reads ["CANCELLED", "COMPLETING"] (22.05 said
+        "COMPLETING"): it is not done until the flag is gone, so epilog records are there to read.
+        """
+        return self.state in TERMINAL_STATES and not UNFINISHED_FLAGS.intersection(self.state_flags)
 
 
 class _Output:

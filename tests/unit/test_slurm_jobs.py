@@ -82,6 +82,14 @@ def test_newer_releases_keep_state_flags_after_the_base_state():
 
 
 @pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_a_job_whose_epilog_still_runs_is_not_finished_yet(release):
+    data = json.loads(recording(release, "squeue-t-all.json"))
+    data["jobs"][0]["job_state"] = ["CANCELLED", "COMPLETING"]
+    job = parse_squeue_json(json.dumps(data))[str(data["jobs"][0]["job_id"])]
+    assert job.state == "CANCELLED" and not job.terminal
+
+
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
 def test_a_list_state_read_with_the_old_shape_is_an_error_naming_release_command_and_field(release):
     data = json.loads(recording(release, "squeue-t-all.json"))
     data["jobs"][1]["job_state"] = "FAILED"  # the shape 22.05 printed, in a newer output
