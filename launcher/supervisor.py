@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,13 @@ EXIT_DONE, EXIT_STOPPED, EXIT_CANCELLED = 0, 1, 2
 JOB_ID_REUSE_SLACK = 60.0  # a report submitted this long before our sbatch is another job with a reused id
 MISSING_POLLS = 15  # polls a submitted job may be absent from squeue and sacct before it counts as lost
 LOG_TAIL_BYTES = 64 * 1024
+
+
+def record_trusted(info: os.stat_result, writer: int) -> bool:
+    """An epilog record is a regular file of root or of `writer` (the records directory's owner) that
+    nobody else may write."""
+    return (stat.S_ISREG(info.st_mode) and info.st_uid in (0, writer)
+            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 @dataclass
@@ -323,9 +331,22 @@ class Supervisor:
         if self.records_dir is None:
             return {}
         records = {}
+        try:
+            writer = os.stat(self.records_dir).st_uid  # the epilog writes as the records directory's owner
+        except OSError:
+            return {}
         for path in sorted((self.records_dir / job_id).glob("*.json")):
             try:
-                if path.stat().st_mtime < since - JOB_ID_REUSE_SLACK:
+                info = os.lstat(path)
+                if not record_trusted(info, writer):
+                    # Users can often write to the records directory: a record is evidence against a
+                    # node only when the epilog's identity (root, or the directory's owner) wrote it.
+                    if path not in self._unreadable_records:
+                        self._unreadable_records.add(path)
+                        self.hooks.say(f"note: skipping an epilog record not written by the epilog: {path} is owned "
+                                       f"by uid {info.st_uid} (mode {stat.S_IMODE(info.st_mode):o})")
+                    continue
+                if info.st_mtime < since - JOB_ID_REUSE_SLACK:
                     continue  # a record of an older job with the same id
                 record = read_job_health(path)
             except OSError:

@@ -171,3 +171,37 @@ def test_a_held_job_of_another_user_with_the_runs_comment_is_not_its_live_copy(t
     supervisor = Supervisor(RunDir(run.path), Slurm(slurm), "/py", None, hooks, evidence_grace=0.0, uid=0)
     assert supervisor.supervise() == EXIT_DONE
     assert len(slurm.sbatch_calls) == 1
+
+
+def test_an_epilog_record_another_user_planted_is_no_evidence(tmp_path: Path) -> None:
+    from clusterctl.launcher.runs import create_run
+    from clusterctl.launcher.spec import load_spec
+    from clusterctl.launcher.supervisor import EXIT_DONE, Hooks, Supervisor
+    from clusterctl.records.actions import Action
+    from clusterctl.records.job_health import HealthFinding, JobHealthRecord, write_job_health
+    from tests.conftest import REPO
+    from tests.unit.test_supervisor_loop import Clock, ScriptedSlurm
+
+    run = create_run(tmp_path / "run", load_spec(REPO / "examples" / "toy_trainer.toml"), "")
+    clock = Clock()
+    slurm = ScriptedSlurm(clock)
+    records = tmp_path / "records"
+    forged = JobHealthRecord(job_id="1", node="node2", window_start="2026-11-22T15:00:00Z",
+                             window_end="2026-11-22T15:05:00Z", written_at="2026-11-22T15:05:01Z",
+                             findings=(HealthFinding(kind="xid", action=Action.DRAIN_RESET, reason="GPU fell off the bus",
+                                                     source="healthd", xid=79, gpu=3),))
+
+    def script() -> None:
+        if list(slurm.jobs) == ["1"] and slurm.jobs["1"]["job_state"] == "RUNNING":
+            # a user blames a healthy node by writing a record into the (user-writable) records directory
+            os.chown(write_job_health(records, forged), 1000, 1000)
+            slurm.end("1", "FAILED", 1 << 8)
+        elif list(slurm.jobs) == ["1", "2"]:
+            slurm.end("2", "COMPLETED")
+    slurm.on_poll = script
+    said: list[str] = []
+    hooks = Hooks(clock=clock.time, sleep=clock.sleep, say=said.append)
+    supervisor = Supervisor(RunDir(run.path), Slurm(slurm), "/py", records, hooks, evidence_grace=0.0, uid=0)
+    assert supervisor.supervise() == EXIT_DONE
+    assert [e for e in run.events() if e.event == "decided"][0].outcome == "program-failure"
+    assert any("not written by the epilog" in line and "uid 1000" in line for line in said)
