@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from clusterctl.errors import SlurmCommandError
+from clusterctl.slurm.names import job_id_problem
 from clusterctl.slurm.jobs import JobReport, parse_sacct_json, parse_sbatch_parsable, parse_squeue_json
 from clusterctl.slurm.version import SlurmVersion, parse_version
 
@@ -64,6 +65,19 @@ def ask_version(runner: Runner, timeout: float) -> SlurmVersion:
     return known
 
 
+def checked_job_ids(argv: list[str], job_ids: Sequence[str]) -> list[str]:
+    """`job_ids` if every one is a plain job id; else SlurmCommandError, before anything runs.
+
+    Ids come back from files and Slurm's answers: `--help`, `-1` or `1,2` must never become
+    scancel's or sacct's options.
+    """
+    for job_id in job_ids:
+        problem = job_id_problem(job_id)
+        if problem:
+            raise SlurmCommandError([*argv, "..."], 2, f"not run: {problem}")
+    return list(job_ids)
+
+
 class Slurm:
     """The Slurm commands clusterctl uses, each returning parsed data."""
 
@@ -115,6 +129,7 @@ class Slurm:
         From 24.05.1 `squeue --json` honours filters and hides finished jobs unless `-t all`;
         before, it ignores every filter and lists all jobs slurmctld holds (so: one plain call).
         """
+        checked_job_ids(["squeue", "--json", "-j"], job_ids)
         if not self.release().squeue_json_filters:
             return ["squeue", "--json"]
         return ["squeue", "--json", "-t", "all", *(["-j", ",".join(job_ids)] if job_ids else [])]
@@ -145,7 +160,7 @@ class Slurm:
         cluster has no accounting storage."""
         if not job_ids:
             return {}
-        argv = ["sacct", "--json", "-j", ",".join(job_ids)]
+        argv = ["sacct", "--json", "-j", ",".join(checked_job_ids(["sacct", "--json", "-j"], job_ids))]
         result = self.runner(argv, self.timeout)
         if result.returncode != 0:
             if "accounting storage is disabled" in (result.stderr + result.stdout).lower():
@@ -163,4 +178,4 @@ class Slurm:
     def cancel(self, job_ids: list[str]) -> None:
         """scancel the given jobs."""
         if job_ids:
-            self._run(["scancel", *job_ids])
+            self._run(["scancel", *checked_job_ids(["scancel"], job_ids)])

@@ -205,3 +205,18 @@ def test_an_epilog_record_another_user_planted_is_no_evidence(tmp_path: Path) ->
     assert supervisor.supervise() == EXIT_DONE
     assert [e for e in run.events() if e.event == "decided"][0].outcome == "program-failure"
     assert any("not written by the epilog" in line and "uid 1000" in line for line in said)
+
+
+def test_no_job_id_that_is_not_one_reaches_a_slurm_argv() -> None:
+    from clusterctl.errors import SlurmCommandError
+    ran: list[list[str]] = []
+
+    def runner(argv: Any, timeout: float) -> Completed:
+        ran.append(list(argv))
+        return Completed(0, "slurm-wlm 24.11.5\n" if argv[0] == "sbatch" else '{"jobs": []}', "")
+    slurm = Slurm(runner)
+    for bad in ("--help", "-1", "1,2", "\u0661\u0662", "12 13"):
+        for call in (lambda: slurm.cancel([bad]), lambda: slurm.accounting(["7", bad]), lambda: slurm.queue([bad])):
+            with pytest.raises(SlurmCommandError, match="is not a Slurm job id"):
+                call()
+    assert not any(argv[0] in ("scancel", "sacct", "squeue") for argv in ran)
