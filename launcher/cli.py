@@ -40,6 +40,7 @@ from clusterctl.launcher.use_cases import (
     cancel_run, create_submission_run, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
     submit_first_attempt, wait_for_job,
 )
+from clusterctl.records.versioned import indented_json
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
 
@@ -418,7 +419,7 @@ def plan(spec: Path | None, tp: int | None, pp: int | None, dp: int | None, cp: 
             raise OutputError(f"--svg {svg}: cannot write it ({exc.strerror}); pick a path in a directory you "
                               "can write") from None
     if as_json:
-        click.echo(json.dumps(plan_json(result, topology), indent=2, sort_keys=True))
+        click.echo(indented_json(plan_json(result, topology)))
     else:
         Console().print(plan_renderables(result, topology, explain=explain))
 

@@ -36,13 +36,16 @@ class SlotGroups:
 def slot_groups(layout: ParallelLayout, gpus_per_node: int) -> dict[str, SlotGroups]:
     """Every kind with size > 1, its groups reduced to slot sets (deduplicated, counted)."""
     out: dict[str, SlotGroups] = {}
+    # Rank -> slot as a lookup whose entries share one int per slot: a 100,000-GPU job's groups
+    # then hold references, not millions of separate numbers.
+    slot_of = [slot for slot in range(-(-layout.world_size // gpus_per_node)) for _ in range(gpus_per_node)]
     for kind in DIMS:
         if layout.size(kind) <= 1:
             continue
         sets: dict[tuple[int, ...], int] = {}
         rings: dict[tuple[int, ...], int] = {}
-        for group in layout.groups(kind):
-            ring = tuple(r // gpus_per_node for r in group)
+        for group in layout.iter_groups(kind):
+            ring = tuple(map(slot_of.__getitem__, group))
             rings[ring] = rings.get(ring, 0) + 1
             key = tuple(sorted(set(ring)))
             sets[key] = sets.get(key, 0) + 1

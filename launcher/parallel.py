@@ -10,7 +10,7 @@ tp·cp·dp / (tp·ep)), which `groups("ep")` follows.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from math import prod
 
@@ -68,6 +68,10 @@ class ParallelLayout:
 
     def groups(self, dim: str) -> list[list[int]]:
         """Every group of kind `dim` (each a list of global ranks, in the framework's order)."""
+        return list(self.iter_groups(dim))
+
+    def iter_groups(self, dim: str) -> Iterator[list[int]]:
+        """`groups(dim)` one group at a time (a 100,000-GPU job need not hold them all)."""
         if dim not in DIMS:
             raise ValueError(dim)
         dims = self.order_dims()
@@ -75,7 +79,7 @@ class ParallelLayout:
             sizes = {"tp": self.tp, "cp": 1, "ep": self.ep, "dp": self.cp * self.dp // self.ep, "pp": self.pp}
         else:
             sizes = {"tp": self.tp, "cp": self.cp, "ep": 1, "dp": self.dp, "pp": self.pp}
-        return masked_rank_groups([sizes[d] for d in dims], [d == dim for d in dims])
+        return iter_masked_rank_groups([sizes[d] for d in dims], [d == dim for d in dims])
 
 
 def masked_rank_groups(sizes: list[int], mask: list[bool]) -> list[list[int]]:
@@ -85,11 +89,16 @@ def masked_rank_groups(sizes: list[int], mask: list[bool]) -> list[list[int]]:
     group, ranks follow the masked dimensions (first fastest).  This is the enumeration
     Megatron's RankGenerator produces.
     """
+    return list(iter_masked_rank_groups(sizes, mask))
+
+
+def iter_masked_rank_groups(sizes: list[int], mask: list[bool]) -> Iterator[list[int]]:
+    """`masked_rank_groups` one group at a time, in the same order."""
     strides = [prod(sizes[:i]) for i in range(len(sizes))]
     inside = [(s, st) for s, st, m in zip(sizes, strides, mask) if m]
     outside = [(s, st) for s, st, m in zip(sizes, strides, mask) if not m]
     offsets = _grid_offsets(inside)
-    return [[base + off for off in offsets] for base in _grid_offsets(outside)]
+    return ([base + off for off in offsets] for base in _grid_offsets(outside))
 
 
 def _grid_offsets(dims: list[tuple[int, int]]) -> list[int]:

@@ -18,7 +18,9 @@ candidates, so the result never costs more than either.
 
 from __future__ import annotations
 
+import hashlib
 import random
+from array import array
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -80,8 +82,7 @@ def plan(layout: ParallelLayout, gpus_per_node: int, topology: Topology, allocat
     block = max(1, layout.nvlink_size() // gpus_per_node)  # nodes per NVLink-bound block
     groups = slot_groups(layout, gpus_per_node)
     levels = topology.level_names()
-    node_units = _node_units(topology, allocated)
-    unit_numbers = _unit_numbers(node_units)
+    unit_numbers = _unit_numbers(_node_units(topology, allocated))
 
     def report(slots: Sequence[str]) -> CostReport:
         # evaluate() only compares units, so numbers shared by the whole allocation serve every order.
@@ -95,7 +96,7 @@ def plan(layout: ParallelLayout, gpus_per_node: int, topology: Topology, allocat
     blocks_needed = slots_needed // block
     every_block = _domain_blocks(topology, allocated, block, blocks_needed)
     physical = _best_fit(topology, every_block, blocks_needed)
-    optimiser = _Optimiser(layout, gpus_per_node, block, groups, topology, weights, node_units)
+    optimiser = _Optimiser(layout, gpus_per_node, block, groups, topology, weights, unit_numbers)
     best: tuple[float, str, list[list[str]]] | None = None
     for name, assignment in _candidates(topology, optimiser, physical, every_block, blocks_needed,
                                         [[n] for n in slurm_nodes] if block == 1 else None,
@@ -242,9 +243,9 @@ class _Optimiser:
     """Works on blocks (k consecutive slots ↔ k nodes of one NVLink domain)."""
 
     def __init__(self, layout: ParallelLayout, gpus_per_node: int, block: int, groups: Mapping[str, SlotGroups],
-                 topology: Topology, weights: Mapping[str, float], node_units: Mapping[str, tuple[str, ...]]) -> None:
+                 topology: Topology, weights: Mapping[str, float], unit_numbers: Mapping[str, tuple[int, ...]]) -> None:
         self.layout, self.gpn, self.block, self.topology = layout, gpus_per_node, block, topology
-        self.node_units = node_units
+        self.unit_numbers = unit_numbers
         self.depth = topology.depth()
         nblocks = layout.world_size // gpus_per_node // block
         self.nblocks = nblocks
@@ -268,8 +269,9 @@ class _Optimiser:
         self.varying = [d for d in range(len(self.coords[0])) if len({c[d] for c in self.coords}) > 1]
         self.dim_names = layout.order_dims()
 
-    def units(self, blk: list[str]) -> tuple[str, ...]:
-        return self.node_units[blk[0]][1:]
+    def units(self, blk: list[str]) -> tuple[int, ...]:
+        """The block's unit at levels 1.. (leaf and above), numbered: only equality matters."""
+        return self.unit_numbers[blk[0]][1:]
 
     def objective(self, assignment: Sequence[list[str]]) -> float:
         unit_at_level = [column.__getitem__ for column in zip(*map(self.units, assignment))]
@@ -280,13 +282,25 @@ class _Optimiser:
                 total += weight * level_weights[level] * self.penalty[len(set(map(unit_of, members)))]
         return total
 
-    def logical_orders(self, physical: Sequence[list[str]]) -> list[tuple[str, list[int], int]]:
-        """Candidate orders of logical blocks (name, order, tile size): row orders and leaf-sized tiles."""
+    def logical_orders(self, physical: Sequence[list[str]]) -> Iterator[tuple[str, list[int], int]]:
+        """Candidate orders of logical blocks (name, order, tile size): row orders and leaf-sized tiles,
+        each different (order, tile) once under its first name, at most 32; made one at a time."""
+        seen: set[tuple[bytes, int]] = set()
+        for name, order, tile in self._orders(physical):
+            # A digest stands for the order: 32 orders of a 100,000-node job need not all be held.
+            key = (hashlib.blake2b(array("q", order).tobytes(), digest_size=16).digest(), tile)
+            if key not in seen:
+                seen.add(key)
+                yield name, order, tile
+                if len(seen) == 32:
+                    return
+
+    def _orders(self, physical: Sequence[list[str]]) -> Iterator[tuple[str, list[int], int]]:
         blocks = range(self.nblocks)
-        orders: list[tuple[str, list[int], int]] = [("depth-first order of best-fit nodes", list(blocks), 1)]
+        yield "depth-first order of best-fit nodes", list(blocks), 1
         dims = self.varying
         if not dims:
-            return orders
+            return
         capacities: dict[str, int] = {}
         for blk in physical:
             leaf = self.topology.leaf_of[blk[0]]
@@ -310,14 +324,10 @@ class _Optimiser:
                 for *_, a, b in sorted(shapes)[:4]:
                     key = _tile_key(fast, slow, a, b, dims)
                     name = f"tiles of {a} ({self.dim_names[fast]}) × {b} ({self.dim_names[slow]})"
-                    orders.append((name, self._sorted(key), a * b))
+                    yield name, self._sorted(key), a * b
         for dim in dims:  # plain row orders: each dimension as the fastest
             rest = [d for d in dims if d != dim]
-            orders.append((f"{self.dim_names[dim]}-major rows", self._sorted(_row_key(rest, dim)), 1))
-        unique: dict[tuple[tuple[int, ...], int], str] = {}
-        for name, order, tile in orders:
-            unique.setdefault((tuple(order), tile), name)
-        return [(name, list(order), tile) for (order, tile), name in unique.items()][:32]
+            yield f"{self.dim_names[dim]}-major rows", self._sorted(_row_key(rest, dim)), 1
 
     def _sorted(self, key: Callable[[tuple[int, ...]], tuple[int, ...]]) -> list[int]:
         """Block numbers sorted by `key` of their coordinates (stable: ties keep block order)."""
@@ -334,11 +344,11 @@ class _Optimiser:
             return assignment[:used], 0, score
         edges_of = self.edges_of + [[] for _ in spares]  # a spare position carries no group
         unit_of = [self.units(blk) for blk in assignment]
-        counts: list[list[dict[str, int]]] = []
+        counts: list[list[dict[int, int]]] = []
         for members in self.edges:
             per_level = []
             for level in range(self.depth):
-                c: dict[str, int] = {}
+                c: dict[int, int] = {}
                 for b in members:
                     c[unit_of[b][level]] = c.get(unit_of[b][level], 0) + 1
                 per_level.append(c)

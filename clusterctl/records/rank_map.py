@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import RecordError, check_header, field, header, indented_json
 
 KIND = "rank-map"
 VERSION = 1
@@ -159,7 +159,7 @@ def rank_map_path(job_dir: Path) -> Path:
 
 def write_rank_map(job_dir: Path, record: JobRankMap) -> Path:
     """Write the job's map atomically (ranks never read half of it); its path."""
-    return atomic_write(rank_map_path(job_dir), json.dumps(record.to_json(), indent=2, sort_keys=True) + "\n")
+    return atomic_write(rank_map_path(job_dir), indented_json(record.to_json()) + "\n")
 
 
 def read_rank_map(job_dir: Path) -> JobRankMap:

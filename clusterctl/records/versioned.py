@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from itertools import islice
 from typing import Any
 
 from clusterctl.errors import ClusterctlError
@@ -54,3 +56,13 @@ def field(data: Mapping[str, Any], key: str, types: type | tuple[type, ...], whe
     if not isinstance(value, wanted):
         raise RecordError(where, f"field `{key}` has the wrong type ({type(value).__name__})")
     return value
+
+
+def indented_json(document: Any) -> str:
+    """`json.dumps(document, indent=2, sort_keys=True)`, the same text, built without holding every
+    piece of it at once (json.dumps keeps millions of small strings for a 100,000-node rank map)."""
+    pieces = json.JSONEncoder(indent=2, sort_keys=True).iterencode(document)
+    parts = []
+    while batch := list(islice(pieces, 65_536)):
+        parts.append("".join(batch))
+    return "".join(parts)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from clusterctl.launcher.preflight import node_problems, placement_problems, rank_environment, torchrun_argv
 from clusterctl.records.rank_index import HEADER_MAX_BYTES, read_slot, rank_index_path, write_rank_index
 from clusterctl.records.rank_map import JobRankMap, RankMap
-from clusterctl.records.versioned import RecordError
+from clusterctl.records.versioned import RecordError, indented_json
 
 NAMES = st.text(st.sampled_from("abcgpu-_.0123456789é"), min_size=1, max_size=12)
 
@@ -103,3 +103,17 @@ def test_something_else_in_its_place_is_refused(tmp_path):
     rank_index_path(tmp_path).write_bytes(b"x" * (HEADER_MAX_BYTES + 10))
     with pytest.raises(RecordError, match="no header line"):
         read_slot(tmp_path, rank=0)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+                    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=60)
+
+
+@given(JSON)
+def test_big_records_are_written_exactly_as_json_dumps_writes_them(document):
+    assert indented_json(document) == json.dumps(document, indent=2, sort_keys=True)
+
+
+def test_a_rank_map_of_a_100000_node_job_is_the_same_text_in_pieces():
+    document = {"slots": [f"gpu{i:06d}" for i in range(100_000)], "plan": {"nodes": [{"slot": i} for i in range(5)]}}
+    assert indented_json(document) == json.dumps(document, indent=2, sort_keys=True)
