@@ -37,6 +37,7 @@ from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
 from clusterctl.slurm.jobs import JobReport
+from clusterctl.slurm.names import is_node_name
 from clusterctl.slurm.nodes import NodeState, parse_sinfo_json
 from clusterctl.slurm.version import SlurmVersionError
 
@@ -44,6 +45,12 @@ EXIT_DONE, EXIT_STOPPED, EXIT_CANCELLED = 0, 1, 2
 JOB_ID_REUSE_SLACK = 60.0  # a report submitted this long before our sbatch is another job with a reused id
 MISSING_POLLS = 15  # polls a submitted job may be absent from squeue and sacct before it counts as lost
 LOG_TAIL_BYTES = 64 * 1024
+
+
+def job_nodes(report: JobReport) -> list[str]:
+    """The job's nodes as Slurm names them; a name that could not go into an argv (`--exclude=`) is no
+    node to blame."""
+    return [name for name in (hostlist.expand(report.nodes) if report.nodes else []) if is_node_name(name)]
 
 
 def record_trusted(info: os.stat_result, writer: int) -> bool:
@@ -255,7 +262,7 @@ class Supervisor:
                 else:
                     self._silent_since.pop(name, None)
             silent_for = {name: now - since for name, since in self._silent_since.items()}
-            suspects = hardware_suspects(hostlist.expand(report.nodes) if report.nodes else [], nodes, silent_for,
+            suspects = hardware_suspects(job_nodes(report), nodes, silent_for,
                                          self.spec.restart.unresponsive_seconds)
             if suspects:
                 self._end_attempt(attempt, suspects)
@@ -273,11 +280,10 @@ class Supervisor:
 
     def _evidence(self, attempt: AttemptState, report: JobReport) -> Outcome:
         nodes = self._nodes()
-        job_nodes = hostlist.expand(report.nodes) if report.nodes else []
         records = self._epilog_records(report.job_id, attempt.submitted_at)
         log = self._log_tail(report.job_id)
         ended_by_us = [Blame.from_journal(b) for b in attempt.ended_by_us]
-        return classify(report, job_nodes, nodes, records, log, ended_by_us)
+        return classify(report, job_nodes(report), nodes, records, log, ended_by_us)
 
     def _decide(self, attempt: AttemptState, state: RunState, report: JobReport | None,
                 outcome: Outcome | None) -> None:

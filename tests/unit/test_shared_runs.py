@@ -220,3 +220,10 @@ def test_no_job_id_that_is_not_one_reaches_a_slurm_argv() -> None:
             with pytest.raises(SlurmCommandError, match="is not a Slurm job id"):
                 call()
     assert not any(argv[0] in ("scancel", "sacct", "squeue") for argv in ran)
+
+
+def test_a_node_name_that_could_be_an_option_is_never_blamed() -> None:
+    from clusterctl.launcher.supervisor import job_nodes
+    from clusterctl.slurm.jobs import JobReport
+    report = JobReport("7", "toy", "FAILED", "", "node[1-2],-x,--exclude=all", 1, None, 0.0, 0.0, 0.0)
+    assert job_nodes(report) == ["node1", "node2"]
