@@ -64,7 +64,8 @@ def status(as_json: bool) -> None:
     click.echo(f"testbed at {info['root']}: {'up' if info['up'] else 'down'}")
     slurm = info["slurm"]
     where = f"root filesystem {slurm['rootfs']}" if slurm["rootfs"] else "this machine's packages"  # type: ignore[index]
-    click.echo(f"  Slurm {slurm['release']}: {slurm['version'] or 'version unknown'} ({where})")  # type: ignore[index]
+    click.echo(f"  Slurm {slurm['release']}: {slurm['version'] or 'version unknown'} ({where}), "  # type: ignore[index]
+               f"topology/{slurm.get('topology', 'tree')}")  # type: ignore[union-attr]
     for name, d in info["daemons"].items():  # type: ignore[union-attr]
         click.echo(f"  {name:16} pid {d['pid']:<8} {'alive' if d['alive'] else 'dead'}")
     for n in info["nodes"]:  # type: ignore[union-attr]

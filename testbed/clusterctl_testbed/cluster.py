@@ -79,6 +79,8 @@ class Running:
     """The root filesystem every host is chrooted into; None for this machine's own Slurm."""
     version: str = ""
     """What the running `sinfo --version` says, e.g. "slurm 24.11.5" (empty until slurmctld is up)."""
+    topology: str = "tree"
+    """Slurm's topology plugin on this testbed: "tree" or "block" (Layout.topology)."""
 
 
 @dataclass(frozen=True)
@@ -221,9 +223,11 @@ class Testbed:
         """
         release = versions.release(slurm or versions.DEFAULT)
         if self.is_up():
-            if self.running().release != release.name:
-                raise TestbedError(f"the testbed at {self.layout.root} runs Slurm {self.running().release}, "
-                                   f"not {release.name}; `clusterctl-testbed down` first")
+            running = self.running()
+            if (running.release, running.topology) != (release.name, self.layout.topology):
+                raise TestbedError(f"the testbed at {self.layout.root} runs Slurm {running.release} with the "
+                                   f"{running.topology} topology, not {release.name} with {self.layout.topology}; "
+                                   "`clusterctl-testbed down` first")
             _say("already up")
             return
         if os.geteuid() != 0:
@@ -236,7 +240,7 @@ class Testbed:
         root = rootfs.ensure(release, REPO) if release.uses_rootfs else None
         self.down(quiet=True)
         started = time.monotonic()
-        self._set_running(Running(release.name, None if root is None else str(root)))
+        self._set_running(Running(release.name, None if root is None else str(root), topology=self.layout.topology))
         self._write_files(release)
         self._build_nvml()
         self._network()
@@ -248,7 +252,7 @@ class Testbed:
         self._start_database()
         self._start_controller()
         version = self.run_on(CONTROLLER, ["sinfo", "--version"], timeout=15).stdout.strip()
-        self._set_running(Running(release.name, None if root is None else str(root), version))
+        self._set_running(Running(release.name, None if root is None else str(root), version, self.layout.topology))
         for node in self.layout.nodes:
             self._start_slurmd(node)
             self.start_healthd(node)
