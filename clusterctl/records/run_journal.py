@@ -103,7 +103,7 @@ def _job_id(data: Mapping[str, Any], key: str, where: str) -> str:
 
 
 def _node(data: Mapping[str, Any], key: str, where: str) -> str:
-    value = field(data, key, str, where)
+    value: str = field(data, key, str, where)
     problem = node_name_problem(value)
     if problem:
         raise RecordError(where, f"field `{key}`: {problem}")

@@ -83,8 +83,8 @@ class JobReport:
     steps: tuple[StepReport, ...] = ()
     source: str = "squeue"
     comment: str = ""
-    user_id: int | None = None  # who owns the job (squeue): another user's job is never one of ours
     state_flags: tuple[str, ...] = ()
+    user_id: int | None = None  # who owns the job (squeue): another user's job is never one of ours
 
     @property
     def states(self) -> tuple[str, ...]:

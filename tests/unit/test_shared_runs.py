@@ -216,9 +216,12 @@ def test_no_job_id_that_is_not_one_reaches_a_slurm_argv() -> None:
         return Completed(0, "slurm-wlm 24.11.5\n" if argv[0] == "sbatch" else '{"jobs": []}', "")
     slurm = Slurm(runner)
     for bad in ("--help", "-1", "1,2", "\u0661\u0662", "12 13"):
-        for call in (lambda: slurm.cancel([bad]), lambda: slurm.accounting(["7", bad]), lambda: slurm.queue([bad])):
-            with pytest.raises(SlurmCommandError, match="is not a Slurm job id"):
-                call()
+        with pytest.raises(SlurmCommandError, match="is not a Slurm job id"):
+            slurm.cancel([bad])
+        with pytest.raises(SlurmCommandError, match="is not a Slurm job id"):
+            slurm.accounting(["7", bad])
+        with pytest.raises(SlurmCommandError, match="is not a Slurm job id"):
+            slurm.queue([bad])
     assert not any(argv[0] in ("scancel", "sacct", "squeue") for argv in ran)
 
 
@@ -227,3 +230,11 @@ def test_a_node_name_that_could_be_an_option_is_never_blamed() -> None:
     from clusterctl.slurm.jobs import JobReport
     report = JobReport("7", "toy", "FAILED", "", "node[1-2],-x,--exclude=all", 1, None, 0.0, 0.0, 0.0)
     assert job_nodes(report) == ["node1", "node2"]
+
+
+def test_squeue_names_each_jobs_user_and_sacct_keeps_its_state_flags() -> None:
+    from clusterctl.slurm.jobs import parse_sacct_json, parse_squeue_json
+    jobs = parse_squeue_json(REAL_SQUEUE)
+    assert {job.user_id for job in jobs.values()} == {0}
+    for report in parse_sacct_json((DATA / "sacct.json").read_text()).values():
+        assert report.user_id is None and isinstance(report.state_flags, tuple)
