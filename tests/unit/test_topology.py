@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from clusterctl.errors import TopologyError
 from clusterctl.slurm.topology import (
@@ -132,3 +134,22 @@ def test_before_2411_blocks_have_no_size_or_aggregates_and_the_first_blocks_node
 def test_bad_block_topologies_name_the_line(text, message):
     with pytest.raises(TopologyError, match=message):
         parse_topology_conf(text)
+
+
+block_words = st.sampled_from(["BlockName=b1", "BlockName=b2", "AggregatedBlock=b[1-2]", "BlockIndex=0", "Nodes=node[1-2]",
+                               "Nodes=node[3-4]", "Nodes=node[1-4]", "Nodes=node[", "BlockSize=2", "BlockSize=x",
+                               "BlockSizes=2,4", "BlockSizes=0", "Level=0", "SwitchName=s1", "=", "junk"])
+block_text = st.lists(st.lists(block_words, min_size=1, max_size=5).map(" ".join), max_size=6).map("\n".join)
+
+
+@given(block_text)
+def test_any_block_like_text_reads_as_a_topology_or_a_topology_error(text):
+    try:
+        topology = parse_scontrol_topology(text)
+    except TopologyError as exc:
+        assert exc.exit_code == 4
+    else:
+        for node in topology.nodes:  # every node reaches the top through known units
+            assert topology.units(node)[1] == topology.leaf_of[node]
+        if topology.kind == "block":
+            assert topology.block_size and topology.block_size > 0
