@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -47,7 +48,20 @@ from clusterctl.slurm.commands import Slurm
 DEFAULT_JOB_RECORDS = "/var/spool/clusterctl/job-health"
 DETACH_GRACE = 2.0
 """Seconds `--detach` watches the background supervisor start before saying it supervises."""
-SIZE = click.IntRange(1, MAX_RANKS)
+
+
+class AsciiInt(click.IntRange):
+    """A whole number written in ASCII digits: Python's int() also reads '١٢' and '1_000', sbatch does not."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and not re.fullmatch(r"[+-]?[0-9]{1,18}", value.strip()):
+            self.fail(f"{value!r} is not a whole number (ASCII digits)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+SIZE = AsciiInt(1, MAX_RANKS)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,8 +103,8 @@ def _records_option(f: F) -> F:
 
 def _common_overrides(f: F) -> F:
     for decorator in reversed((
-        click.option("--nodes", type=int, help="Override job.nodes."),
-        click.option("--gpus-per-node", type=int, help="Override job.gpus_per_node."),
+        click.option("--nodes", type=AsciiInt(), help="Override job.nodes."),
+        click.option("--gpus-per-node", type=AsciiInt(), help="Override job.gpus_per_node."),
         click.option("--time", "time_limit", help="Override job.time (Slurm format, e.g. 2:00:00)."),
         click.option("--partition", help="Override job.partition."),
         click.option("--account", help="Override job.account."),
@@ -373,13 +387,13 @@ def _weights(items: tuple[str, ...]) -> dict[str, float]:
 @click.option("--cp", type=SIZE, help="Context-parallel size.")
 @click.option("--ep", type=SIZE, help="Expert-parallel size.")
 @click.option("--order", help="Framework (megatron, megatron-tp-pp-dp, torchtitan) or an order like tp-pp-dp.")
-@click.option("--gpus-per-node", type=click.IntRange(1, 128), help="GPUs per node (default: the spec's, else 8).")
+@click.option("--gpus-per-node", type=AsciiInt(1, 128), help="GPUs per node (default: the spec's, else 8).")
 @click.option("--topology", "topology_file", type=click.Path(path_type=Path, dir_okay=False),
               help="topology.conf, saved `scontrol show topology` output, or SLURM_TOPOLOGY_ADDR lines.")
 @click.option("--nvlink-domains", type=click.Path(path_type=Path, dir_okay=False),
               help="TOML with [[domain]] name/nodes for NVLink domains larger than a node.")
 @click.option("--nodelist", help="The allocated nodes as a hostlist (e.g. 'node[1-3,7]').")
-@click.option("--nodes", "node_count", type=click.IntRange(1, MAX_NODES),
+@click.option("--nodes", "node_count", type=AsciiInt(1, MAX_NODES),
               help="Plan for N nodes: N of --nodelist, or of the live cluster's idle nodes without it.")
 @click.option("--partition", help="With --nodes: only this partition's idle nodes.")
 @click.option("--weight", multiple=True, metavar="KIND=W", help="Traffic weight of a group kind (default "

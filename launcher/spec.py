@@ -42,7 +42,8 @@ class Field:
         return f"{self.section}.{self.key}"
 
 
-SLURM_TIME = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}(:\d{1,2})?)?|\d+(:\d{1,2}(:\d{1,2})?)?|UNLIMITED|INFINITE)$")
+SLURM_TIME = re.compile(r"^(\d{1,6}-\d{1,2}(:\d{1,2}(:\d{1,2})?)?|\d{1,9}(:\d{1,2}(:\d{1,2})?)?|UNLIMITED|INFINITE)$",
+                        re.ASCII)  # ASCII digits: `\d` alone also matches '١', which sbatch refuses
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Options clusterctl sets itself from other keys; giving them in job.sbatch_options would fight them.
 MANAGED_SBATCH = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--gpus-per-node", "--output", "-o",

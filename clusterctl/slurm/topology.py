@@ -18,6 +18,7 @@ come from a small TOML file of ours; without one, each node is its own NVLink do
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from clusterctl.slurm import hostlist
 
 TOP = "(top)"
 """The unit above every root switch: crossing it means leaving the whole tree."""
+
+_COUNT = re.compile(r"[0-9]{1,9}")  # ASCII digits only ('²'.isdigit() is True, int('²') fails), no huge values
 
 MAX_SWITCH_LEVELS = 64
 """Deeper switch chains are refused: real fabrics have a handful of levels, and the planner walks each."""
@@ -260,10 +263,8 @@ def _parse_block_lines(text: str, source: str) -> tuple[list[_Block], list[int]]
             raise TopologyError(f"unknown key {sorted(unknown)[0]!r} in a block topology (known: BlockName, "
                                 "AggregatedBlock, BlockIndex, Nodes, BlockSize, BlockSizes)", source=source, line=number)
         if first == "blocksizes":
-            try:
-                sizes = [int(size) for size in fields["blocksizes"].split(",")]
-            except ValueError:
-                sizes = []
+            parts = fields["blocksizes"].split(",")
+            sizes = [int(size) for size in parts] if all(_COUNT.fullmatch(size) for size in parts) else []
             if not sizes or any(size <= 0 for size in sizes):
                 raise TopologyError(f"BlockSizes={fields['blocksizes']!r}: expected positive numbers, e.g. 2,4",
                                     source=source, line=number)
@@ -272,7 +273,7 @@ def _parse_block_lines(text: str, source: str) -> tuple[list[_Block], list[int]]
             raise TopologyError("every block line starts with BlockName= or AggregatedBlock=", source=source,
                                 line=number)
         size = fields.get("blocksize")
-        if size is not None and not size.isdigit():
+        if size is not None and not _COUNT.fullmatch(size):
             raise TopologyError(f"BlockSize={size!r} is not a number", source=source, line=number)
         nodes = _expand(fields["nodes"], source, number, "Nodes") if fields.get("nodes") else []
         blocks.append(_Block(fields[first], number, nodes, first == "aggregatedblock",

@@ -135,3 +135,11 @@ def test_a_template_that_is_not_utf8_is_a_spec_error(tmp_path: Path) -> None:
                       "job.toml", base_dir=tmp_path)
     with pytest.raises(SpecError, match="not UTF-8"):
         load_template(spec)
+
+
+@pytest.mark.parametrize("line", ["BlockName=b1 Nodes=n[1-2] BlockSize=\u00b2", "BlockSizes=\u0662,4",
+                                  "BlockName=b1 Nodes=n[1-2] BlockSize=99999999999999999999999"])
+def test_block_sizes_in_other_digits_or_huge_are_topology_errors(line: str) -> None:
+    from clusterctl.slurm.topology import parse_topology
+    with pytest.raises(TopologyError):
+        parse_topology(line + "\nBlockName=b2 Nodes=n[3-4]\n", "topology.conf")

@@ -179,3 +179,17 @@ def test_a_background_supervisor_that_dies_at_once_is_reported_not_called_superv
     code, err = run_main(monkeypatch, capsys, "supervise", "--detach", str(run.path))
     assert code == 9
     assert "the background supervisor exited at once (exit 10)" in err and "spec.json" in err
+
+
+@pytest.mark.parametrize("argv", [["submit", str(REPO / "examples" / "toy_trainer.toml"), "--dry-run", "--nodes", "\u0663"],
+                                  ["submit", str(REPO / "examples" / "toy_trainer.toml"), "--dry-run", "--nodes", "1_0"],
+                                  ["plan", "--topology", TOPOLOGY, "--nodelist", "node[1-4]", "--tp", "\u0662"]])
+def test_sizes_must_be_written_in_ascii_digits(monkeypatch, capsys, argv):
+    code, err = run_main(monkeypatch, capsys, *argv)
+    assert code == 2 and "is not a whole number (ASCII digits)" in err
+
+
+def test_a_time_in_other_digits_is_a_spec_error(monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, "submit", str(REPO / "examples" / "toy_trainer.toml"), "--dry-run",
+                         "--time", "\u0661:\u0660\u0660")
+    assert code == 7 and "a Slurm time" in err
