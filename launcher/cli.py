@@ -154,6 +154,9 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
     """
     if detach and not supervise:
         raise click.UsageError("--detach only goes with --supervise")
+    if resume_from is not None and (not resume_from or any(ord(c) < 32 for c in resume_from)):
+        raise click.BadParameter("expected a checkpoint path without control characters (newlines, tabs)",
+                                 param_hint="--resume")
     if supervise and not dry_run:
         for flag, given in (("--resume", resume_from), ("--wait", wait), ("--json", as_json)):
             if given:

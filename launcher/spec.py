@@ -436,10 +436,15 @@ def _check_placeholders(values: Sequence[str], known: Sequence[str], where: _Whe
                                   + ", ".join("{" + k + "}" for k in known) + ")", section, key)
 
 
-def _resolve(path: str | None, base: Path) -> str | None:
+def _resolve(path: str | None, base: Path, key: str = "") -> str | None:
     if path is None or path.startswith(RUN_DIR_PLACEHOLDER):
         return path
-    return str((base / Path(path).expanduser()).resolve())
+    try:
+        return str((base / Path(path).expanduser()).resolve())
+    except (OSError, RuntimeError) as exc:  # a path through /proc/<pid>/root, a symlink loop
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "a symlink loop"
+        raise SpecError(f"cannot follow the path {path!r} ({why}); give a path this user can reach",
+                        key=key or None) from None
 
 
 def fill_data_parallel(parallel: Mapping[str, Any], gpus: int) -> tuple[int, int | None]:
@@ -492,12 +497,12 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
 
     base = base_dir or Path(path).resolve().parent
     job = values["job"]
-    job["runs_dir"] = _resolve(job["runs_dir"], base)
+    job["runs_dir"] = _resolve(job["runs_dir"], base, "job.runs_dir")
     launch = values["launch"]
-    launch["workdir"] = _resolve(launch["workdir"], base)
-    launch["template"] = _resolve(launch["template"], base)
-    values["placement"]["topology"] = _resolve(values["placement"]["topology"], base)
-    values["checkpoint"]["dir"] = _resolve(values["checkpoint"]["dir"], base)
+    launch["workdir"] = _resolve(launch["workdir"], base, "launch.workdir")
+    launch["template"] = _resolve(launch["template"], base, "launch.template")
+    values["placement"]["topology"] = _resolve(values["placement"]["topology"], base, "placement.topology")
+    values["checkpoint"]["dir"] = _resolve(values["checkpoint"]["dir"], base, "checkpoint.dir")
 
     parallel = dict(values.get("parallel", {}))
     gpus = job["nodes"] * job["gpus_per_node"]

@@ -193,3 +193,17 @@ def test_a_time_in_other_digits_is_a_spec_error(monkeypatch, capsys):
     code, err = run_main(monkeypatch, capsys, "submit", str(REPO / "examples" / "toy_trainer.toml"), "--dry-run",
                          "--time", "\u0661:\u0660\u0660")
     assert code == 7 and "a Slurm time" in err
+
+
+def test_a_resume_path_with_a_newline_is_refused(monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, "submit", str(REPO / "examples" / "toy_trainer.toml"), "--dry-run",
+                         "--resume", "ckpt\nrm -rf ~")
+    assert code == 2 and "without control characters" in err
+
+
+def test_a_spec_path_that_cannot_be_followed_is_a_spec_error(tmp_path, monkeypatch, capsys):
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    spec = tmp_path / "job.toml"
+    spec.write_text('[job]\nname = "t"\nnodes = 1\n[launch]\ncommand = ["x"]\n[checkpoint]\ndir = "loop/x"\n')
+    code, err = run_main(monkeypatch, capsys, "spec", str(spec))
+    assert code == 7 and "checkpoint.dir" in err and "cannot follow the path" in err
