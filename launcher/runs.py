@@ -130,7 +130,8 @@ class RunDir:
             if stat.S_ISLNK(info.st_mode) or info.st_uid != uid or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
                 raise RunError(f"{path} is owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):o}"
                                f"{' (a symlink)' if stat.S_ISLNK(info.st_mode) else ''}; only its owner "
-                               f"(not uid {uid}) may supervise this run, and nobody else may write it")
+                               f"(not uid {uid}) may supervise this run, and nobody else may write it "
+                               f"(its owner can fix the mode: chmod go-w {path})")
 
     def lock(self) -> int:
         """Hold the run's lock (one supervisor per run) until the process exits; the fd."""
