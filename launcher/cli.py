@@ -214,6 +214,9 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
             code = None
         if code is not None:
             lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+            if code == 0:  # nothing left to supervise (the run had already ended)
+                click.echo(f"the supervisor finished at once: {lines[-1].strip() if lines else 'done'}; log {log}")
+                return 0
             raise RunError(f"the background supervisor exited at once (exit {code}): "
                            f"{lines[-1].strip() if lines else 'no message'}; see {log}")
         click.echo(f"supervising in the background (pid {child.pid}); log {log}; "

@@ -207,3 +207,15 @@ def test_a_spec_path_that_cannot_be_followed_is_a_spec_error(tmp_path, monkeypat
     spec.write_text('[job]\nname = "t"\nnodes = 1\n[launch]\ncommand = ["x"]\n[checkpoint]\ndir = "loop/x"\n')
     code, err = run_main(monkeypatch, capsys, "spec", str(spec))
     assert code == 7 and "checkpoint.dir" in err and "cannot follow the path" in err
+
+
+def test_detaching_from_a_run_that_already_ended_says_so(tmp_path, monkeypatch, capsys):
+    from clusterctl.records.run_journal import EventKind, RunEnded
+    run = create_run(tmp_path / "run", load_spec(REPO / "examples" / "toy_trainer.toml"), "")
+    run.record(RunEnded(kind=EventKind.DONE, at=run.now(), message="all steps done"))
+    monkeypatch.setattr(sys, "argv", ["clusterctl", "supervise", "--detach", str(run.path)])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("the supervisor finished at once:") and "run done: all steps done" in out
