@@ -60,7 +60,8 @@ SHIM = """#!/bin/sh
 # fleet bench: log the call (component, start ns, wall us, stdout bytes, argv), then pass the output on.
 out=$(mktemp "{tmp}/shim.XXXXXX")
 start=$(date +%s%N)
-{real} "$@" > "$out"
+# pdeathsig: a caller that kills the shim on its timeout kills the command too, as without the shim.
+setpriv --pdeathsig KILL {real} "$@" > "$out"
 rc=$?
 end=$(date +%s%N)
 printf '%s\\t%s\\t%s\\t%s\\t%s\\n' "$FLEET_COMPONENT" "$start" "$(( (end - start) / 1000 ))" \\
@@ -298,9 +299,17 @@ def summarize(phase: dict, instances: int, nodes: int) -> dict:
     for interval in phase["intervals"]:
         for command, seen in interval["slurm_calls"].items():
             counts[command] = counts.get(command, 0) + seen["count"]
+    rpcs: dict[str, list[int]] = {}
+    for interval in [*phase["intervals"]]:
+        for kind, seen in interval["rpc_types"].items():
+            total = rpcs.setdefault(kind, [0, 0])
+            total[0] += seen["count"]
+            total[1] += seen["total_us"]
     out = {
+        "ctld_ms_per_rpc": {k: round(us / n / 1e3, 2) for k, (n, us) in sorted(rpcs.items()) if n},
         "slurm_calls_per_hour": {k: v / seconds * 3600 / instances for k, v in sorted(counts.items())},
-        "ctld_ms_per_hour": {"median": statistics.median(per_hour), "min": min(per_hour), "max": max(per_hour),
+        "ctld_ms_per_hour": {"whole": total_us / 1e3 / seconds * 3600 / instances,
+                             "median": statistics.median(per_hour), "min": min(per_hour), "max": max(per_hour),
                              "p90": percentile(per_hour, 0.9)},
         "rpcs_per_hour": statistics.median(rpcs_per_hour),
         "bytes_per_call": statistics.median(per_call_bytes) if per_call_bytes else 0,
@@ -308,7 +317,7 @@ def summarize(phase: dict, instances: int, nodes: int) -> dict:
         "own_peak_mb": max((m["own_peak_mb"] for m in memory), default=0),
         "tree_peak_mb": max((m["tree_peak_mb"] for m in memory), default=0),
     }
-    us_per_s = out["ctld_ms_per_hour"]["median"] * 1e3 / 3600  # per instance
+    us_per_s = out["ctld_ms_per_hour"]["whole"] * 1e3 / 3600  # per instance, over the whole phase
     out["ctld_us_per_instance_per_s"] = us_per_s
     out["fleet_ctld_s_per_s"] = us_per_s * nodes / 1e6  # healthd: one per node
     return out
@@ -410,26 +419,26 @@ def supervisor_phase(fleet: Fleet, code: Code, python: Python, work: Path, shim_
 # ---- report ------------------------------------------------------------------------------------
 def table(results: list[dict]) -> str:
     """The stdout table: one row per release, code and component."""
-    head = ("| Slurm | code | component | n | ctld ms/h per instance (median [min–max]) | RPCs/h | "
-            "ctld ms per client call | bytes/call | fleet-scaled | peak RSS own / tree MB | Slurm calls per instance |")
-    rows = [head, "|" + "---|" * 11]
+    head = ("| Slurm | code | component | n | ctld ms/h per instance: all intervals (median [min–max]) | "
+            "ctld ms per RPC | Slurm calls/h per instance | KB per call | fleet-scaled | peak RSS MB own / with children |")
+    rows = [head, "|" + "---|" * 10]
     for r in results:
         if "error" in r:
             rows.append(f"| {r['slurm']} | {r.get('code', '')} | {r.get('component', '')} | | failed: "
-                        f"{r['error'][:200]} |||||||")
+                        f"{r['error'][:200]} ||||||")
             continue
         s = r["summary"]
-        med, lo, hi = (s["ctld_ms_per_hour"][k] for k in ("median", "min", "max"))
+        whole, med, lo, hi = (s["ctld_ms_per_hour"][k] for k in ("whole", "median", "min", "max"))
         if r["component"] == "healthd":
-            scaled = (f"{s['ctld_us_per_instance_per_s']:.1f} µs/node/s = {s['fleet_ctld_s_per_s']:.2f} ctld s/s "
-                      f"at {r['nodes']} nodes")
+            scaled = (f"{s['ctld_us_per_instance_per_s']:,.0f} µs/node/s (budget 1) = {s['fleet_ctld_s_per_s']:,.2f} ctld s/s "
+                      f"at {r['nodes']:,} nodes")
         else:
-            scaled = f"{s['ctld_ms_per_client_call']:.2f} ctld ms per Slurm call"
-        calls = "; ".join(f"{k} {v:,.0f}/h" for k, v in s["slurm_calls_per_hour"].items())
+            scaled = f"{s['ctld_us_per_instance_per_s'] / 1e3:,.1f} ctld ms/s per run"
+        rpcs = "; ".join(f"{k.removeprefix('REQUEST_')} {v:,.1f}" for k, v in s["ctld_ms_per_rpc"].items())
+        calls = "; ".join(f"{k} {v:,.0f}" for k, v in s["slurm_calls_per_hour"].items())
         rows.append(f"| {r['slurm']} | {r['code']} | {r['component']} | {r['instances']} | "
-                    f"{med:,.0f} [{lo:,.0f}–{hi:,.0f}] | {s['rpcs_per_hour']:,.0f} | "
-                    f"{s['ctld_ms_per_client_call']:.2f} | {s['bytes_per_call']:,.0f} | {scaled} | "
-                    f"{s['own_peak_mb']:.0f} / {s['tree_peak_mb']:.0f} | {calls} |")
+                    f"{whole:,.0f} ({med:,.0f} [{lo:,.0f}–{hi:,.0f}]) | {rpcs} | {calls} | {s['bytes_per_call'] / 1e3:,.1f} | "
+                    f"{scaled} | {s['own_peak_mb']:,.0f} / {s['tree_peak_mb']:,.0f} |")
     return "\n".join(rows)
 
 
@@ -532,6 +541,8 @@ def run_release(release: versions.Release, root: Path | None, shape: FleetShape,
                     results.append({"slurm": release.name, "version": fleet.version, "code": code.label,
                                     "component": component, "error": str(exc)})
                     continue
+                for leftover in shim_dir.glob("shim.*"):  # outputs of calls killed by their caller
+                    leftover.unlink(missing_ok=True)
                 results.append({"slurm": release.name, "version": fleet.version, "code": code.label,
                                 "component": component, "instances": count, "nodes": shape.nodes,
                                 "jobs": shape.jobs, "phase": measured,
