@@ -12,8 +12,9 @@ Every measurement is a fresh process, as a user or a job step runs it, timed fro
 - the in-job step `python -m clusterctl.launcher.in_job plan` (spec with `[placement] topology`, so
   no Slurm call) for a job on all N nodes: writes rankmap.json, hostfile, nodefile and what ranks read;
 - one rank's check, `python -m clusterctl.launcher.in_job rank -- cat /proc/self/io`, for a rank in the
-  middle of the job: its wall time, peak RSS and `rchar` (every byte the process read through
-  read(2) — Python's own files included — so what grows with the job is the map).
+  middle of the job: its wall time, peak RSS, `rchar` (every byte the process read through
+  read(2), Python's own files included) and, counted by strace, the bytes it read from the job
+  directory (the map).
 
 Cluster: a 3-level tree (32 nodes per leaf, 16 leaves per aggregation switch, one core), as in
 bench/rankmap_bench.py.  The benchmark imports nothing from the repository; each `--python` is an
@@ -26,6 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -64,19 +67,24 @@ def spec_toml(nodes: int, topology: Path) -> str:
 
 def run_once(argv: list[str], env: dict[str, str] | None = None, stdout: Path | None = None,
              ) -> tuple[float, float, str]:
-    """Run argv in a fresh process: (wall seconds from fork to exit, peak RSS in MB, stdout unless to a file)."""
-    out = open(stdout, "wb") if stdout else None
-    started = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdout=out if out else subprocess.PIPE, stderr=subprocess.PIPE)
-    captured = proc.stdout.read() if proc.stdout else b""
-    stderr = proc.stderr.read() if proc.stderr else b""
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - started
-    if out:
-        out.close()
-    if os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{' '.join(argv[:6])} failed: {stderr.decode()[-2000:]}")
-    return seconds, usage.ru_maxrss / 1024, captured.decode()
+    """Run argv in a fresh process: (wall seconds from fork to exit, peak RSS in MB, stdout unless to a file).
+
+    Output goes to files, not pipes (a child writing a long message to a pipe nobody reads would
+    block), and the child is reaped with wait4 for its own rusage."""
+    with tempfile.TemporaryFile() as captured, tempfile.TemporaryFile() as errors:
+        out = open(stdout, "wb") if stdout else captured
+        started = time.perf_counter()
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=errors)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - started
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: keep Popen from waiting again
+        if stdout:
+            out.close()
+        if proc.returncode:
+            errors.seek(0)
+            raise SystemExit(f"{' '.join(argv[:6])} failed: {errors.read().decode()[-2000:]}")
+        captured.seek(0)
+        return seconds, usage.ru_maxrss / 1024, captured.read().decode()
 
 
 def interleaved(runs: dict[str, tuple[list[str], dict[str, str] | None, Path | None]],
@@ -152,11 +160,31 @@ def bench_in_job(work: Path, versions: dict[str, str], nodes: int, trials: int) 
         rank_runs[name] = ([python, "-m", "clusterctl.launcher.in_job", "rank", "--job-dir", str(job_dirs[name]),
                             "--", "cat", "/proc/self/io"], env, None)
     checks = interleaved(rank_runs, trials)
-    for result in checks.values():
+    for name, result in checks.items():
         io = dict(line.split(": ") for line in result.pop("stdout").splitlines() if ": " in line)
         result["rchar_bytes"] = int(io["rchar"])
+        argv, env, _ = rank_runs[name]
+        result["job_dir_bytes_read"] = job_dir_bytes_read(argv, env, job_dirs[name])
     return {"nodes": nodes, "rank": rank, "versions": {name: {"plan_step": plans[name], "rank_check": checks[name]}
                                                        for name in versions}}
+
+
+def job_dir_bytes_read(argv: list[str], env: dict[str, str] | None, job_dir: Path) -> int | None:
+    """Bytes the process read from files in `job_dir` (read/pread of the map), counted by strace;
+    None without strace."""
+    if not shutil.which("strace"):
+        return None
+    done = subprocess.run(["strace", "-qq", "-y", "-s", "0", "-e", "trace=read,pread64,readv,preadv", *argv],
+                          env=env, capture_output=True, text=True)
+    total = 0
+    for line in done.stderr.splitlines():
+        found = STRACE_READ.match(line)
+        if found and found["path"].startswith(str(job_dir)):
+            total += int(found["bytes"])
+    return total
+
+
+STRACE_READ = re.compile(r"^(?:\[pid +\d+\] )?p?read(?:v|64)?\(\d+<(?P<path>[^>]*)>,.*\) += (?P<bytes>\d+)$")
 
 
 def _range(summary: dict[str, float], unit: str, digits: int) -> str:
@@ -196,7 +224,8 @@ def main() -> None:
                 print(f"{name:>8} in-job plan step      {nodes:>7,} nodes: {_range(p['seconds'], ' s', 3)}, "
                       f"RSS {_range(p['peak_rss_mb'], '', 0)}; wrote {p['files_written_bytes']}", flush=True)
                 print(f"{name:>8} one rank's check      {nodes:>7,} nodes: {_range(c['seconds'], ' s', 3)}, "
-                      f"RSS {_range(c['peak_rss_mb'], '', 0)}, read {c['rchar_bytes']:,} bytes", flush=True)
+                      f"RSS {_range(c['peak_rss_mb'], '', 0)}, read {c['rchar_bytes']:,} bytes in all, "
+                      f"{c['job_dir_bytes_read']} of them from the job directory", flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
