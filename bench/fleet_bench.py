@@ -416,6 +416,48 @@ def supervisor_phase(fleet: Fleet, code: Code, python: Python, work: Path, shim_
     return result
 
 
+# ---- what one Slurm query costs -------------------------------------------------------------------
+PROBES: tuple[tuple[str, ...], ...] = (
+    ("sinfo", "--json"), ("sinfo", "--json", "-n", "{node}"), ("sinfo", "-h", "-n", "{node}", "-o", "%T|%E"),
+    ("scontrol", "show", "node", "{node}"), ("scontrol", "show", "node", "{node}", "--json"),
+    ("squeue", "--json"), ("squeue", "--json", "-j", "{job}"), ("squeue", "-h", "-j", "{job}", "-o", "%T"),
+    ("scontrol", "show", "job", "{job}"), ("squeue", "--only-job-state", "--json"),
+    ("squeue", "--only-job-state", "-j", "{job}"),
+)
+"""Queries a component may make, each asked alone: which RPC it becomes, and what that costs."""
+
+
+def probe(fleet: Fleet, repeat: int = 3) -> list[dict]:
+    """Each of PROBES `repeat` times on its own: RPCs, median controller time, bytes, client wall."""
+    node, job = fleet.shape.node(0), "2"  # job 2: the first task split out of the first array
+    found = []
+    for template in PROBES:
+        argv = [a.format(node=node, job=job) for a in template]
+        runs = []
+        for _ in range(repeat):
+            fleet.reset_counters()
+            started = time.monotonic()
+            done = subprocess.run(fleet.argv(argv), capture_output=True, env=fleet.env(), timeout=300)
+            wall = time.monotonic() - started
+            _, total, per_type = controller_us(fleet.counters())
+            runs.append((total, wall, len(done.stdout), done.returncode, per_type))
+        runs.sort(key=lambda r: r[0])
+        total, wall, size, code, per_type = runs[len(runs) // 2]
+        found.append({"argv": " ".join(argv), "exit": code, "rpcs": sorted(per_type), "ctld_ms": total / 1e3,
+                      "bytes": size, "wall_s": round(wall, 2)})
+    return found
+
+
+def probe_table(release: str, probes: list[dict]) -> str:
+    """The probes of one release as a table."""
+    rows = [f"| Slurm {release}: query | RPCs | ctld ms (median of 3) | bytes | client wall s |", "|---|---|---:|---:|---:|"]
+    for p in probes:
+        rpcs = ", ".join(r.removeprefix("REQUEST_") for r in p["rpcs"]) or f"none (exit {p['exit']})"
+        argv = p["argv"].replace("|", "\\|")
+        rows.append(f"| `{argv}` | {rpcs} | {p['ctld_ms']:,.2f} | {p['bytes']:,} | {p['wall_s']} |")
+    return "\n".join(rows)
+
+
 # ---- report ------------------------------------------------------------------------------------
 def table(results: list[dict]) -> str:
     """The stdout table: one row per release, code and component."""
@@ -458,6 +500,8 @@ def main() -> None:
     parser.add_argument("--check-interval", type=float, help="healthd check_interval (default: healthd's own)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/fleet-bench"))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "fleet.json")
+    parser.add_argument("--probe", action="store_true",
+                        help="first ask each single Slurm query a component may use, alone: its RPCs and cost")
     parser.add_argument("--release-out", type=Path, help=argparse.SUPPRESS)  # one release, inside the namespaces
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -487,12 +531,17 @@ def main() -> None:
             results.append({"slurm": name, "error": f"exit {done.returncode}"})
             continue
         results += json.loads(out.read_text())
+    for r in results:
+        if r.get("component") == "probe":
+            print(probe_table(r["slurm"], r["probes"]) + "\n")
+    results = [r for r in results if r.get("component") != "probe"] + [r for r in results
+                                                                      if r.get("component") == "probe"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     document = {"argv": sys.argv, "nodes": args.nodes, "jobs": args.jobs, "duration": args.duration,
                 "intervals": args.intervals, "codes": {label: str(c) for label, c in zip(labels, checkouts)},
                 "results": results}
     args.out.write_text(json.dumps(document, indent=1))
-    print(table(results))
+    print(table([r for r in results if r.get("component") != "probe"]))
     say(f"wrote {args.out}")
 
 
@@ -528,6 +577,10 @@ def run_release(release: versions.Release, root: Path | None, shape: FleetShape,
     results = []
     try:
         fleet.start(say)
+        if args.probe:
+            say("probing single queries")
+            results.append({"slurm": release.name, "version": fleet.version, "component": "probe",
+                            "probes": probe(fleet)})
         for code in codes:
             for component, count, phase in (("healthd", args.healthd, healthd_phase),
                                             ("supervisor", args.supervisors, supervisor_phase)):
