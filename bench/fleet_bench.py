@@ -22,6 +22,9 @@ Every Slurm command the components run goes through a shim that logs its argv, w
 stdout bytes; client memory is each component's own peak RSS (VmHWM) and the peak of its
 whole process tree (wait4's ru_maxrss: the largest of it and every child, e.g. `sinfo`).
 
+With --probe, first each single Slurm query a component may use (PROBES) is asked alone, three
+times: which RPC types it becomes, the median controller time, bytes and client wall.
+
 Reported per component: controller time per instance per hour (median and min–max over the
 intervals), the same scaled to the fleet (healthd: µs per node per second, the issue's budget is
 ≤ 1; and slurmctld seconds per second for 12,500 nodes; supervisor: ms per poll), calls and
