@@ -481,7 +481,9 @@ def table(results: list[dict]) -> str:
             scaled = f"{s['ctld_us_per_instance_per_s'] / 1e3:,.1f} ctld ms/s per run"
         rpcs = "; ".join(f"{k.removeprefix('REQUEST_')} {v:,.1f}" for k, v in s["ctld_ms_per_rpc"].items())
         calls = "; ".join(f"{k} {v:,.0f}" for k, v in s["slurm_calls_per_hour"].items())
-        rows.append(f"| {r['slurm']} | {r['code']} | {r['component']} | {r['instances']} | "
+        component = r["component"] + (f" ({len(r['phase']['exited_early'])} exited early: see its log)"
+                                      if r["phase"]["exited_early"] else "")
+        rows.append(f"| {r['slurm']} | {r['code']} | {component} | {r['instances']} | "
                     f"{whole:,.0f} ({med:,.0f} [{lo:,.0f}–{hi:,.0f}]) | {rpcs} | {calls} | {s['bytes_per_call'] / 1e3:,.1f} | "
                     f"{scaled} | {s['own_peak_mb']:,.0f} / {s['tree_peak_mb']:,.0f} |")
     return "\n".join(rows)
