@@ -9,6 +9,7 @@ import sys
 import click
 
 from clusterctl_testbed.cluster import Testbed
+from clusterctl_testbed.compose_cli import compose
 from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
 from clusterctl_testbed.layout import Layout
 from clusterctl_testbed.slurm_config import TOPOLOGIES
@@ -200,6 +201,9 @@ def _parse_fault(kind: str, args: tuple[str, ...], gpu: int) -> Fault:
         return Fault(kind, gpu, value=int(args[0]) if args else 0)
     except ValueError as exc:
         raise click.BadParameter(f"{' '.join(args)!r} is not a number ({exc})", param_hint="ARGS") from exc
+
+
+cli.add_command(compose)  # `clusterctl-testbed compose ...`: the same cluster as docker-compose services
 
 
 def main() -> None:

@@ -1,0 +1,162 @@
+"""`clusterctl-testbed compose ...`: the same cluster as docker-compose services on a Docker engine."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from clusterctl_testbed.compose import DEFAULT_RELEASE, ComposeTestbed
+from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
+from clusterctl_testbed.versions import RELEASES
+
+NEEDS_VALUE = {"xid", "kmsg-xid", "gpu-missing", "temp", "nvlink-down", "recovery-action", "retired-pages"}
+
+
+@click.group("compose", context_settings={"help_option_names": ["-h", "--help"]})
+def compose() -> None:
+    """The testbed cluster as docker-compose services: `ctl` (slurmctld, slurmdbd, munge; the login
+    node), `db` (MariaDB) and node1-4 (slurmd, healthd, the hooks, 8 emulated GPUs each), two leaf
+    switches under a spine.  Uses your Docker engine (DOCKER_HOST or /var/run/docker.sock); as root on
+    a machine without one, starts Debian's dockerd in a network namespace of its own and stops it at
+    `down`.  State lives in /tmp/ctd/ctd; the machine's /tmp and the checkout are shared with every host.
+    """
+
+
+@compose.command()
+@click.option("--timeout", default=90.0, show_default=True, help="Seconds to wait for nodes to be idle.")
+@click.option("--slurm", type=click.Choice([r for r in RELEASES if r != "host"]), default=DEFAULT_RELEASE,
+              show_default=True, help="Which Slurm: 22.05 / 24.11 / 26.05 (Debian bookworm / trixie / sid).")
+def up(timeout: float, slurm: str) -> None:
+    """Build the images if needed, start the services and wait until every node is idle."""
+    ComposeTestbed().up(timeout=timeout, slurm=slurm)
+
+
+@compose.command()
+def down() -> None:
+    """Remove the services and network; stop the Docker engine if the testbed started it."""
+    ComposeTestbed().down()
+
+
+@compose.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(as_json: bool) -> None:
+    """The engine, the daemons (alive or not) and the node states."""
+    info = ComposeTestbed().status()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        sys.exit(0 if info["up"] else 3)
+    engine = info["engine"]
+    click.echo(f"compose testbed at {info['root']}: {'up' if info['up'] else 'down'}")
+    if engine:
+        click.echo(f"  engine {engine['host']} ({'started by the testbed' if engine['owned'] else 'yours'})")  # type: ignore[index]
+    click.echo(f"  Slurm {info['slurm']['release']}: {info['slurm']['version'] or 'version unknown'}")  # type: ignore[index]
+    for name, d in info["daemons"].items():  # type: ignore[union-attr]
+        click.echo(f"  {name:16} pid {d['pid']:<8} {'alive' if d['alive'] else 'dead'}")
+    for n in info["nodes"]:  # type: ignore[union-attr]
+        click.echo(f"  {n['name']:8} {n['state']:10} {n['gres']:10} {n['reason']}")
+    sys.exit(0 if info["up"] else 3)
+
+
+@compose.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("host")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def on(host: str, command: tuple[str, ...]) -> None:
+    """Run COMMAND on HOST (ctl, db, node1, ...), in the current directory; exits with its status."""
+    tb = ComposeTestbed()
+    argv = tb.enter(host, cwd=os.getcwd()) + list(command)
+    os.execvpe(argv[0], argv, tb.engine().env())
+
+
+@compose.command()
+@click.argument("host", default="ctl")
+def shell(host: str) -> None:
+    """An interactive shell on HOST (default: the login/controller host)."""
+    tb = ComposeTestbed()
+    argv = tb.enter(host, cwd=os.getcwd())
+    argv.insert(argv.index("-i") + 1, "-t")
+    os.execvpe(argv[0], [*argv, "bash"], tb.engine().env())
+
+
+@compose.command("kill-node")
+@click.argument("node")
+def kill_node(node: str) -> None:
+    """Power NODE off: kill its container."""
+    ComposeTestbed().kill_node(node)
+
+
+@compose.command("boot-node")
+@click.argument("node")
+def boot_node(node: str) -> None:
+    """Power a killed NODE back on (container, slurmd, healthd)."""
+    ComposeTestbed().boot_node(node)
+
+
+@compose.command("cut-link")
+@click.argument("node")
+def cut_link(node: str) -> None:
+    """Disconnect NODE from the cluster network; its processes keep running."""
+    ComposeTestbed().cut_link(node)
+
+
+@compose.command("heal-link")
+@click.argument("node")
+def heal_link(node: str) -> None:
+    """Connect NODE to the cluster network again, with its address."""
+    ComposeTestbed().heal_link(node)
+
+
+@compose.command("restart-slurmd")
+@click.argument("node")
+def restart_slurmd(node: str) -> None:
+    """Restart slurmd on NODE (running job processes survive)."""
+    ComposeTestbed().restart_slurmd(node)
+
+
+@compose.command("stop")
+@click.argument("daemon")
+def stop(daemon: str) -> None:
+    """Stop one DAEMON by name: slurmctld, slurmdbd, healthd:node3, slurmd:node1..."""
+    ComposeTestbed().stop_daemon(daemon)
+
+
+@compose.command("start")
+@click.argument("daemon")
+def start(daemon: str) -> None:
+    """Start DAEMON again: slurmctld or healthd:NODE."""
+    tb = ComposeTestbed()
+    if daemon == "slurmctld":
+        tb.start_controller()
+    elif daemon.startswith("healthd:"):
+        tb.start_healthd(daemon.split(":", 1)[1])
+    else:
+        raise click.BadParameter("one of slurmctld, healthd:NODE", param_hint="DAEMON")
+
+
+@compose.command("inject")
+@click.argument("node")
+@click.argument("kind")
+@click.argument("args", nargs=-1)
+@click.option("--gpu", default=0, show_default=True, help="GPU index on the node.")
+def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int) -> None:
+    """Inject a GPU fault on NODE (the kinds of `clusterctl-testbed inject --help`)."""
+    if kind not in FAULT_KINDS:
+        raise click.BadParameter(f"unknown fault {kind!r}; one of: {', '.join(FAULT_KINDS)}", param_hint="KIND")
+    try:
+        if kind == "nvml-hang":
+            if len(args) != 2:
+                raise click.BadParameter("nvml-hang takes FUNCTION SECONDS", param_hint="ARGS")
+            fault = Fault(kind, gpu, function=args[0], seconds=float(args[1]))
+        else:
+            if kind in NEEDS_VALUE and len(args) != 1:
+                raise click.BadParameter(f"{kind} takes one number", param_hint="ARGS")
+            fault = Fault(kind, gpu, value=int(args[0]) if args else 0)
+    except ValueError as exc:
+        raise click.BadParameter(f"{' '.join(args)!r} is not a number ({exc})", param_hint="ARGS") from exc
+    directory = ComposeTestbed().nvml_dir(node)
+    if not directory.is_dir():
+        raise click.ClickException(f"{node} has no emulated GPUs at {directory}: is the compose testbed up?")
+    inject(directory, fault)
+    click.echo(f"injected {kind} {' '.join(args)} on {node} gpu{gpu}".rstrip())
