@@ -112,19 +112,24 @@ def evaluate(groups: Mapping[str, SlotGroups], slot_units: Sequence[Sequence[int
     objective = 0.0
     for kind, g in groups.items():
         table[kind] = {}
+        # A group inside one slot spans one unit and crosses nothing at every level (TP inside a
+        # node: 100,000 groups in a 100,000-node job), so only groups over several slots are looked at.
+        sets = [(slots, count) for slots, count in zip(g.slot_sets, g.multiplicity) if len(slots) > 1]
+        rings = [(ring, count) for ring, count in zip(g.ring_slots, g.ring_multiplicity) if len(set(ring)) > 1]
         for level, units in enumerate(slot_units):
             unit_of = units.__getitem__
-            spans = [len(set(map(unit_of, slots))) for slots in g.slot_sets]
-            spanning = sum(count for span, count in zip(spans, g.multiplicity) if span > 1)
-            excess = sum((span - 1) * count for span, count in zip(spans, g.multiplicity))
+            spans = [len(set(map(unit_of, slots))) for slots, _ in sets]
+            spanning = sum(count for span, (_, count) in zip(spans, sets) if span > 1)
+            excess = sum((span - 1) * count for span, (_, count) in zip(spans, sets))
             crossing = 0
-            for ring, count in zip(g.ring_slots, g.ring_multiplicity):
+            for ring, count in rings:
                 ring_units = list(map(unit_of, ring))
                 # Collectives run as rings (the last rank talks to the first); a pipeline is a chain.
                 following = ring_units[1:] + (ring_units[:1] if kind != "pp" and len(ring) > 2 else [])
                 crossing += count * sum(map(ne, ring_units, following))
-            table[kind][level_names[level]] = LevelCost(sum(g.multiplicity), spanning, excess, max(spans), crossing)
+            table[kind][level_names[level]] = LevelCost(sum(g.multiplicity), spanning, excess, max(spans, default=1),
+                                                        crossing)
             if level:
                 objective += weights.get(kind, 1.0) * level_weight(level) * sum(
-                    group_penalty(span) * count for span, count in zip(spans, g.multiplicity))
+                    group_penalty(span) * count for span, (_, count) in zip(spans, sets))
     return CostReport(tuple(level_names), table, objective)

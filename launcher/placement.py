@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import random
 from array import array
+from operator import itemgetter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -130,10 +131,9 @@ def _candidates(topology: Topology, optimiser: _Optimiser, physical: list[list[s
         if tile > 1 and tile not in aligned:
             aligned[tile] = _tile_aligned(topology, every_block, tile)[:blocks_needed]
         places = physical if tile <= 1 else aligned[tile]
-        assignment: list[list[str]] = [[] for _ in range(blocks_needed)]
-        for position, logical_block in enumerate(order):
-            assignment[logical_block] = places[position]
-        yield name, assignment
+        # Logical block order[p] goes to place p: block b's place is where b stands in the order.
+        place_of = sorted(range(len(order)), key=order.__getitem__)
+        yield name, list(map(places.__getitem__, place_of))
 
 
 def _node_units(topology: Topology, nodes: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -245,7 +245,7 @@ class _Optimiser:
     def __init__(self, layout: ParallelLayout, gpus_per_node: int, block: int, groups: Mapping[str, SlotGroups],
                  topology: Topology, weights: Mapping[str, float], unit_numbers: Mapping[str, tuple[int, ...]]) -> None:
         self.layout, self.gpn, self.block, self.topology = layout, gpus_per_node, block, topology
-        self.unit_numbers = unit_numbers
+        self.upper_units = {node: numbers[1:] for node, numbers in unit_numbers.items()}
         self.depth = topology.depth()
         nblocks = layout.world_size // gpus_per_node // block
         self.nblocks = nblocks
@@ -271,10 +271,11 @@ class _Optimiser:
 
     def units(self, blk: list[str]) -> tuple[int, ...]:
         """The block's unit at levels 1.. (leaf and above), numbered: only equality matters."""
-        return self.unit_numbers[blk[0]][1:]
+        return self.upper_units[blk[0]]
 
     def objective(self, assignment: Sequence[list[str]]) -> float:
-        unit_at_level = [column.__getitem__ for column in zip(*map(self.units, assignment))]
+        first_nodes = map(itemgetter(0), assignment)
+        unit_at_level = [column.__getitem__ for column in zip(*map(self.upper_units.__getitem__, first_nodes))]
         level_weights = [level_weight(level + 1) for level in range(self.depth)]
         total = 0.0
         for members, weight in zip(self.edges, self.edge_weight):
@@ -428,12 +429,15 @@ def _row_key(rest: list[int], dim: int) -> Callable[[tuple[int, ...]], tuple[int
 
 
 def _tile_key(fast: int, slow: int, a: int, b: int, dims: list[int]) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
-    others = [d for d in dims if d not in (fast, slow)]
+    others = [d for d in reversed(dims) if d not in (fast, slow)]
 
     def key(c: tuple[int, ...]) -> tuple[int, ...]:
-        return (*(c[d] for d in reversed(others)), c[slow] // b, c[fast] // a, c[slow] % b, c[fast] % a)
+        return (*(c[d] for d in others), c[slow] // b, c[fast] // a, c[slow] % b, c[fast] % a)
 
-    return key
+    def key_of_two(c: tuple[int, ...]) -> tuple[int, ...]:
+        return (c[slow] // b, c[fast] // a, c[slow] % b, c[fast] % a)
+
+    return key if others else key_of_two
 
 
 def _explain(opt: _Optimiser, topology: Topology, assignment: Sequence[list[str]], strategy: str, start: float,
