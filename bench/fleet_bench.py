@@ -176,16 +176,16 @@ class MemoryWatch(threading.Thread):
         while not self.done.wait(0.05):
             for c in self.components:
                 try:
-                    own = Path(f"/proc/{c.proc.pid}/comm").read_text().strip()
+                    own = os.readlink(f"/proc/{c.proc.pid}/exe")
                 except OSError:
                     continue
                 for pid in children(c.proc.pid):
                     try:
                         name = Path(f"/proc/{pid}/comm").read_text().strip()
+                        if os.readlink(f"/proc/{pid}/exe") == own:
+                            continue  # forked, not yet exec'd: still shows the parent's pages
                     except OSError:
                         continue
-                    if name == own:
-                        continue  # forked, not yet exec'd: still shows the parent's pages
                     c.child_peak_kb[name] = max(c.child_peak_kb.get(name, 0), vm_hwm_kb(pid))
 
 
@@ -318,7 +318,9 @@ def summarize(phase: dict, instances: int, nodes: int) -> dict:
         "bytes_per_call": statistics.median(per_call_bytes) if per_call_bytes else 0,
         "ctld_ms_per_client_call": total_us / 1e3 / polls if polls else 0.0,
         "own_peak_mb": max((m["own_peak_mb"] for m in memory), default=0),
-        "tree_peak_mb": max((m["tree_peak_mb"] for m in memory), default=0),
+        # wait4 misses a child its caller killed (reparented when the shim died): take the samples too.
+        "tree_peak_mb": max((max(m["tree_peak_mb"], *m["children_peak_mb"].values(), 0) for m in memory),
+                            default=0),
     }
     us_per_s = out["ctld_ms_per_hour"]["whole"] * 1e3 / 3600  # per instance, over the whole phase
     out["ctld_us_per_instance_per_s"] = us_per_s
