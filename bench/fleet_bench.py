@@ -482,7 +482,8 @@ def table(results: list[dict]) -> str:
         else:
             scaled = f"{s['ctld_us_per_instance_per_s'] / 1e3:,.1f} ctld ms/s per run"
         rpcs = "; ".join(f"{k.removeprefix('REQUEST_')} {v:,.1f}" for k, v in s["ctld_ms_per_rpc"].items())
-        calls = "; ".join(f"{k} {v:,.0f}" for k, v in s["slurm_calls_per_hour"].items())
+        calls = "; ".join(f"{k} {v:,.0f}" for k, v in s["slurm_calls_per_hour"].items()) or (
+            "none completed (killed by the caller's timeout?)" if s["rpcs_per_hour"] else "none")
         component = r["component"] + (f" ({len(r['phase']['exited_early'])} exited early: see its log)"
                                       if r["phase"]["exited_early"] else "")
         rows.append(f"| {r['slurm']} | {r['code']} | {component} | {r['instances']} | "
