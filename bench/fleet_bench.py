@@ -292,7 +292,6 @@ def measure(fleet: Fleet, components: list[Component], prefix: str, shim_log: Pa
 def summarize(phase: dict, instances: int, nodes: int) -> dict:
     """Per instance per hour (median, min, max over the intervals) and the fleet-scaled figures."""
     per_hour = [i["controller_us"] / i["seconds"] * 3600 / 1e3 / instances for i in phase["intervals"]]
-    rpcs_per_hour = [i["rpcs"] / i["seconds"] * 3600 / instances for i in phase["intervals"]]
     per_call_bytes = [i["bytes"] / i["client_calls"] for i in phase["intervals"] if i["client_calls"]]
     polls = sum(i["client_calls"] for i in phase["intervals"])
     total_us = sum(i["controller_us"] for i in phase["intervals"])
@@ -314,7 +313,7 @@ def summarize(phase: dict, instances: int, nodes: int) -> dict:
         "ctld_ms_per_hour": {"whole": total_us / 1e3 / seconds * 3600 / instances,
                              "median": statistics.median(per_hour), "min": min(per_hour), "max": max(per_hour),
                              "p90": percentile(per_hour, 0.9)},
-        "rpcs_per_hour": statistics.median(rpcs_per_hour),
+        "rpcs_per_hour": sum(i["rpcs"] for i in phase["intervals"]) / seconds * 3600 / instances,
         "bytes_per_call": statistics.median(per_call_bytes) if per_call_bytes else 0,
         "ctld_ms_per_client_call": total_us / 1e3 / polls if polls else 0.0,
         "own_peak_mb": max((m["own_peak_mb"] for m in memory), default=0),
