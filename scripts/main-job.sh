@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole story on a local testbed (4 Slurm nodes, 8 emulated GPUs each):
+# The whole story on a local testbed (4 Slurm nodes, 8 emulated GPUs each; --compose: as docker-compose services):
 #   1. set everything up and start the testbed;
 #   2. `clusterctl submit --supervise` the example trainer (3 nodes x 8 GPUs, TP=8, PP=3);
 #   3. once it has checkpointed, inject an Xid 79 ("GPU fallen off the bus") on one of its nodes;
@@ -11,6 +11,10 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 tb=.venv/bin/clusterctl-testbed
 clusterctl=$PWD/.venv/bin/clusterctl
+if [[ ${1:-} == --compose ]]; then  # the same story on the docker-compose testbed (its hosts' own venv)
+  tb="$tb compose"
+  clusterctl=/opt/clusterctl/bin/clusterctl
+fi
 $tb up
 records=$($tb status --json 2>/dev/null | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["root"])' \
   2>/dev/null || echo /tmp/ctb)/job-health

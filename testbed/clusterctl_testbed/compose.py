@@ -71,6 +71,8 @@ class Images:
     database: str
     base: str = "debian:trixie-slim"
     """The Dockerfile's BASE for a user's machine (compose builds when the image is missing)."""
+    database_base: str = "debian:bookworm-slim"
+    """The database's BASE: bookworm's MariaDB 10.11 (see DATABASE_RELEASE)."""
 
 
 def database_address(layout: Layout) -> str:
@@ -86,11 +88,11 @@ def compose_file(layout: Layout, images: Images, *, project: str = PROJECT, repo
     addresses = {host: layout.address(host) for host in layout.hosts} | {DATABASE: database_address(layout)}
     extra_hosts = [f"{host}:{address}" for host, address in addresses.items()]
 
-    def service(host: str, image: str, volumes: list[str]) -> dict[str, object]:
+    def service(host: str, image: str, volumes: list[str], base: str = images.base) -> dict[str, object]:
         return {
             "image": image,
             "build": {"context": str(repo), "dockerfile": "compose/Dockerfile",
-                      "args": {"BASE": images.base, "REPO": str(repo)}},
+                      "args": {"BASE": base, "REPO": str(repo)}},
             "container_name": f"{project}-{host}",
             "hostname": host,
             "init": True,
@@ -103,7 +105,7 @@ def compose_file(layout: Layout, images: Images, *, project: str = PROJECT, repo
             "volumes": [f"{shared}:{shared}", f"{checkout}:{repo}", f"{layout.etc}:/etc/slurm", *volumes],
         }
 
-    services = {DATABASE: service(DATABASE, images.database, []), CONTROLLER: service(CONTROLLER, images.slurm, [])}
+    services = {DATABASE: service(DATABASE, images.database, [], images.database_base), CONTROLLER: service(CONTROLLER, images.slurm, [])}
     for node in layout.nodes:
         services[node] = service(node, images.slurm, [
             f"{layout.nvml_dir / node}:{NVML_STATE_IN_IMAGE / node}",
@@ -302,9 +304,8 @@ class ComposeTestbed(Testbed):
             return
         try:
             slurm_config.check_topology(self.layout, release.version)
-        except (AttributeError, ValueError) as exc:
-            if isinstance(exc, ValueError):
-                raise TestbedError(str(exc)) from None
+        except ValueError as exc:
+            raise TestbedError(str(exc)) from None
         started = time.monotonic()
         root = rootfs.ensure(release, REPO)
         database_release = versions.release(DATABASE_RELEASE)
@@ -313,7 +314,7 @@ class ComposeTestbed(Testbed):
         self.down(quiet=True, keep_engine=True)
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         self._engine_file.write_text(json.dumps(engine.__dict__))
-        self._set_running(Running(release.name, str(root)))
+        self._set_running(Running(release.name, str(root), topology=self.layout.topology))
         images = Images(self._image(engine, release, root), self._image(engine, database_release, database_root),
                         base=f"debian:{release.suite}-slim")
         self._write_files(release)
@@ -328,7 +329,7 @@ class ComposeTestbed(Testbed):
         self._start_database()
         self._start_controller()
         version = self.run_on(CONTROLLER, ["sinfo", "--version"], timeout=15).stdout.strip()
-        self._set_running(Running(release.name, str(root), version))
+        self._set_running(Running(release.name, str(root), version, self.layout.topology))
         for node in self.layout.nodes:
             self._start_slurmd(node)
             self.start_healthd(node)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any, cast
 
 import click
 
@@ -48,14 +49,17 @@ def status(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         sys.exit(0 if info["up"] else 3)
-    engine = info["engine"]
+    engine = cast("dict[str, Any] | None", info["engine"])
+    slurm = cast("dict[str, Any]", info["slurm"])
+    daemons = cast("dict[str, dict[str, Any]]", info["daemons"])
+    nodes = cast("list[dict[str, str]]", info["nodes"])
     click.echo(f"compose testbed at {info['root']}: {'up' if info['up'] else 'down'}")
     if engine:
-        click.echo(f"  engine {engine['host']} ({'started by the testbed' if engine['owned'] else 'yours'})")  # type: ignore[index]
-    click.echo(f"  Slurm {info['slurm']['release']}: {info['slurm']['version'] or 'version unknown'}")  # type: ignore[index]
-    for name, d in info["daemons"].items():  # type: ignore[union-attr]
+        click.echo(f"  engine {engine['host']} ({'started by the testbed' if engine['owned'] else 'yours'})")
+    click.echo(f"  Slurm {slurm['release']}: {slurm['version'] or 'version unknown'}")
+    for name, d in daemons.items():
         click.echo(f"  {name:16} pid {d['pid']:<8} {'alive' if d['alive'] else 'dead'}")
-    for n in info["nodes"]:  # type: ignore[union-attr]
+    for n in nodes:
         click.echo(f"  {n['name']:8} {n['state']:10} {n['gres']:10} {n['reason']}")
     sys.exit(0 if info["up"] else 3)
 

@@ -1,0 +1,58 @@
+"""The compose testbed's services, rendered from the same Layout as the namespace testbed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from clusterctl_testbed.compose import DATABASE, Images, compose_file, compose_layout, image_tag, to_yaml
+from clusterctl_testbed.versions import RELEASES
+from tests.golden import assert_golden
+
+LAYOUT = compose_layout("ctd")
+IMAGES = Images("ctd-slurm:26.05-abc", "ctd-slurm:22.05-def", base="debian:sid-slim")
+REPO = Path("/src/clusterctl")
+RENDERED = compose_file(LAYOUT, IMAGES, repo=REPO)
+SERVICES = RENDERED["services"]
+
+
+def test_the_compose_file_matches_golden():
+    assert_golden("testbed/compose.yaml", to_yaml(RENDERED) + "\n")
+
+
+def test_one_service_per_host_plus_the_database_each_at_its_layout_address():
+    assert list(SERVICES) == [DATABASE, "ctl", "node1", "node2", "node3", "node4"]
+    for host in LAYOUT.hosts:
+        assert SERVICES[host]["hostname"] == host
+        assert SERVICES[host]["networks"] == {"ctd-net": {"ipv4_address": LAYOUT.address(host)}}
+    assert RENDERED["networks"]["ctd-net"]["ipam"] == {"config": [{"subnet": "10.78.0.0/24"}]}
+    assert RENDERED["networks"]["ctd-net"]["internal"] is True
+
+
+def test_every_host_reads_the_slurm_config_the_namespace_testbed_renders():
+    for service in SERVICES.values():
+        assert f"{LAYOUT.etc}:/etc/slurm" in service["volumes"]
+        assert f"{REPO}:{REPO}" in service["volumes"] and "/tmp:/tmp" in service["volumes"]
+
+
+def test_only_compute_nodes_get_gpus_and_each_only_its_own():
+    for node in LAYOUT.nodes:
+        gpu_mounts = [v for v in SERVICES[node]["volumes"] if "/nvml/" in v]
+        assert gpu_mounts == [f"{LAYOUT.nvml_dir / node}:/usr/local/nvidia/nvml/{node}"]
+    assert not [v for v in SERVICES["ctl"]["volumes"] if "nvidia" in v]
+    assert not [v for v in SERVICES[DATABASE]["volumes"] if "nvidia" in v]
+
+
+def test_a_users_machine_builds_from_the_debian_image_of_the_release():
+    build = SERVICES["node1"]["build"]
+    assert build == {"context": str(REPO), "dockerfile": "compose/Dockerfile",
+                     "args": {"BASE": "debian:sid-slim", "REPO": str(REPO)}}
+    assert SERVICES[DATABASE]["image"] == "ctd-slurm:22.05-def" and SERVICES["ctl"]["image"] == "ctd-slurm:26.05-abc"
+
+
+def test_image_tags_name_release_and_recipe():
+    assert image_tag(RELEASES["24.11"], "0123456789ab") == "ctd-slurm:24.11-0123456789ab"
+
+
+def test_yaml_writer_nests_mappings_and_lists_and_quotes_strings():
+    text = to_yaml({"a": {"b": [1, {"c": "x:y", "d": True}], "e": []}})
+    assert text == 'a:\n  b:\n    - 1\n    - c: "x:y"\n      d: true\n  e: []'
