@@ -9,6 +9,7 @@
 #        a. unit tests and the whole end-to-end suite on this machine's Slurm 22.05;
 #        b. the whole end-to-end suite on the newest release (26.05, Debian sid's root filesystem);
 #        c. the stories marked `slurm_versions` on 24.11 (Debian trixie's).
+#        d. the main-job story and a node kill on the docker-compose testbed (26.05; about 2 min).
 #      A root filesystem missing from /var/cache/clusterctl-testbed is built first (about a minute).
 #      Every release, in full: scripts/test-matrix.sh.
 # Arguments go to one pytest session instead of a-c (`bash scripts/test.sh tests/unit -q`; its
@@ -47,6 +48,9 @@ else
   session host
   session "$NEWEST" tests/e2e
   session 24.11 tests/e2e -m slurm_versions
+  # d. the main-job story and a node kill through the docker-compose testbed, on the newest release.
+  CLUSTERCTL_TEST_BACKEND=compose session "$NEWEST" tests/e2e/test_supervisor.py \
+    -k "xid_79_mid_run or killed_node_is_blamed"
 fi
 printf 'test: %s\n' "${summary[@]}" >&2
 if [[ ${#failed[@]} -gt 0 ]]; then

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Sequence
@@ -307,16 +308,22 @@ class ComposeTestbed(Testbed):
         except ValueError as exc:
             raise TestbedError(str(exc)) from None
         started = time.monotonic()
-        root = rootfs.ensure(release, REPO)
         database_release = versions.release(DATABASE_RELEASE)
-        database_root = rootfs.ensure(database_release, REPO)
         engine = docker_engine.ensure()
+        if engine.owned:
+            # No registry here: the images start from the cached mmdebstrap root filesystems.
+            root = str(rootfs.ensure(release, REPO))
+            images = Images(self._image(engine, release, Path(root)),
+                            self._image(engine, database_release, rootfs.ensure(database_release, REPO)),
+                            base=f"debian:{release.suite}-slim")
+        else:
+            root = f"image from debian:{release.suite}-slim"
+            images = Images(self._registry_image(engine, release), self._registry_image(engine, database_release),
+                            base=f"debian:{release.suite}-slim")
         self.down(quiet=True, keep_engine=True)
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         self._engine_file.write_text(json.dumps(engine.__dict__))
-        self._set_running(Running(release.name, str(root), topology=self.layout.topology))
-        images = Images(self._image(engine, release, root), self._image(engine, database_release, database_root),
-                        base=f"debian:{release.suite}-slim")
+        self._set_running(Running(release.name, root, topology=self.layout.topology))
         self._write_files(release)
         nvidia_ld_conf(self.layout).write_text(f"{NVML_IN_IMAGE.parent}\n")
         self.compose_path.write_text(to_yaml(compose_file(self.layout, images, project=self.project,
@@ -329,7 +336,7 @@ class ComposeTestbed(Testbed):
         self._start_database()
         self._start_controller()
         version = self.run_on(CONTROLLER, ["sinfo", "--version"], timeout=15).stdout.strip()
-        self._set_running(Running(release.name, str(root), version, self.layout.topology))
+        self._set_running(Running(release.name, root, version, self.layout.topology))
         for node in self.layout.nodes:
             self._start_slurmd(node)
             self.start_healthd(node)
@@ -365,6 +372,27 @@ class ComposeTestbed(Testbed):
         print(f"testbed: image {tag}: imported in {imported_in:.1f} s, built in "
               f"{time.monotonic() - started - imported_in:.1f} s", flush=True)
         return tag
+
+    def _registry_image(self, engine: Engine, release: Release) -> str:
+        """The release's image built from `debian:<suite>-slim` (a user's machine, with a registry)."""
+        digest = hashlib.sha256((DOCKERFILE.read_text() + NVML_SOURCE.read_text()).encode()).hexdigest()[:12]
+        tag = image_tag(release, digest)
+        if engine.docker("image", "inspect", tag, check=False, timeout=30).returncode != 0:
+            print(f"testbed: building {tag} from debian:{release.suite}-slim (a few minutes, once)", flush=True)
+            engine.docker("build", "-q", "-f", str(DOCKERFILE), "--build-arg", f"BASE=debian:{release.suite}-slim",
+                          "--build-arg", f"REPO={REPO}", "-t", tag, str(REPO), timeout=1800)
+        return tag
+
+    def _write_files(self, release: Release) -> None:
+        try:
+            super()._write_files(release)
+        except TestbedError:
+            if shutil.which("mungekey") is not None:
+                raise
+            # No munge on this machine (a user's laptop): a munge key is random bytes.
+            key = self.layout.munge_dir / "munge.key"
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o600)
 
     def _start_database(self) -> None:
         layout = self.layout
