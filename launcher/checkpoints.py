@@ -78,6 +78,13 @@ def _manifest(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
     return good, skipped
 
 
+def _mtime_ns(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:  # removed while we looked: no evidence either way
+        return -1
+
+
 def _dcp(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
     good, skipped = [], []
     for candidate in directory.iterdir() if directory.is_dir() else ():
@@ -90,6 +97,14 @@ def _dcp(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
         metadata = candidate / ".metadata"
         if not metadata.is_file() or metadata.stat().st_size == 0:
             skipped.append(Skipped(str(candidate), "no .metadata (DCP writes it after every shard): incomplete"))
+            continue
+        # A save into a directory that already held a checkpoint rewrites the shards first and
+        # replaces .metadata last: shards newer than .metadata are a later save that was cut off.
+        written = metadata.stat().st_mtime_ns
+        newer = sorted(s.name for s in candidate.glob("*.distcp") if _mtime_ns(s) > written)
+        if newer:
+            skipped.append(Skipped(str(candidate), f"{newer[0]} is newer than .metadata (a later save into this "
+                                                   "directory was cut off): incomplete"))
             continue
         good.append(Checkpoint(str(candidate), step, "dcp", metadata.stat().st_mtime))
     return good, skipped

@@ -2,7 +2,8 @@
 # Set up everything clusterctl and its testbed need on a Debian machine, as root:
 # Debian packages (Python, compiler, Slurm, munge, MariaDB, shellcheck) and a virtualenv
 # at .venv with clusterctl installed (editable) and its test extras (pytest, ruff, mypy, build),
-# and the testbed, a separate development-only package. Idempotent.
+# and the testbed, a separate development-only package; with CLUSTERCTL_TORCH=1 also PyTorch
+# (CPU build) for the PyTorch example and its tests. Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -33,5 +34,9 @@ if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   exit 1
 fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' -e ./testbed
+# CLUSTERCTL_TORCH=1: also PyTorch's CPU build (the `torch` extra, ~750 MB, about 45 s) for
+# examples/torch_trainer.py and the tests that run it (skipped without it).
+extras="test"
+[[ ${CLUSTERCTL_TORCH:-0} == 1 ]] && extras="test,torch"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]" -e ./testbed
 echo "setup: ready (.venv/bin has clusterctl, healthd, clusterctl-testbed)" >&2

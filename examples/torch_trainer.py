@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""A small, deterministic PyTorch trainer: DDP over gloo on CPU, checkpoints with torch.distributed.checkpoint.
+
+What clusterctl relies on, in the real library a training job would use:
+
+* Ranks come from torchrun (RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT) or from
+  clusterctl's srun style, which sets the same variables; a gloo process group joins them.
+* The data order is a pure function of (seed, sample index): step s on rank r of world w reads
+  samples cursor + r*batch ... cursor + (r+1)*batch - 1, and the cursor is part of the checkpoint.
+* Every --checkpoint-every steps all ranks save with `torch.distributed.checkpoint.save` into
+  `<checkpoint dir>/step-NNNNNNNN/`: model weights, optimizer state, every rank's RNG state, the
+  data cursor and the step.  DCP writes `.metadata` last (after every rank's shards), so a
+  directory without it was cut off mid-save; such a directory is never resumed from.
+* Resume from $CLUSTERCTL_RESUME_FROM (set by clusterctl's supervisor), else --resume: 'auto'
+  (the newest complete checkpoint), 'none', or a path.  At the same world size the final state
+  is bit-identical with or without interruptions; rank 0 writes its digest to final.json.
+* Each step a rank asks NVML about its GPU (examples/toy_trainer.py's Gpu) and fails like a CUDA
+  program when the GPU is lost, so an emulated Xid 79 ends the job as a real one would.
+
+Needs PyTorch (`pip install torch`); the CPU build is enough.
+Exit codes: 0 done, 1 a peer was lost, 2 bad usage or an unusable checkpoint, 3 this rank's GPU was lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is optional to torch
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel  # noqa: E402
+
+from toy_trainer import Gpu, GpuLost  # noqa: E402  (next to this file)
+
+EXIT_PEER_LOST, EXIT_USAGE, EXIT_GPU_LOST = 1, 2, 3
+RESUME_ENV = "CLUSTERCTL_RESUME_FROM"
+METADATA = ".metadata"
+FEATURES, HIDDEN = 16, 32
+
+
+def log(message: str) -> None:
+    print(f"[{socket.gethostname()} rank {os.environ.get('RANK', '?')}] {message}", flush=True)
+
+
+# ---- model and data: pure functions of the seed -------------------------------------------
+def make_model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Dropout(0.1),
+                               torch.nn.Linear(HIDDEN, 1))
+
+
+def batch(seed: int, first_sample: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Samples first_sample .. first_sample+size-1: each one a pure function of (seed, its index)."""
+    xs, ys = [], []
+    target = torch.Generator().manual_seed(seed)
+    weights = torch.randn(FEATURES, 1, generator=target)
+    for index in range(first_sample, first_sample + size):
+        g = torch.Generator().manual_seed(seed * 1_000_003 + index)
+        x = torch.randn(FEATURES, generator=g)
+        xs.append(x)
+        ys.append(torch.tanh(x @ weights) + 0.01 * torch.randn(1, generator=g))
+    return torch.stack(xs), torch.stack(ys)
+
+
+def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, cursor: int) -> str:
+    """sha256 over the step, data cursor, every weight and every optimizer tensor, in a fixed order."""
+    h = hashlib.sha256(f"{step}:{cursor}".encode())
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    for name in sorted(model_sd):
+        h.update(name.encode())
+        h.update(_tensor_bytes(model_sd[name]))
+    for key in sorted(optim_sd["state"]):
+        for name in sorted(optim_sd["state"][key]):
+            value = optim_sd["state"][key][name]
+            h.update(f"{key}.{name}".encode())
+            h.update(_tensor_bytes(value) if isinstance(value, torch.Tensor) else repr(value).encode())
+    return h.hexdigest()
+
+
+def _tensor_bytes(tensor: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(tensor.detach().clone(), buffer)  # exact bits, no numpy needed
+    return buffer.getvalue()
+
+
+# ---- checkpoints -------------------------------------------------------------------------
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def is_complete(path: Path) -> bool:
+    """DCP renames .metadata into place after every rank's shards are written."""
+    return (path / METADATA).is_file()
+
+
+def latest_checkpoint(directory: Path) -> Path | None:
+    """The newest complete checkpoint; ones cut off mid-save (no .metadata) are skipped, with a note."""
+    if not directory.is_dir():
+        return None
+    for candidate in sorted(directory.glob("step-*"), reverse=True):
+        if is_complete(candidate):
+            return candidate
+        log(f"skipping checkpoint {candidate}: no {METADATA} (cut off mid-save)")
+    return None
+
+
+def app_state(model, optimizer, step: int, cursor: int, rank: int) -> dict:
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    # One RNG state per rank under its own key: DCP keeps one copy of a key every rank saves.
+    return {"model": model_sd, "optim": optim_sd,
+            "progress": {"step": torch.tensor(step), "data_cursor": torch.tensor(cursor)},
+            "rng": {f"rank{rank}": torch.get_rng_state()}}
+
+
+def save(directory: Path, model, optimizer, step: int, cursor: int, rank: int, die_in_save: int | None) -> Path:
+    path = directory / checkpoint_name(step)
+    if rank == 0 and path.exists():
+        # A directory left by an earlier attempt: DCP would overwrite its shards one by one and
+        # replace .metadata only at the end, so a cut-off save would look complete.  Start clean.
+        shutil.rmtree(path)
+    dist.barrier()
+    began = time.monotonic()
+    writer = dcp.FileSystemWriter(str(path))
+    if die_in_save == step and rank == dist.get_world_size() - 1:
+        writer = _DieAfterShards(str(path))
+    dcp.save(app_state(model, optimizer, step, cursor, rank), storage_writer=writer)
+    if rank == 0:
+        log(f"checkpoint {path} in {time.monotonic() - began:.3f} s")
+    return path
+
+
+class _DieAfterShards(dcp.FileSystemWriter):
+    """Fault injection (--die-during-save): this rank is SIGKILLed after writing its shards,
+    before the coordinator can write .metadata: a checkpoint cut off mid-save, as PyTorch leaves it."""
+
+    def write_data(self, plan, planner):
+        future = super().write_data(plan, planner)
+        future.wait()
+        log("killed during save (--die-during-save)")
+        os.kill(os.getpid(), signal.SIGKILL)
+        return future
+
+
+def load(path: Path, model, optimizer, rank: int) -> tuple[int, int]:
+    """Restore weights, optimizer, this rank's RNG; returns (step, data cursor)."""
+    if not is_complete(path):
+        raise ValueError(f"{path}: no {METADATA}: the checkpoint was cut off mid-save")
+    state = app_state(model, optimizer, 0, 0, rank)
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as exc:  # DCP raises several kinds (CheckpointException, KeyError, RuntimeError)
+        raise ValueError(f"{path}: cannot load ({type(exc).__name__}: {exc}); a checkpoint of another "
+                         f"world size has no RNG state for rank {rank}") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    torch.set_rng_state(state["rng"][f"rank{rank}"])
+    return int(state["progress"]["step"]), int(state["progress"]["data_cursor"])
+
+
+# ---- the run -------------------------------------------------------------------------------
+def env_int(name: str, default: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise SystemExit(f"torch_trainer: set {name} (run under torchrun, or clusterctl's srun style)")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise SystemExit(f"torch_trainer: {name}={value!r} is not a whole number") from None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Deterministic PyTorch DDP trainer (see module docstring).")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--checkpoint-every", type=int, default=10)
+    p.add_argument("--checkpoint-dir", type=Path, required=True)
+    p.add_argument("--resume", default="auto",
+                   help=f"'auto' (newest complete checkpoint), 'none', or a checkpoint path; ${RESUME_ENV} overrides")
+    p.add_argument("--batch", type=int, default=8, help="Samples per rank per step.")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--step-time", type=float, default=0.0, help="Extra seconds per step (a slower job to fault).")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--timeout", type=float, default=60.0, help="Give up on a silent peer after this many seconds.")
+    p.add_argument("--die-during-save", type=int, metavar="STEP",
+                   help="Fault injection for tests: the last rank is killed while saving STEP's checkpoint.")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.checkpoint_every < 1 or args.batch < 1:
+        p.error("--steps, --checkpoint-every and --batch must be at least 1")
+    return args
+
+
+def pick_resume(args: argparse.Namespace) -> Path | None:
+    choice = os.environ.get(RESUME_ENV) or args.resume
+    if choice == "none":
+        return None
+    if choice == "auto":
+        return latest_checkpoint(args.checkpoint_dir)
+    return Path(choice)
+
+
+def train(args: argparse.Namespace) -> int:
+    rank, world = env_int("RANK"), env_int("WORLD_SIZE")
+    gpu = Gpu(env_int("LOCAL_RANK", 0))
+    torch.set_num_threads(1)  # same arithmetic on every host, and light on a shared machine
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
+    model = DistributedDataParallel(make_model(args.seed))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    torch.manual_seed(args.seed + rank)  # dropout: a stream per rank, saved in every checkpoint
+    step, cursor = 0, 0
+    # Rank 0 chooses, everyone loads the same one (a checkpoint appearing meanwhile changes nothing).
+    chosen = [str(pick_resume(args) or "") if rank == 0 else None]
+    dist.broadcast_object_list(chosen, src=0)
+    if chosen[0]:
+        step, cursor = load(Path(chosen[0]), model, optimizer, rank)
+    if rank == 0:
+        args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        log(f"{'resumed from ' + chosen[0] if chosen[0] else 'fresh start'}; world size {world}; "
+            f"steps {step}..{args.steps}; gpu checks {'on' if gpu.present else 'off (no NVML)'}")
+    model.train()
+    while step < args.steps:
+        started = time.monotonic()
+        gpu.check()
+        x, y = batch(args.seed, cursor + rank * args.batch, args.batch)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()  # DDP all-reduces the gradients over gloo here
+        optimizer.step()
+        step, cursor = step + 1, cursor + world * args.batch
+        if args.step_time:
+            time.sleep(args.step_time)
+        if step % args.log_every == 0 or step == args.steps:
+            log(f"step {step} loss {loss.item():.6f} took {time.monotonic() - started:.3f} s")
+        if step % args.checkpoint_every == 0:
+            save(args.checkpoint_dir, model, optimizer, step, cursor, rank, args.die_during_save)
+    digest = state_digest(model, optimizer, step, cursor)
+    digests: list[str | None] = [None] * world
+    dist.all_gather_object(digests, digest)
+    if rank == 0:
+        if len(set(digests)) != 1:
+            log(f"replicas disagree: {digests}")
+            return EXIT_USAGE
+        final = {"step": step, "digest": digest, "world_size": world}
+        tmp = args.checkpoint_dir / f".final.{os.getpid()}"
+        tmp.write_text(json.dumps(final))
+        os.replace(tmp, args.checkpoint_dir / "final.json")
+        log(f"done: step {step} digest {digest}")
+    dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        return train(args)
+    except GpuLost as exc:
+        log(f"CUDA error: {exc}")
+        return EXIT_GPU_LOST
+    except ValueError as exc:
+        log(f"cannot resume: {exc}")
+        return EXIT_USAGE
+    except (RuntimeError, dist.DistBackendError, dcp.CheckpointException) as exc:  # a peer died or went silent
+        log(f"giving up: a peer was lost ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+        return EXIT_PEER_LOST
+
+
+if __name__ == "__main__":
+    sys.exit(main())
