@@ -431,8 +431,11 @@ PROBES: tuple[tuple[str, ...], ...] = (
 """Queries a component may make, each asked alone: which RPC it becomes, and what that costs."""
 
 
-def probe(fleet: Fleet, repeat: int = 3) -> list[dict]:
-    """Each of PROBES `repeat` times on its own: RPCs, median controller time, bytes, client wall."""
+def probe(fleet: Fleet, repeat: int = 3, timeout: float = 60) -> list[dict]:
+    """Each of PROBES `repeat` times on its own: RPCs, median controller time, bytes, client wall.
+
+    A call still running after `timeout` s is killed and reported with exit -1 (not repeated).
+    """
     node, job = fleet.shape.node(0), "2"  # job 2: the first task split out of the first array
     found = []
     for template in PROBES:
@@ -441,10 +444,16 @@ def probe(fleet: Fleet, repeat: int = 3) -> list[dict]:
         for _ in range(repeat):
             fleet.reset_counters()
             started = time.monotonic()
-            done = subprocess.run(fleet.argv(argv), capture_output=True, env=fleet.env(), timeout=300)
+            try:
+                done = subprocess.run(fleet.argv(argv), capture_output=True, env=fleet.env(), timeout=timeout)
+                size, code = len(done.stdout), done.returncode
+            except subprocess.TimeoutExpired:
+                size, code = 0, -1  # a client that takes this long is an answer too: say so, go on
             wall = time.monotonic() - started
             _, total, per_type = controller_us(fleet.counters())
-            runs.append((total, wall, len(done.stdout), done.returncode, per_type))
+            runs.append((total, wall, size, code, per_type))
+            if code == -1:
+                break
         runs.sort(key=lambda r: r[0])
         total, wall, size, code, per_type = runs[len(runs) // 2]
         found.append({"argv": " ".join(argv), "exit": code, "rpcs": sorted(per_type), "ctld_ms": total / 1e3,
@@ -457,6 +466,8 @@ def probe_table(release: str, probes: list[dict]) -> str:
     rows = [f"| Slurm {release}: query | RPCs | ctld ms (median of 3) | bytes | client wall s |", "|---|---|---:|---:|---:|"]
     for p in probes:
         rpcs = ", ".join(r.removeprefix("REQUEST_") for r in p["rpcs"]) or f"none (exit {p['exit']})"
+        if p["exit"] == -1:
+            rpcs += " — client killed after the timeout"
         argv = p["argv"].replace("|", "\\|")
         rows.append(f"| `{argv}` | {rpcs} | {p['ctld_ms']:,.2f} | {p['bytes']:,} | {p['wall_s']} |")
     return "\n".join(rows)
