@@ -136,8 +136,11 @@ FIELDS: tuple[Field, ...] = (
           "attempt; DOWN or drained by healthd ends it at once.", 30.0, minimum=0, maximum=DAY),
     Field("restart", "on_too_few_nodes", "choice", "When exclusions leave too few usable nodes: wait for "
           "nodes to come back, or stop.", "wait", choices=("wait", "stop")),
-    Field("restart", "poll_seconds", "float", "How often the supervisor asks Slurm (one squeue for all "
-          "jobs).", 2.0, minimum=0.1, maximum=3600),
+    Field("restart", "poll_seconds", "float", "How often the supervisor asks Slurm about its job while an "
+          "attempt starts or ends (one single-job query).", 2.0, minimum=0.1, maximum=3600),
+    Field("restart", "poll_max_seconds", "float", "The longest the supervisor waits between two looks at a job "
+          "that is not changing (pending or running): the interval doubles from poll_seconds up to this.",
+          30.0, minimum=0.1, maximum=3600),
     Field("restart", "webhook", "str", "URL that gets a JSON POST on blame, stop and completion."),
 )
 
@@ -201,6 +204,7 @@ class RestartSection:
     unresponsive_seconds: float = 30.0
     on_too_few_nodes: str = "wait"
     poll_seconds: float = 2.0
+    poll_max_seconds: float = 30.0
     webhook: str | None = None
 
 

@@ -38,13 +38,23 @@ from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
 from clusterctl.slurm.jobs import JobReport
 from clusterctl.slurm.names import is_node_name
-from clusterctl.slurm.nodes import NodeState, parse_sinfo_json
+from clusterctl.slurm.nodes import NodeState, SlurmNode, parse_sinfo_json
 from clusterctl.slurm.version import SlurmVersionError
 
 EXIT_DONE, EXIT_STOPPED, EXIT_CANCELLED = 0, 1, 2
 JOB_ID_REUSE_SLACK = 60.0  # a report submitted this long before our sbatch is another job with a reused id
 MISSING_POLLS = 15  # polls a submitted job may be absent from squeue and sacct before it counts as lost
 LOG_TAIL_BYTES = 64 * 1024
+SINGLE_NODE_READS = 32  # a job on more nodes reads the (shared) node table once instead of each node alone
+CHANGING_STATES = frozenset({"CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"})
+"""Job states on the way in or out: watched at the fast interval."""
+
+
+def next_poll_interval(previous: float, changed: bool, fastest: float, slowest: float) -> float:
+    """The wait before the next look at a job: `fastest` after anything changed (an attempt starting
+    or ending), else twice the last wait, up to `slowest` (a job pending or running steadily)."""
+    slowest = max(fastest, slowest)
+    return fastest if changed else min(slowest, max(fastest, previous * 2))
 
 
 def job_nodes(report: JobReport) -> list[str]:
@@ -98,6 +108,8 @@ class Supervisor:
         self._slurm_errors = 0
         self._last_wait_message = ""
         self._silent_since: dict[str, float] = {}
+        self._interval = self.spec.restart.poll_seconds
+        self._last_seen: tuple[object, ...] | None = None
         # Watching reads go through a cache shared with the other supervisors of this runs
         # directory; checks before an sbatch (live copies, reconciling) ask Slurm directly.
         self.reads = SharedReads(self.slurm, self.run.path.parent, self.spec.restart.poll_seconds, self.hooks.clock)
@@ -145,6 +157,33 @@ class Supervisor:
     def _nodes(self) -> dict[str, NodeState]:
         return {n.name: n for n in parse_sinfo_json(self.reads.nodes_json())}
 
+    def _job_node_states(self, names: list[str]) -> dict[str, NodeState]:
+        """Only the job's own nodes: one single-node query each (a fraction of a millisecond of
+        controller time, whatever the cluster's size), or the shared node table for a large job."""
+        if len(names) > SINGLE_NODE_READS:
+            wanted = set(names)
+            return {name: n for name, n in self._nodes().items() if name in wanted}
+        release = self.slurm.release()
+        states = {}
+        for name in names:
+            try:
+                states[name] = SlurmNode(name, self.slurm.runner, self.slurm.timeout, release=release).state()
+            except SlurmVersionError:
+                raise
+            except SlurmCommandError as exc:
+                if exc.returncode != 0:
+                    raise
+                # sinfo answered but does not list the node (gone from slurm.conf): nothing to hold against it
+        return states
+
+    def _poll_wait(self, seen: tuple[object, ...], changing: bool) -> float:
+        """The adaptive interval: fast while the attempt starts or ends, slow while it pends or runs."""
+        changed = changing or seen != self._last_seen
+        self._last_seen = seen
+        self._interval = next_poll_interval(self._interval, changed, self.spec.restart.poll_seconds,
+                                            self.spec.restart.poll_max_seconds)
+        return self._interval
+
     def _checkpoint(self) -> Checkpoint | None:
         directory = self.spec.checkpoint_dir(str(self.run.path))
         if not directory:
@@ -186,7 +225,7 @@ class Supervisor:
                     self.run.record(Waiting(at=self.run.now(), message=message))
                     self.hooks.say(f"waiting: {message}")
                     self._last_wait_message = message
-                self.hooks.sleep(max(self.spec.restart.poll_seconds, 5.0))
+                self.hooks.sleep(max(self.spec.restart.poll_max_seconds, self.spec.restart.poll_seconds, 5.0))
             return
         live = self._live_copies()
         if live:  # never two live copies: an earlier attempt is still in Slurm's hands
@@ -231,7 +270,7 @@ class Supervisor:
     # ---- watching -----------------------------------------------------------------
     def _report(self, attempt: AttemptState) -> JobReport | None:
         assert attempt.job_id is not None
-        report = self.reads.queue().get(attempt.job_id)
+        report = self.slurm.job(attempt.job_id)
         if report is not None and report.submit_time and report.submit_time < attempt.submitted_at - JOB_ID_REUSE_SLACK:
             report = None  # the controller's job with this id is an older one (ids restart on a fresh cluster)
         if report is None:
@@ -239,6 +278,8 @@ class Supervisor:
             if found is not None and (not found.submit_time
                                       or found.submit_time >= attempt.submitted_at - JOB_ID_REUSE_SLACK):
                 report = found
+        if report is not None and report.terminal and report.source == "squeue" and report.exit_code is None:
+            report = self.slurm.job_exit(report)  # once per attempt: the one-job query has no exit code
         return report
 
     def _watch(self, attempt: AttemptState, state: RunState) -> None:
@@ -254,7 +295,7 @@ class Supervisor:
             self._decide(attempt, state, report, None)
             return
         elif report.state == "RUNNING" and not attempt.ended_by_us:
-            nodes = self._nodes()
+            nodes = self._job_node_states(job_nodes(report))
             now = self.hooks.clock()
             for name, node in nodes.items():  # how long each node has been silent, as we saw it
                 if not_responding(node):
@@ -267,7 +308,9 @@ class Supervisor:
             if suspects:
                 self._end_attempt(attempt, suspects)
         self._show(attempt, state, report)
-        self.hooks.sleep(self.spec.restart.poll_seconds)
+        seen = (attempt.job_id, report.state if report else None, report.nodes if report else None)
+        changing = report is None or bool(attempt.ended_by_us) or (report.state in CHANGING_STATES)
+        self.hooks.sleep(self._poll_wait(seen, changing))
 
     def _end_attempt(self, attempt: AttemptState, suspects: list[Blame]) -> None:
         """Don't wait for ranks hung in a collective behind a dead node: end the attempt now."""
@@ -279,7 +322,7 @@ class Supervisor:
         self.slurm.cancel([attempt.job_id])
 
     def _evidence(self, attempt: AttemptState, report: JobReport) -> Outcome:
-        nodes = self._nodes()
+        nodes = self._job_node_states(job_nodes(report))
         records = self._epilog_records(report.job_id, attempt.submitted_at)
         log = self._log_tail(report.job_id)
         ended_by_us = [Blame.from_journal(b) for b in attempt.ended_by_us]

@@ -23,6 +23,7 @@ from clusterctl.clock import utc
 from clusterctl.files import atomic_write
 from clusterctl.records.actions import Action
 from clusterctl.records.drain_reason import DrainReason
+from clusterctl.slurm.jobs import job_line_argv
 from clusterctl_testbed.cluster import DAEMON_PATH, Testbed
 from clusterctl_testbed.gpu_faults import Fault, inject
 from clusterctl_testbed.layout import CONTROLLER, Layout
@@ -141,6 +142,13 @@ def record_all(rec: Recorder, jobs: dict[str, str]) -> None:
     r("squeue-only-job-state", ["squeue", "--only-job-state", "--json", "-t", "all"], "24.05+: the cheap state RPC")
     r("squeue-only-job-state-j-several", ["squeue", "--only-job-state", "--json", "-t", "all", "-j", several],
       "24.05+: the cheap state RPC for several jobs")
+    for role in ("completed", "failed", "cancelled", "node_fail", "running", "pending"):
+        r(f"squeue-job-line-{role}", job_line_argv(jobs[role]),
+          "one job as a text line: one REQUEST_JOB_INFO_SINGLE (the supervisor's poll, Slurm.job)")
+    r("squeue-job-line-unknown", job_line_argv("999999"), "a job the controller no longer holds")
+    r("scontrol-show-job-failed", ["scontrol", "show", "job", jobs["failed"]],
+      "one job's exit code before 24.05.1 (Slurm.job_exit)")
+    r("scontrol-show-job-running", ["scontrol", "show", "job", jobs["running"]], "a job still running")
     r("squeue-running-on-node1", ["squeue", "-h", "-w", "node1", "-t", "RUNNING", "-o", "%A"],
       "clusterctl.slurm.nodes: running jobs on a node")
     r("sacct", ["sacct", "--json", "-j", every], "every job with its steps (Slurm.sacct)")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import datetime
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -354,3 +355,64 @@ def parse_sbatch_parsable(text: str) -> str:
     if not is_job_id(job_id):
         raise SlurmCommandError(["sbatch", "--parsable"], 0, f"unexpected output {text.strip()!r}")
     return job_id
+
+
+JOB_LINE_FORMAT = "%A|%T|%U|%V|%S|%e|%r|%N|%k"
+"""`squeue -o` fields of one job: id, state, uid, submit/start/end time, reason, nodes, comment
+(last: the only free text, it may itself contain `|`)."""
+
+_NO_TIME = frozenset({"", "N/A", "NONE", "UNKNOWN"})
+
+
+def job_line_argv(job_id: str) -> list[str]:
+    """`squeue -h -t all -j ID -o JOB_LINE_FORMAT`: one job in about 100 bytes.
+
+    One REQUEST_JOB_INFO_SINGLE on every release (measured: bench/fleet_bench.py --probe), whatever
+    the queue's length; `--json` with `-j` moves the whole queue on 22.05 and ~15 KB on 24.05.1+.
+    """
+    return ["squeue", "-h", "-t", "all", "-j", job_id, "-o", JOB_LINE_FORMAT]
+
+
+def _line_time(text: str) -> float:
+    """squeue's local `YYYY-MM-DDTHH:MM:SS` as epoch seconds; 0 when unset or not in that form
+    (SLURM_TIME_FORMAT changes it): a time is context, never the state a decision rests on."""
+    if text.strip().upper() in _NO_TIME:
+        return 0.0
+    try:
+        return datetime.strptime(text.strip(), "%Y-%m-%dT%H:%M:%S").timestamp()
+    except ValueError:
+        return 0.0
+
+
+def parse_job_line(text: str, job_id: str, release: SlurmVersion | None = None,
+                   argv: Sequence[str] | None = None) -> JobReport | None:
+    """job_line_argv's output → the job's report (None when squeue printed no line: not held).
+
+    The exit code is not in this output (None): read it with the job's JSON report once it is
+    terminal.  A line of any other shape is a SlurmVersionError naming the release and the command.
+    """
+    command = list(argv or job_line_argv(job_id))
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return None
+
+    def fail(what: str) -> NoReturn:
+        raise SlurmVersionError(command, f"Slurm {release or '(release unknown)'}: {what}; this clusterctl "
+                                         "cannot read it")
+
+    if len(lines) != 1:
+        fail(f"{len(lines)} lines for one job, expected one")
+    parts = lines[0].split("|", 8)
+    if len(parts) != 9:
+        fail(f"the line {lines[0][:60]!r} is not {JOB_LINE_FORMAT}")
+    found, state, uid, submit, start, end, reason, nodes, comment = parts
+    if found.strip() != job_id:
+        fail(f"the line names job {found.strip()[:20]!r}, expected {job_id}")
+    state = state.strip()
+    if not state.replace("_", "").isalpha() or not state.isupper():
+        fail(f"the state {state[:30]!r} is not a Slurm job state")
+    uid = uid.strip()
+    return JobReport(job_id, "", state, reason.strip(), nodes.strip(), None, None, _line_time(submit),
+                     _line_time(start), _line_time(end), source="squeue",
+                     comment="" if comment.strip() == "(null)" else comment.rstrip("\n"),
+                     user_id=int(uid) if uid.isascii() and uid.isdigit() else None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from clusterctl.errors import RunError
 from clusterctl.launcher.runs import RunDir, create_run
 from clusterctl.launcher.shared_reads import SharedReads
 from clusterctl.slurm.commands import Completed, Slurm
+from clusterctl.slurm.jobs import job_line_argv
 from clusterctl.launcher.spec import load_spec
 from clusterctl.launcher.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks, Supervisor
 from clusterctl.records.actions import Action
@@ -58,6 +60,26 @@ class ScriptedSlurm:
         if argv[:2] == ["squeue", "--json"]:
             self.on_poll()
             return Completed(0, json.dumps({"jobs": list(self.jobs.values())}), "")
+        if argv[:5] == ["squeue", "-h", "-t", "all", "-j"]:  # the supervisor's one-job poll
+            self.on_poll()
+            job = self.jobs.get(argv[5])
+            if job is None:
+                return Completed(1, "", "slurm_load_jobs error: Invalid job id specified")
+            when = [time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(job[k])) if job[k] else "N/A"
+                    for k in ("submit_time", "start_time", "end_time")]
+            return Completed(0, "|".join([argv[5], job["job_state"], str(os.getuid()), *when, job["state_reason"],
+                                          job["nodes"], job["comment"]]) + "\n", "")
+        if argv[:3] == ["scontrol", "show", "job"]:  # 22.05: the exit code of an ended job
+            job = self.jobs[argv[3]]
+            status = job["exit_code"]
+            return Completed(0, f"JobId={argv[3]} JobName=toy\n   JobState={job['job_state']} Reason=None "
+                                f"ExitCode={status >> 8}:{status & 0x7f}\n", "")
+        if argv[:3] == ["sinfo", "-h", "-n"]:  # one node as text
+            node = self.nodes[argv[3]]
+            state = node["state"] + ("*" if "NOT_RESPONDING" in node["flags"] else "")
+            if "DRAIN" in node["flags"]:
+                state = "drained"
+            return Completed(0, f"{argv[3]}|{state}|gpu|{node['reason'] or 'none'}\n", "")
         if argv[:2] == ["sacct", "--json"]:
             return Completed(0, json.dumps({"jobs": []}), "")
         if argv[:2] == ["sinfo", "--json"]:
@@ -269,3 +291,33 @@ def test_a_shared_answer_it_cannot_read_is_asked_of_slurm_again(tmp_path):
     (tmp_path / f".clusterctl-{os.getuid()}" / ".slurm-squeue.json").write_text('{"kind": "slurm-cache", "version": 9}')
     assert SharedReads(Slurm(slurm), tmp_path, 2.0, clock.time).queue() == {} and calls["squeue"] == 1
     assert SharedReads(Slurm(slurm), tmp_path, 2.0, clock.time).queue() == {} and calls["squeue"] == 1
+
+
+def test_a_supervised_run_polls_its_own_job_and_nodes_never_the_whole_queue_or_table(world):
+    run, slurm, clock, said, hooks = world
+    asked: list[list[str]] = []
+    answer = slurm.__call__
+    slurm_calls = {"polls": 0}
+
+    def script() -> None:
+        slurm_calls["polls"] += 1
+        if slurm_calls["polls"] == 12:
+            slurm.end("1", "COMPLETED")
+    slurm.on_poll = script
+    sleeps: list[float] = []
+    hooks.sleep = lambda s: (sleeps.append(s), clock.sleep(s))
+
+    def recording(argv, timeout):
+        asked.append(list(argv))
+        return answer(argv, timeout)
+    supervisor = _supervisor(run, recording, hooks)
+    assert supervisor.supervise() == EXIT_DONE
+    submitted = next(i for i, a in enumerate(asked) if a[0] == "sbatch" and a[1] != "--version")
+    after = asked[submitted + 1:]
+    polls = [a for a in after if a[:2] == ["squeue", "-h"]]
+    exits = [a for a in after if a[:3] == ["scontrol", "show", "job"]]
+    one_node = [a for a in after if a[0] == "sinfo" and "-n" in a or a[:3] == ["scontrol", "show", "node"] and len(a) > 3]
+    assert len(polls) + len(exits) + len(one_node) == len(after), after  # never the whole queue or node table
+    assert len(polls) == 11 and len(exits) == 1
+    assert sleeps[:6] == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]  # a job running steadily is looked at less often
+    assert job_line_argv("1") in asked
