@@ -40,6 +40,14 @@ class HealthdConfig:
     """host:port for Prometheus metrics; empty disables."""
     breaker_max_share: float = 0.1
     """Refuse to drain (and alert) when healthd would then have drained more than this share of the partition."""
+    breaker_retry: float = 600.0
+    """After the breaker refused a drain, the next try waits this long (jittered, doubling while it stays open)."""
+    breaker_spread_per_node: float = 0.005
+    """Before reading the partition's drained share, wait a random time up to this many seconds per node of
+    the partition (12,500 nodes: up to 62 s): a fault seen on every node at once spreads its reads out."""
+    node_refresh_interval: float = 600.0
+    """How often healthd reads its node's Slurm state when nothing happens (jittered ±20%); it also reads
+    it before every drain or resume.  Periodic checks themselves ask Slurm nothing."""
     resume_when_clean: bool = False
     clean_checks: int = 3
     disk_paths: tuple[str, ...] = ("/", "/tmp")
@@ -88,7 +96,8 @@ def load_config(path: Path | None) -> HealthdConfig:
 _BOUNDS: dict[str, tuple[float, float]] = {
     "check_interval": (1.0, 3600.0), "nvml_timeout": (0.1, 60.0), "event_wait_ms": (10, 60_000),
     "xid_dedup_window": (0.0, 7 * 86400.0), "breaker_max_share": (0.0, 1.0), "clean_checks": (1, 1000),
-    "hook_timeout": (1.0, 3600.0),
+    "hook_timeout": (1.0, 3600.0), "breaker_retry": (1.0, 86400.0), "breaker_spread_per_node": (0.0, 1.0),
+    "node_refresh_interval": (1.0, 86400.0),
 }
 
 

@@ -3,13 +3,20 @@
 Threads and what they move:
   events    NVML event wait loop (Xid, DBE, GPU unavailable, recovery action) → inbox
   kmsg      kernel-log follower (NVRM Xid lines) → inbox; keeps the kernel-log cursor
-  periodic  every check_interval: GPU and host samples (sampler.py), Slurm's view of the node → inbox
+  periodic  every check_interval: GPU and host samples (sampler.py) → inbox; Slurm's view of the node
+            only every node_refresh_interval (jittered), or once after healthd drained or resumed it
   applier   applies journaled actions one at a time (retrying while slurmctld is away) → inbox
   main      the only owner of the engine state: steps it, journals planned actions before
             handing them to the applier, writes the state file, feeds the watchdog
 
-The doors are passed in (Slurm node, NVML, clock, host sampler, boot time, metrics), so a
-test drives the daemon with fakes.  The watchdog is fed only while the main loop, the
+The doors are passed in (Slurm node, NVML, clock, host sampler, boot time, metrics, random), so
+a test drives the daemon with fakes.
+
+What it asks of slurmctld (bench/fleet_bench.py, README "Fleet scale"): nothing per periodic
+check; its own node with one single-node query every node_refresh_interval and before each
+drain or resume; the partition's drained share (one whole-table read, a few KB of text) only
+before a drain, after a random wait that grows with the partition, and after the breaker
+refused, not again for breaker_retry (doubling while it stays open).  The watchdog is fed only while the main loop, the
 applier and the periodic loop are alive; a hung NVML call is a finding, not a reason to die.
 """
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import random
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -81,6 +89,8 @@ class Applied:
 
     action: PlannedAction
     decision: engine.ApplyDecision
+    node: NodeState | None = None
+    """The node as the applied call left it (None: unchanged, or not known)."""
 
 
 class Daemon:
@@ -89,14 +99,18 @@ class Daemon:
     def __init__(self, config: HealthdConfig, *, config_path: Path | None = None, slurm: SlurmNode | None = None,
                  nvml: Nvml | None = None, clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None,
                  host_sampler: Callable[[Sequence[str]], HostSample] = sample_host,
-                 boot_time: Callable[[], float] = psutil.boot_time) -> None:
+                 boot_time: Callable[[], float] = psutil.boot_time,
+                 jitter: Callable[[float, float], float] = random.uniform) -> None:
         self.config, self.config_path, self.clock = config, config_path, clock
         self.node = config.node_name
         self.slurm = slurm or SlurmNode(self.node)
         self.metrics = metrics or Metrics()
         self.calls = nvml.call if nvml is not None else TimedCalls(config.nvml_timeout, self.metrics.observe_call)
         self.nvml = nvml or Nvml(self.calls)
-        self.host_sampler, self.boot_time = host_sampler, boot_time
+        self.host_sampler, self.boot_time, self.jitter = host_sampler, boot_time, jitter
+        self.node_due = clock.monotonic()  # the first periodic check reads the node
+        self.applied_node: NodeState | None = None
+        self.refusals = 0  # breaker refusals in a row: each doubles the wait before the next try
         self.nvml_ready = False
         self.inbox: queue.Queue[Observed | Applied] = queue.Queue()
         self.actions: queue.Queue[PlannedAction] = queue.Queue()
@@ -139,7 +153,10 @@ class Daemon:
         """Step the engine with one input and carry out its effects (journal first, then hand over)."""
         now = self.clock.now()
         if isinstance(item, Applied):
-            outcome = engine.applied(self.state, item.action, item.decision, now)
+            self.refusals = self.refusals + 1 if item.decision.result == "breaker-open" else 0
+            retry = min(self.settings.breaker_retry * 2 ** (self.refusals - 1), 8 * self.settings.breaker_retry)
+            outcome = engine.applied(self.state, item.action, item.decision, now,
+                                     retry_after=retry * self.jitter(0.8, 1.2), node=item.node)
         else:
             if item.gpu_count is not None:
                 self.gpu_count = item.gpu_count
@@ -315,11 +332,17 @@ class Daemon:
             count = scan.count
         findings += check_host(self.host_sampler(self.config.watched_disk_paths), self.config.checks, now,
                                self.config.disk_drain_paths)
-        try:
-            node, node_at = self.slurm.state(), self.clock.now()
-        except SlurmCommandError as exc:
-            log.info("slurm unreachable for node state: %s", exc)
-            node, node_at = None, None
+        node, node_at = None, None
+        if self.clock.monotonic() >= self.node_due:
+            # Nothing changes this node's Slurm state but healthd (which knows what it did) and an
+            # admin: a slow jittered read is enough, and 12,500 nodes never ask in step.
+            try:
+                node, node_at = self.slurm.state(), self.clock.now()
+            except SlurmCommandError as exc:
+                log.info("slurm unreachable for node state: %s", exc)
+            interval = self.config.node_refresh_interval
+            self.node_due = self.clock.monotonic() + (interval * self.jitter(0.8, 1.2) if node else
+                                                      min(interval, 4 * self.config.check_interval))
         return Observed("periodic", tuple(findings), node, node_at, count)
 
     # ---- the applier: data out to Slurm --------------------------------------------------------
@@ -348,21 +371,34 @@ class Daemon:
             self.journal.done(action.id, decision.result)
             self.metrics.drain_actions.labels(action.op, decision.result).inc()
             log.info("%s node %s: %s (%s)", action.op, self.node, decision.result, action.reason)
-            self.inbox.put(Applied(action, decision))
+            self.inbox.put(Applied(action, decision, self.applied_node))
 
     def apply(self, action: PlannedAction) -> engine.ApplyDecision:
         """Ask Slurm about this node, let the engine decide, make the Slurm call it chose.
 
+        A drain first waits a random time that grows with the partition (breaker_spread_per_node)
+        when the breaker must count it, then reads this node again (it may have been drained
+        meanwhile) and the partition's share.  Sets `applied_node` to the node as the call left it.
         Raises SlurmCommandError while Slurm cannot be reached (the applier retries).
         """
+        self.applied_node = None
         node = self.slurm.state()
         partition = engine.breaker_partition(self.settings, action, node)
-        nodes = self.slurm.partition_nodes(partition) if partition else []
-        decision = engine.decide_apply(self.settings, action, node, nodes, self.clock.now())
+        if partition and self.config.breaker_spread_per_node > 0:
+            spread = self.slurm.partition_size(partition) * self.config.breaker_spread_per_node
+            if spread > 0 and self.stop.wait(self.jitter(0.0, spread)):
+                raise SlurmCommandError(["healthd"], None, "stopping before the drain was decided")
+            node = self.slurm.state()
+            partition = engine.breaker_partition(self.settings, action, node)
+        share = self.slurm.partition_share(partition) if partition else None
+        decision = engine.decide_apply(self.settings, action, node, share, self.clock.now())
         if decision.call == "drain":
             self.slurm.drain(action.reason)
+            self.applied_node = replace(node, flags=(*node.flags, "DRAIN"), reason=action.reason)
         elif decision.call == "resume":
             self.slurm.resume()
+            self.applied_node = replace(node, flags=tuple(f for f in node.flags if f != "DRAIN"), reason="",
+                                        state="idle" if node.state in ("drained", "drain") else node.state)
         elif decision.result == "dry-run":
             log.warning("dry run: would %s %s: %s", action.op, self.node, action.reason)
         return decision

@@ -25,7 +25,7 @@ from clusterctl.records.healthd_actions import PlannedAction
 from clusterctl.records.healthd_job_start import JobStart
 from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding
 from clusterctl.records.healthd_xid_history import XidSighting
-from clusterctl.slurm.nodes import NodeState
+from clusterctl.slurm.nodes import NodeState, PartitionShare
 
 RECENT_EVENTS = 50
 """One-off findings kept for the state file (older ones fall off)."""
@@ -53,13 +53,17 @@ class EngineSettings:
     breaker_max_share: float = 0.1
     partition: str = ""
     dry_run: bool = False
+    breaker_retry: float = 600.0
+    """After the breaker refused a drain, no new drain is planned for this long (the daemon jitters it):
+    in a fault seen on every node at once, each node asks for the partition's share once, not every check."""
 
     @classmethod
     def from_config(cls, config: HealthdConfig, node: str) -> EngineSettings:
         """The engine's settings from healthd.toml (`node`: this node's Slurm name)."""
         return cls(node=node, policy=config.policy, dedup_window=config.xid_dedup_window,
                    resume_when_clean=config.resume_when_clean, clean_checks=config.clean_checks,
-                   breaker_max_share=config.breaker_max_share, partition=config.partition, dry_run=config.dry_run)
+                   breaker_max_share=config.breaker_max_share, partition=config.partition, dry_run=config.dry_run,
+                   breaker_retry=config.breaker_retry)
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,10 @@ class EngineState:
     """Clean periodic checks in a row while drained by us (towards resume_when_clean)."""
     drain_in_flight: bool = False
     """A drain was planned and its outcome is not known yet: do not plan another."""
+    drain_refused_until: float = 0.0
+    """The breaker refused a drain: none is planned before this time (the worst one seen is deferred)."""
+    deferred: tuple[str, StateFinding] | None = None
+    """(drain reason, finding) of the worst drain-class finding seen while drains were refused."""
     last_seen: Mapping[tuple[object, ...], float] = field(default_factory=dict)
     """De-duplication: when each (source, GPU, fault) was last let through."""
     next_id: int = 0
@@ -239,15 +247,23 @@ def step(state: EngineState, settings: EngineSettings, source: str, findings: Se
     if worst is not None:
         state = replace(state, clean_checks=0)
         known_drained = state.node is not None and state.node.drained_by_us
-        if not state.drain_in_flight and not (source == "periodic" and known_drained):
-            finding, verdict = worst
-            state, planned = _plan(state, settings, "drain", drain_reason(finding, verdict, now).render(), now,
-                                   state_finding(finding, verdict))
-            state = replace(state, drain_in_flight=True)
+        finding, verdict = worst
+        wanted = (drain_reason(finding, verdict, now).render(), state_finding(finding, verdict))
+        if now < state.drain_refused_until:
+            if state.deferred is None or verdict.action > state.deferred[1].action:
+                state = replace(state, deferred=wanted)
+        elif not state.drain_in_flight and not (source == "periodic" and known_drained):
+            state, planned = _plan(state, settings, "drain", wanted[0], now, wanted[1])
+            state = replace(state, drain_in_flight=True, deferred=None)
             effects.append(Drain(planned))
     elif source == "periodic":
         state, resume = _maybe_resume(state, settings, now, boot_time)
         effects += resume
+    if state.deferred is not None and now >= state.drain_refused_until and not state.drain_in_flight:
+        # A drain-class event seen while the breaker held drains back is tried again once it may be.
+        state, planned = _plan(state, settings, "drain", state.deferred[0], now, state.deferred[1])
+        state = replace(state, drain_in_flight=True, deferred=None)
+        effects.append(Drain(planned))
     return Step(_acknowledge_if_back_in_service(state, now), tuple(effects), tuple(judged))
 
 
@@ -339,10 +355,10 @@ def breaker_partition(settings: EngineSettings, action: PlannedAction, node: Nod
 
 
 def decide_apply(settings: EngineSettings, action: PlannedAction, node: NodeState,
-                 partition_nodes: Sequence[NodeState], now: float) -> ApplyDecision:
+                 share: PartitionShare | None, now: float) -> ApplyDecision:
     """Apply `action` to `node` as Slurm shows it now?  Never overwrites another drain; never
     lifts one that is not ours; refuses (and alerts) rather than drain more than the breaker's
-    share of the partition (`partition_nodes`: that partition, as asked for by `breaker_partition`).
+    share of the partition (`share`: that partition, as asked for by `breaker_partition`).
     """
     if action.op == "resume":
         if not node.drained_by_us:
@@ -353,23 +369,28 @@ def decide_apply(settings: EngineSettings, action: PlannedAction, node: NodeStat
     if node.drained_by_us:
         return ApplyDecision("already-drained")
     partition = breaker_partition(settings, action, node)
-    if partition and partition_nodes:
-        ours = [n for n in partition_nodes if n.drained_by_us and n.name != settings.node]
-        if (len(ours) + 1) / len(partition_nodes) > settings.breaker_max_share:
-            detail = (f"{len(ours)} of {len(partition_nodes)} nodes in {partition} already drained by healthd; "
+    if partition and share is not None and share.nodes:
+        # This node is not drained (checked above): every drained one counted is another node.
+        if (share.drained_by_us + 1) / share.nodes > settings.breaker_max_share:
+            detail = (f"{share.drained_by_us} of {share.nodes} nodes in {partition} already drained by healthd; "
                       f"draining {settings.node} would exceed {settings.breaker_max_share:.0%}")
             return ApplyDecision("breaker-open", None, Alert(utc(now), "breaker-open", action.reason, detail))
     return ApplyDecision("dry-run") if settings.dry_run else ApplyDecision("drained", "drain")
 
 
-def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, now: float) -> Step:
+def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, now: float,
+            retry_after: float = 0.0, node: NodeState | None = None) -> Step:
     """Fold the outcome of an applied action back in.
 
     After a drain decision (whatever its outcome: drained, kept an admin's drain, breaker)
-    the events up to it are handled: healthd has acted on them.
+    the events up to it are handled: healthd has acted on them.  When the breaker refused,
+    no drain is planned for `retry_after` seconds (settings.breaker_retry, jittered by the caller).
+    `node`: the node as the applied call left it (drained, resumed), so no new read is needed.
     """
     alerts = state.alerts
     effects: tuple[Effect, ...] = ()
+    if node is not None:
+        state = replace(state, node=node, node_seen_at=now)
     if decision.alert is not None:
         alerts = (alerts + (decision.alert,))[-RECENT_ALERTS:]
         effects = (RaiseAlert(decision.alert),)
@@ -378,6 +399,8 @@ def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, 
     if action.op == "drain":
         events = tuple(replace(e, handled=True) if e.at_ts <= action.at + 1e-3 else e for e in state.events)
         state = replace(state, events=events, drain_in_flight=False, drain_outcome_at=now)
+        if decision.result == "breaker-open":
+            state = replace(state, drain_refused_until=now + retry_after)
     return Step(replace(state, alerts=alerts), effects)
 
 

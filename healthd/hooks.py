@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterctl.clock import utc
+from clusterctl.clock import parse_utc, utc
 from clusterctl.errors import ClusterctlError, SlurmCommandError
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.engine import EngineSettings, breaker_partition, decide_apply
@@ -27,7 +27,7 @@ from clusterctl.healthd.policy import drain_reason, judge
 from clusterctl.records.drain_reason import DrainReason
 from clusterctl.records.healthd_actions import PlannedAction
 from clusterctl.records.healthd_job_start import JobStart, job_start_path, read_job_start, write_job_start
-from clusterctl.records.healthd_state import HealthdState
+from clusterctl.records.healthd_state import Alert, HealthdState
 from clusterctl.records.healthd_node_record import NodeRecordEntry, append_node_record
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord, write_job_health
 from clusterctl.records.versioned import RecordError
@@ -77,15 +77,22 @@ def _drain(hook: str, config: HealthdConfig, node: str, reason: DrainReason,
            slurm_factory: Callable[[str], SlurmNode]) -> DrainOutcome:
     """Drain through the daemon's own rules (engine.decide_apply): never over another drain, and never
     past the breaker's share of the partition, so a fault seen on every node at once (a driver
-    update, a forged line) cannot take the whole partition out through the hooks either."""
+    update, a forged line) cannot take the whole partition out through the hooks either.
+
+    When the running healthd found the breaker open less than breaker_retry ago, that verdict
+    stands and Slurm is not asked: in such an event every job start on every node would
+    otherwise read the partition again."""
     now = time.time()
+    refused = recent_breaker_alert(config, now)
+    if refused is not None:
+        return DrainOutcome(f"breaker open (healthd, {refused.at}), not draining: {refused.detail}", False)
     settings = EngineSettings.from_config(config, node)
     action = PlannedAction(f"{hook}-drain-{node}-{int(now * 1e9)}", "drain", reason.render(), now)
     slurm = slurm_factory(node)
     try:
         state = slurm.state()
         partition = breaker_partition(settings, action, state)
-        decision = decide_apply(settings, action, state, slurm.partition_nodes(partition) if partition else [], now)
+        decision = decide_apply(settings, action, state, slurm.partition_share(partition) if partition else None, now)
         if decision.call == "drain":
             slurm.drain(action.reason)
     except SlurmCommandError as exc:
@@ -97,6 +104,18 @@ def _drain(hook: str, config: HealthdConfig, node: str, reason: DrainReason,
     if decision.alert is not None:
         return DrainOutcome(f"breaker open, not draining: {decision.alert.detail}", False)
     return DrainOutcome(f"dry run: would drain: {action.reason}", False)
+
+
+def recent_breaker_alert(config: HealthdConfig, now: float) -> Alert | None:
+    """The breaker-open alert a live healthd raised less than breaker_retry ago, if any."""
+    state, _ = read_state(config)
+    if state is None or not state_is_fresh(state, config, now):
+        return None
+    for alert in reversed(state.alerts):
+        at = parse_utc(alert.at)
+        if alert.alert == "breaker-open" and at is not None and 0 <= now - at < config.breaker_retry:
+            return alert
+    return None
 
 
 def _problem_reason(problem: Problem) -> DrainReason:

@@ -159,11 +159,17 @@ def record_all(rec: Recorder, jobs: dict[str, str]) -> None:
     for node in ("node1", "node2", "node3", "node4"):
         r(f"sinfo-n-{node}", ["sinfo", "--json", "-n", node], "one node (SlurmNode.state)")
         r(f"scontrol-show-node-{node}", ["scontrol", "show", "node", node, "--json"], "one node, 23.02+")
+        r(f"sinfo-one-node-{node}", ["sinfo", "-h", "-n", node, "-o", "%N|%T|%P|%E"],
+          "one node as text: one single-node RPC (REQUEST_NODE_INFO_SINGLE) on every release (SlurmNode.state)")
     r("sinfo-N", ["sinfo", "--json", "-N"], "every node, one group per node (per-node reasons on 23.02+)")
     r("sinfo-N-p-gpu", ["sinfo", "--json", "-N", "-p", "gpu"], "one partition, one group per node")
     r("scontrol-show-node", ["scontrol", "show", "node", "--json"],
       "every node, 23.02+ (Slurm.nodes_json, SlurmNode.partition_nodes)")
     r("sinfo-nodes", ["sinfo", "-h", "-N", "-o", "%N|%T"], "Slurm.idle_nodes")
+    r("scontrol-show-partition-gpu", ["scontrol", "show", "partition", "gpu"],
+      "one partition's size (TotalNodes): a cheap REQUEST_PARTITION_INFO (SlurmNode.partition_size)")
+    r("sinfo-share-p-gpu", ["sinfo", "-h", "-p", "gpu", "-o", "%D|%T|%E"],
+      "one partition grouped by state and reason: healthd's breaker (SlurmNode.partition_share)")
     r("sinfo-nodes-p-gpu", ["sinfo", "-h", "-N", "-o", "%N|%T", "-p", "gpu"], "Slurm.idle_nodes with a partition")
     r("scontrol-show-topology", ["scontrol", "show", "topology"], "Slurm.topology")
     r("scontrol-show-config", ["scontrol", "show", "config"], "Slurm.config")

@@ -12,6 +12,14 @@ SchedMD's data_parser plugins for 23.02):
   group of several nodes therefore cannot say why each is drained; such a group is refused
   unless none of its nodes can have a reason (`sinfo --json -N` gives one node per group).
 
+- What a read costs slurmctld (bench/fleet_bench.py --probe, 12,500 nodes, 22.05.8 and 26.05.5):
+  `sinfo -n N` with a text format is one single-node RPC (REQUEST_NODE_INFO_SINGLE, 0.1-0.5 ms)
+  on every release, so healthd reads its own node that way (`parse_one_node_text`);
+  `scontrol show node N` (text or --json) and 22.05's `sinfo --json -n N` ask for the whole
+  table (REQUEST_NODE_INFO, 15-73 ms).  Any other `sinfo` is a whole-table RPC whatever its
+  filters; grouped by state and reason (`-o %D|%T|%E`) it prints a few KB instead of 15 MB of
+  JSON, which is how the drain breaker counts a partition (`parse_partition_share`).
+
 Every shape becomes the same `NodeState`.  What this module cannot read is a SlurmVersionError
 naming the release, the command and the field, never a node read as healthy.
 The reason is passed to scontrol as one argv element: it never meets a shell.
@@ -220,22 +228,138 @@ def parse_sinfo_json(text: str, command: Sequence[str] = ("sinfo", "--json"),
     return parse_nodes_json(text, command, release)
 
 
+_STATE_MARKS = "*~#!%$@^-+"
+"""Suffixes sinfo adds to a state word (`*` not responding, `~` powered off, `-` planned, ...)."""
+
+
+def _sinfo_state(shape: _Shape, value: str, path: str) -> tuple[str, tuple[str, ...]]:
+    """sinfo's long state (`drained`, `draining*`, `mixed+drain`) → (state lower-cased, flags).
+
+    sinfo folds DRAIN into the state word (`drained`: idle and drained, `draining`: still
+    running jobs); the DRAIN and FAIL flags are given back so NodeState reads the same as
+    from JSON.
+    """
+    words = [word.strip().rstrip(_STATE_MARKS).lower() for word in value.split("+")]
+    words = [word for word in words if word]
+    if not words or not all(word.replace("_", "").isalpha() for word in words):
+        raise shape.error(path, f"is {value!r}, expected a node state such as idle, drained or mixed")
+    flags = tuple(flag for flag, spellings in (("DRAIN", ("drain", "drained", "draining")), ("FAIL", ("fail", "failing")))
+                  if any(word in spellings for word in words))
+    return words[0], flags
+
+
+def one_node_text_argv(node: str) -> list[str]:
+    """`sinfo -h -n N -o %N|%T|%P|%E`: one single-node RPC (REQUEST_NODE_INFO_SINGLE) on every release,
+    a line per partition of the node, the reason last (it may contain `|`).
+
+    Measured at 12,500 nodes: `scontrol show node N` (text or --json) asks slurmctld for the
+    whole table (REQUEST_NODE_INFO, 15-73 ms), as does 22.05's `sinfo --json -n N`; this is
+    REQUEST_NODE_INFO_SINGLE (0.1-0.5 ms) on 22.05 and 26.05 alike.
+    """
+    return ["sinfo", "-h", "-n", node, "-o", "%N|%T|%P|%E"]
+
+
+def parse_one_node_text(text: str, node: str, command: Sequence[str] | None = None,
+                        release: SlurmVersion | None = None) -> NodeState:
+    """Node `node` from `sinfo -h -n N -o %N|%T|%P|%E` output (one line per partition).
+
+    Raises SlurmCommandError when sinfo does not list the node, SlurmVersionError naming the
+    release, the command and the line for any other shape.
+    """
+    argv = list(command or one_node_text_argv(node))
+    shape = _Shape(argv, str(release) if release else "(release not stated)")
+    found: NodeState | None = None
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        parts = line.split("|", 3)
+        if len(parts) != 4:
+            raise shape.error(f"line {number}", f"is {line[:60]!r}, expected NAME|STATE|PARTITION|REASON")
+        name, state_text, partition, reason = (part.strip() for part in parts)
+        if name != node:
+            raise shape.error(f"line {number}", f"names {name[:40]!r}, expected {node!r}", unknown_shape=False)
+        state, flags = _sinfo_state(shape, state_text, f"line {number}")
+        partition = partition.rstrip("*")  # the default partition is marked with *
+        reason = "" if reason == "none" else reason
+        if found is None:
+            found = NodeState(name, state, flags, reason, (partition,) if partition else ())
+        elif partition and partition not in found.partitions:
+            found = NodeState(found.name, found.state, found.flags, found.reason, found.partitions + (partition,))
+    if found is None:
+        raise SlurmCommandError(argv, 0, f"node {node} not known to Slurm")
+    return found
+
+
+@dataclass(frozen=True)
+class PartitionShare:
+    """How many nodes a partition has, and how many of them are drained with healthd's reason."""
+
+    partition: str
+    nodes: int
+    drained_by_us: int
+
+    @classmethod
+    def of(cls, partition: str, nodes: Sequence[NodeState]) -> PartitionShare:
+        """The share of a list of nodes (e.g. parse_nodes_json's), those in `partition` only."""
+        mine = [node for node in nodes if partition in node.partitions]
+        return cls(partition, len(mine), sum(node.drained_by_us for node in mine))
+
+
+def partition_share_argv(partition: str) -> list[str]:
+    """One sinfo of a partition, grouped by state and reason: a few lines whatever the partition's size."""
+    return ["sinfo", "-h", "-p", partition, "-o", "%D|%T|%E"]
+
+
+def parse_partition_share(text: str, partition: str, command: Sequence[str] | None = None,
+                          release: SlurmVersion | None = None) -> PartitionShare:
+    """`sinfo -h -p P -o %D|%T|%E` → the partition's size and its nodes drained by healthd.
+
+    Each line is a count, a state (`drained`, `draining`, `drain`, `idle*`, ...) and the reason
+    its nodes share (the reason comes last: it may itself contain `|`).
+    """
+    argv = list(command or partition_share_argv(partition))
+    shape = _Shape(argv, str(release) if release else "(release not stated)")
+    nodes = ours = 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        count, sep, rest = line.partition("|")
+        state, sep2, reason = rest.partition("|")
+        if not (sep and sep2 and count.strip().isascii() and count.strip().isdigit()):
+            raise shape.error(f"line {number}", f"is {line[:60]!r}, expected COUNT|STATE|REASON")
+        nodes += int(count)
+        if state.strip().rstrip(_STATE_MARKS).lower() in ("drain", "drained", "draining") \
+                and reason.strip().startswith(REASON_PREFIX):
+            ours += int(count)
+    return PartitionShare(partition, nodes, ours)
+
+
+def parse_partition_size(text: str, partition: str, command: Sequence[str] | None = None,
+                         release: SlurmVersion | None = None) -> int:
+    """`scontrol show partition P` → its TotalNodes (a cheap REQUEST_PARTITION_INFO on every release)."""
+    argv = list(command or ["scontrol", "show", "partition", partition])
+    shape = _Shape(argv, str(release) if release else "(release not stated)")
+    for token in text.split():
+        key, _, value = token.partition("=")
+        if key == "TotalNodes":
+            if not (value.isascii() and value.isdigit()):
+                raise shape.error("TotalNodes", f"is {value[:20]!r}, expected a number of nodes")
+            return int(value)
+    raise shape.error("TotalNodes", "is missing (is this `scontrol show partition` output?)")
+
+
 def all_nodes_argv(release: SlurmVersion) -> list[str]:
     """The command that shows every node with its own reason on this release."""
     return ["scontrol", "show", "node", "--json"] if release.scontrol_node_json else ["sinfo", "--json"]
-
-
-def one_node_argv(release: SlurmVersion, node: str) -> list[str]:
-    """The cheapest command showing one node: `scontrol show node N --json`, or on 22.05 the whole
-    `sinfo --json` table (it ignores `-n`; the flag is kept so the intent reads in process lists)."""
-    return ["scontrol", "show", "node", node, "--json"] if release.scontrol_node_json else ["sinfo", "--json", "-n", node]
 
 
 class SlurmNode:
     """The Slurm operations healthd performs for one node.
 
     `release`: the Slurm release, when the caller already knows it; otherwise asked once per
-    process on first need (`sbatch --version`, answered by the client alone).
+    process on first need (`sbatch --version`, answered by the client alone).  What healthd and
+    the hooks call (state, partition_share, partition_size, drain, resume) is the same on every
+    release and never needs it.
     """
 
     def __init__(self, node: str, runner: Runner = subprocess_runner, timeout: float = 10.0, *,
@@ -254,18 +378,27 @@ class SlurmNode:
 
     def state(self) -> NodeState:
         """This node's state; SlurmCommandError when Slurm does not know it."""
-        release = self.release()
-        argv = one_node_argv(release, self.node)
-        for node in parse_nodes_json(self._run(argv), argv, release):
-            if node.name == self.node:
-                return node
-        raise SlurmCommandError(argv, 0, f"node {self.node} not known to Slurm")
+        argv = one_node_text_argv(self.node)  # the same on every release: no `sbatch --version` first
+        return parse_one_node_text(self._run(argv), self.node, argv, self._known_release)
 
     def partition_nodes(self, partition: str) -> list[NodeState]:
-        """Every node of a partition, each with its own reason (filtered here: 22.05 ignores `-p`)."""
+        """Every node of a partition, each with its own reason (filtered here: 22.05 ignores `-p`).
+
+        The whole table as JSON (15 MB at 12,500 nodes): healthd's breaker uses partition_share.
+        """
         release = self.release()
         argv = all_nodes_argv(release)
         return [node for node in parse_nodes_json(self._run(argv), argv, release) if partition in node.partitions]
+
+    def partition_share(self, partition: str) -> PartitionShare:
+        """The partition's size and its nodes drained by healthd: one whole-table RPC, a few lines of text."""
+        argv = partition_share_argv(partition)
+        return parse_partition_share(self._run(argv), partition, argv, self._known_release)
+
+    def partition_size(self, partition: str) -> int:
+        """How many nodes the partition has (REQUEST_PARTITION_INFO: no node is read)."""
+        argv = ["scontrol", "show", "partition", partition]
+        return parse_partition_size(self._run(argv), partition, argv, self._known_release)
 
     def drain(self, reason: str) -> None:
         """Drain this node with the given reason (one argv element: no shell quoting)."""

@@ -12,11 +12,11 @@ import pytest
 from clusterctl.clock import Clock
 from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd.config import HealthdConfig, load_config
-from clusterctl.healthd.daemon import Daemon, Observed
+from clusterctl.healthd.daemon import Applied, Daemon, Observed
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.records.healthd_state import read_healthd_state
 from clusterctl.records.healthd_xid_history import read_xid_history
-from clusterctl.slurm.nodes import NodeState
+from clusterctl.slurm.nodes import NodeState, PartitionShare
 
 T0 = 1795305600.0
 
@@ -38,6 +38,12 @@ class FakeSlurm:
     def partition_nodes(self, partition):
         self.check_up()
         return [NodeState(f"n{i}", "idle", (), "", ("gpu",)) for i in range(9)] + [self.state()]
+
+    def partition_share(self, partition):
+        return PartitionShare.of(partition, self.partition_nodes(partition))
+
+    def partition_size(self, partition):
+        return len(self.partition_nodes(partition))
 
     def drain(self, reason):
         self.check_up()
@@ -120,12 +126,79 @@ def test_a_dry_run_daemon_changes_nothing_in_slurm(config):
     assert shell.apply(shell.actions.get_nowait()).result == "dry-run" and slurm.drains == []
 
 
+class CountingSlurm(FakeSlurm):
+    """FakeSlurm counting reads; `drained_others` nodes of its ten-node partition are drained by healthd."""
+
+    def __init__(self, drained_others: int = 0) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+        self.drained_others = drained_others
+
+    def state(self) -> NodeState:
+        self.reads.append("node")
+        return super().state()
+
+    def partition_share(self, partition):
+        self.reads.append("share")
+        return PartitionShare(partition, 10, self.drained_others)
+
+    def partition_size(self, partition):
+        self.reads.append("size")
+        return 10
+
+
+def test_periodic_checks_ask_slurm_nothing_between_node_refreshes(config, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent")  # no NVML: each check still runs
+    slurm = CountingSlurm()
+    shell = Daemon(replace(config, check_interval=0.1, disk_paths=(), kmsg=config.state_dir / "kmsg"),
+                   slurm=slurm)  # type: ignore[arg-type]
+    threading.Timer(1.5, shell.stop.set).start()
+    assert shell.run() == 0
+    assert slurm.reads == ["node"]  # once at start; the next read is node_refresh_interval away
+    state = read_healthd_state(config.state_dir)
+    assert state is not None and state.slurm is not None and state.slurm.name == "node3"
+
+
+def test_after_the_breaker_refused_the_next_drain_waits_and_then_asks_once(config):
+    now = [T0]
+    slurm = CountingSlurm(drained_others=1)
+    shell = Daemon(replace(config, breaker_retry=600.0), slurm=slurm,  # type: ignore[arg-type]
+                   clock=Clock(now=lambda: now[0]), boot_time=lambda: T0 - 3600, jitter=lambda low, high: low)
+    shell.handle(Observed("nvml-event", (LOST,)))
+    action = shell.actions.get_nowait()
+    decision = shell.apply(action)
+    assert decision.result == "breaker-open" and slurm.drains == []
+    assert slurm.reads == ["node", "size", "node", "share"]  # the spread's wait is 0 here (jitter: low)
+    shell.handle(Applied(action, decision))
+    now[0] = T0 + 60  # another GPU fails: the breaker is not asked again before 0.8 × 600 s
+    shell.handle(Observed("nvml-event", (Finding("gpu-lost", "nvml-event", now[0], gpu=5, uuid="GPU-5"),)))
+    assert shell.actions.empty()
+    now[0] = T0 + 481
+    shell.handle(Observed("periodic", ()))
+    retried = shell.actions.get_nowait()
+    assert retried.op == "drain" and "gpu5" in retried.reason
+
+
+def test_a_drain_leaves_healthd_knowing_the_node_is_drained_without_asking_again(config):
+    slurm = CountingSlurm()
+    shell = daemon(config, slurm)
+    shell.handle(Observed("nvml-event", (LOST,)))
+    action = shell.actions.get_nowait()
+    shell.handle(Applied(action, shell.apply(action), shell.applied_node))
+    assert slurm.reads.count("node") == 2 and slurm.drains == [action.reason]
+    shell.write_state()
+    state = read_healthd_state(config.state_dir)
+    assert state is not None and state.slurm is not None and state.slurm.drained_by_us
+
+
 RUN_DAEMON = """
 import os, signal, sys, threading
 from pathlib import Path
 from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.daemon import Daemon
-from clusterctl.slurm.nodes import NodeState
+from clusterctl.slurm.nodes import NodeState, PartitionShare
 
 class Slurm:
     reason = ""
@@ -133,6 +206,13 @@ class Slurm:
         return NodeState("node3", "idle", ("DRAIN",) if self.reason else (), self.reason, ("gpu",))
     def partition_nodes(self, partition):
         return [self.state()] + [NodeState(f"n{i}", "idle", (), "", ("gpu",)) for i in range(20)]
+
+    def partition_share(self, partition):
+        return PartitionShare.of(partition, self.partition_nodes(partition))
+
+    def partition_size(self, partition):
+        return len(self.partition_nodes(partition))
+
     def drain(self, reason):
         self.reason = reason
     def jobs_here(self):

@@ -12,7 +12,7 @@ from clusterctl.healthd.engine import (
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.policy import PolicyConfig
 from clusterctl.records.healthd_actions import PlannedAction
-from clusterctl.slurm.nodes import NodeState
+from clusterctl.slurm.nodes import NodeState, PartitionShare
 
 SETTINGS = EngineSettings(node="node3", resume_when_clean=True, clean_checks=2)
 T0 = 1795305600.0  # 2026-11-22T00:00:00Z
@@ -120,8 +120,8 @@ def test_a_reboot_class_drain_is_resumed_only_after_a_reboot():
 def test_an_admin_drain_is_never_overwritten_nor_resumed():
     admin = node("admin: bad fan")
     drain = PlannedAction("d1", "drain", "healthd: gpu-lost gpu3 drain-reboot 2026-11-22T00:00:00Z", T0)
-    assert decide_apply(SETTINGS, drain, admin, [], T0).result == "kept-other-drain"
-    assert decide_apply(SETTINGS, replace(drain, op="resume"), admin, [], T0).result == "not-ours"
+    assert decide_apply(SETTINGS, drain, admin, None, T0).result == "kept-other-drain"
+    assert decide_apply(SETTINGS, replace(drain, op="resume"), admin, None, T0).result == "not-ours"
     assert not resume_allowed(admin.reason, boot_time=T0 + 60)
 
 
@@ -129,7 +129,7 @@ def test_the_breaker_alerts_instead_of_draining_past_its_share():
     partition = [node("healthd: ecc-dbe gpu0 drain-reset 2026-11-22T00:00:00Z", "n0"), node(name="n1"),
                  node(name="n2"), node()]
     drain = PlannedAction("d1", "drain", "healthd: gpu-lost gpu3 drain-reboot 2026-11-22T00:00:00Z", T0)
-    decision = decide_apply(SETTINGS, drain, node(), partition, T0)
+    decision = decide_apply(SETTINGS, drain, node(), PartitionShare.of("gpu", partition), T0)
     assert (decision.result, decision.call) == ("breaker-open", None)
     after = applied(EngineState(), drain, decision, T0)
     assert [type(e) for e in after.effects] == [RaiseAlert]
@@ -139,7 +139,7 @@ def test_the_breaker_alerts_instead_of_draining_past_its_share():
 
 def test_dry_run_decides_but_calls_nothing():
     drain = PlannedAction("d1", "drain", "healthd: gpu-lost gpu3 drain-reboot 2026-11-22T00:00:00Z", T0)
-    decision = decide_apply(replace(SETTINGS, dry_run=True), drain, node(), [], T0)
+    decision = decide_apply(replace(SETTINGS, dry_run=True), drain, node(), None, T0)
     assert (decision.result, decision.call) == ("dry-run", None)
 
 
@@ -147,7 +147,7 @@ def test_once_healthd_acted_on_a_fault_the_prolog_leaves_it_to_slurm():
     result = step(EngineState(), SETTINGS, "nvml-event", [lost()], T0)
     assert blocking_in_state(view(result.state), [3])
     drain = result.effects[0].planned
-    done = applied(result.state, drain, decide_apply(SETTINGS, drain, node(), [], T0), T0)
+    done = applied(result.state, drain, decide_apply(SETTINGS, drain, node(), None, T0), T0)
     assert blocking_in_state(view(done.state), [3]) == []
     assert not done.state.drain_in_flight
 
@@ -155,7 +155,7 @@ def test_once_healthd_acted_on_a_fault_the_prolog_leaves_it_to_slurm():
 def test_a_node_back_in_service_treats_the_same_fault_again_as_new():
     first = step(EngineState(), SETTINGS, "nvml-event", [xid(48)], T0)
     drain = first.effects[-1].planned
-    state = applied(first.state, drain, decide_apply(SETTINGS, drain, node(), [], T0), T0).state
+    state = applied(first.state, drain, decide_apply(SETTINGS, drain, node(), None, T0), T0).state
     resumed = step(state, SETTINGS, "periodic", [], T0 + 100, node=node())  # an admin resumed the node
     again = step(resumed.state, SETTINGS, "nvml-event", [xid(48, T0 + 101)], T0 + 101)
     assert len(again.judged) == 1 and drains(again), "not suppressed as part of the old storm"
@@ -169,7 +169,7 @@ def test_a_node_view_from_before_our_drain_landed_does_not_end_the_fault():
     first = step(EngineState(), SETTINGS, "nvml-event", [xid(48)], T0)
     drain = first.effects[-1].planned
     stale = step(first.state, SETTINGS, "periodic", [], T0 + 2, node=node(), node_at=T0 + 0.2).state
-    done = applied(stale, drain, decide_apply(SETTINGS, drain, node(), [], T0), T0 + 2.5).state
+    done = applied(stale, drain, decide_apply(SETTINGS, drain, node(), None, T0), T0 + 2.5).state
     after = step(done, SETTINGS, "nvml-event", [], T0 + 3).state
     assert gpu_verdict(after, 3) is Action.DRAIN_RESET
 
@@ -177,7 +177,7 @@ def test_a_node_view_from_before_our_drain_landed_does_not_end_the_fault():
 def test_a_fault_is_over_once_slurm_shows_the_node_back_in_service():
     first = step(EngineState(), SETTINGS, "nvml-event", [xid(48)], T0)
     drain = first.effects[-1].planned
-    done = applied(first.state, drain, decide_apply(SETTINGS, drain, node(), [], T0), T0 + 0.5).state
+    done = applied(first.state, drain, decide_apply(SETTINGS, drain, node(), None, T0), T0 + 0.5).state
     resumed = step(done, SETTINGS, "periodic", [], T0 + 60, node=node()).state  # an admin resumed it
     assert gpu_verdict(resumed, 3) is Action.IGNORE
 

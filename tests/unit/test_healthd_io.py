@@ -13,7 +13,6 @@ from clusterctl.healthd.kmsg import KernelLog, normalise_pci, parse_gpu_event, p
 from clusterctl.records.healthd_kmsg_cursor import KmsgCursor
 from clusterctl.slurm.nodes import SlurmNode, parse_sinfo_json
 from clusterctl.slurm.commands import Completed
-from clusterctl.slurm.version import SlurmVersion
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 
@@ -84,7 +83,7 @@ def test_node_state_from_recorded_sinfo_json():
     assert not nodes["node1"].draining and nodes["node1"].partitions == ("gpu",)
     ours = {n.name: n for n in parse_sinfo_json((DATA / "sinfo-json-healthd-drain.json").read_text())}
     assert ours["node3"].drained_by_us
-    assert SlurmNode("node3", recorded("sinfo-json-healthd-drain.json"), release=SlurmVersion(22, 5, 8)).state().drained_by_us
+    assert SlurmNode("node3", recorded("26.05/sinfo-one-node-node3.txt")).state().drained_by_us
 
 
 def test_drain_passes_the_reason_as_one_argument():

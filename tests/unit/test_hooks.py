@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl.clock import utc
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.engine import gate_verdict
@@ -22,9 +23,9 @@ from clusterctl.healthd.hooks import run_epilog, run_health_check, run_prolog
 from clusterctl.healthd.policy import PolicyConfig
 from clusterctl.records.healthd_job_start import JobStart, read_job_start, write_job_start
 from clusterctl.records.healthd_node_record import read_node_record
-from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding, write_healthd_state
+from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding, write_healthd_state
 from clusterctl.records.job_health import job_health_path, read_job_health
-from clusterctl.slurm.nodes import NodeState
+from clusterctl.slurm.nodes import NodeState, PartitionShare
 
 
 class FakeSlurm:
@@ -43,6 +44,12 @@ class FakeSlurm:
         others = [NodeState(f"n{i}", "idle", ("DRAIN",), "healthd: ecc-dbe gpu0 drain-reset 2026-11-22T00:00:00Z",
                             ("gpu",)) for i in range(self.drained_by_healthd)]
         return others + [NodeState(f"m{i}", "idle", (), "", ("gpu",)) for i in range(19 - len(others))] + [self.state()]
+
+    def partition_share(self, partition):
+        return PartitionShare.of(partition, self.partition_nodes(partition))
+
+    def partition_size(self, partition):
+        return len(self.partition_nodes(partition))
 
     def drain(self, reason):
         self.drains.append(reason)
@@ -116,6 +123,23 @@ def test_prolog_refuses_a_lost_gpu_and_drains_with_an_owned_reason(config, capsy
     assert run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, slurm, config, node_check=lost_gpu) == 1
     assert slurm.drains and slurm.drains[0].startswith("healthd: gpu-lost gpu1 ")
     assert "job 7 refused on node3: gpu1 gpu-lost" in capsys.readouterr().err
+
+
+def test_while_healthd_holds_the_breaker_open_a_prolog_lets_the_job_in_without_asking_slurm(config, capsys):
+    class Unreachable(FakeSlurm):
+        def state(self):
+            raise AssertionError("the prolog asked Slurm")
+
+    now = time.time()
+    alert = Alert(utc(now - 60), "breaker-open", "healthd: gpu-lost gpu1 drain-reboot",
+                  "3 of 20 nodes in gpu already drained by healthd; draining node3 would exceed 10%")
+    write_state(config, replace(state(now, {}), alerts=(alert,)))
+    assert run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, Unreachable(), config, node_check=lost_gpu) == 0
+    assert "breaker open (healthd, " in capsys.readouterr().err
+    slurm = FakeSlurm(drained_by_healthd=3)  # an hour later the partition is read again
+    write_state(config, replace(state(now, {}), alerts=(replace(alert, at=utc(now - 3600)),)))
+    assert run_prolog({"SLURM_JOB_ID": "8", "SLURM_JOB_GPUS": "0,1"}, slurm, config, node_check=lost_gpu) == 0
+    assert slurm.drains == [] and "3 of 20 nodes in gpu" in capsys.readouterr().err
 
 
 def test_a_prolog_that_cannot_load_nvml_lets_the_job_in_and_drains_nothing(config, capsys):

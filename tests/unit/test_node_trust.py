@@ -29,7 +29,7 @@ from clusterctl.records.healthd_job_start import JobStart, write_job_start
 from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding, write_healthd_state
 from clusterctl.records.healthd_xid_history import XidSighting, append_xid_sighting, read_xid_history
 from clusterctl.records.job_health import JobHealthRecord, job_health_path, read_job_health, write_job_health
-from clusterctl.slurm.nodes import NodeState
+from clusterctl.slurm.nodes import NodeState, PartitionShare
 
 T0 = 1795305600.0
 OWN = {"0000:18:00", "0000:2a:00"}
@@ -70,6 +70,12 @@ class FakeSlurm:
         others = [NodeState(f"n{i}", "idle", ("DRAIN",), "healthd: ecc-dbe gpu0 drain-reset 2026-11-22T00:00:00Z",
                             ("gpu",)) for i in range(self.drained_by_healthd)]
         return others + [NodeState(f"m{i}", "idle", (), "", ("gpu",)) for i in range(19 - len(others))] + [self.state()]
+
+    def partition_share(self, partition):
+        return PartitionShare.of(partition, self.partition_nodes(partition))
+
+    def partition_size(self, partition):
+        return len(self.partition_nodes(partition))
 
     def drain(self, reason):
         self.drains.append(reason)

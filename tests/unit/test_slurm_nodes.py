@@ -134,31 +134,39 @@ def replay(answers: dict[str, str], calls: list[list[str]]):
     return runner
 
 
-def test_healthd_asks_one_node_of_scontrol_where_it_can_and_the_whole_table_on_2205():
-    calls: list[list[str]] = []
-    new = SlurmNode("node3", replay({"sbatch": "slurm 24.11.5\n", "scontrol show node": scontrol_json(CLUSTER[2:3])},
-                                    calls))
-    assert new.state().drained_by_us
-    assert calls == [["sbatch", "--version"], ["scontrol", "show", "node", "node3", "--json"]]
-    calls.clear()
-    old = SlurmNode("node2", replay({"sbatch": "slurm-wlm 22.05.8\n", "sinfo": flat_2205(CLUSTER)}, calls))
-    assert old.state().drained_by_someone_else
-    assert calls[1][:2] == ["sinfo", "--json"]
-
-
-def test_the_breakers_partition_view_is_per_node_and_filtered_on_every_release():
-    for release, answers in ((OLD, {"sinfo": flat_2205(CLUSTER)}),
-                             (NEW, {"scontrol show node": scontrol_json(CLUSTER)})):
+def test_healthd_reads_its_node_with_one_single_node_query_the_same_on_every_release():
+    for version, release in (("slurm-wlm 22.05.8\n", OLD), ("slurm 24.11.5\n", MID)):
         calls: list[list[str]] = []
-        slurm = SlurmNode("node3", replay(answers, calls), release=release)
-        assert [n.name for n in slurm.partition_nodes("debug")] == ["node4"]
-        assert [n.name for n in slurm.partition_nodes("gpu") if n.drained_by_us] == ["node3"]
+        slurm = SlurmNode("node3", replay({"sbatch": version, "sinfo": "node3|drained|gpu*|healthd: xid 79 gpu0 | x\n"
+                                                                        "node3|drained|debug|healthd: xid 79 gpu0 | x\n"},
+                                          calls))
+        node = slurm.state()
+        assert node.drained_by_us and node.reason == "healthd: xid 79 gpu0 | x" and node.partitions == ("gpu", "debug")
+        assert calls == [["sinfo", "-h", "-n", "node3", "-o", "%N|%T|%P|%E"]]  # no `sbatch --version` first
+        assert slurm.release() == release
+
+
+def test_the_breaker_counts_a_partition_from_one_grouped_sinfo():
+    calls: list[list[str]] = []
+    text = ("2|drained|healthd: ecc-dbe gpu0 drain-reset 2026-11-22T00:00:00Z\n1|draining|admin: fan\n"
+            "1|drained*|healthd: xid 79 gpu1 drain-reboot 2026-11-22T00:00:00Z\n96|idle|none\n")
+    share = SlurmNode("node3", replay({"sinfo": text}, calls), release=OLD).partition_share("gpu")
+    assert (share.nodes, share.drained_by_us) == (100, 3)
+    assert calls == [["sinfo", "-h", "-p", "gpu", "-o", "%D|%T|%E"]]
 
 
 def test_a_node_slurm_does_not_know_is_an_error_naming_it():
-    slurm = SlurmNode("node9", replay({"scontrol show node": '{"nodes": []}'}, []), release=MID)
+    slurm = SlurmNode("node9", replay({"sinfo": ""}, []), release=MID)
     with pytest.raises(SlurmCommandError, match="node node9 not known to Slurm"):
         slurm.state()
+
+
+def test_an_answer_about_another_node_or_of_another_shape_is_a_clear_error():
+    for text in ("node4|idle|gpu|none\n", "{}\n", "node9|dra1ned|gpu|none\n"):
+        with pytest.raises(SlurmVersionError, match="sinfo -h -n node9"):
+            SlurmNode("node9", replay({"sinfo": text}, []), release=MID).state()
+    with pytest.raises(SlurmVersionError, match="expected COUNT"):
+        SlurmNode("node9", replay({"sinfo": "many|idle|none\n"}, []), release=MID).partition_share("gpu")
 
 
 # ---- real outputs recorded from each release's testbed (scripts/record-slurm-outputs.py) ----
@@ -185,9 +193,9 @@ def test_on_every_recorded_release_healthd_tells_an_admin_drain_from_its_own(dir
     assert state["node3"].drained_by_us and state["node3"].reason.startswith("healthd: xid 79 gpu0")
     assert not state["node1"].draining and state["node1"].state in ("allocated", "mixed")
     assert state["node4"].state == "down"
-    share = SlurmNode("node1", runner).partition_nodes("gpu")
-    assert sorted(n.name for n in share) == ["node1", "node2", "node3", "node4"]
-    assert [n.name for n in share if n.drained_by_us] == ["node3"]
+    share = SlurmNode("node1", runner).partition_share("gpu")
+    assert (share.nodes, share.drained_by_us) == (4, 1)
+    assert SlurmNode("node1", runner).partition_size("gpu") == 4
 
 
 @pytest.mark.parametrize("directory", RECORDED, ids=[path.name for path in RECORDED])
