@@ -139,8 +139,9 @@ FIELDS: tuple[Field, ...] = (
     Field("restart", "poll_seconds", "float", "How often the supervisor asks Slurm about its job while an "
           "attempt starts or ends (one single-job query).", 2.0, minimum=0.1, maximum=3600),
     Field("restart", "poll_max_seconds", "float", "The longest the supervisor waits between two looks at a job "
-          "that is not changing (pending or running): the interval doubles from poll_seconds up to this.",
-          30.0, minimum=0.1, maximum=3600),
+          "that is not changing (pending or running): the interval doubles from poll_seconds up to this. It "
+          "bounds how late a running attempt's end or a drained node is seen.",
+          8.0, minimum=0.1, maximum=3600),
     Field("restart", "webhook", "str", "URL that gets a JSON POST on blame, stop and completion."),
 )
 
@@ -204,7 +205,7 @@ class RestartSection:
     unresponsive_seconds: float = 30.0
     on_too_few_nodes: str = "wait"
     poll_seconds: float = 2.0
-    poll_max_seconds: float = 30.0
+    poll_max_seconds: float = 8.0
     webhook: str | None = None
 
 

@@ -319,5 +319,5 @@ def test_a_supervised_run_polls_its_own_job_and_nodes_never_the_whole_queue_or_t
     one_node = [a for a in after if a[0] == "sinfo" and "-n" in a or a[:3] == ["scontrol", "show", "node"] and len(a) > 3]
     assert len(polls) + len(exits) + len(one_node) == len(after), after  # never the whole queue or node table
     assert len(polls) == 11 and len(exits) == 1
-    assert sleeps[:6] == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]  # a job running steadily is looked at less often
+    assert sleeps[:5] == [2.0, 4.0, 8.0, 8.0, 8.0]  # a job running steadily is looked at less often
     assert job_line_argv("1") in asked
