@@ -48,6 +48,9 @@ class HealthdConfig:
     node_refresh_interval: float = 600.0
     """How often healthd reads its node's Slurm state when nothing happens (jittered ±20%); it also reads
     it before every drain or resume.  Periodic checks themselves ask Slurm nothing."""
+    drained_refresh_interval: float = 60.0
+    """How often it reads it while the node is drained or drain-class events wait for it to be back in
+    service: an admin's resume is seen this soon.  Few nodes are drained, so this costs the controller little."""
     resume_when_clean: bool = False
     clean_checks: int = 3
     disk_paths: tuple[str, ...] = ("/", "/tmp")
@@ -97,7 +100,7 @@ _BOUNDS: dict[str, tuple[float, float]] = {
     "check_interval": (1.0, 3600.0), "nvml_timeout": (0.1, 60.0), "event_wait_ms": (10, 60_000),
     "xid_dedup_window": (0.0, 7 * 86400.0), "breaker_max_share": (0.0, 1.0), "clean_checks": (1, 1000),
     "hook_timeout": (1.0, 3600.0), "breaker_retry": (1.0, 86400.0), "breaker_spread_per_node": (0.0, 1.0),
-    "node_refresh_interval": (1.0, 86400.0),
+    "node_refresh_interval": (1.0, 86400.0), "drained_refresh_interval": (1.0, 86400.0),
 }
 
 

@@ -4,7 +4,8 @@ Threads and what they move:
   events    NVML event wait loop (Xid, DBE, GPU unavailable, recovery action) → inbox
   kmsg      kernel-log follower (NVRM Xid lines) → inbox; keeps the kernel-log cursor
   periodic  every check_interval: GPU and host samples (sampler.py) → inbox; Slurm's view of the node
-            only every node_refresh_interval (jittered), or once after healthd drained or resumed it
+            only every node_refresh_interval (jittered), or every drained_refresh_interval while
+            it decides something (drained, events waiting for the node to be back in service)
   applier   applies journaled actions one at a time (retrying while slurmctld is away) → inbox
   main      the only owner of the engine state: steps it, journals planned actions before
             handing them to the applier, writes the state file, feeds the watchdog
@@ -13,11 +14,11 @@ The doors are passed in (Slurm node, NVML, clock, host sampler, boot time, metri
 a test drives the daemon with fakes.
 
 What it asks of slurmctld (bench/fleet_bench.py, README "Fleet scale"): nothing per periodic
-check; its own node with one single-node query every node_refresh_interval and before each
-drain or resume; the partition's drained share (one whole-table read, a few KB of text) only
-before a drain, after a random wait that grows with the partition, and after the breaker
-refused, not again for breaker_retry (doubling while it stays open).  The watchdog is fed only while the main loop, the
-applier and the periodic loop are alive; a hung NVML call is a finding, not a reason to die.
+check; its own node with one single-node query every node_refresh_interval, every
+drained_refresh_interval while the node is drained, and before each drain or resume; the
+partition's drained share (one whole-table read, a few KB of text) only before a drain, after a
+random wait that grows with the partition; after the breaker refused, the same fault is not
+tried again for breaker_retry (doubling while it stays open).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class Daemon:
         self.nvml = nvml or Nvml(self.calls)
         self.host_sampler, self.boot_time, self.jitter = host_sampler, boot_time, jitter
         self.node_due = clock.monotonic()  # the first periodic check reads the node
+        self.node_read_at = clock.monotonic()
         self.applied_node: NodeState | None = None
         self.refusals = 0  # breaker refusals in a row: each doubles the wait before the next try
         self.nvml_ready = False
@@ -333,13 +335,16 @@ class Daemon:
         findings += check_host(self.host_sampler(self.config.watched_disk_paths), self.config.checks, now,
                                self.config.disk_drain_paths)
         node, node_at = None, None
-        if self.clock.monotonic() >= self.node_due:
+        watching = engine.watching_node(self.state)  # a reference read: the main thread replaces, never mutates
+        if self.clock.monotonic() >= self.node_due or (
+                watching and self.clock.monotonic() - self.node_read_at >= self.config.drained_refresh_interval):
             # Nothing changes this node's Slurm state but healthd (which knows what it did) and an
             # admin: a slow jittered read is enough, and 12,500 nodes never ask in step.
             try:
                 node, node_at = self.slurm.state(), self.clock.now()
             except SlurmCommandError as exc:
                 log.info("slurm unreachable for node state: %s", exc)
+            self.node_read_at = self.clock.monotonic()
             interval = self.config.node_refresh_interval
             self.node_due = self.clock.monotonic() + (interval * self.jitter(0.8, 1.2) if node else
                                                       min(interval, 4 * self.config.check_interval))

@@ -54,8 +54,8 @@ class EngineSettings:
     partition: str = ""
     dry_run: bool = False
     breaker_retry: float = 600.0
-    """After the breaker refused a drain, no new drain is planned for this long (the daemon jitters it):
-    in a fault seen on every node at once, each node asks for the partition's share once, not every check."""
+    """After the breaker refused a drain, the same fault is not tried again for this long (the daemon
+    jitters it): a fault every node keeps seeing asks for the partition's share once, not every check."""
 
     @classmethod
     def from_config(cls, config: HealthdConfig, node: str) -> EngineSettings:
@@ -87,10 +87,8 @@ class EngineState:
     """Clean periodic checks in a row while drained by us (towards resume_when_clean)."""
     drain_in_flight: bool = False
     """A drain was planned and its outcome is not known yet: do not plan another."""
-    drain_refused_until: float = 0.0
-    """The breaker refused a drain: none is planned before this time (the worst one seen is deferred)."""
-    deferred: tuple[str, StateFinding] | None = None
-    """(drain reason, finding) of the worst drain-class finding seen while drains were refused."""
+    refused: Mapping[tuple[object, ...], float] = field(default_factory=dict)
+    """Fault (fault_key) → until when: the breaker refused draining for it; it is not tried again before then."""
     last_seen: Mapping[tuple[object, ...], float] = field(default_factory=dict)
     """De-duplication: when each (source, GPU, fault) was last let through."""
     next_id: int = 0
@@ -159,6 +157,11 @@ def dedup_key(finding: Finding) -> tuple[object, ...] | None:
     return None
 
 
+def fault_key(finding: Finding | StateFinding) -> tuple[object, ...]:
+    """Which fault a finding is, whatever its source and time (kind, GPU, Xid): what the breaker's refusal holds back."""
+    return (finding.kind, finding.gpu, finding.xid)
+
+
 def is_duplicate(state: EngineState, settings: EngineSettings, finding: Finding) -> bool:
     """The same fault was let through less than `dedup_window` seconds ago."""
     key = dedup_key(finding)
@@ -223,6 +226,7 @@ def step(state: EngineState, settings: EngineSettings, source: str, findings: Se
     effects: list[Effect] = []
     judged: list[Judged] = []
     worst: tuple[Finding, Verdict] | None = None
+    drains_seen = False
     for finding in findings:
         if is_duplicate(replace(state, last_seen=last_seen), settings, finding):
             continue
@@ -240,30 +244,26 @@ def step(state: EngineState, settings: EngineSettings, source: str, findings: Se
             current[where] = current.get(where, ()) + (state_finding(finding, verdict, current=True),)
         elif verdict.action > Action.IGNORE:
             events = (events + [state_finding(finding, verdict)])[-RECENT_EVENTS:]
-        if verdict.action.drains and (worst is None or verdict.action > worst[1].action):
-            worst = (finding, verdict)
+        if verdict.action.drains:
+            drains_seen = True
+            # A fault the breaker refused lately waits for its retry; any other may still be tried.
+            if now >= state.refused.get(fault_key(finding), 0.0) and (worst is None or verdict.action > worst[1].action):
+                worst = (finding, verdict)
     state = replace(state, history=_within_window(history, settings, now), current=current, events=tuple(events),
                     last_seen=_fresh_keys(last_seen, settings, now))
-    if worst is not None:
+    if drains_seen:
         state = replace(state, clean_checks=0)
+    if worst is not None:
         known_drained = state.node is not None and state.node.drained_by_us
         finding, verdict = worst
-        wanted = (drain_reason(finding, verdict, now).render(), state_finding(finding, verdict))
-        if now < state.drain_refused_until:
-            if state.deferred is None or verdict.action > state.deferred[1].action:
-                state = replace(state, deferred=wanted)
-        elif not state.drain_in_flight and not (source == "periodic" and known_drained):
-            state, planned = _plan(state, settings, "drain", wanted[0], now, wanted[1])
-            state = replace(state, drain_in_flight=True, deferred=None)
+        if not state.drain_in_flight and not (source == "periodic" and known_drained):
+            state, planned = _plan(state, settings, "drain", drain_reason(finding, verdict, now).render(), now,
+                                   state_finding(finding, verdict))
+            state = replace(state, drain_in_flight=True)
             effects.append(Drain(planned))
-    elif source == "periodic":
+    elif source == "periodic" and not drains_seen:
         state, resume = _maybe_resume(state, settings, now, boot_time)
         effects += resume
-    if state.deferred is not None and now >= state.drain_refused_until and not state.drain_in_flight:
-        # A drain-class event seen while the breaker held drains back is tried again once it may be.
-        state, planned = _plan(state, settings, "drain", state.deferred[0], now, state.deferred[1])
-        state = replace(state, drain_in_flight=True, deferred=None)
-        effects.append(Drain(planned))
     return Step(_acknowledge_if_back_in_service(state, now), tuple(effects), tuple(judged))
 
 
@@ -317,6 +317,15 @@ def _maybe_resume(state: EngineState, settings: EngineSettings, now: float,
         return replace(state, clean_checks=clean), []
     state, planned = _plan(replace(state, clean_checks=0), settings, "resume", node.reason, now, None)
     return state, [Resume(planned)]
+
+
+def watching_node(state: EngineState) -> bool:
+    """The node's Slurm state decides something soon: it is drained (an admin's resume ends its
+    events; healthd may resume its own drain), a drain is on its way, or drain-class events wait
+    for the node to be back in service.  The daemon then reads it every drained_refresh_interval."""
+    if state.drain_in_flight or (state.node is not None and state.node.draining):
+        return True
+    return any(e.action.drains and not e.acknowledged for e in state.events)
 
 
 def _acknowledge_if_back_in_service(state: EngineState, now: float) -> EngineState:
@@ -383,8 +392,9 @@ def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, 
     """Fold the outcome of an applied action back in.
 
     After a drain decision (whatever its outcome: drained, kept an admin's drain, breaker)
-    the events up to it are handled: healthd has acted on them.  When the breaker refused,
-    no drain is planned for `retry_after` seconds (settings.breaker_retry, jittered by the caller).
+    the events up to it are handled: healthd has acted on them.  When the breaker refused, the
+    same fault is not tried again for `retry_after` seconds (settings.breaker_retry, jittered by
+    the caller); another fault is.
     `node`: the node as the applied call left it (drained, resumed), so no new read is needed.
     """
     alerts = state.alerts
@@ -399,8 +409,10 @@ def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, 
     if action.op == "drain":
         events = tuple(replace(e, handled=True) if e.at_ts <= action.at + 1e-3 else e for e in state.events)
         state = replace(state, events=events, drain_in_flight=False, drain_outcome_at=now)
-        if decision.result == "breaker-open":
-            state = replace(state, drain_refused_until=now + retry_after)
+        if decision.result == "breaker-open" and action.finding is not None:
+            refused = {k: until for k, until in state.refused.items() if until > now}
+            refused[fault_key(action.finding)] = now + retry_after
+            state = replace(state, refused=dict(list(refused.items())[-MAX_DEDUP_KEYS:]))
     return Step(replace(state, alerts=alerts), effects)
 
 

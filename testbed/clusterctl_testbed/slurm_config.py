@@ -190,6 +190,7 @@ def healthd_toml(layout: Layout, node: str) -> str:
         f'journal_dir = "{layout.host_dir(node) / "lib-healthd"}"',
         f'job_records_dir = "{layout.root / "job-health"}"',
         f"check_interval = {layout.healthd_interval}",
+        f"drained_refresh_interval = {layout.healthd_interval}",  # an admin's resume seen within one check
         "nvml_timeout = 2.0",
         f"breaker_max_share = {layout.breaker_max_share}",
         "resume_when_clean = true",

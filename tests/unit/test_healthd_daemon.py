@@ -161,24 +161,32 @@ def test_periodic_checks_ask_slurm_nothing_between_node_refreshes(config, monkey
     assert state is not None and state.slurm is not None and state.slurm.name == "node3"
 
 
-def test_after_the_breaker_refused_the_next_drain_waits_and_then_asks_once(config):
+def test_after_the_breaker_refused_a_fault_that_stays_is_tried_again_only_after_breaker_retry(config):
     now = [T0]
     slurm = CountingSlurm(drained_others=1)
     shell = Daemon(replace(config, breaker_retry=600.0), slurm=slurm,  # type: ignore[arg-type]
                    clock=Clock(now=lambda: now[0]), boot_time=lambda: T0 - 3600, jitter=lambda low, high: low)
-    shell.handle(Observed("nvml-event", (LOST,)))
-    action = shell.actions.get_nowait()
-    decision = shell.apply(action)
-    assert decision.result == "breaker-open" and slurm.drains == []
+
+    def check(*findings: Finding) -> list:
+        shell.handle(Observed("periodic", findings))
+        planned = []
+        while not shell.actions.empty():
+            action = shell.actions.get_nowait()
+            shell.handle(Applied(action, shell.apply(action)))
+            planned.append(action)
+        return planned
+
+    def lost(gpu: int) -> Finding:
+        return Finding("gpu-lost", "periodic", now[0], gpu=gpu, uuid=f"GPU-{gpu}")
+
+    assert len(check(lost(3))) == 1 and slurm.drains == []  # refused: 1 of 10 already drained
     assert slurm.reads == ["node", "size", "node", "share"]  # the spread's wait is 0 here (jitter: low)
-    shell.handle(Applied(action, decision))
-    now[0] = T0 + 60  # another GPU fails: the breaker is not asked again before 0.8 × 600 s
-    shell.handle(Observed("nvml-event", (Finding("gpu-lost", "nvml-event", now[0], gpu=5, uuid="GPU-5"),)))
-    assert shell.actions.empty()
-    now[0] = T0 + 481
-    shell.handle(Observed("periodic", ()))
-    retried = shell.actions.get_nowait()
-    assert retried.op == "drain" and "gpu5" in retried.reason
+    now[0] = T0 + 60
+    assert check(lost(3)) == []  # the same fault, every check: the breaker is not asked again
+    assert [a.reason.split()[2] for a in check(lost(3), lost(5))] == ["gpu5"]  # another fault is
+    now[0] = T0 + 481  # 0.8 × breaker_retry later (the jitter's low end)
+    assert [a.reason.split()[2] for a in check(lost(3), lost(5))] == ["gpu3"]
+    assert slurm.reads.count("share") == 3
 
 
 def test_a_drain_leaves_healthd_knowing_the_node_is_drained_without_asking_again(config):
