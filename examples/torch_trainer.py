@@ -5,6 +5,8 @@ What clusterctl relies on, in the real library a training job would use:
 
 * Ranks come from torchrun (RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT) or from
   clusterctl's srun style, which sets the same variables; a gloo process group joins them.
+* Gradients are averaged in rank order (a DDP communication hook), so the result does not depend on
+  how DDP buckets them, which changes when a process restarts.
 * The data order is a pure function of (seed, sample index): step s on rank r of world w reads
   samples cursor + r*batch ... cursor + (r+1)*batch - 1, and the cursor is part of the checkpoint.
 * Every --checkpoint-every steps all ranks save with `torch.distributed.checkpoint.save` into
@@ -75,6 +77,25 @@ def batch(seed: int, first_sample: int, size: int) -> tuple[torch.Tensor, torch.
         xs.append(x)
         ys.append(torch.tanh(x @ weights) + 0.01 * torch.randn(1, generator=g))
     return torch.stack(xs), torch.stack(ys)
+
+
+def ordered_mean(_state, bucket):  # no annotations: DDP checks them, and these are strings
+    """DDP's gradient reduction, summed in rank order: an all-gather, then a local sum.
+
+    gloo's ring all-reduce adds each element's 3+ contributions in an order that depends on the
+    element's offset in DDP's bucket, and DDP lays its buckets out anew in a restarted process;
+    float addition is not associative, so a resumed run would drift in the last bits."""
+    tensor = bucket.buffer()
+    gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    future = dist.all_gather(gathered, tensor, async_op=True).get_future()
+
+    def mean(_done):
+        total = gathered[0].clone()
+        for part in gathered[1:]:
+            total += part
+        return total / len(gathered)
+
+    return future.then(mean)
 
 
 def state_digest(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int, cursor: int) -> str:
@@ -198,7 +219,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--timeout", type=float, default=60.0, help="Give up on a silent peer after this many seconds.")
     p.add_argument("--die-during-save", type=int, metavar="STEP",
-                   help="Fault injection for tests: the last rank is killed while saving STEP's checkpoint.")
+                   help="Fault injection for tests: the last rank is killed while saving STEP's checkpoint "
+                        "(in a run that started fresh; a resumed one goes on).")
     args = p.parse_args(argv)
     if args.steps < 1 or args.checkpoint_every < 1 or args.batch < 1:
         p.error("--steps, --checkpoint-every and --batch must be at least 1")
@@ -219,8 +241,14 @@ def train(args: argparse.Namespace) -> int:
     gpu = Gpu(env_int("LOCAL_RANK", 0))
     torch.set_num_threads(1)  # same arithmetic on every host, and light on a shared machine
     torch.use_deterministic_algorithms(True)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
+    timeout = datetime.timedelta(seconds=args.timeout)
+    # The rendezvous store: torchrun's agent hosts it; under srun rank 0 does (and must leave last).
+    hosts_store = rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), env_int("MASTER_PORT", 29500), world,
+                          is_master=hosts_store, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     model = DistributedDataParallel(make_model(args.seed))
+    model.register_comm_hook(None, ordered_mean)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     torch.manual_seed(args.seed + rank)  # dropout: a stream per rank, saved in every checkpoint
     step, cursor = 0, 0
@@ -229,6 +257,7 @@ def train(args: argparse.Namespace) -> int:
     dist.broadcast_object_list(chosen, src=0)
     if chosen[0]:
         step, cursor = load(Path(chosen[0]), model, optimizer, rank)
+        args.die_during_save = None  # the injected fault strikes once: a resumed run goes on
     if rank == 0:
         args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         log(f"{'resumed from ' + chosen[0] if chosen[0] else 'fresh start'}; world size {world}; "
@@ -261,7 +290,15 @@ def train(args: argparse.Namespace) -> int:
         tmp.write_text(json.dumps(final))
         os.replace(tmp, args.checkpoint_dir / "final.json")
         log(f"done: step {step} digest {digest}")
+    dist.barrier()
     dist.destroy_process_group()
+    # The store's host leaves last: a rank whose store vanishes while it tears down its gloo group
+    # aborts (std::terminate) instead of exiting 0.
+    left = store.add("left", 1)
+    deadline = time.monotonic() + args.timeout
+    while hosts_store and left < world and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = store.add("left", 0)
     return 0
 
 

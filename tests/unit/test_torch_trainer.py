@@ -1,5 +1,5 @@
-"""The PyTorch example trainer under a real torchrun (one node, two ranks, gloo on CPU), and the
-supervisor's DCP validator on checkpoints PyTorch itself wrote.  Skipped without PyTorch
+"""The PyTorch example trainer under a real torchrun (one node, three ranks over gloo on CPU: three,
+because a sum of three floats depends on its order and two commute), and the supervisor's DCP validator on checkpoints PyTorch itself wrote.  Skipped without PyTorch
 (`pip install -e '.[torch]'`, or `CLUSTERCTL_TORCH=1 bash scripts/setup.sh`)."""
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def _free_port() -> int:
 
 
 def torchrun(ckpt: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """The trainer on one node with two ranks, static rendezvous, as clusterctl's torchrun style starts it."""
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--node-rank=0",
+    """The trainer on one node with three ranks, static rendezvous, as clusterctl's torchrun style starts it."""
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=3", "--node-rank=0",
             "--rdzv-backend=static", "--master-addr=127.0.0.1", f"--master-port={_free_port()}",
             str(EXAMPLES / "torch_trainer.py"), "--checkpoint-dir", str(ckpt), "--steps", str(STEPS),
             "--checkpoint-every", "10", *extra]

@@ -1,0 +1,169 @@
+"""Real PyTorch on the testbed: examples/torch_trainer.py (DDP over gloo on CPU, DCP checkpoints) on
+2 nodes x 2 emulated GPUs, launched by the real torchrun (static rendezvous, --node-rank from the
+rank map) and by the srun style.  A GPU falls off the bus (Xid 79) or a rank dies mid-save; the
+supervisor resumes from the last complete DCP checkpoint and the run ends bit-identical to an
+uninterrupted one.
+
+Only on this machine's Slurm (CLUSTERCTL_TEST_SLURM=host): jobs there run with this checkout's
+virtualenv, the one PyTorch is installed into; the other releases' root filesystems have no PyTorch."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl.records.rank_map import read_rank_map
+from clusterctl.records.rank_record import read_rank_records
+from clusterctl.records.run_journal import read_run_journal
+from clusterctl_testbed.gpu_faults import Fault, inject
+from tests.conftest import REPO, TEST_LAYOUT, TEST_SLURM, clusterctl_on
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(TEST_SLURM != "host", reason=f"PyTorch runs only on this machine's Slurm (host); "
+                       f"the {TEST_SLURM} root filesystem has no PyTorch"),
+    pytest.mark.skipif(importlib.util.find_spec("torch") is None,
+                       reason="PyTorch is not installed: CLUSTERCTL_TORCH=1 bash scripts/setup.sh"),
+]
+
+RECORDS = str(TEST_LAYOUT.root / "job-health")
+STEPS = 40
+
+
+def _spec(cluster, tmp_path: Path, style: str, *extra: str) -> Path:
+    command = [str(cluster.python), "torch_trainer.py", "--checkpoint-dir", "{checkpoint_dir}", "--steps", str(STEPS),
+               "--checkpoint-every", "10", "--step-time", "0.25", "--timeout", "30", *extra]
+    path = tmp_path / "job.toml"
+    path.write_text(f"""\
+[job]
+name = "torch-{style}"
+nodes = 2
+gpus_per_node = 2
+[launch]
+style = "{style}"
+command = {json.dumps(command)}
+workdir = "{REPO / 'examples'}"
+env = {{PATH = "{cluster.bindir}:/usr/bin:/bin", OMP_NUM_THREADS = "1"}}
+[parallel]
+tp = 1
+pp = 1
+[checkpoint]
+dir = "{{run_dir}}/checkpoints"
+validator = "dcp"
+resume_args = ["--resume", "{{path}}"]
+[restart]
+poll_seconds = 0.5
+backoff_seconds = 0.5
+max_program_failures = 1
+""")
+    return path
+
+
+def _supervised(cluster, spec: Path, run_dir: Path) -> subprocess.Popen:
+    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
+            "from clusterctl.launcher.cli import main; main()",
+            "submit", str(spec), "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.1)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"the supervisor did not finish:\n{out}") from None
+    return proc.returncode, out
+
+
+def _events(run_dir: Path, kind: str) -> list:
+    return [e for e in read_run_journal(run_dir / "journal.jsonl").events if e.event == kind]
+
+
+def _final(run_dir: Path) -> dict:
+    return json.loads((run_dir / "checkpoints" / "final.json").read_text())
+
+
+def _log(run_dir: Path) -> str:
+    return "\n".join(p.read_text() for p in sorted((run_dir / "logs").glob("*.out")))
+
+
+@pytest.fixture(scope="module")
+def reference(testbed_session, tmp_path_factory) -> dict:
+    """The same training uninterrupted (srun style, world size 4)."""
+    tmp = tmp_path_factory.mktemp("torch-reference")
+    run_dir = tmp / "run"
+    clusterctl_on(testbed_session, "submit", str(_spec(testbed_session, tmp, "srun")), "--run-dir", str(run_dir),
+                  "--wait", timeout=300)
+    assert (run_dir / "checkpoints" / "final.json").exists(), _log(run_dir)
+    final = _final(run_dir)
+    assert final["step"] == STEPS and final["world_size"] == 4
+    return final
+
+
+def test_srun_a_rank_killed_mid_save_leaves_a_dcp_checkpoint_the_supervisor_refuses(cluster, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    proc = _supervised(cluster, _spec(cluster, tmp_path, "srun", "--die-during-save", "20"), run_dir)
+    code, out = _finish(proc)
+    assert code == 0, out
+    log = _log(run_dir)
+    assert "killed during save" in log
+    cut = run_dir / "checkpoints" / "step-00000020"
+    assert f"skipping checkpoint {cut}: no .metadata (DCP writes it after every shard): incomplete" in out
+    submitted, decided = _events(run_dir, "submitted"), _events(run_dir, "decided")
+    assert len(submitted) == 2 and decided[0].outcome == "program-failure" and not decided[0].blame, out
+    assert submitted[1].resume_from == str(run_dir / "checkpoints" / "step-00000010")
+    assert _final(run_dir) == reference, out + log
+    assert (cut / ".metadata").exists()  # saved again, completely, by the resumed job
+
+
+def test_torchrun_an_xid_79_mid_run_resumes_from_the_last_complete_dcp_checkpoint_bit_identical(
+        cluster, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    proc = _supervised(cluster, _spec(cluster, tmp_path, "torchrun"), run_dir)
+    _wait_for(run_dir / "checkpoints" / "step-00000010" / ".metadata", proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    rank_map = read_rank_map(run_dir / "jobs" / job)
+    broken = rank_map.slots[1]
+    # Shards PyTorch wrote, without the .metadata that would end the save: a checkpoint cut off.
+    torn = run_dir / "checkpoints" / "step-00000090"
+    torn.mkdir()
+    for shard in (run_dir / "checkpoints" / "step-00000010").glob("*.distcp"):
+        shutil.copy(shard, torn / shard.name)
+    inject(cluster.nvml_dir(broken), Fault("xid", gpu=1, value=79))
+    code, out = _finish(proc)
+    assert code == 0, out
+    log = _log(run_dir)
+    assert _final(run_dir) == reference, out + log
+
+    submitted, decided = _events(run_dir, "submitted"), _events(run_dir, "decided")
+    assert len(submitted) == 2 and [d.attempt for d in decided] == [1, 2], out
+    first = decided[0]
+    assert first.outcome == "node-failure" and first.action == "resubmit", out
+    assert [b.node for b in first.blame] == [broken], out
+    assert "xid 79" in " ".join(first.blame[0].evidence)
+    assert f"skipping checkpoint {torn}: no .metadata (DCP writes it after every shard): incomplete" in out
+    assert 10 <= first.checkpoint_step < STEPS
+    assert submitted[1].resume_from == str(run_dir / "checkpoints" / f"step-{first.checkpoint_step:08d}")
+    assert submitted[1].exclude == broken and broken not in read_rank_map(run_dir / "jobs" / submitted[1].job_id).slots
+    assert f"resumed from {submitted[1].resume_from}" in log and "CUDA error: GPU 1 is lost" in log
+    # The real torchrun ran, one Slurm task per node, ranks node_rank x 2 + local rank, on the map's nodes.
+    second = submitted[1].job_id
+    records, again = read_rank_records(run_dir / "jobs" / second), read_rank_map(run_dir / "jobs" / second)
+    assert {r: (rec.slurm_procid, rec.node) for r, rec in records.items()} == {
+        r: (str(r // 2), again.location(r)[0]) for r in range(4)}
+    assert decided[1].outcome == "completed" and _events(run_dir, "done")
