@@ -31,7 +31,7 @@ from clusterctl_testbed import docker_engine, rootfs, slurm_config, versions
 from clusterctl_testbed.cluster import NVML_SOURCE, REPO, DAEMON_PATH, Running, Testbed, build_nvml
 from clusterctl_testbed.docker_engine import Engine
 from clusterctl_testbed.layout import CONTROLLER, Layout
-from clusterctl_testbed.system import CommandResult, TestbedError, is_alive, kill_all, run, wait_for
+from clusterctl_testbed.system import TestbedError, is_alive, kill_all, run, wait_for
 from clusterctl_testbed.versions import Release
 
 PROJECT = "ctd"
@@ -214,21 +214,14 @@ class ComposeTestbed(Testbed):
         return [*argv, self.container(host)]
 
     def enter(self, host: str, *, cwd: str = "/", machine_root: bool = False) -> list[str]:
-        """The argv prefix that runs a command inside `host` (`docker exec`)."""
-        self.holder(host)
-        return self._exec_prefix(host, cwd=cwd, env={"PATH": f"{self.bindir}:{DAEMON_PATH}"})
-
-    def run_on(self, host: str, argv: Sequence[str], *, timeout: float = 60, check: bool = True,
-               env: dict[str, str] | None = None, cwd: str = "/") -> CommandResult:
-        """Run a command inside `host` and wait for it; `env` entries that differ from this
-        process's environment are passed in (the container has its own PATH and HOME)."""
-        passed = {"PATH": f"{self.bindir}:{DAEMON_PATH}"}
-        if env is not None:
-            skip = {"PATH", "HOME", "HOSTNAME", "PWD", "VIRTUAL_ENV", "PYTHONHOME", "OLDPWD", "SHLVL"}
-            passed |= {k: v for k, v in env.items() if k not in skip and os.environ.get(k) != v}
-        self.holder(host)
-        return run([*self._exec_prefix(host, cwd=cwd, env=passed), *argv], timeout=timeout, check=check,
-                   env=self.engine().env())
+        """The argv prefix that runs a command inside `host`'s container: its namespaces (PID too, so
+        PIDs a daemon wrote there mean the same) and root, this process's environment, and killed when
+        the caller is (`docker exec` would leave it running)."""
+        # --root/--wd without argument: the container's root and cwd; then env -C enters `cwd`, which
+        # names the same directory in the container (/tmp and the checkout are shared at their paths).
+        chdir = [] if cwd == "/" else ["env", "-C", cwd]
+        return ["nsenter", "-t", str(self.holder(host)), "--net", "--uts", "--ipc", "--mount", "--pid",
+                "--root", "--wd", "--", "setpriv", "--pdeathsig", "KILL", "--", *chdir]
 
     def _start(self, name: str, host: str, argv: Sequence[str], env: dict[str, str] | None = None,
                **_: object) -> int:

@@ -71,7 +71,7 @@ def on(host: str, command: tuple[str, ...]) -> None:
     """Run COMMAND on HOST (ctl, db, node1, ...), in the current directory; exits with its status."""
     tb = ComposeTestbed()
     argv = tb.enter(host, cwd=os.getcwd()) + list(command)
-    os.execvpe(argv[0], argv, tb.engine().env())
+    os.execvpe(argv[0], argv, tb.host_env())
 
 
 @compose.command()
@@ -79,9 +79,8 @@ def on(host: str, command: tuple[str, ...]) -> None:
 def shell(host: str) -> None:
     """An interactive shell on HOST (default: the login/controller host)."""
     tb = ComposeTestbed()
-    argv = tb.enter(host, cwd=os.getcwd())
-    argv.insert(argv.index("-i") + 1, "-t")
-    os.execvpe(argv[0], [*argv, "bash"], tb.engine().env())
+    argv = tb.enter(host, cwd=os.getcwd()) + ["bash"]
+    os.execvpe(argv[0], argv, tb.host_env())
 
 
 @compose.command("kill-node")
