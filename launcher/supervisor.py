@@ -36,7 +36,7 @@ from clusterctl.records.run_journal import (
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
-from clusterctl.slurm.jobs import JobReport
+from clusterctl.slurm.jobs import LINE_SOURCE, JobReport
 from clusterctl.slurm.names import is_node_name
 from clusterctl.slurm.nodes import NodeState, SlurmNode, parse_sinfo_json
 from clusterctl.slurm.version import SlurmVersionError
@@ -271,14 +271,17 @@ class Supervisor:
     def _report(self, attempt: AttemptState) -> JobReport | None:
         assert attempt.job_id is not None
         report = self.slurm.job(attempt.job_id)
-        if report is not None and report.submit_time and report.submit_time < attempt.submitted_at - JOB_ID_REUSE_SLACK:
+        # The one-job line gives local times: an hour's slack keeps a daylight-saving fold from making
+        # our own job look like an older one with a reused id.
+        slack = JOB_ID_REUSE_SLACK + (3600 if report is not None and report.source == LINE_SOURCE else 0)
+        if report is not None and report.submit_time and report.submit_time < attempt.submitted_at - slack:
             report = None  # the controller's job with this id is an older one (ids restart on a fresh cluster)
         if report is None:
             found = self.slurm.accounting([attempt.job_id]).get(attempt.job_id)
             if found is not None and (not found.submit_time
                                       or found.submit_time >= attempt.submitted_at - JOB_ID_REUSE_SLACK):
                 report = found
-        if report is not None and report.terminal and report.source == "squeue" and report.exit_code is None:
+        if report is not None and report.terminal and report.source == LINE_SOURCE and report.exit_code is None:
             report = self.slurm.job_exit(report)  # once per attempt: the one-job query has no exit code
         return report
 

@@ -362,6 +362,8 @@ JOB_LINE_FORMAT = "%A|%T|%U|%V|%S|%e|%r|%N|%k"
 (last: the only free text, it may itself contain `|`)."""
 
 _NO_TIME = frozenset({"", "N/A", "NONE", "UNKNOWN"})
+LINE_SOURCE = "squeue-line"
+"""JobReport.source of a report read from job_line_argv's text: no exit code, times in local time."""
 
 
 def job_line_argv(job_id: str) -> list[str]:
@@ -413,6 +415,6 @@ def parse_job_line(text: str, job_id: str, release: SlurmVersion | None = None,
         fail(f"the state {state[:30]!r} is not a Slurm job state")
     uid = uid.strip()
     return JobReport(job_id, "", state, reason.strip(), nodes.strip(), None, None, _line_time(submit),
-                     _line_time(start), _line_time(end), source="squeue",
+                     _line_time(start), _line_time(end), source=LINE_SOURCE,
                      comment="" if comment.strip() == "(null)" else comment.rstrip("\n"),
                      user_id=int(uid) if uid.isascii() and uid.isdigit() else None)

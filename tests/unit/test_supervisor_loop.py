@@ -229,7 +229,7 @@ def test_a_job_id_reused_by_a_fresh_cluster_is_not_mistaken_for_ours(world):
     def script() -> None:
         # The controller now shows job 1 as an old, completed job submitted long before ours.
         if "1" in slurm.jobs:
-            slurm.jobs["1"].update(submit_time=clock.now - 3600, job_state="COMPLETED", comment="")
+            slurm.jobs["1"].update(submit_time=clock.now - 86400, job_state="COMPLETED", comment="")
     slurm.on_poll = script
 
     class Enough(Exception):
