@@ -17,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # With PyTorch's CPU build (about 45 s): tests/unit/test_torch_trainer.py and
-# tests/e2e/test_pytorch.py run in the 22.05 session (about 7 min together) instead of skipping.
+# tests/e2e/test_pytorch.py run in the 22.05 session (about 5 min together) instead of skipping.
 CLUSTERCTL_TORCH=1 bash scripts/setup.sh
 
 wheel_dir=$(mktemp -d /tmp/clusterctl-wheel.XXXXXX)
