@@ -45,7 +45,7 @@ class HealthdConfig:
     breaker_spread_per_node: float = 0.005
     """Before reading the partition's drained share, wait a random time up to this many seconds per node of
     the partition (12,500 nodes: up to 62 s): a fault seen on every node at once spreads its reads out."""
-    node_refresh_interval: float = 600.0
+    node_refresh_interval: float = 1800.0
     """How often healthd reads its node's Slurm state when nothing happens (jittered ±20%); it also reads
     it before every drain or resume.  Periodic checks themselves ask Slurm nothing."""
     drained_refresh_interval: float = 60.0
