@@ -369,8 +369,9 @@ LINE_SOURCE = "squeue-line"
 def job_line_argv(job_id: str) -> list[str]:
     """`squeue -h -t all -j ID -o JOB_LINE_FORMAT`: one job in about 100 bytes.
 
-    One REQUEST_JOB_INFO_SINGLE on every release (measured: bench/fleet_bench.py --probe), whatever
-    the queue's length; `--json` with `-j` moves the whole queue on 22.05 and ~15 KB on 24.05.1+.
+    A single-job read on every release, whatever the queue's length (REQUEST_JOB_INFO_SINGLE, with
+    squeue's small federation and partition reads: 0.3 ms at 12,500 nodes and 50,000 jobs on 22.05,
+    bench/fleet_bench.py --probe); `--json` with `-j` moves the whole queue on 22.05 and ~15 KB on 24.05.1+.
     """
     return ["squeue", "-h", "-t", "all", "-j", job_id, "-o", JOB_LINE_FORMAT]
 
