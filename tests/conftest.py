@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from clusterctl_testbed.cluster import Testbed
 from clusterctl_testbed.compose import ComposeTestbed, compose_layout
@@ -21,6 +22,11 @@ from clusterctl_testbed.gpu_faults import Fault, inject
 from clusterctl_testbed.layout import Layout
 from clusterctl_testbed.system import is_alive
 from clusterctl_testbed.versions import RELEASES
+
+# Speed is measured by bench/, never by a test: hypothesis' per-example deadline (200 ms) only
+# turns a loaded CI machine into failures.
+settings.register_profile("clusterctl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("clusterctl")
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
 
 KIND = "healthd-job-start"
 VERSION = 1
@@ -59,16 +59,9 @@ def write_job_start(journal_dir: Path, record: JobStart) -> Path:
 def read_job_start(journal_dir: Path, job_id: str) -> JobStart | None:
     """The prolog's note for `job_id`; None when there is none; RecordError when it cannot be understood."""
     path = job_start_path(journal_dir, job_id)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    data = read_json_record(path, missing_ok=True)
+    if data is None:
         return None
-    except OSError as exc:
-        raise RecordError(str(path), f"cannot read: {exc.strerror}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise RecordError(str(path), f"not a readable JSON record ({exc.__class__.__name__})") from None
     record = JobStart.from_json(data, str(path))
     if record.job_id != job_id:
         raise RecordError(str(path), f"holds job {record.job_id}, not {job_id}")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import check_header, field, header, read_json_record
 
 KIND = "healthd-kmsg-cursor"
 VERSION = 1
@@ -50,14 +50,7 @@ def write_kmsg_cursor(journal_dir: Path, cursor: KmsgCursor) -> None:
 def read_kmsg_cursor(journal_dir: Path) -> KmsgCursor | None:
     """The saved position; None when there is none; RecordError when it cannot be understood."""
     path = cursor_path(journal_dir)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    data = read_json_record(path, missing_ok=True)
+    if data is None:
         return None
-    except OSError as exc:
-        raise RecordError(str(path), f"cannot read: {exc.strerror}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise RecordError(str(path), f"not a readable JSON record ({exc.__class__.__name__})") from None
     return KmsgCursor.from_json(data, str(path))

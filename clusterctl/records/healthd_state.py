@@ -16,7 +16,7 @@ from typing import Any
 from clusterctl.clock import utc
 from clusterctl.files import atomic_write
 from clusterctl.records.actions import Action
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
 from clusterctl.slurm.nodes import NodeState
 
 KIND = "healthd-state"
@@ -244,14 +244,7 @@ def write_healthd_state(state_dir: Path, state: HealthdState) -> Path:
 def read_healthd_state(state_dir: Path) -> HealthdState | None:
     """The state healthd last wrote; None when there is none; RecordError when it cannot be understood."""
     path = state_path(state_dir)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
+    data = read_json_record(path, missing_ok=True)
+    if data is None:
         return None
-    except OSError as exc:
-        raise RecordError(str(path), f"cannot read: {exc.strerror}") from None
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise RecordError(str(path), f"not a readable JSON record ({exc.__class__.__name__})") from None
     return HealthdState.from_json(data, str(path))

@@ -17,7 +17,7 @@ from typing import Any
 
 from clusterctl.files import atomic_write_at, check_entry_name, open_checked_dir, open_owned_subdir
 from clusterctl.records.actions import Action
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
 
 KIND = "job-health"
 VERSION = 1
@@ -150,8 +150,5 @@ def write_job_health(records_dir: Path, record: JobHealthRecord) -> Path:
 
 def read_job_health(path: Path) -> JobHealthRecord:
     """Read one record; RecordError when it is damaged, foreign or from a newer clusterctl."""
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise RecordError(str(path), f"not a readable JSON record ({exc.__class__.__name__})") from None
+    data = read_json_record(path)
     return JobHealthRecord.from_json(data, str(path))

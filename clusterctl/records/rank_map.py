@@ -11,14 +11,13 @@ This module is imported by every rank of a job: it stays light (no planner, no r
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field as dataclass_field
 from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import RecordError, check_header, field, header, indented_json
+from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record, indented_json
 
 KIND = "rank-map"
 VERSION = 1
@@ -165,9 +164,5 @@ def write_rank_map(job_dir: Path, record: JobRankMap) -> Path:
 def read_rank_map(job_dir: Path) -> JobRankMap:
     """The job's map; FileNotFoundError when the job has not written one, RecordError when it is not readable."""
     path = rank_map_path(job_dir)
-    data = path.read_bytes()
-    try:
-        parsed = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise RecordError(str(path), f"not a readable JSON record ({exc.__class__.__name__})") from None
+    parsed = read_json_record(path)
     return JobRankMap.from_json(parsed, str(path))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import check_header, field, header, read_json_record
 
 KIND = "rank-record"
 VERSION = 1
@@ -69,10 +69,7 @@ def write_rank_record(job_dir: Path, record: RankRecord) -> Path:
 
 def read_rank_record(path: Path) -> RankRecord:
     """Read one rank's record; RecordError when it is damaged, foreign or from a newer clusterctl."""
-    try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise RecordError(str(path), f"not a readable JSON record ({exc.__class__.__name__})") from None
+    data = read_json_record(path)
     return RankRecord.from_json(data, str(path))
 
 

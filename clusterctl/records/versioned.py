@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from itertools import islice
 from typing import Any
 
@@ -66,3 +67,25 @@ def indented_json(document: Any) -> str:
     while batch := list(islice(pieces, 65_536)):
         parts.append("".join(batch))
     return "".join(parts)
+
+
+def parse_json_record(raw: bytes, where: str) -> Any:
+    """A record file's bytes as JSON; RecordError (naming `where`) for bytes that are not UTF-8 JSON."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RecordError(where, f"not a readable JSON record ({exc.__class__.__name__})") from None
+
+
+def read_json_record(path: Path, *, missing_ok: bool = False) -> Any:
+    """A record file as JSON: None for a missing file when `missing_ok` (else FileNotFoundError);
+    RecordError for a file that cannot be read or is not UTF-8 JSON."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise
+    except OSError as exc:
+        raise RecordError(str(path), f"cannot read: {exc.strerror}") from None
+    return parse_json_record(raw, str(path))
