@@ -338,8 +338,8 @@ class Daemon:
         watching = engine.watching_node(self.state)  # a reference read: the main thread replaces, never mutates
         if self.clock.monotonic() >= self.node_due or (
                 watching and self.clock.monotonic() - self.node_read_at >= self.config.drained_refresh_interval):
-            # Nothing changes this node's Slurm state but healthd (which knows what it did) and an
-            # admin: a slow jittered read is enough, and 12,500 nodes never ask in step.
+            # Besides healthd (which knows what it did), only an admin or Slurm itself changes this
+            # node's state: a slow jittered read is enough, and 12,500 nodes never ask in step.
             try:
                 node, node_at = self.slurm.state(), self.clock.now()
             except SlurmCommandError as exc:
@@ -397,6 +397,7 @@ class Daemon:
             partition = engine.breaker_partition(self.settings, action, node)
         share = self.slurm.partition_share(partition) if partition else None
         decision = engine.decide_apply(self.settings, action, node, share, self.clock.now())
+        self.applied_node = node  # just read: the engine's view is fresh whatever was decided
         if decision.call == "drain":
             self.slurm.drain(action.reason)
             self.applied_node = replace(node, flags=(*node.flags, "DRAIN"), reason=action.reason)
