@@ -32,6 +32,16 @@ def append_kernel_lines(cluster, node: str, lines: list[tuple[int, str]]) -> Non
             out.write(f"{priority},{sequence + offset},{usec},-;{message}\n")
 
 
+def settled_state(cluster, node: str, timeout: float = 20) -> str:
+    """The node's state once Slurm has finished its last job's epilog (`completing` passes)."""
+    deadline = time.monotonic() + timeout
+    state = node_row(cluster, node).state
+    while state.startswith("completing") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        state = node_row(cluster, node).state
+    return state
+
+
 def submit(cluster, *args: str) -> str:
     return cluster.run_on("ctl", ["sbatch", "--parsable", *args]).stdout.strip()
 
@@ -82,7 +92,7 @@ def test_a_full_tmp_warns_and_never_drains(cluster):
         assert state is not None
         disk = [f for f in state.node_findings if f.kind == "host-disk"]
         assert disk and all(f.action is Action.WARN for f in disk)
-        assert node_row(cluster, "node3").state == "idle"
+        assert settled_state(cluster, "node3") == "idle"
     finally:
         toml.write_text(original)
         cluster.stop_daemon("healthd:node3")
@@ -102,10 +112,11 @@ def test_one_app_xid_on_a_shared_node_drains_nothing_and_names_only_its_job(clus
         time.sleep(0.2)
     start = json.loads(note.read_text())
     [gpu] = start["gpus"]
+    injected_at = time.time()  # earlier tests may have left Xid 13 sightings of their own jobs
     inject(cluster.nvml_dir("node1"), Fault("xid", gpu=gpu, value=13))
     time.sleep(2 * cluster.layout.healthd_interval)
     assert node_row(cluster, "node1").state in ("mixed", "allocated")
-    sightings = [s for s in read_xid_history(cluster.layout.host_dir("node1") / "lib-healthd") if s.xid == 13]
+    sightings = [s for s in read_xid_history(cluster.layout.host_dir("node1") / "lib-healthd") if s.xid == 13 and s.at >= injected_at - 1]
     assert sightings and {s.job_ids for s in sightings} == {(first,)}
     cluster.run_on("ctl", ["scancel", first, second])
 
