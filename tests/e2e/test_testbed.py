@@ -16,7 +16,12 @@ pytestmark = pytest.mark.e2e
 
 
 def test_four_idle_nodes_with_eight_gpus_each(cluster):
+    # A job of the previous test may still be completing on a node: give Slurm a moment.
+    deadline = time.monotonic() + 30
     nodes = cluster.nodes()
+    while any(n.state != "idle" for n in nodes) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        nodes = cluster.nodes()
     assert [(n.name, n.state, n.gres) for n in nodes] == [
         (f"node{i}", "idle", "gpu:8") for i in range(1, 5)
     ]
