@@ -119,7 +119,9 @@ def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
             if not settle:
                 break
             settle = False
-            time.sleep(tb.layout.healthd_interval + 0.5)
+            # Two cycles: healthd re-reads a node it drained only every drained_refresh_interval
+            # (the testbed's check interval), then judges what it read.
+            time.sleep(2 * tb.layout.healthd_interval + 1)
             continue  # look again: healthd may have drained anew from what it still saw
         assert time.monotonic() < deadline, f"nodes not back in service after the test: {nodes}"
         for node in nodes:
