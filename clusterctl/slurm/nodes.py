@@ -231,6 +231,11 @@ def parse_sinfo_json(text: str, command: Sequence[str] = ("sinfo", "--json"),
 _STATE_MARKS = "*~#!%$@^-+"
 """Suffixes sinfo adds to a state word (`*` not responding, `~` powered off, `-` planned, ...)."""
 
+_MARK_FLAGS = {"*": "NOT_RESPONDING", "~": "POWERED_DOWN", "#": "POWERING_UP", "!": "POWER_DOWN",
+               "%": "POWERING_DOWN", "$": "MAINTENANCE", "@": "REBOOT_REQUESTED", "^": "REBOOT_ISSUED",
+               "-": "PLANNED"}
+"""What each sinfo suffix means, as the flag `--json` names it (sinfo(1), NODE STATE CODES)."""
+
 
 def _sinfo_state(shape: _Shape, value: str, path: str) -> tuple[str, tuple[str, ...]]:
     """sinfo's long state (`drained`, `draining*`, `mixed+drain`) → (state lower-cased, flags).
@@ -239,12 +244,17 @@ def _sinfo_state(shape: _Shape, value: str, path: str) -> tuple[str, tuple[str, 
     running jobs); the DRAIN and FAIL flags are given back so NodeState reads the same as
     from JSON.
     """
-    words = [word.strip().rstrip(_STATE_MARKS).lower() for word in value.split("+")]
+    raw = [word.strip() for word in value.split("+")]
+    words = [word.rstrip(_STATE_MARKS).lower() for word in raw]
     words = [word for word in words if word]
     if not words or not all(word.replace("_", "").isalpha() for word in words):
         raise shape.error(path, f"is {value!r}, expected a node state such as idle, drained or mixed")
     flags = tuple(flag for flag, spellings in (("DRAIN", ("drain", "drained", "draining")), ("FAIL", ("fail", "failing")))
                   if any(word in spellings for word in words))
+    # The suffix is the only sign of a node that stopped answering pings (`down*`, `mixed*`):
+    # dropping it would make a silent node read as healthy.
+    marks = "".join(word[len(word.rstrip(_STATE_MARKS)):] for word in raw)
+    flags += tuple(dict.fromkeys(_MARK_FLAGS[m] for m in marks if m in _MARK_FLAGS))
     return words[0], flags
 
 

@@ -205,6 +205,24 @@ def test_on_every_recorded_release_the_supervisors_node_view_has_each_nodes_own_
 
 
 @pytest.mark.parametrize("directory", RECORDED, ids=[path.name for path in RECORDED])
+def test_on_every_recorded_release_a_dead_node_reads_as_not_responding_by_either_query(directory):
+    single = SlurmNode("node4", recorded_runner(directory)).state()
+    table = {n.name: n for n in parse_nodes_json(Slurm(recorded_runner(directory)).nodes_json())}["node4"]
+    assert (single.state, single.flags) == ("down", ("NOT_RESPONDING",))
+    assert table.state == "down" and "NOT_RESPONDING" in table.flags
+    assert "NOT_RESPONDING" not in SlurmNode("node1", recorded_runner(directory)).state().flags
+
+
+def test_sinfo_state_suffixes_read_as_the_flags_json_names():
+    answers = {"mixed*": ("mixed", ("NOT_RESPONDING",)), "idle~": ("idle", ("POWERED_DOWN",)),
+               "drained*": ("drained", ("DRAIN", "NOT_RESPONDING")), "mixed+drain$": ("mixed", ("DRAIN", "MAINTENANCE")),
+               "idle": ("idle", ())}
+    for text, expected in answers.items():
+        state = SlurmNode("node9", replay({"sinfo": f"node9|{text}|gpu|none\n"}, []), release=MID).state()
+        assert (state.state, state.flags) == expected, text
+
+
+@pytest.mark.parametrize("directory", RECORDED, ids=[path.name for path in RECORDED])
 def test_plain_sinfo_json_is_read_on_2205_and_refused_where_it_groups_two_drains(directory):
     text = (directory / "sinfo.json").read_text()
     if (directory / "sbatch-version.txt").read_text().split()[-1].startswith("22.05"):
