@@ -114,7 +114,7 @@ class Testbed:
         try:
             return Running(**json.loads(self._running_file.read_text()))
         except (OSError, ValueError, TypeError):
-            return Running(versions.DEFAULT, None)
+            return Running(versions.HOST, None)
 
     def _set_running(self, running: Running) -> None:
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
@@ -218,8 +218,8 @@ class Testbed:
     def up(self, *, timeout: float = 60, slurm: str | None = None) -> None:
         """Start the cluster from scratch and wait until every node is idle; no-op if it is up.
 
-        `slurm` picks the release (clusterctl_testbed.versions.RELEASES; default: this machine's
-        own); a testbed already up with another release is an error, not silently reused.
+        `slurm` picks the release (clusterctl_testbed.versions.RELEASES; default: the newest,
+        versions.DEFAULT); a testbed already up with another release is an error, not silently reused.
         """
         release = versions.release(slurm or versions.DEFAULT)
         if self.is_up():
@@ -348,7 +348,8 @@ class Testbed:
         root = self.running().rootfs
         binds = [f"{layout.hosts_file}:/etc/hosts", f"{layout.etc}:/etc/slurm"]
         if root is not None:
-            binds.append(f"{REPO}:{REPO}")  # the venv in the root filesystem imports the project from here
+            binds.append(f"{REPO}:{REPO}")
+            binds.append(f"{REPO}:{rootfs.SOURCE}")  # the venv in the root filesystem imports the project from here
         if host != CONTROLLER:
             binds.append(f"{layout.ld_cache}:/etc/ld.so.cache")
             # Each node's own /run/healthd and /etc/clusterctl, where a real install keeps them;
@@ -475,7 +476,7 @@ class Testbed:
         if pids and self.is_up():
             nodes = [n.__dict__ for n in self.nodes()]
         return {"root": str(self.layout.root), "up": self.is_up(), "slurm": self.running().__dict__,
-                "daemons": daemons, "nodes": nodes}
+                "bindir": str(self.bindir), "daemons": daemons, "nodes": nodes}
 
     # ---- faults ---------------------------------------------------------------
     def _check_node(self, node: str) -> None:

@@ -103,7 +103,8 @@ def compose_file(layout: Layout, images: Images, *, project: str = PROJECT, repo
             "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
             "networks": {network: {"ipv4_address": addresses[host]}},
             "extra_hosts": extra_hosts,
-            "volumes": [f"{shared}:{shared}", f"{checkout}:{repo}", f"{layout.etc}:/etc/slurm", *volumes],
+            "volumes": [f"{shared}:{shared}", f"{checkout}:{repo}", f"{checkout}:{rootfs.SOURCE}",
+                        f"{layout.etc}:/etc/slurm", *volumes],
         }
 
     services = {DATABASE: service(DATABASE, images.database, [], images.database_base), CONTROLLER: service(CONTROLLER, images.slurm, [])}

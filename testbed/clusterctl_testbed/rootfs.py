@@ -1,9 +1,11 @@
 """Debian root filesystems that carry one Slurm release each, built with mmdebstrap and cached.
 
 A root filesystem holds every daemon and command of its Slurm (slurmctld, slurmd, slurmdbd,
-MariaDB, munge, the clients) and a venv at `VENV` with the project installed editable from
-this checkout by the root filesystem's own Python.  It is rebuilt only when its recipe (suite,
-packages, mirror, RECIPE) changed; the venv only when the project's pyproject.toml changed.
+MariaDB, munge, the clients) and a venv at `VENV` with the project installed editable, by the root
+filesystem's own Python, from `SOURCE`: every testbed mounts its own checkout there, so testbeds of
+one release started from different checkouts share the venv instead of reinstalling it under each
+other.  It is rebuilt only when its recipe (suite, packages, mirror, RECIPE) changed; the venv
+only when the project's pyproject.toml changed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ PACKAGES = (
 )
 VENV = Path("/opt/clusterctl")
 """Inside the root filesystem: the venv with the project installed (hooks and healthd run from it)."""
+SOURCE = Path("/opt/clusterctl-src")
+"""Inside the root filesystem: where each testbed's hosts see their own checkout (the venv's editable source)."""
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 # pip inside the root filesystem reaches the registries like pip on this machine does.
 PASSED_ENV = ("PIP_", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
@@ -108,7 +112,7 @@ def ensure(release: Release, repo: Path, *, cache: Path = CACHE) -> Path:
         if _stamp(directory / "rootfs.stamp") != recipe.digest() or not rootfs.is_dir():
             _build(recipe, directory)
             (directory / "venv.stamp").unlink(missing_ok=True)
-        venv_stamp = f"{recipe.digest()}-{project_digest(repo)}-{repo}"
+        venv_stamp = f"{recipe.digest()}-{project_digest(repo)}"
         if _stamp(directory / "venv.stamp") != venv_stamp:
             _install_project(rootfs, repo)
             (directory / "venv.stamp").write_text(venv_stamp + "\n")
@@ -146,11 +150,11 @@ def run_in_root(rootfs: Path, repo: Path, argv: list[str], *, timeout: float) ->
            "LANG": "C.UTF-8", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     env.update({k: v for k, v in os.environ.items() if k.startswith(PASSED_ENV)})
     run(["unshare", "--mount", "--propagation", "private", "--", sys.executable, "-m", "clusterctl_testbed.holder",
-         "--root", str(rootfs), "--bind", f"{repo}:{repo}", "--exec", "--", *argv], timeout=timeout, env=env)
+         "--root", str(rootfs), "--bind", f"{repo}:{repo}", "--bind", f"{repo}:{SOURCE}", "--exec", "--", *argv], timeout=timeout, env=env)
 
 
 def _install_project(rootfs: Path, repo: Path) -> None:
-    _say(f"installing clusterctl from {repo} into {rootfs}{VENV} (editable)")
+    _say(f"installing clusterctl from {repo} into {rootfs}{VENV} (editable, from {SOURCE})")
     shutil.rmtree(rootfs / VENV.relative_to("/"), ignore_errors=True)
     run_in_root(rootfs, repo, ["python3", "-m", "venv", str(VENV)], timeout=120)
-    run_in_root(rootfs, repo, [str(VENV / "bin" / "pip"), "install", "-q", "-e", str(repo)], timeout=600)
+    run_in_root(rootfs, repo, [str(VENV / "bin" / "pip"), "install", "-q", "-e", str(SOURCE)], timeout=600)
