@@ -6,16 +6,26 @@
 #   4. watch: healthd drains the node, the supervisor blames it with evidence, ends the attempt
 #      and resubmits without it from the last complete checkpoint; the run completes;
 #   5. show where the ranks ran, the final state and the run's report (goodput, advice).
+# Slurm: the testbed's default, the newest release (26.05, from Debian sid's root filesystem, built
+# on first use in about a minute); `--slurm 22.05|24.11|host` picks another.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/setup.sh
 tb=.venv/bin/clusterctl-testbed
-clusterctl=$PWD/.venv/bin/clusterctl
-if [[ ${1:-} == --compose ]]; then  # the same story on the docker-compose testbed (its hosts' own venv)
-  tb="$tb compose"
-  clusterctl=/opt/clusterctl/bin/clusterctl
+up=(up)
+case ${1:-} in
+  --compose) tb="$tb compose" ;;  # the same story on the docker-compose testbed
+  --slurm) up+=(--slurm "${2:?--slurm needs a release: 22.05, 24.11, 26.05 or host}") ;;
+  "") ;;
+  *) echo "main-job: unknown argument ${1}; usage: bash scripts/main-job.sh [--compose | --slurm RELEASE]" >&2
+     exit 2 ;;
+esac
+bash scripts/setup.sh
+$tb "${up[@]}"
+# The hosts run the project from the testbed's own venv (a root filesystem's, or this checkout's).
+clusterctl=/opt/clusterctl/bin/clusterctl
+if [[ ${1:-} != --compose ]]; then
+  clusterctl=$($tb status --json | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["bindir"])')/clusterctl
 fi
-$tb up
 records=$($tb status --json 2>/dev/null | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["root"])' \
   2>/dev/null || echo /tmp/ctb)/job-health
 
@@ -26,7 +36,7 @@ $tb on ctl "$clusterctl" submit examples/toy_trainer.toml --run-dir "$run" --sup
 supervisor=$!
 
 for _ in $(seq 600); do [[ -d $run/checkpoints/step-00000020 ]] && break; sleep 0.1; done
-job=$(ls "$run/jobs" | head -n 1)
+job=$(find "$run/jobs" -mindepth 1 -maxdepth 1 -printf "%f\n" | sort | head -n 1)
 victim=$(.venv/bin/python -c 'import json,sys; print(json.load(open(sys.argv[1]))["slots"][1])' "$run/jobs/$job/rankmap.json")
 echo "main-job: checkpoint 20 written; injecting Xid 79 on $victim gpu 3" >&2
 $tb inject "$victim" xid 79 --gpu 3

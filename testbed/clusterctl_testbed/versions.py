@@ -40,8 +40,12 @@ RELEASES: dict[str, Release] = {
     "26.05": Release("26.05", "sid", (26, 5), stale_release_file=True),
 }
 
-DEFAULT = HOST
-"""What `up` runs without --slurm: this machine's own Slurm, as every e2e test expects today."""
+NEWEST = "26.05"
+"""The newest release the testbed runs."""
+
+DEFAULT = NEWEST
+"""What `up` runs without --slurm: the newest release, what a site installing today would run.
+End-to-end sessions pick theirs with CLUSTERCTL_TEST_SLURM (default: `host`, the fastest to start)."""
 
 
 def release(name: str) -> Release:

@@ -60,9 +60,9 @@ def test_cgroup_plugin_is_autodetect_on_22_05_and_disabled_from_24_11():
         assert slurm_config.cgroup_conf(versions.release(name).version) == "CgroupPlugin=disabled\n"
 
 
-def test_the_default_is_this_machines_own_slurm_and_renders_as_before():
-    assert versions.DEFAULT == "host"
-    assert not versions.release(versions.DEFAULT).uses_rootfs
+def test_up_without_a_release_runs_the_newest_and_the_host_release_renders_as_before():
+    assert versions.DEFAULT == versions.NEWEST == max(versions.RELEASES, key=lambda n: versions.RELEASES[n].version)
+    assert versions.release(versions.DEFAULT).uses_rootfs and not versions.release(versions.HOST).uses_rootfs
     assert slurm_config.slurm_conf(LAYOUT, HOOKS, versions.release("host").version) == RENDERED["slurm.conf"]
 
 
