@@ -12,6 +12,8 @@ pages at once (a periodic finding that stays: a bad driver rollout looks like th
 --duration s slurmctld's own counters (sdiag) and a shim in front of every Slurm command say
 what the event cost: RPCs of each type per node, controller ms per node, bytes, how many nodes
 were drained and how many breaker alerts were raised.  Drained nodes are resumed between codes.
+With --ledger, each code that knows `breaker_dir` runs a second time (labelled `+ledger`) with a
+shared breaker directory: the breaker's drain slots instead of a whole-table count per node.
 """
 
 from __future__ import annotations
@@ -40,15 +42,18 @@ HERE = Path(__file__).resolve().parent
 
 
 def event_phase(fleet: Fleet, code: fb.Code, python: fb.Python, work: Path, shim_dir: Path, shim_log: Path,
-                args: argparse.Namespace) -> dict:
+                args: argparse.Namespace, ledger: Path | None = None) -> dict:
     lib = work / "lib" / "libnvidia-ml.so.1"
     if not lib.exists():
         build_nvml(lib)
     nodes = fleet.shape.spread(args.healthd)
     share = (args.healthd // 2) / fleet.shape.nodes
     components, homes = [], []
+    label = f"{code.label}+ledger" if ledger else code.label
+    if ledger is not None:
+        ledger.mkdir(mode=0o755, parents=True)
     for i, node in enumerate(nodes):
-        home = work / code.label / f"event-{i}"
+        home = work / label / f"event-{i}"
         for sub in ("state", "journal", "records", "nvml"):
             (home / sub).mkdir(parents=True, exist_ok=True)
         (home / "kmsg").touch()
@@ -57,8 +62,9 @@ def event_phase(fleet: Fleet, code: fb.Code, python: fb.Python, work: Path, shim
             f'node = "{node}"', f'kmsg = "{home / "kmsg"}"', f'state_dir = "{home / "state"}"',
             f'journal_dir = "{home / "journal"}"', f'job_records_dir = "{home / "records"}"',
             'metrics = ""', 'disk_paths = ["/"]', f"breaker_max_share = {share!r}",
+            *([f'breaker_dir = "{ledger}"'] if ledger else []),
             "[checks]", "expected_gpus = 8", "disk_min_free = 0.0", "memory_min_available = 0.0", ""]))
-        name = f"event:{code.label}:{i}"
+        name = f"event:{label}:{i}"
         env = fb.component_env(fleet, code, python, shim_dir, name,
                                {"LD_LIBRARY_PATH": str(lib.parent), "NVML_EMU_DIR": str(home / "nvml")})
         argv = fleet.argv([python.executable, *fb.entry_point(code.checkout, "healthd"), "run", "--config",
@@ -86,7 +92,7 @@ def event_phase(fleet: Fleet, code: fb.Code, python: fb.Python, work: Path, shim
             state = None
         alerts += sum(a.alert == "breaker-open" for a in state.alerts) if state else 0
     fb.stop(components)
-    shimmed = fb.read_shim_log(shim_log, f"event:{code.label}:", since, until)
+    shimmed = fb.read_shim_log(shim_log, f"event:{label}:", since, until)
     fleet.run(["scontrol", "update", f"NodeName={compress(nodes)}", "State=RESUME"], check=False)
     n = args.healthd
     return {"healthd": n, "cap": n // 2, "seconds": round((until - since) / 1e9, 1), "drained": drained,
@@ -121,6 +127,11 @@ def run_release(release: versions.Release, root: Path | None, shape: FleetShape,
                    f"{args.duration:g} s")
             results.append({"slurm": release.name, "version": fleet.version, "code": code.label,
                             **event_phase(fleet, code, python, work, shim_dir, shim_log, args)})
+            if args.ledger and "breaker_dir" in (code.checkout / "healthd" / "config.py").read_text():
+                fb.say(f"Slurm {release.name}, code {code.label} with a breaker directory: the same event")
+                results.append({"slurm": release.name, "version": fleet.version, "code": f"{code.label}+ledger",
+                                **event_phase(fleet, code, python, work, shim_dir, shim_log, args,
+                                              ledger=work / f"breaker-{code.label}")})
     finally:
         fleet.stop()
     return results
@@ -147,6 +158,8 @@ def main() -> None:
     parser.add_argument("--healthd", type=int, default=20, help="daemons, each one node with the fault")
     parser.add_argument("--duration", type=float, default=120.0, help="seconds measured after the fault")
     parser.add_argument("--warmup", type=float, default=20.0, help="seconds between start and the fault")
+    parser.add_argument("--ledger", action="store_true",
+                        help="also run each code that knows breaker_dir with a shared breaker directory")
     parser.add_argument("--work", type=Path, default=Path("/tmp/healthd-event-bench"))
     parser.add_argument("--out", type=Path, default=HERE / "results" / "healthd_event.json")
     parser.add_argument("--release-out", type=Path, help=argparse.SUPPRESS)

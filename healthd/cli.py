@@ -12,6 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import POLICY_VERSION, policy_rows
@@ -34,6 +35,7 @@ def cli() -> None:
     healthd run       the daemon (NVML events, kernel log, periodic checks)
     healthd status    the current verdict per GPU, from the state file (instant)
     healthd policy    the fault policy table
+    healthd breaker   who holds the breaker's drain slots (with breaker_dir)
     Config: /etc/clusterctl/healthd.toml (see healthd/healthd.example.toml).
     """
 
@@ -139,6 +141,46 @@ def policy(as_json: bool) -> None:
     for row in rows:
         table.add_row(*row)
     Console().print(table)
+
+
+@cli.command()
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--partition", default="", help="Partition (default: healthd.toml's, else this node's first).")
+@click.option("--json", "as_json", is_flag=True)
+def breaker(config_path: Path | None, partition: str, as_json: bool) -> None:
+    """Who holds the breaker's drain slots of a partition (the shared ledger under breaker_dir).
+
+    A slot held by a node that is back in service is given back by that node's healthd at its
+    next read of the node; a slot of a node whose healthd is gone stays until removed by hand
+    (both of its names: slot-<i> and node-<node>).
+    """
+    from clusterctl.healthd.breaker_ledger import BreakerLedger
+    from clusterctl.slurm.nodes import SlurmNode
+
+    config = _config(config_path)
+    if config.breaker_dir is None:
+        click.echo("healthd: no breaker_dir in the config: each drain counts the partition through Slurm", err=True)
+        sys.exit(EXIT_NO_STATE)
+    if not partition:
+        partition = config.partition
+    try:
+        if not partition:
+            node = SlurmNode(config.node_name).state()
+            partition = node.partitions[0] if node.partitions else ""
+        slots, problems = BreakerLedger(config.breaker_dir, config.node_name, now=time.time).slots(partition)
+    except (ClusterctlError, OSError) as exc:  # LEDGER_ERRORS: both kinds
+        click.echo(f"healthd: error: {exc}", err=True)
+        sys.exit(getattr(exc, "exit_code", 1))
+    if as_json:
+        click.echo(json.dumps({"partition": partition, "slots": [s.to_json() for s in slots],
+                               "unreadable": problems}, indent=2))
+        return
+    table = Table("slot", "node", "since (UTC)", "reason", title=f"breaker slots of {partition} in {config.breaker_dir}")
+    for slot in slots:
+        table.add_row(slot.name, slot.node, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(slot.at)), slot.reason)
+    Console().print(table)
+    for problem in problems:
+        click.echo(f"healthd: unreadable slot: {problem}", err=True)
 
 
 def main() -> None:

@@ -42,6 +42,10 @@ class HealthdConfig:
     """Refuse to drain (and alert) when healthd would then have drained more than this share of the partition."""
     breaker_retry: float = 600.0
     """After the breaker refused a drain, the next try waits this long (jittered, doubling while it stays open)."""
+    breaker_dir: Path | None = None
+    """A root-owned directory on storage every node of the partition mounts (not writable by anyone else):
+    the breaker's drain slots live there (healthd/breaker_ledger.py), so a drain never reads the whole
+    node table.  Unset: each drain counts the partition with one grouped `sinfo` (a whole-table read)."""
     breaker_spread_per_node: float = 0.005
     """Before reading the partition's drained share, wait a random time up to this many seconds per node of
     the partition (12,500 nodes: up to 62 s): a fault seen on every node at once spreads its reads out."""
@@ -104,6 +108,10 @@ _BOUNDS: dict[str, tuple[float, float]] = {
 }
 
 
+_OPTIONAL_PATHS = {"breaker_dir"}
+"""Path keys whose default is unset (None)."""
+
+
 def _bounded(where: str, key: str, value: Any) -> Any:
     if key not in _BOUNDS:
         return value
@@ -144,7 +152,10 @@ def config_from_mapping(data: dict[str, Any], where: str = "healthd.toml") -> He
             continue
         if key not in top:
             raise ConfigError(f"{where}: unknown key `{key}`; known: {', '.join(sorted(top | {'checks', 'policy'}))}")
-        values[key] = _bounded(where, key, _typed(where, key, value, getattr(base, key)))
+        default = Path("/") if key in _OPTIONAL_PATHS else getattr(base, key)
+        values[key] = _bounded(where, key, _typed(where, key, value, default))
+        if key in _OPTIONAL_PATHS and not values[key].is_absolute():
+            raise ConfigError(f"{where}: key `{key}` must be an absolute path, found {value!r}")
     checks = data.get("checks", {})
     if not isinstance(checks, dict):
         raise ConfigError(f"{where}: `checks` must be a table")

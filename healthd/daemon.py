@@ -15,10 +15,11 @@ a test drives the daemon with fakes.
 
 What it asks of slurmctld (bench/fleet_bench.py, README "Fleet scale"): nothing per periodic
 check; its own node with one single-node query every node_refresh_interval, every
-drained_refresh_interval while the node is drained, and before each drain or resume; the
-partition's drained share (one whole-table read, a few KB of text) only before a drain, after a
-random wait that grows with the partition; after the breaker refused, the same fault is not
-tried again for breaker_retry (doubling while it stays open).
+drained_refresh_interval while the node is drained, and before each drain or resume; before a
+drain, the partition's size (REQUEST_PARTITION_INFO) and, with `breaker_dir` set, a slot of the
+shared ledger (no table read), else the partition's drained share (one whole-table read, a few
+KB of text) after a random wait that grows with the partition; after the breaker refused, the
+same fault is not tried again for breaker_retry (doubling while it stays open).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import pynvml
 from clusterctl.clock import SYSTEM_CLOCK, Clock
 from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd import engine, sdnotify
+from clusterctl.healthd.breaker import Breaker, node_partition
 from clusterctl.healthd.checks import HostSample, Sustained, check_host
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.findings import Action, Finding
@@ -131,6 +133,9 @@ class Daemon:
         self.gpu_count = 0
         self.sustained = Sustained()
         self.started = clock.now()
+        self.breaker = Breaker(self.slurm, self.node, config.breaker_dir, config.breaker_max_share, now=clock.now)
+        self.ledger_lock = threading.Lock()
+        self.ledger_settled_at = float("-inf")  # monotonic time the last drain attempt's slot was settled
 
     def _xid_history(self) -> tuple[XidSighting, ...]:
         try:
@@ -318,11 +323,13 @@ class Daemon:
         while not self.stop.is_set():
             self._beat("periodic")
             started = self.clock.monotonic()
-            self.inbox.put(self._periodic_check())
+            self.inbox.put(self.periodic_check())
             self._beat("periodic")
             self.stop.wait(max(0.0, self.config.check_interval - (self.clock.monotonic() - started)))
 
-    def _periodic_check(self) -> Observed:
+    def periodic_check(self) -> Observed:
+        """One pass of the periodic thread: sample GPUs and host, read the node when due (and give
+        back its breaker slot when it is back in service)."""
         now = self.clock.now()
         findings: list[Finding] = []
         count = None
@@ -340,10 +347,15 @@ class Daemon:
                 watching and self.clock.monotonic() - self.node_read_at >= self.config.drained_refresh_interval):
             # Besides healthd (which knows what it did), only an admin or Slurm itself changes this
             # node's state: a slow jittered read is enough, and 12,500 nodes never ask in step.
+            read_from = self.clock.monotonic()
             try:
                 node, node_at = self.slurm.state(), self.clock.now()
             except SlurmCommandError as exc:
                 log.info("slurm unreachable for node state: %s", exc)
+            if node is not None:
+                with self.ledger_lock:  # a read begun before a drain finished cannot give its slot back
+                    if read_from > self.ledger_settled_at:
+                        self.breaker.release_if_back(node, node_partition(self.config.partition, node))
             self.node_read_at = self.clock.monotonic()
             interval = self.config.node_refresh_interval
             self.node_due = self.clock.monotonic() + (interval * self.jitter(0.8, 1.2) if node else
@@ -381,30 +393,45 @@ class Daemon:
     def apply(self, action: PlannedAction) -> engine.ApplyDecision:
         """Ask Slurm about this node, let the engine decide, make the Slurm call it chose.
 
-        A drain first waits a random time that grows with the partition (breaker_spread_per_node)
-        when the breaker must count it, then reads this node again (it may have been drained
-        meanwhile) and the partition's share.  Sets `applied_node` to the node as the call left it.
+        With `breaker_dir` set, a drain claims one of the partition's slots in the shared ledger
+        (healthd/breaker.py) and reads no node table.  Without it, a drain first waits a random
+        time that grows with the partition (breaker_spread_per_node) when the breaker must count
+        it, then reads this node again (it may have been drained meanwhile) and the partition's
+        share.  Sets `applied_node` to the node as the call left it.
         Raises SlurmCommandError while Slurm cannot be reached (the applier retries).
         """
         self.applied_node = None
         node = self.slurm.state()
         partition = engine.breaker_partition(self.settings, action, node)
-        if partition and self.config.breaker_spread_per_node > 0:
-            spread = self.slurm.partition_size(partition) * self.config.breaker_spread_per_node
+        size = None
+        # The spread only staggers the whole-table counts; a ledger claim reads no table.
+        if partition and self.config.breaker_spread_per_node > 0 and self.config.breaker_dir is None:
+            size = self.slurm.partition_size(partition)
+            spread = size * self.config.breaker_spread_per_node
             if spread > 0 and self.stop.wait(self.jitter(0.0, spread)):
                 raise SlurmCommandError(["healthd"], None, "stopping before the drain was decided")
             node = self.slurm.state()
             partition = engine.breaker_partition(self.settings, action, node)
-        share = self.slurm.partition_share(partition) if partition else None
-        decision = engine.decide_apply(self.settings, action, node, share, self.clock.now())
-        self.applied_node = node  # just read: the engine's view is fresh whatever was decided
-        if decision.call == "drain":
-            self.slurm.drain(action.reason)
-            self.applied_node = replace(node, flags=(*node.flags, "DRAIN"), reason=action.reason)
-        elif decision.call == "resume":
+        would_drain = engine.decide_apply(self.settings, action, node, None, self.clock.now()).call == "drain"
+        with self.ledger_lock:
+            taken = self.breaker.share_before_drain(partition, action.reason, would_drain=would_drain,
+                                                    partition_size=size)
+            decision = engine.decide_apply(self.settings, action, node, taken.share, self.clock.now())
+            self.applied_node = node  # just read: the engine's view is fresh whatever was decided
+            drained = False
+            try:
+                if decision.call == "drain":
+                    self.slurm.drain(action.reason)
+                    drained = True
+                    self.applied_node = replace(node, flags=(*node.flags, "DRAIN"), reason=action.reason)
+            finally:
+                self.breaker.after_drain(taken, drained)
+                self.ledger_settled_at = self.clock.monotonic()
+        if decision.call == "resume":
             self.slurm.resume()
             self.applied_node = replace(node, flags=tuple(f for f in node.flags if f != "DRAIN"), reason="",
                                         state="idle" if node.state in ("drained", "drain") else node.state)
+            self.breaker.release(node_partition(self.config.partition, node))
         elif decision.result == "dry-run":
             log.warning("dry run: would %s %s: %s", action.op, self.node, action.reason)
         return decision

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from clusterctl.clock import parse_utc, utc
 from clusterctl.errors import ClusterctlError, SlurmCommandError
+from clusterctl.healthd.breaker import Breaker
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.engine import EngineSettings, breaker_partition, decide_apply
 from clusterctl.healthd.findings import Action, Finding
@@ -89,12 +90,20 @@ def _drain(hook: str, config: HealthdConfig, node: str, reason: DrainReason,
     settings = EngineSettings.from_config(config, node)
     action = PlannedAction(f"{hook}-drain-{node}-{int(now * 1e9)}", "drain", reason.render(), now)
     slurm = slurm_factory(node)
+    breaker = Breaker(slurm, node, config.breaker_dir, config.breaker_max_share)
     try:
         state = slurm.state()
         partition = breaker_partition(settings, action, state)
-        decision = decide_apply(settings, action, state, slurm.partition_share(partition) if partition else None, now)
-        if decision.call == "drain":
-            slurm.drain(action.reason)
+        would_drain = decide_apply(settings, action, state, None, now).call == "drain"
+        taken = breaker.share_before_drain(partition, action.reason, would_drain=would_drain)
+        decision = decide_apply(settings, action, state, taken.share, now)
+        drained = False
+        try:
+            if decision.call == "drain":
+                slurm.drain(action.reason)
+                drained = True
+        finally:
+            breaker.after_drain(taken, drained)
     except SlurmCommandError as exc:
         return DrainOutcome(f"could not drain ({exc})", False)
     if decision.result == "drained":
