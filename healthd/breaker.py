@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.breaker_ledger import LEDGER_ERRORS, BreakerLedger, Claim, breaker_cap
 from clusterctl.slurm.nodes import NodeState, PartitionShare, SlurmNode
 
@@ -75,18 +76,25 @@ class Breaker:
             log.info("breaker ledger: gave back %s of %s (held since %s for %s)", given.name, partition,
                      time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(given.at)), given.reason)
 
-    def release_if_back(self, node: NodeState, partition: str | None) -> None:
-        """After reading `node`: not drained by healthd any more (resumed, or an admin's drain now)
-        → its slot goes back.  One lookup when it holds none."""
-        if self.ledger is None or partition is None or node.drained_by_us:
+    def reconcile(self, node: NodeState, partition: str | None) -> None:
+        """After reading `node`: the ledger agrees with Slurm.  Not drained by healthd any more
+        (resumed, or an admin's drain now) → its slot goes back; drained by healthd without a
+        slot (drained before breaker_dir was set, or the drain's answer was lost) → it takes one,
+        so the others count it.  One lookup when nothing is to be done."""
+        if self.ledger is None or partition is None:
             return
         try:
             holds = self.ledger.holds(partition)
-        except LEDGER_ERRORS as exc:
+            if holds and not node.drained_by_us:
+                self.release(partition)
+            elif not holds and node.drained_by_us:
+                size = self.slurm.partition_size(partition)
+                claim = self.ledger.claim(partition, breaker_cap(size, self.max_share), node.reason)
+                if not claim.granted:
+                    log.warning("breaker ledger: %s is drained by healthd but every slot of %s is held "
+                                "(%d): it is over the cap", node.name, partition, claim.held_by_others)
+        except (ClusterctlError, OSError) as exc:  # the ledger's errors and Slurm's
             log.error("breaker ledger unusable: %s", exc)
-            return
-        if holds:
-            self.release(partition)
 
 
 def node_partition(configured: str, node: NodeState | None) -> str | None:

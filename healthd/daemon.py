@@ -355,7 +355,7 @@ class Daemon:
             if node is not None:
                 with self.ledger_lock:  # a read begun before a drain finished cannot give its slot back
                     if read_from > self.ledger_settled_at:
-                        self.breaker.release_if_back(node, node_partition(self.config.partition, node))
+                        self.breaker.reconcile(node, node_partition(self.config.partition, node))
             self.node_read_at = self.clock.monotonic()
             interval = self.config.node_refresh_interval
             self.node_due = self.clock.monotonic() + (interval * self.jitter(0.8, 1.2) if node else

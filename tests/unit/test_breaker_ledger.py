@@ -169,3 +169,13 @@ def test_breaker_dir_must_be_an_absolute_path():
     assert config_from_mapping({"breaker_dir": "/shared/breaker"}).breaker_dir is not None
     with pytest.raises(ConfigError, match="breaker_dir"):
         config_from_mapping({"breaker_dir": "relative/dir"})
+
+
+def test_a_node_healthd_drained_before_the_ledger_existed_takes_a_slot_at_its_next_read(tmp_path, ledger_dir,
+                                                                                       monkeypatch):
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent")
+    drained = {"node5": "healthd: xid 79 gpu3 (GPU-5) drain-reboot 2026-11-22T03:00:00Z"}
+    shell = node_daemon(tmp_path, ledger_dir, "node5", drained)
+    shell.periodic_check()  # the first check reads the node
+    slots, _ = BreakerLedger(ledger_dir, "node0", now=lambda: T0).slots("gpu")
+    assert [(s.node, s.reason) for s in slots] == [("node5", drained["node5"])]
