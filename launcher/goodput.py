@@ -3,7 +3,8 @@
 Per attempt (times from Slurm, kept in the journal's `decided` events):
 queue wait = start − submit; run = end − start; for an attempt that failed, the work redone
 is the time since its last complete checkpoint (or since its start).  Restart overhead is the
-gap between one attempt's end and the next one's submission.  Productive time is run time
+gap between one attempt's end and the next one's submission, plus the time each restart inside
+an allocation (on a spare, `recovered-in-allocation`) took.  Productive time is run time
 minus work redone, and goodput is productive time over the run's wall time.
 
 Advice: the Young/Daly interval sqrt(2 · C · MTBF), with C the measured time to write a
@@ -59,10 +60,26 @@ def young_daly(checkpoint_cost: float, mtbf: float) -> float:
     return math.sqrt(2.0 * checkpoint_cost * mtbf)
 
 
-def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint], now: float) -> Goodput:
-    """Account a run's time from its attempts and the checkpoints it wrote."""
+@dataclass(frozen=True)
+class InAllocationRestart:
+    """A node failure recovered inside a job: when the new step started, and how long the restart took."""
+
+    at: float
+    restart_seconds: float
+
+
+def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint], now: float,
+            in_allocation: Sequence[InAllocationRestart] = ()) -> Goodput:
+    """Account a run's time from its attempts, the checkpoints it wrote and the restarts inside jobs
+    (each: its own restart time, and the work since the last checkpoint before it redone)."""
     stamps = sorted(c.written_at for c in checkpoints if c.written_at)
     run = redone = queue = overhead = 0.0
+    for r in in_allocation:
+        failed_at = r.at - r.restart_seconds
+        saved = [t for t in stamps if t <= failed_at]
+        overhead += r.restart_seconds
+        redone += max(0.0, failed_at - saved[-1]) if saved else 0.0
+        run -= r.restart_seconds  # inside the attempt's run time, but no training happened
     previous_end = None
     for a in attempts:
         end = a.end or now
@@ -80,8 +97,9 @@ def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint],
     first = min((a.submit for a in attempts if a.submit), default=now)
     last = max((a.end or now for a in attempts), default=now)
     wall = max(0.0, last - first)
+    run = max(0.0, run)
     productive = max(0.0, run - redone)
-    failures = sum(1 for a in attempts if a.node_failure)
+    failures = sum(1 for a in attempts if a.node_failure) + len(in_allocation)
     mtbf = run / failures if failures else None
     costs = [c.save_seconds for c in checkpoints if c.save_seconds is not None]
     cost = statistics.median(costs) if costs else None

@@ -4,6 +4,8 @@
 - `rank`: one per rank; checks (node, local GPU) against its slot of the map, records where it
   ran, sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* and becomes the command.
 - `node`: one per node (torchrun style); checks the node, then becomes torchrun.
+- `agent`: a job with spares: plans, runs the ranks as srun steps and recovers a failed node
+  inside the allocation (clusterctl.launcher.allocation_agent).
 
 Ranks read `rankmap.idx` (the header and their own slot's line), never the whole map, so what
 a rank reads from the shared filesystem does not grow with the job.
@@ -168,6 +170,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_plan = sub.add_parser("plan")
     p_plan.add_argument("--run-dir", required=True, type=Path)
     p_plan.add_argument("--job-dir", required=True, type=Path)
+    p_agent = sub.add_parser("agent", help="plan, run the ranks as one srun step, recover node failures "
+                                             "inside the allocation (jobs with spares)")
+    p_agent.add_argument("--run-dir", required=True, type=Path)
+    p_agent.add_argument("--job-dir", required=True, type=Path)
+    p_agent.add_argument("--resume-from", default="", help="the checkpoint this attempt resumes from ('' for none)")
     for name in ("rank", "node"):
         p = sub.add_parser(name)
         p.add_argument("--job-dir", required=True, type=Path)
@@ -179,6 +186,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from clusterctl.slurm.commands import Slurm
             plan_for_job(args.run_dir, args.job_dir, os.environ, Slurm())
             return 0
+        if args.what == "agent":
+            from clusterctl.launcher.allocation_agent import Agent, default_doors
+            from clusterctl.launcher.runs import RunDir
+            agent = Agent(args.run_dir, args.job_dir, RunDir(args.run_dir).spec(), os.environ, default_doors())
+            return agent.run(args.resume_from or None)
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             parser.error("no command after --")

@@ -7,6 +7,7 @@ The request is complete before anything runs, so `--dry-run` shows exactly what
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from clusterctl.errors import SpecError
 from clusterctl.launcher.parallel import DIMS, FRAMEWORK_ORDERS
 from clusterctl.launcher.shell import comment, quote, words
 from clusterctl.launcher.spec import JobSpec
+from clusterctl.slurm import hostlist
 from clusterctl.slurm.topology import Topology
 from clusterctl.slurm.version import SlurmVersion
 
@@ -50,10 +52,10 @@ class SubmitRequest:
     resume_from: str | None = None
 
 
-def fewest_leaves(topology: Topology, nodes: int) -> int | None:
-    """The fewest leaf switches whose nodes add up to `nodes` (None if the tree is too small)."""
-    sizes = sorted((sum(1 for leaf in topology.leaf_of.values() if leaf == name)
-                    for name in set(topology.leaf_of.values())), reverse=True)
+def fewest_leaves(topology: Topology, nodes: int, excluded: Collection[str] = ()) -> int | None:
+    """The fewest leaf switches whose nodes, less `excluded`, add up to `nodes` (None if too few)."""
+    usable = [leaf for node, leaf in topology.leaf_of.items() if node not in excluded]
+    sizes = sorted((usable.count(name) for name in set(usable)), reverse=True)
     total = 0
     for count, size in enumerate(sizes, 1):
         total += size
@@ -81,8 +83,9 @@ def segment_request(nodes: int, facts: SlurmFacts) -> tuple[list[str], list[str]
     return [f"--segment={segment}"], []
 
 
-def compact_request(spec: JobSpec, facts: SlurmFacts) -> tuple[list[str], list[str]]:
-    """sbatch options asking for a compact allocation, and warnings when it cannot be asked."""
+def compact_request(spec: JobSpec, facts: SlurmFacts, excluded: Collection[str] = ()) -> tuple[list[str], list[str]]:
+    """sbatch options asking for a compact allocation, and warnings when it cannot be asked
+    (`excluded`: nodes the job may not use; a resubmission without failed nodes may need more leaves)."""
     wanted = spec.placement.switches
     if wanted == 0:
         return [], []
@@ -100,12 +103,17 @@ def compact_request(spec: JobSpec, facts: SlurmFacts) -> tuple[list[str], list[s
         return [], ["Slurm has no tree topology here (TopologyPlugin is not topology/tree): "
                     "no --switches request; the rank map still follows whatever topology it can read"]
     if wanted == "auto":
-        count = fewest_leaves(facts.topology, nodes)
+        count = fewest_leaves(facts.topology, nodes, excluded)
         if count is None:
             return [], [f"the topology has fewer than {nodes} nodes in all; no --switches request"]
     else:
         count = int(wanted)
     return [f"--switches={count}@{wait}"], []
+
+
+def launch_command(spec: JobSpec, run_dir: str, resume_from: str | None) -> list[str]:
+    """What each rank runs: the spec's command with its placeholders filled, plus the resume arguments."""
+    return _command(spec, run_dir, resume_from)
 
 
 def _command(spec: JobSpec, run_dir: str, resume_from: str | None) -> list[str]:
@@ -155,6 +163,7 @@ def render_script(spec: JobSpec, template: Template, *, run_dir: str, python: st
         "nodes": str(spec.job.nodes),
         "world_size": str(spec.world_size),
         "gpus_per_node": str(spec.job.gpus_per_node),
+        "resume_from": quote(resume_from or ""),
     }
     for number, line in enumerate(template.text.splitlines(), 1):
         for name in PLACEHOLDER.findall(line):
@@ -180,13 +189,17 @@ def sbatch_argv(spec: JobSpec, facts: SlurmFacts, *, run_dir: str, script_path: 
     excluded = ",".join(part for part in (job.exclude, exclude) if part)
     if excluded:
         argv.append(f"--exclude={excluded}")
+    if spec.recovers_in_allocation:
+        # A failed node must not end the allocation: the agent in the job gives it back and goes on on a spare.
+        argv.append("--no-kill")
     if no_requeue:
         # The supervisor decides every resubmission itself; Slurm's own requeue after
         # NODE_FAIL (JobRequeue=1) would bring the attempt back behind its back.
         argv.append("--no-requeue")
     if comment:
         argv.append(f"--comment={comment}")  # lets a restarted supervisor find a job it submitted
-    compact, warnings = compact_request(spec, facts)
+    excluded_names = hostlist.expand(excluded) if excluded else []
+    compact, warnings = compact_request(spec, facts, frozenset(excluded_names))
     argv += compact
     argv += list(job.sbatch_options)
     argv.append(script_path)

@@ -15,9 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from clusterctl.launcher.checkpoints import Checkpoint, Skipped
-from clusterctl.launcher.goodput import AttemptTimes, account
+from clusterctl.launcher.goodput import AttemptTimes, InAllocationRestart, account
 from clusterctl.launcher.restart_policy import replay
-from clusterctl.records.run_journal import OutcomeKind, RunEvent
+from clusterctl.records.run_journal import OutcomeKind, RecoveredInAllocation, RunEvent
 
 
 def _duration(seconds: float | None) -> str:
@@ -50,10 +50,15 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                          "blame": [b.to_json() for b in d.blame] if d else [],
                          "checkpoint_step": d.checkpoint_step if d else None,
                          "action": str(d.action) if d else None})
-    goodput = account(times, list(checkpoints), now)
+    recoveries = [e for e in events if isinstance(e, RecoveredInAllocation)]
+    goodput = account(times, list(checkpoints), now,
+                      [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases)) for e in recoveries])
     return {"run": str(run_path), "state": str(state.ended.kind) if state.ended else "running",
             "message": state.ended.message if state.ended else "",
             "attempts": attempts, "excluded_now": state.excluded(now),
+            "in_allocation": [{"job_id": e.job_id, "restart": e.restart, "blame": [b.to_json() for b in e.blame],
+                               "given_back": list(e.given_back), "nodes": list(e.nodes),
+                               "checkpoint_step": e.checkpoint_step, "phases": dict(e.phases)} for e in recoveries],
             "checkpoints": {"complete": len(checkpoints), "latest_step": checkpoints[-1].step if checkpoints else None,
                             "skipped": [{"path": s.path, "why": s.why} for s in skipped]},
             "goodput": goodput.to_json()}
@@ -75,6 +80,15 @@ def report_renderables(report: dict[str, Any]) -> Group:
         for b in a["blame"]:
             parts.append(Text(f"attempt {a['attempt']}: blamed {b['node']}: {b['reason']}"))
             parts += [Text(f"    {line}", style="dim") for line in b["evidence"]]
+    for r in report.get("in_allocation", []):
+        took = sum(r["phases"].values())
+        step = r["checkpoint_step"] if r["checkpoint_step"] is not None else "the start"
+        parts.append(Text(f"job {r['job_id']}: restart {r['restart']} inside the allocation in {_duration(took)}, "
+                          f"from step {step} on {' '.join(r['nodes'])} (no queue wait)"))
+        for b in r["blame"]:
+            given = "given back to Slurm" if b["node"] in r["given_back"] else "kept in the job"
+            parts.append(Text(f"    blamed {b['node']} ({given}): {b['reason']}"))
+            parts += [Text(f"        {line}", style="dim") for line in b["evidence"]]
     share = f"{g['goodput'] * 100:.1f}%" if g["goodput"] is not None else "-"
     parts.append(Text(
         f"goodput {share}: productive {_duration(g['productive_seconds'])} of {_duration(g['wall_seconds'])}; "

@@ -142,6 +142,10 @@ FIELDS: tuple[Field, ...] = (
           "that is not changing (pending or running): the interval doubles from poll_seconds up to this. It "
           "bounds how late a running attempt's end or a drained node is seen.",
           8.0, minimum=0.1, maximum=3600),
+    Field("restart", "recover", "choice", "With spare_nodes and launch style srun: `in-allocation` keeps the "
+          "allocation when a node fails (--no-kill), gives the node back to Slurm and starts a new step on a "
+          "spare from the last complete checkpoint, without queueing again; `resubmit`: always through the "
+          "queue.", "in-allocation", choices=("in-allocation", "resubmit")),
     Field("restart", "webhook", "str", "URL that gets a JSON POST on blame, stop and completion."),
 )
 
@@ -206,6 +210,7 @@ class RestartSection:
     on_too_few_nodes: str = "wait"
     poll_seconds: float = 2.0
     poll_max_seconds: float = 8.0
+    recover: str = "in-allocation"
     webhook: str | None = None
 
 
@@ -224,6 +229,11 @@ class JobSpec:
     @property
     def world_size(self) -> int:
         return self.job.nodes * self.job.gpus_per_node
+
+    @property
+    def recovers_in_allocation(self) -> bool:
+        """Node failures are recovered inside the allocation, on spares (srun style with spares only)."""
+        return self.job.spare_nodes > 0 and self.launch.style == "srun" and self.restart.recover == "in-allocation"
 
     def checkpoint_dir(self, run_dir: str) -> str | None:
         """The checkpoint directory with `{run_dir}` filled in."""

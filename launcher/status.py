@@ -16,7 +16,7 @@ from rich.text import Text
 
 from clusterctl.launcher.runs import attempts_of, log_path
 from clusterctl.records.rank_map import JobRankMap
-from clusterctl.records.run_journal import Created, RunEnded, RunEvent
+from clusterctl.records.run_journal import Created, RecoveredInAllocation, RunEnded, RunEvent
 from clusterctl.slurm.jobs import JobReport
 
 
@@ -69,8 +69,11 @@ def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[st
     else:
         state = "not submitted"
     created = next((e for e in events if isinstance(e, Created)), None)
+    recoveries = [{"job_id": e.job_id, "restart": e.restart, "blamed": [b.node for b in e.blame],
+                   "reasons": [b.reason for b in e.blame], "nodes": list(e.nodes), "checkpoint_step": e.checkpoint_step}
+                  for e in events if isinstance(e, RecoveredInAllocation)]
     return {"run": str(run_path), "name": created.name if created else run_path.name, "state": state,
-            "message": ended[-1].message if ended else "", "attempts": attempts}
+            "message": ended[-1].message if ended else "", "attempts": attempts, "in_allocation": recoveries}
 
 
 def status_renderables(status: dict[str, Any]) -> Group:
@@ -90,4 +93,9 @@ def status_renderables(status: dict[str, Any]) -> Group:
             f" {a['ended']}" if a.get("ended") else "")
         table.add_row(str(a["attempt"]), a["job_id"], state, a["nodes"] or "-", cost, a["log"])
     parts.append(table)
+    for r in status.get("in_allocation", []):
+        step = r["checkpoint_step"] if r["checkpoint_step"] is not None else "the start"
+        parts.append(Text(f"job {r['job_id']}: restarted inside the allocation ({r['restart']}): "
+                          f"{', '.join(f'{n} ({why})' for n, why in zip(r['blamed'], r['reasons']))} given back; "
+                          f"new step on {' '.join(r['nodes'])} from step {step}"))
     return Group(*parts)

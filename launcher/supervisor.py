@@ -14,7 +14,7 @@ import secrets
 import stat
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,8 @@ JOB_ID_REUSE_SLACK = 60.0  # a report submitted this long before our sbatch is a
 MISSING_POLLS = 15  # polls a submitted job may be absent from squeue and sacct before it counts as lost
 LOG_TAIL_BYTES = 64 * 1024
 SINGLE_NODE_READS = 32  # a job on more nodes reads the (shared) node table once instead of each node alone
+AGENT_GRACE_SECONDS = 60.0
+"""With spares, how long a failed node may stay in a running job before the supervisor (not the job's agent) ends it."""
 CHANGING_STATES = frozenset({"CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"})
 """Job states on the way in or out: watched at the fast interval."""
 
@@ -108,6 +110,7 @@ class Supervisor:
         self._slurm_errors = 0
         self._last_wait_message = ""
         self._silent_since: dict[str, float] = {}
+        self._suspect_since: dict[str, float] = {}
         self._interval = self.spec.restart.poll_seconds
         self._last_seen: tuple[object, ...] | None = None
         # Watching reads go through a cache shared with the other supervisors of this runs
@@ -213,7 +216,7 @@ class Supervisor:
     def _submit_next(self, state: RunState, number: int) -> None:
         now = self.hooks.clock()
         excluded = state.excluded(now)
-        needed = self.spec.job.nodes + self.spec.job.spare_nodes
+        needed = self.spec.job.nodes  # spares are wanted, not needed: fewer when fewer nodes are usable
         usable = self._usable_nodes(self._nodes(), excluded)
         if len(usable) < needed:
             message = (f"only {len(usable)} usable nodes ({hostlist.compress(usable) if usable else 'none'}) "
@@ -241,7 +244,13 @@ class Supervisor:
         exclude = hostlist.compress(excluded) if excluded else None
         comment = f"clusterctl:{self.run.path.name}:{number}:{secrets.token_hex(4)}"
         self.run.record(Submitting(at=self.run.now(), attempt=number, comment=comment))
-        request = prepare(self.spec, self.facts, run_dir=str(self.run.path), python=self.python, attempt=number,
+        spec = self.spec
+        spares = min(spec.job.spare_nodes, len(usable) - needed)
+        if spares < spec.job.spare_nodes:
+            self.hooks.say(f"attempt {number}: {len(usable)} usable nodes: asking for {spares} of "
+                           f"{spec.job.spare_nodes} spare nodes")
+            spec = replace(spec, job=replace(spec.job, spare_nodes=spares))
+        request = prepare(spec, self.facts, run_dir=str(self.run.path), python=self.python, attempt=number,
                           resume_from=resume_from, exclude=exclude, no_requeue=True, comment=comment)
         try:
             job_id = submit_attempt(self.run, request, self.slurm, number, exclude)
@@ -308,12 +317,24 @@ class Supervisor:
             silent_for = {name: now - since for name, since in self._silent_since.items()}
             suspects = hardware_suspects(job_nodes(report), nodes, silent_for,
                                          self.spec.restart.unresponsive_seconds)
+            if self.spec.recovers_in_allocation:
+                suspects = self._left_to_the_agent(suspects, now)
             if suspects:
                 self._end_attempt(attempt, suspects)
         self._show(attempt, state, report)
         seen = (attempt.job_id, report.state if report else None, report.nodes if report else None)
         changing = report is None or bool(attempt.ended_by_us) or (report.state in CHANGING_STATES)
         self.hooks.sleep(self._poll_wait(seen, changing))
+
+    def _left_to_the_agent(self, suspects: list[Blame], now: float) -> list[Blame]:
+        """With spares, the job's own agent ends the step and gives a failed node back to Slurm (the
+        node then leaves the job's node list); only a node it has not dealt with within
+        AGENT_GRACE_SECONDS (the agent is gone or stuck) makes the supervisor end the attempt."""
+        seen = {b.node for b in suspects}
+        self._suspect_since = {n: t for n, t in self._suspect_since.items() if n in seen}
+        for b in suspects:
+            self._suspect_since.setdefault(b.node, now)
+        return [b for b in suspects if now - self._suspect_since[b.node] >= AGENT_GRACE_SECONDS]
 
     def _end_attempt(self, attempt: AttemptState, suspects: list[Blame]) -> None:
         """Don't wait for ranks hung in a collective behind a dead node: end the attempt now."""

@@ -40,6 +40,7 @@ class EventKind(enum.StrEnum):
     SUBMITTED = "submitted"
     SUBMIT_LOST = "submit-lost"
     ENDING = "ending"
+    RECOVERED = "recovered-in-allocation"
     DECIDED = "decided"
     DONE = "done"
     STOPPED = "stopped"
@@ -108,6 +109,15 @@ def _node(data: Mapping[str, Any], key: str, where: str) -> str:
     if problem:
         raise RecordError(where, f"field `{key}`: {problem}")
     return value
+
+
+def _nodes(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
+    names = _strings(data, key, where)
+    for name in names:
+        problem = node_name_problem(name)
+        if problem:
+            raise RecordError(where, f"field `{key}`: {problem}")
+    return names
 
 
 def _choice(enum_type: type[enum.StrEnum], data: Mapping[str, Any], key: str, where: str) -> Any:
@@ -295,6 +305,47 @@ class Ending:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecoveredInAllocation:
+    """Inside job `job_id`, the in-allocation agent ended the step that `blame` broke, gave those nodes
+    back to Slurm (`given_back`) and started step `restart` on `nodes` (the new map's node slots,
+    spares taken in) from `checkpoint`; `phases` says how long each part took (seconds)."""
+
+    event: ClassVar[EventKind] = EventKind.RECOVERED
+    at: float
+    job_id: str
+    restart: int
+    blame: tuple[BlamedNode, ...]
+    nodes: tuple[str, ...]
+    given_back: tuple[str, ...] = ()
+    checkpoint_step: int | None = None
+    checkpoint: str | None = None
+    phases: tuple[tuple[str, float], ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
+        return {"job_id": self.job_id, "restart": self.restart, "blame": [b.to_json() for b in self.blame],
+                "nodes": list(self.nodes), "given_back": list(self.given_back),
+                "checkpoint_step": self.checkpoint_step, "checkpoint": self.checkpoint,
+                "phases": {name: seconds for name, seconds in self.phases}}
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> RecoveredInAllocation:
+        """Read the event's own fields (the header, `event` and `at` are already read)."""
+        phases = field(data, "phases", Mapping, where) if "phases" in data else {}
+        if not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                   for k, v in phases.items()):
+            raise RecordError(where, "field `phases` must map names to seconds")
+        return cls(at=at, job_id=_job_id(data, "job_id", where), restart=field(data, "restart", int, where),
+                   blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)),
+                   nodes=_nodes(data, "nodes", where),
+                   given_back=_nodes(data, "given_back", where) if "given_back" in data else (),
+                   checkpoint_step=field(data, "checkpoint_step", _OPTIONAL_INT, where)
+                   if "checkpoint_step" in data else None,
+                   checkpoint=field(data, "checkpoint", _OPTIONAL_STR, where) if "checkpoint" in data else None,
+                   phases=tuple((k, float(v)) for k, v in phases.items()))
+
+
+@dataclass(frozen=True, kw_only=True)
 class Decided:
     """An attempt ended: what Slurm said, how the supervisor read it, and what it decided."""
 
@@ -366,10 +417,12 @@ class RunEnded:
                    jobs=_strings(data, "jobs", where) if "jobs" in data else ())
 
 
-RunEvent = Created | Waiting | Submitting | Submitted | SubmitLost | Ending | Decided | RunEnded
+RunEvent = (Created | Waiting | Submitting | Submitted | SubmitLost | Ending | RecoveredInAllocation | Decided
+            | RunEnded)
 """Any event of a run journal."""
 
-_PARSERS = {cls.event: cls.parse for cls in (Created, Waiting, Submitting, Submitted, SubmitLost, Ending, Decided)}
+_PARSERS = {cls.event: cls.parse for cls in (Created, Waiting, Submitting, Submitted, SubmitLost, Ending,
+                                              RecoveredInAllocation, Decided)}
 
 
 def event_to_json(event: RunEvent) -> dict[str, Any]:

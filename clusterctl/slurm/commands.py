@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from clusterctl.errors import SlurmCommandError
-from clusterctl.slurm.names import job_id_problem
+from clusterctl.slurm.hostlist import compress
+from clusterctl.slurm.names import job_id_problem, node_name_problem
 from clusterctl.slurm.jobs import (
     JobReport, job_line_argv, parse_job_line, parse_sacct_json, parse_sbatch_parsable, parse_squeue_json,
 )
@@ -217,6 +218,16 @@ class Slurm:
         23.02+: it groups nodes by state under the first node's reason."""
         argv = ["scontrol", "show", "node", "--json"] if self.release().scontrol_node_json else ["sinfo", "--json"]
         return self._run(argv)
+
+    def shrink_job(self, job_id: str, keep: Sequence[str]) -> None:
+        """Give every node of running job `job_id` but `keep` back to Slurm (`scontrol update JobId=...
+        NodeList=...`: a running job's allocation may only shrink).  Names are checked before argv."""
+        checked_job_ids(["scontrol"], [job_id])
+        for name in keep:
+            problem = node_name_problem(name)
+            if problem:
+                raise SlurmCommandError(["scontrol", "update"], None, f"refusing to pass {name!r}: {problem}")
+        self._run(["scontrol", "update", f"JobId={job_id}", f"NodeList={compress(list(keep))}"])
 
     def cancel(self, job_ids: list[str]) -> None:
         """scancel the given jobs."""

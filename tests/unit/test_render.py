@@ -64,15 +64,20 @@ resume_args = ["--load", "{path}"]
 def _requests():
     example = load_spec(REPO / "examples" / "toy_trainer.toml")
     torchrun = parse_spec(TORCHRUN, "llama.toml", base_dir=Path("/work/llama"))
+    spares = parse_spec((REPO / "examples" / "toy_trainer.toml").read_text().replace(
+        "gpus_per_node = 8", "gpus_per_node = 8\nspare_nodes = 1"), "toy-spares.toml", base_dir=REPO / "examples")
     return {
         "srun-example": prepare(example, load_template(example), FACTS, run_dir="/runs/toy-1", python=PYTHON),
         "torchrun-resume": prepare(torchrun, load_template(torchrun), FACTS, run_dir="/runs/llama-3", python=PYTHON,
                                    attempt=3, resume_from="/ckpt/llama/iter_0000200", exclude="node[2,4]",
                                    no_requeue=True),
+        "srun-spares-resume": prepare(spares, load_template(spares), FACTS, run_dir="/runs/toy-2", python=PYTHON,
+                                      attempt=2, resume_from="/runs/toy-2/checkpoints/step-00000020",
+                                      no_requeue=True),
     }
 
 
-@pytest.mark.parametrize("name", ["srun-example", "torchrun-resume"])
+@pytest.mark.parametrize("name", ["srun-example", "torchrun-resume", "srun-spares-resume"])
 def test_rendered_script_and_argv_match_golden(name):
     request = _requests()[name]
     # The example's workdir is this checkout; goldens must not depend on where it lives.

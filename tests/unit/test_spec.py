@@ -133,7 +133,7 @@ values = st.text(st.characters(blacklist_categories=("Cs",), blacklist_character
 @settings(max_examples=60, deadline=None)
 @given(name=names, nodes=st.integers(1, 64), gpn=st.sampled_from([1, 2, 4, 8]),
        env=st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,8}", fullmatch=True), values, max_size=3),
-       argv=st.lists(values, min_size=1, max_size=4))
+       argv=st.lists(values.filter(lambda v: "{" not in v), min_size=1, max_size=4))  # {x}: a placeholder
 def test_any_valid_spec_survives_the_run_directory_round_trip(name, nodes, gpn, env, argv):
     import json
 

@@ -1,0 +1,282 @@
+"""Recovery inside the allocation: the agent a job with spares runs instead of one srun step.
+
+`python -m clusterctl.launcher.in_job agent` (sbatch_templates/srun_in_allocation.sbatch, a job
+submitted with --no-kill) plans the rank map over the allocation's healthy nodes, runs every rank
+as one srun step, and watches the step's nodes as the supervisor would (clusterctl.launcher.
+classify.hardware_suspects: drained by healthd, DOWN, silent past restart.unresponsive_seconds).
+When a node fails it ends the step at once (ranks of the other nodes may hang in a collective
+behind the dead one), gives the failed node back to Slurm (`scontrol update JobId= NodeList=`: the
+admins see it drained, not held by a job), plans again over the remaining nodes (a spare takes the
+failed node's place where the map costs least; tensor-parallel groups stay inside a node) and
+starts a new step from the last complete checkpoint, without going through the queue.  Each such
+restart is a `recovered-in-allocation` event in the run's journal, with its evidence and timings.
+
+It exits with the step's exit code when the failure is not a node's (the supervisor outside the
+job judges it as for any attempt) or when no spare is left (the failed node stays in the job, so
+the supervisor blames it and resubmits without it).  The agent runs on the job's batch host:
+losing that node ends the job, and the supervisor's resubmission is the fallback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from clusterctl.errors import SlurmCommandError
+from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
+from clusterctl.launcher.classify import Blame, hardware_suspects, not_responding
+from clusterctl.launcher.spec import JobSpec
+from clusterctl.records.run_journal import RecoveredInAllocation, append_run_event
+from clusterctl.slurm import hostlist
+from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.nodes import NodeState, SlurmNode
+
+STEP_POLL_SECONDS = 0.2
+"""How often the agent looks whether the step ended (a local waitpid, free)."""
+
+
+def node_read_interval(nodes: int) -> float:
+    """How often the agent reads the step's nodes from Slurm while it runs: each read is one
+    single-node query per node (0.1-0.5 ms of controller time each), so larger steps read less
+    often; a step whose ranks crash is seen at once anyway (srun exits)."""
+    return max(2.0, 0.25 * nodes)
+STOP_GRACE_SECONDS = 15.0
+"""How long an interrupted step may take to end before srun is killed."""
+EVIDENCE_GRACE_SECONDS = 5.0
+"""After a step failed with no node to blame yet: how long healthd's drain may take to show in Slurm."""
+
+
+# ---- pure: what the agent decides ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class NextStep:
+    """After a step ended: stop with `exit_code`, or start a new step on `nodes` without `blamed`."""
+
+    exit_code: int | None
+    blamed: tuple[Blame, ...] = ()
+    nodes: tuple[str, ...] = ()
+    message: str = ""
+
+    @property
+    def restart(self) -> bool:
+        """A new step in this allocation."""
+        return self.exit_code is None
+
+
+def after_step(exit_code: int, suspects: Sequence[Blame], healthy: Sequence[str], needed: int) -> NextStep:
+    """What follows a step that ended with `exit_code` while `suspects` failed under it.
+
+    `healthy`: the allocation's nodes still in use before this failure, in allocation order.
+    """
+    if not suspects:
+        if exit_code == 0:
+            return NextStep(0, message="the step completed")
+        return NextStep(exit_code, message=f"the step exited {exit_code} with every node healthy: the supervisor "
+                                           "judges it")
+    blamed = {b.node for b in suspects}
+    remaining = tuple(n for n in healthy if n not in blamed)
+    if len(remaining) < needed:
+        return NextStep(exit_code or 1, tuple(suspects),
+                        message=f"{', '.join(sorted(blamed))} failed and {len(remaining)} nodes remain for "
+                                f"{needed}: no spare left; ending the job for the supervisor to resubmit")
+    return NextStep(None, tuple(suspects), remaining,
+                    message=f"{', '.join(sorted(blamed))} failed; {len(remaining) - needed} spare(s) left after "
+                            "this restart")
+
+
+def resized_environment(environ: Mapping[str, str], nodes: Sequence[str]) -> dict[str, str]:
+    """The job's environment as after a resize to `nodes` (what Slurm's resize script would set),
+    so srun asks for a step on the nodes the job still has."""
+    env = dict(environ)
+    names = hostlist.compress(list(nodes))
+    for key in ("SLURM_JOB_NODELIST", "SLURM_NODELIST"):
+        env[key] = names
+    for key in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
+        env[key] = str(len(nodes))
+    for key in ("SLURM_JOB_CPUS_PER_NODE", "SLURM_TASKS_PER_NODE"):
+        value = env.get(key, "")
+        per_node = value.split("(", 1)[0]
+        if per_node.isdigit() and all(part.split("(", 1)[0] == per_node for part in value.split(",")):
+            env[key] = f"{per_node}(x{len(nodes)})" if len(nodes) > 1 else per_node
+    return env
+
+
+# ---- the doors it is given -----------------------------------------------------------------------
+
+class Step:
+    """One running srun step."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str]) -> None:
+        self.process = subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL)
+
+    def exit_code(self) -> int | None:
+        """The step's exit code once srun has exited, else None."""
+        return self.process.poll()
+
+    def stop(self, grace: float) -> int:
+        """End the step: two SIGINTs within a second make srun cancel it (srun(1)); SIGKILL after `grace` s."""
+        for _ in range(2):
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGINT)
+                time.sleep(0.2)
+        try:
+            return self.process.wait(grace)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+@dataclass
+class AgentDoors:
+    """Side effects, passed in so tests can swap them."""
+
+    slurm: Slurm
+    node_state: Callable[[str], NodeState]
+    start_step: Callable[[Sequence[str], Mapping[str, str]], Step]
+    monotonic: Callable[[], float] = time.monotonic
+    now: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
+    say: Callable[[str], None] = field(default=lambda message: print(f"clusterctl agent: {message}",
+                                                                       file=sys.stderr, flush=True))
+
+
+def default_doors() -> AgentDoors:
+    """The real Slurm commands, srun as a child process, the system clock."""
+    slurm = Slurm()
+    return AgentDoors(slurm, lambda name: SlurmNode(name, slurm.runner, slurm.timeout).state(), Step)
+
+
+# ---- the loop --------------------------------------------------------------------------------------
+
+class Agent:
+    """One job's in-allocation agent."""
+
+    def __init__(self, run_dir: Path, job_dir: Path, spec: JobSpec, environ: Mapping[str, str], doors: AgentDoors,
+                 *, python: str = sys.executable) -> None:
+        self.run_dir, self.job_dir, self.spec, self.environ, self.doors = run_dir, job_dir, spec, environ, doors
+        self.python = python
+        self.job_id = environ["SLURM_JOB_ID"]
+        self.allocated = tuple(hostlist.expand(environ["SLURM_JOB_NODELIST"]))
+
+    def _states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
+        states = {}
+        for name in nodes:
+            try:
+                states[name] = self.doors.node_state(name)
+            except SlurmCommandError as exc:
+                self.doors.say(f"cannot read {name} from Slurm ({exc}); judging without it")
+        return states
+
+    def _watch(self, step: Step, nodes: Sequence[str]) -> tuple[int | None, list[Blame], float]:
+        """Wait for the step to end, or for one of its nodes to fail (then end the step).
+        The exit code (None: still running when a node failed), the suspects, when they were seen."""
+        silent_since: dict[str, float] = {}
+        grace = self.spec.restart.unresponsive_seconds
+        interval = node_read_interval(len(nodes))
+        next_read = self.doors.monotonic()
+        while True:
+            code = step.exit_code()
+            if code is not None:
+                return code, [], self.doors.monotonic()
+            if self.doors.monotonic() < next_read:
+                self.doors.sleep(STEP_POLL_SECONDS)
+                continue
+            next_read = self.doors.monotonic() + interval
+            states = self._states(nodes)
+            now = self.doors.monotonic()
+            for name, state in states.items():
+                if not_responding(state):
+                    silent_since.setdefault(name, now)
+                else:
+                    silent_since.pop(name, None)
+            suspects = hardware_suspects(nodes, states, {n: now - t for n, t in silent_since.items()}, grace)
+            if suspects:
+                return None, suspects, now
+            self.doors.sleep(STEP_POLL_SECONDS)
+
+    def _evidence_after(self, nodes: Sequence[str]) -> list[Blame]:
+        """The step failed by itself: healthd's drain (or Slurm's DOWN) may show a moment later."""
+        deadline = self.doors.monotonic() + EVIDENCE_GRACE_SECONDS
+        while True:
+            states = self._states(nodes)
+            suspects = hardware_suspects(nodes, states, {n: float("inf") for n, s in states.items()
+                                                         if not_responding(s)}, 0.0)
+            if suspects or self.doors.monotonic() >= deadline:
+                return suspects
+            self.doors.sleep(0.5)
+
+    def _launch(self, job_dir: Path, nodes: Sequence[str], resume_from: str | None) -> tuple[Step, tuple[str, ...]]:
+        from clusterctl.launcher.in_job import plan_for_job
+        from clusterctl.launcher.render import launch_command
+        env = resized_environment(self.environ, nodes)
+        rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm)
+        if resume_from:
+            env[self.spec.checkpoint.resume_env] = resume_from
+        env["SLURM_HOSTFILE"] = str(job_dir / "hostfile")
+        command = launch_command(self.spec, str(self.run_dir), resume_from)
+        argv = ["srun", "--distribution=arbitrary", f"--ntasks={self.spec.world_size}", "--kill-on-bad-exit=1",
+                self.python, "-m", "clusterctl.launcher.in_job", "rank", "--job-dir", str(job_dir), "--", *command]
+        return self.doors.start_step(argv, env), tuple(rank_map.rank_map.slots)
+
+    def run(self, resume_from: str | None) -> int:
+        """Steps until one completes, fails on its own, or no spare is left; the job's exit code."""
+        in_use, restart, job_dir = self.allocated, 0, self.job_dir
+        step, slots = self._launch(job_dir, in_use, resume_from)
+        while True:
+            code, suspects, seen = self._watch(step, slots)
+            if code is None:
+                self.doors.say("ending the step now: " + "; ".join(f"{b.node}: {b.reason}" for b in suspects))
+                code = step.stop(STOP_GRACE_SECONDS)
+            elif code != 0:
+                suspects = self._evidence_after(slots)
+                seen = self.doors.monotonic()
+            ended = self.doors.monotonic()
+            decision = after_step(code, suspects, in_use, self.spec.job.nodes)
+            self.doors.say(decision.message)
+            if not decision.restart:
+                return decision.exit_code if decision.exit_code is not None else 1
+            blamed = [b.node for b in decision.blamed]
+            try:
+                # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: ours, not the user's.
+                with contextlib.chdir(self.job_dir):
+                    self.doors.slurm.shrink_job(self.job_id, decision.nodes)
+                given_back: tuple[str, ...] = tuple(blamed)
+            except SlurmCommandError as exc:  # recover all the same; the node stays in the job until it ends
+                self.doors.say(f"could not give {', '.join(blamed)} back to Slurm: {exc}")
+                given_back = ()
+            shrunk = self.doors.monotonic()
+            checkpoint = self._checkpoint()
+            restart += 1
+            job_dir = self.job_dir / f"restart-{restart}"
+            resume_from = checkpoint.path if checkpoint else resume_from
+            slots = ()
+            try:
+                step, slots = self._launch(job_dir, decision.nodes, resume_from)
+            finally:  # the blame is journaled even when the new step cannot start: a resubmission avoids it
+                launched = self.doors.monotonic()
+                until = self.doors.now() + self.spec.restart.blame_hours * 3600
+                append_run_event(self.run_dir / "journal.jsonl", RecoveredInAllocation(
+                    at=self.doors.now(), job_id=self.job_id, restart=restart,
+                    blame=tuple(b.to_journal(until) for b in decision.blamed), nodes=slots, given_back=given_back,
+                    checkpoint_step=checkpoint.step if checkpoint else None,
+                    checkpoint=checkpoint.path if checkpoint else None,
+                    phases=(("end_step", round(ended - seen, 3)), ("give_back", round(shrunk - ended, 3)),
+                            ("plan_and_launch", round(launched - shrunk, 3)))))
+            self.doors.say(f"restart {restart}: a new step on {' '.join(slots)} from "
+                           f"{resume_from or 'the start'} (no queue wait)")
+            in_use = decision.nodes
+
+    def _checkpoint(self) -> Checkpoint | None:
+        directory = self.spec.checkpoint_dir(str(self.run_dir))
+        if not directory:
+            return None
+        best, skipped = latest_complete(Path(directory), self.spec.checkpoint.validator)
+        for item in skipped:
+            self.doors.say(f"skipping checkpoint {item.path}: {item.why}")
+        return best

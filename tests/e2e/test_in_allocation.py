@@ -1,0 +1,152 @@
+"""Recovery inside the allocation on the real testbed: a job with a spare loses a node while the
+queue is busy, gives the node back to Slurm and goes on on the spare from the last complete
+checkpoint, without queueing again; the run ends bit-identical to an uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl.records.rank_map import read_rank_map
+from clusterctl.records.run_journal import read_run_journal
+from clusterctl_testbed.gpu_faults import Fault, inject
+from tests.conftest import REPO, TEST_LAYOUT, clusterctl_on
+
+pytestmark = pytest.mark.e2e
+
+RECORDS = str(TEST_LAYOUT.root / "job-health")
+STEPS = 60
+
+
+def _spec(tmp_path: Path, spares: int) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(f"""\
+[job]
+name = "spares"
+nodes = 2
+spare_nodes = {spares}
+gpus_per_node = 8
+sbatch_options = ["--exclusive"]
+[launch]
+command = ["python3", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "{STEPS}",
+           "--checkpoint-every", "10", "--step-time", "0.15", "--log-every", "10", "--peer-timeout", "15"]
+workdir = "{REPO / 'examples'}"
+[parallel]
+tp = 8
+pp = 2
+[checkpoint]
+dir = "{{run_dir}}/checkpoints"
+validator = "manifest"
+resume_args = ["--resume", "{{path}}"]
+[restart]
+poll_seconds = 0.5
+backoff_seconds = 0.5
+""")
+    return path
+
+
+def _events(run_dir: Path, kind: str) -> list:
+    return [e for e in read_run_journal(run_dir / "journal.jsonl").events if e.event == kind]
+
+
+def _wait(condition, what: str, timeout: float = 60, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None:
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"
+        time.sleep(0.1)
+
+
+def _squeue(cluster, *args: str) -> str:
+    return cluster.run_on("ctl", ["squeue", "-h", *args], check=False).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def reference(testbed_session, tmp_path_factory) -> dict:
+    """The same training on 2 nodes, uninterrupted (no spare)."""
+    tmp = tmp_path_factory.mktemp("reference-2")
+    clusterctl_on(testbed_session, "submit", str(_spec(tmp, 0)), "--run-dir", str(tmp / "run"), "--wait", timeout=180)
+    final = json.loads((tmp / "run" / "checkpoints" / "final.json").read_text())
+    assert final["step"] == STEPS
+    return final
+
+
+def test_an_xid_79_on_a_busy_queue_is_recovered_on_the_spare_without_queueing_again(cluster, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
+            "from clusterctl.launcher.cli import main; main()", "submit", str(_spec(tmp_path, 1)),
+            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    slots = read_rank_map(run_dir / "jobs" / job).slots
+    allocated = _squeue(cluster, "-j", job, "-o", "%N")
+    # The queue is busy: the fourth node runs another job and one more waits for any node.
+    cluster.run_on("ctl", ["sbatch", "-N1", "--exclusive", "-J", "filler", "--wrap", "sleep 300"])
+    cluster.run_on("ctl", ["sbatch", "-N1", "--exclusive", "-J", "waiting", "--wrap", "sleep 300"])
+    _wait(lambda: _squeue(cluster, "-n", "waiting", "-o", "%T") == "PENDING", "a pending job")
+    broken = slots[1]  # not the batch host (the allocation's first node), where the agent runs
+    inject(cluster.nvml_dir(broken), Fault("xid", gpu=3, value=79))
+    _wait(lambda: _events(run_dir, "recovered-in-allocation"), "the in-allocation restart", proc=proc)
+    # The new step runs on the spare while the other job still waits: nothing went back to the queue.
+    queue = _squeue(cluster, "-o", "%i %j %T %N %R") + "\n" + cluster.run_on("ctl", ["sinfo", "-N", "-h"]).stdout
+    assert _squeue(cluster, "-n", "waiting", "-o", "%T") == "PENDING", queue
+    assert _squeue(cluster, "-j", job, "-o", "%T") == "RUNNING", queue
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}") from None
+    assert proc.returncode == 0, out
+    assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
+    assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
+    recovered = _events(run_dir, "recovered-in-allocation")
+    assert len(recovered) == 1, out
+    event = recovered[0]
+    assert [b.node for b in event.blame] == [broken] and event.given_back == (broken,), out
+    assert broken not in event.nodes and set(event.nodes) <= set(_expand(cluster, allocated))
+    assert event.checkpoint_step is not None and 20 <= event.checkpoint_step < STEPS
+    assert "drained by healthd: healthd: xid 79 gpu3" in " ".join(event.blame[0].evidence)
+    assert not list((REPO / "examples").glob(f"slurm_job_{job}_resize.*"))  # the user's workdir stays clean
+    report = clusterctl_on(cluster, "report", str(run_dir)).stdout
+    assert "restart 1 inside the allocation" in report and f"blamed {broken} (given back to Slurm)" in report
+
+
+def _expand(cluster, nodes: str) -> list[str]:
+    return cluster.run_on("ctl", ["scontrol", "show", "hostnames", nodes]).stdout.split()
+
+
+def test_when_no_spare_is_left_the_supervisor_resubmits_without_the_node(cluster, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
+            "from clusterctl.launcher.cli import main; main()", "submit", str(_spec(tmp_path, 1)),
+            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    first, second = read_rank_map(run_dir / "jobs" / job).slots
+    inject(cluster.nvml_dir(second), Fault("xid", gpu=3, value=79))  # the spare takes its place ...
+    _wait(lambda: _events(run_dir, "recovered-in-allocation"), "the in-allocation restart", proc=proc)
+    restarted = read_rank_map(run_dir / "jobs" / job / "restart-1").slots
+    _wait(lambda: (run_dir / "jobs" / job / "restart-1" / "ranks").is_dir()
+          and len(list((run_dir / "jobs" / job / "restart-1" / "ranks").iterdir())) == 16, "the new step's ranks",
+          proc=proc)
+    spare = next(n for n in restarted if n != first) if first in restarted else restarted[1]
+    inject(cluster.nvml_dir(spare), Fault("xid", gpu=2, value=79))  # ... and then fails too: no spare left
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        queue = _squeue(cluster, "-o", "%i %j %T %N %R") + "\n" + cluster.run_on("ctl", ["sinfo", "-N", "-h"]).stdout
+        proc.kill()
+        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}\n{queue}") from None
+    assert proc.returncode == 0, out
+    assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
+    submitted = _events(run_dir, "submitted")
+    assert len(submitted) == 2, out
+    excluded = set(_expand(cluster, submitted[1].exclude or ""))
+    assert {second, spare} <= excluded, out
