@@ -174,3 +174,14 @@ def test_a_segment_divides_the_job_and_fits_one_block(nodes, segment):
     options, warnings = compact_request(spec, SlurmFacts(MID, "topology/block", BLOCKS))
     assert options == ([f"--segment={segment}"] if segment else [])
     assert bool(warnings) == (segment is None)
+
+
+def test_a_resubmission_without_failed_nodes_asks_for_the_leaves_that_remain():
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    from dataclasses import replace
+    spec = replace(spec, job=replace(spec.job, nodes=2, spare_nodes=0))
+    assert compact_request(spec, FACTS)[0] == ["--switches=1@5:00"]  # node[1-2] or node[3-4]: one leaf
+    # node2 and node3 failed: node1 and node4 are on two leaves; one would wait switch_wait for nothing.
+    assert compact_request(spec, FACTS, {"node2", "node3"})[0] == ["--switches=2@5:00"]
+    argv, _ = prepare(spec, load_template(spec), FACTS, run_dir="/r", python=PYTHON, exclude="node[2-3]").sbatch_argv, 0
+    assert "--switches=2@5:00" in argv and "--exclude=node[2-3]" in argv
