@@ -83,7 +83,7 @@ def main() -> None:
     parser.add_argument("--steady-only", action="store_true", help="Skip the latency trials.")
     args = parser.parse_args()
     tb = Testbed(LAYOUT)
-    tb.up(timeout=90)
+    tb.up(timeout=90, slurm="host")  # the figures in the README are this machine's Slurm
     nodes = list(LAYOUT.nodes)
     pollers = {}
     try:

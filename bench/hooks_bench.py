@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=100)
     args = parser.parse_args()
     tb = Testbed(LAYOUT)
-    tb.up(timeout=90)
+    tb.up(timeout=90, slurm="host")  # the figures in the README are this machine's Slurm
     report: dict[str, dict] = {}
     try:
         for healthd in ("running", "stopped"):

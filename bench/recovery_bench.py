@@ -14,6 +14,15 @@ journal (written by the supervisor) and the new attempt's files, watched every 2
   resume    → rank 0 reports it resumed from the checkpoint
   step      → the first training step after the resume
 Writes bench/results/recovery.json.
+
+    sudo .venv/bin/python bench/recovery_bench.py --compare [--trials 5]
+
+Recovery inside the allocation against resubmission, on an idle and on a busy queue: the same
+job on 2 nodes with one spare (TP=8, PP=2, exclusive nodes), `restart.recover` = in-allocation or
+resubmit.  Busy: the fourth node runs another job and one more job waits for any node (both
+`sleep --busy-seconds`), as on a full cluster.  Stages for in-allocation, from the journal's
+`recovered-in-allocation` event and the new step's files: detect (injection → the agent ended the
+step), give back (shrink), plan + launch, resume, step.  Writes bench/results/recovery_compare.json.
 """
 
 from __future__ import annotations
@@ -126,12 +135,129 @@ def trial(tb: Testbed, work: Path, number: int, records: str) -> dict[str, float
             time.sleep(0.5)
 
 
+COMPARE_SPEC = """\
+[job]
+name = "recovery-compare"
+nodes = 2
+spare_nodes = 1
+sbatch_options = ["--exclusive"]
+[launch]
+command = ["python3", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "2000",
+           "--checkpoint-every", "10", "--step-time", "0.1", "--log-every", "1", "--peer-timeout", "15"]
+workdir = "{examples}"
+[parallel]
+tp = 8
+pp = 2
+[checkpoint]
+dir = "{{run_dir}}/checkpoints"
+validator = "manifest"
+resume_args = ["--resume", "{{path}}"]
+[restart]
+poll_seconds = 0.5
+recover = "{recover}"
+"""
+
+
+def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool, number: int, records: str,
+                  busy_seconds: int) -> dict[str, float | str]:
+    """One fault, one way of recovering: seconds from the injection to rank 0 stepping again."""
+    run = work / f"{label}-{number}"
+    spec = work / f"{label}-{number}.toml"
+    spec.write_text(COMPARE_SPEC.format(examples=REPO / "examples", recover=recover))
+    cli = [*tb.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from clusterctl.launcher.cli import main; main()"]
+    supervisor = subprocess.Popen([*cli, "submit", str(spec), "--run-dir", str(run), "--supervise",
+                                   "--job-records", records], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        _wait(lambda: (run / "checkpoints" / "step-00000020").exists(), 90, "the step-20 checkpoint")
+        job = _events(run)["submitted"][-1].job_id
+        if busy:
+            for name in ("filler", "waiting"):
+                tb.run_on("ctl", ["sbatch", "-N1", "--exclusive", "-J", name, "--wrap", f"sleep {busy_seconds}"])
+            _wait(lambda: tb.run_on("ctl", ["squeue", "-h", "-n", "waiting", "-o", "%T"]).stdout.strip() == "PENDING",
+                  30, "a waiting job")
+        node = read_rank_map(run / "jobs" / job).slots[1]
+        injected = time.time()
+        inject(tb.nvml_dir(node), Fault("xid", gpu=number % 8, value=79))
+        if recover == "in-allocation":
+            event = _wait(lambda: _events(run).get("recovered-in-allocation", [None])[-1], 120, "the restart")
+            job_dir = run / "jobs" / job / "restart-1"
+            log = run / "logs" / f"{job}.out"
+            before = len(log.read_text(errors="replace")) if log.exists() else 0
+        else:
+            second = _wait(lambda: len(_events(run).get("submitted", [])) > 1 and _events(run)["submitted"][-1],
+                           busy_seconds + 120, "the next attempt")
+            job_dir = run / "jobs" / second.job_id
+            log = run / "logs" / f"{second.job_id}.out"
+            before = 0
+        _wait(lambda: rank_map_path(job_dir).exists(), busy_seconds + 120, "the new rank map")
+
+        def seen(pattern: str):
+            return log.exists() and re.search(pattern, log.read_text(errors="replace")[before:], re.M) and time.time()
+        resumed = _wait(lambda: seen(r"rank 0\] resumed from"), busy_seconds + 120, "the resume")
+        stepped = _wait(lambda: seen(r"rank 0\] step \d+ took"), 60, "a step after the resume")
+        result: dict[str, float | str] = {"node": node, "resumed": round(resumed - injected, 3),
+                                          "total": round(stepped - injected, 3)}
+        if recover == "in-allocation":
+            phases = dict(event.phases)
+            result |= {"step ended": round(event.at - sum(phases.values()) - injected + phases["end_step"], 3),
+                       **{k: v for k, v in phases.items() if k != "end_step"}}
+        return result
+    finally:
+        subprocess.run([*cli, "cancel", str(run)], capture_output=True)
+        supervisor.wait(timeout=60)
+        tb.run_on("ctl", ["scancel", "-n", "filler,waiting"], check=False)
+        if "node" in locals():
+            inject(tb.nvml_dir(node), Fault("clear"))
+        deadline = time.time() + 60
+        while not all(n.state == "idle" and n.responding for n in tb.nodes()):
+            if time.time() > deadline - 30:
+                tb.run_on("ctl", ["scontrol", "update", "NodeName=ALL", "State=RESUME"], check=False)
+            if time.time() > deadline:
+                raise RuntimeError(f"nodes not back: {tb.nodes()}")
+            time.sleep(0.5)
+
+
+def compare(tb: Testbed, trials: int, busy_seconds: int) -> None:
+    work = Path("/tmp/clusterctl-recovery-compare")
+    subprocess.run(["rm", "-rf", str(work)], check=True)
+    work.mkdir()
+    records = str(LAYOUT.root / "job-health")
+    results: dict[str, list[dict[str, float | str]]] = {}
+    for label, recover, busy in (("in-allocation, busy queue", "in-allocation", True),
+                                 ("resubmission, busy queue", "resubmit", True),
+                                 ("in-allocation, idle queue", "in-allocation", False),
+                                 ("resubmission, idle queue", "resubmit", False)):
+        slug = label.replace(", ", "-").replace(" ", "-")
+        results[label] = [compare_trial(tb, work, slug, recover, busy, n, records, busy_seconds)
+                          for n in range(trials)]
+        totals = [float(t["total"]) for t in results[label]]
+        print(f"{label:28s} fault → stepping again: median {statistics.median(totals):6.2f} s "
+              f"[{min(totals):.2f}–{max(totals):.2f}] over {len(totals)}", flush=True)
+    out = REPO / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    summary = {label: {key: {"median": round(statistics.median(float(t[key]) for t in rows), 3),
+                             "min": round(min(float(t[key]) for t in rows), 3),
+                             "max": round(max(float(t[key]) for t in rows), 3)}
+                       for key in rows[0] if key != "node"} for label, rows in results.items()}
+    (out / "recovery_compare.json").write_text(json.dumps({"busy_seconds": busy_seconds, "trials": results,
+                                                           "summary": summary}, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--compare", action="store_true", help="in-allocation against resubmission, idle and busy")
+    parser.add_argument("--busy-seconds", type=int, default=45, help="how long the busy queue's jobs run")
     args = parser.parse_args()
     tb = Testbed(LAYOUT)
-    tb.up(timeout=90)
+    if args.compare:
+        tb.up(timeout=90, slurm="host")
+        try:
+            compare(tb, args.trials, args.busy_seconds)
+        finally:
+            tb.down(quiet=True)
+        return
+    tb.up(timeout=90, slurm="host")  # the bench runs clusterctl with this Python on the hosts
     work = Path("/tmp/clusterctl-recovery-bench")
     subprocess.run(["rm", "-rf", str(work)], check=True)
     work.mkdir()
