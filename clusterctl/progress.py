@@ -1,0 +1,92 @@
+"""Tell clusterctl how far this rank has got, so a rank that hangs is caught in its step time, not NCCL's.
+
+A training program launched by clusterctl may call, once per step (or as often as it likes)::
+
+    from clusterctl.progress import beat
+    beat(step)                          # in the training loop
+    beat(step, "checkpoint-save")       # before saving; the next beat(step + 1) ends the phase
+
+It writes `$CLUSTERCTL_JOB_DIR/progress/<rank>.json` (clusterctl.records.rank_progress) at most
+once per `min_interval` seconds, and at once whenever the phase changes, so calling it every
+step costs a clock read and a comparison.  Outside a clusterctl job (no CLUSTERCTL_JOB_DIR) it
+does nothing.  It never raises into the training program: a report that cannot be written is
+said once on stderr and the program carries on.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from clusterctl.records.rank_progress import PHASES, RankProgress, write_rank_progress
+
+DEFAULT_MIN_INTERVAL = 1.0
+"""Seconds between two reports of the same phase, unless CLUSTERCTL_PROGRESS_INTERVAL says otherwise."""
+
+INTERVAL_ENV = "CLUSTERCTL_PROGRESS_INTERVAL"
+"""Lets the launcher space reports out on a very large job (fewer files rewritten per second on shared storage)."""
+
+# Per (job dir, rank): when this process last wrote (monotonic) and in which phase.  Keyed so a
+# process that reports for two jobs (tests, notebooks) rate-limits each on its own.
+_last_report: dict[tuple[str, int], tuple[float, str]] = {}
+# The job dirs this process has already complained about: one message each, not one per step.
+_complained_about: set[str] = set()
+
+
+def _say_once(message: str) -> None:
+    job_dir = os.environ.get("CLUSTERCTL_JOB_DIR", "")
+    if job_dir not in _complained_about:
+        _complained_about.add(job_dir)
+        print(f"clusterctl.progress: {message}; training continues, but hangs of this rank may be "
+              "caught later or blamed on the whole job (said once per job)", file=sys.stderr, flush=True)
+
+
+def _rank(environ: Mapping[str, str]) -> int | None:
+    text = environ.get("RANK") or environ.get("SLURM_PROCID")
+    return int(text) if text is not None and text.strip().isdigit() else None
+
+
+def _interval(min_interval: float | None) -> float:
+    if min_interval is not None:
+        return min_interval
+    try:
+        return float(os.environ.get(INTERVAL_ENV, DEFAULT_MIN_INTERVAL))
+    except ValueError:
+        return DEFAULT_MIN_INTERVAL
+
+
+def beat(step: int, phase: str = "step", *, min_interval: float | None = None) -> None:
+    """Report that this rank reached `step` and is in `phase` ("startup", "step", "checkpoint-save",
+    "checkpoint-load").
+
+    Writes at most once per `min_interval` seconds (default: $CLUSTERCTL_PROGRESS_INTERVAL, else
+    1.0) unless the phase changed since the last report.  Does nothing without CLUSTERCTL_JOB_DIR;
+    the rank comes from RANK (torchrun) or SLURM_PROCID.  Never raises.
+    """
+    try:
+        job_dir = os.environ.get("CLUSTERCTL_JOB_DIR")
+        if not job_dir:
+            return
+        rank = _rank(os.environ)
+        if rank is None:
+            _say_once("neither RANK nor SLURM_PROCID is set, so progress cannot be reported")
+            return
+        now = time.monotonic()
+        last = _last_report.get((job_dir, rank))
+        if last is not None and last[1] == phase and now - last[0] < _interval(min_interval):
+            return
+        if phase not in PHASES:
+            _say_once(f"phase {phase!r} is not one of {', '.join(PHASES)}; not reported")
+            return
+        # Noted before writing: a filesystem that fails (or stalls) is not retried at every step.
+        _last_report[(job_dir, rank)] = (now, phase)
+        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        write_rank_progress(Path(job_dir), RankProgress(rank, node, int(step), phase, time.time(), os.getpid()))
+    except OSError as exc:
+        _say_once(f"cannot write the progress report in {os.environ.get('CLUSTERCTL_JOB_DIR')} ({exc})")
+    except Exception as exc:  # the contract: a progress report never breaks training
+        _say_once(f"progress report failed ({exc.__class__.__name__}: {exc})")

@@ -1,0 +1,126 @@
+"""A rank reports its progress (clusterctl.progress.beat) and the watch reads every rank's report back,
+damaged files included, without ever breaking the training program or the reader."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from clusterctl.progress import beat
+from clusterctl.records.rank_progress import (
+    PHASES, RankProgress, rank_progress_path, read_progress, read_rank_progress, write_rank_progress)
+from clusterctl.records.versioned import RecordError
+
+REPORTS = st.builds(RankProgress, rank=st.integers(0, 100_000), node=st.text(min_size=1, max_size=20),
+                    step=st.integers(0, 10**12), phase=st.sampled_from(PHASES),
+                    at=st.floats(0, 4e9, allow_nan=False), pid=st.integers(1, 2**22))
+
+
+@given(REPORTS)
+def test_a_report_reads_back_as_written(report):
+    assert RankProgress.from_json(json.loads(json.dumps(report.to_json())), "here") == report
+    with tempfile.TemporaryDirectory() as job_dir:
+        write_rank_progress(Path(job_dir), report)
+        assert read_rank_progress(rank_progress_path(Path(job_dir), report.rank)) == report
+        assert read_progress(Path(job_dir)) == ((report,), ())
+
+
+def test_damaged_reports_are_listed_as_problems_and_the_others_still_read(tmp_path):
+    good = [RankProgress(rank, "node1", 41, "step", 1000.0 + rank, 100 + rank) for rank in (0, 1, 10)]
+    for report in good:
+        write_rank_progress(tmp_path, report)
+    progress = tmp_path / "progress"
+    (progress / "2.json").write_bytes(b'{"kind": "rank-progress", "version": 1, "rank": 2, "no')  # torn
+    (progress / "3.json").write_text(json.dumps({**good[0].to_json(), "rank": 3, "version": 2}))
+    (progress / "4.json").write_text(json.dumps({**good[0].to_json(), "rank": 4, "phase": "thinking"}))
+    (progress / "5.json").write_text(json.dumps(good[1].to_json()))  # rank 1's report under rank 5's name
+
+    records, problems = read_progress(tmp_path)
+
+    assert records == tuple(good)
+    assert problems == (
+        f"{progress}/2.json: not a readable JSON record (JSONDecodeError)",
+        f"{progress}/3.json: rank-progress record version 2 is newer than this clusterctl understands (1); "
+        "upgrade clusterctl on this host",
+        f"{progress}/4.json: phase 'thinking' is not one of startup, step, checkpoint-save, checkpoint-load",
+        f"{progress}/5.json: holds rank 1, not the rank its name says",
+    )
+
+
+def test_a_job_no_rank_has_reported_in_yet_has_no_reports_and_no_problems(tmp_path):
+    assert read_progress(tmp_path) == ((), ())
+
+
+def test_a_damaged_report_read_alone_is_a_record_error(tmp_path):
+    path = rank_progress_path(tmp_path, 7)
+    path.parent.mkdir()
+    path.write_text("[]")
+    with pytest.raises(RecordError, match="not a rank-progress record"):
+        read_rank_progress(path)
+
+
+@pytest.fixture()
+def rank_env(monkeypatch, tmp_path):
+    """This process as rank 5 of a clusterctl job on node2, its job dir under tmp_path."""
+    monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(tmp_path / "job"))
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("SLURMD_NODENAME", "node2")
+    monkeypatch.delenv("CLUSTERCTL_PROGRESS_INTERVAL", raising=False)
+    return tmp_path / "job"
+
+
+def test_a_training_loop_beating_every_step_writes_about_once_a_second_and_at_each_phase_change(rank_env):
+    for step in range(100):  # a fast loop: far less than a second
+        beat(step)
+    (first,), _ = read_progress(rank_env)
+    assert (first.rank, first.node, first.step, first.phase) == (5, "node2", 0, "step")
+
+    beat(100, "checkpoint-save")
+    assert read_progress(rank_env)[0][0].phase == "checkpoint-save"
+    beat(101)
+    (after,), problems = read_progress(rank_env)
+    assert (after.step, after.phase, problems) == (101, "step", ())
+
+
+def test_beat_writes_each_call_when_the_interval_allows_it(rank_env):
+    beat(1, min_interval=0)
+    beat(2, min_interval=0)
+    assert read_progress(rank_env)[0][0].step == 2
+
+
+def test_the_launcher_may_space_reports_out_through_the_environment(rank_env, monkeypatch):
+    monkeypatch.setenv("CLUSTERCTL_PROGRESS_INTERVAL", "0")
+    beat(1)
+    beat(2)
+    assert read_progress(rank_env)[0][0].step == 2
+
+
+def test_beat_uses_slurm_procid_when_torchrun_set_no_rank(rank_env, monkeypatch):
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("SLURM_PROCID", "12")
+    beat(3)
+    assert [r.rank for r in read_progress(rank_env)[0]] == [12]
+
+
+def test_beat_does_nothing_outside_a_clusterctl_job(monkeypatch, tmp_path):
+    monkeypatch.delenv("CLUSTERCTL_JOB_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    beat(1, min_interval=0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_beat_never_breaks_training_when_the_report_cannot_be_written(monkeypatch, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(blocker / "job"))  # under a file: nothing can be made there
+    monkeypatch.setenv("RANK", "0")
+    for step in range(3):
+        beat(step, min_interval=0)
+    message = capsys.readouterr().err
+    assert message.count("clusterctl.progress: cannot write the progress report") == 1
+    assert "training continues" in message
