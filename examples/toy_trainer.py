@@ -33,6 +33,12 @@ import sys
 import time
 from pathlib import Path
 
+try:  # clusterctl's progress channel: each rank's step, for the hang watch of a job with spares
+    from clusterctl.progress import beat
+except ImportError:  # run by a Python without clusterctl: no progress reports, nothing else changes
+    def beat(step: int, phase: str = "step", *, min_interval: float | None = None) -> None:
+        """Without clusterctl: nothing to report to."""
+
 MODULUS = (1 << 61) - 1  # a Mersenne prime: all arithmetic stays exact
 PARAMS = 64
 EXIT_PEER_LOST, EXIT_USAGE, EXIT_GPU_LOST = 1, 2, 3
@@ -372,8 +378,11 @@ def train(args: argparse.Namespace) -> int:
                      "rng": _rng_to_json(rng.getstate()), "data_cursor": state["data_cursor"] + 1}
             if state["step"] % args.log_every == 0 or state["step"] == args.steps:
                 log(f"step {state['step']} took {time.monotonic() - started:.3f} s")
+            beat(state["step"])
             if rank == 0 and state["step"] % args.checkpoint_every == 0:
+                beat(state["step"], "checkpoint-save")
                 log(f"checkpoint {write_checkpoint(args.checkpoint_dir, state)}")
+                beat(state["step"])
     finally:
         group.close()
     if rank == 0:

@@ -20,6 +20,7 @@ losing that node ends the job, and the supervisor's resubmission is the fallback
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -31,7 +32,10 @@ from pathlib import Path
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
 from clusterctl.launcher.classify import Blame, hardware_suspects, not_responding
+from clusterctl.launcher.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
 from clusterctl.launcher.spec import JobSpec
+from clusterctl.records.rank_map import RankMap
+from clusterctl.records.rank_progress import read_progress
 from clusterctl.records.run_journal import RecoveredInAllocation, append_run_event
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
@@ -48,6 +52,8 @@ def node_read_interval(nodes: int) -> float:
     return max(2.0, 0.25 * nodes)
 STOP_GRACE_SECONDS = 15.0
 """How long an interrupted step may take to end before srun is killed."""
+IN_PLACE_RESTARTS = 1
+"""How often a step in which every rank stopped at once is started again on the same nodes."""
 EVIDENCE_GRACE_SECONDS = 5.0
 """After a step failed with no node to blame yet: how long healthd's drain may take to show in Slurm."""
 
@@ -107,7 +113,49 @@ def resized_environment(environ: Mapping[str, str], nodes: Sequence[str]) -> dic
     return env
 
 
+@dataclass(frozen=True)
+class Launched:
+    """A running step: its srun, its job directory and rank map, when it started (epoch s), where the log was."""
+
+    step: Step
+    job_dir: Path
+    rank_map: RankMap
+    started_at: float
+    log_offset: int = 0
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """The step's nodes, in rank-map order."""
+        return self.rank_map.slots
+
+
+@dataclass(frozen=True)
+class Watched:
+    """How watching a step ended: its exit code (None: ended for `suspects` or a hang), when it was seen."""
+
+    exit_code: int | None
+    suspects: list[Blame]
+    seen: float
+    hang: HangVerdict | None = None
+
+
 # ---- the doors it is given -----------------------------------------------------------------------
+
+
+def read_new_log_lines(path: Path, offset: int | None) -> tuple[list[str], int]:
+    """The complete lines appended to `path` since `offset` (None: none, just the current end) and the new offset."""
+    try:
+        with open(path, "rb") as log:
+            log.seek(0, os.SEEK_END)
+            end = log.tell()
+            if offset is None or offset > end:
+                return [], end
+            log.seek(offset)
+            data = log.read(min(end - offset, 1 << 20))
+    except OSError:
+        return [], offset or 0
+    complete = data[:data.rfind(b"\n") + 1]
+    return complete.decode(errors="replace").splitlines(), offset + len(complete)
 
 class Step:
     """One running srun step."""
@@ -142,6 +190,7 @@ class AgentDoors:
     monotonic: Callable[[], float] = time.monotonic
     now: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
+    read_log: Callable[[Path, int | None], tuple[list[str], int]] = read_new_log_lines
     say: Callable[[str], None] = field(default=lambda message: print(f"clusterctl agent: {message}",
                                                                        file=sys.stderr, flush=True))
 
@@ -163,6 +212,7 @@ class Agent:
         self.python = python
         self.job_id = environ["SLURM_JOB_ID"]
         self.allocated = tuple(hostlist.expand(environ["SLURM_JOB_NODELIST"]))
+        self.log_path = run_dir / "logs" / f"{self.job_id}.out"  # sbatch --output: the agent's own stdout
 
     def _states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
         states = {}
@@ -173,17 +223,28 @@ class Agent:
                 self.doors.say(f"cannot read {name} from Slurm ({exc}); judging without it")
         return states
 
-    def _watch(self, step: Step, nodes: Sequence[str]) -> tuple[int | None, list[Blame], float]:
-        """Wait for the step to end, or for one of its nodes to fail (then end the step).
-        The exit code (None: still running when a node failed), the suspects, when they were seen."""
+    def _hang_policy(self) -> HangPolicy:
+        r = self.spec.restart
+        return HangPolicy(startup_timeout=r.hang_startup_seconds, checkpoint_timeout=r.hang_checkpoint_seconds,
+                          safety_factor=r.hang_safety_factor, min_step_timeout=r.hang_min_step_seconds,
+                          max_step_timeout=max(1800.0, r.hang_min_step_seconds))
+
+    def _watch(self, launched: Launched) -> Watched:
+        """Wait for the step to end, for one of its nodes to fail, or for its ranks to hang."""
+        nodes = launched.slots
         silent_since: dict[str, float] = {}
         grace = self.spec.restart.unresponsive_seconds
         interval = node_read_interval(len(nodes))
         next_read = self.doors.monotonic()
+        rank_map = launched.rank_map
+        hangs = HangWatch.start(self._hang_policy(), launched.started_at,
+                                {r: rank_map.location(r)[0] for r in range(rank_map.world_size)})
+        pattern = self.spec.restart.progress_pattern
+        log_offset = launched.log_offset
         while True:
-            code = step.exit_code()
+            code = launched.step.exit_code()
             if code is not None:
-                return code, [], self.doors.monotonic()
+                return Watched(code, [], self.doors.monotonic())
             if self.doors.monotonic() < next_read:
                 self.doors.sleep(STEP_POLL_SECONDS)
                 continue
@@ -197,8 +258,19 @@ class Agent:
                     silent_since.pop(name, None)
             suspects = hardware_suspects(nodes, states, {n: now - t for n, t in silent_since.items()}, grace)
             if suspects:
-                return None, suspects, now
-            self.doors.sleep(STEP_POLL_SECONDS)
+                return Watched(None, suspects, now)
+            records, _ = read_progress(launched.job_dir)
+            hangs = hangs.observe(records)
+            if pattern:
+                lines, log_offset = self.doors.read_log(self.log_path, log_offset)
+                for line in lines:
+                    logged = progress_from_log_line(line, pattern)
+                    if logged is not None:
+                        hangs = hangs.observe_log_step(logged, self.doors.now())
+            if hangs.latest or hangs.logged is not None:  # the program reports progress: judge it
+                verdict = hangs.verdict(self.doors.now())
+                if verdict.hung:
+                    return Watched(None, list(verdict.blames()), now, verdict)
 
     def _evidence_after(self, nodes: Sequence[str]) -> list[Blame]:
         """The step failed by itself: healthd's drain (or Slurm's DOWN) may show a moment later."""
@@ -211,7 +283,7 @@ class Agent:
                 return suspects
             self.doors.sleep(0.5)
 
-    def _launch(self, job_dir: Path, nodes: Sequence[str], resume_from: str | None) -> tuple[Step, tuple[str, ...]]:
+    def _launch(self, job_dir: Path, nodes: Sequence[str], resume_from: str | None) -> Launched:
         from clusterctl.launcher.in_job import plan_for_job
         from clusterctl.launcher.render import launch_command
         env = resized_environment(self.environ, nodes)
@@ -222,44 +294,62 @@ class Agent:
         command = launch_command(self.spec, str(self.run_dir), resume_from)
         argv = ["srun", "--distribution=arbitrary", f"--ntasks={self.spec.world_size}", "--kill-on-bad-exit=1",
                 self.python, "-m", "clusterctl.launcher.in_job", "rank", "--job-dir", str(job_dir), "--", *command]
-        return self.doors.start_step(argv, env), tuple(rank_map.rank_map.slots)
+        offset = self.doors.read_log(self.log_path, None)[1] if self.spec.restart.progress_pattern else 0
+        started_at = self.doors.now()
+        return Launched(self.doors.start_step(argv, env), job_dir, rank_map.rank_map, started_at, offset)
 
     def run(self, resume_from: str | None) -> int:
         """Steps until one completes, fails on its own, or no spare is left; the job's exit code."""
-        in_use, restart, job_dir = self.allocated, 0, self.job_dir
-        step, slots = self._launch(job_dir, in_use, resume_from)
+        in_use, restart, in_place = self.allocated, 0, 0
+        launched = self._launch(self.job_dir, in_use, resume_from)
         while True:
-            code, suspects, seen = self._watch(step, slots)
+            watched = self._watch(launched)
+            code, suspects, seen = watched.exit_code, watched.suspects, watched.seen
             if code is None:
-                self.doors.say("ending the step now: " + "; ".join(f"{b.node}: {b.reason}" for b in suspects))
-                code = step.stop(STOP_GRACE_SECONDS)
+                why = "; ".join(f"{b.node}: {b.reason}" for b in suspects) if suspects else \
+                    "; ".join(watched.hang.evidence) if watched.hang else "?"
+                self.doors.say(f"ending the step now: {why}")
+                code = launched.step.stop(STOP_GRACE_SECONDS)
             elif code != 0:
-                suspects = self._evidence_after(slots)
+                suspects = self._evidence_after(launched.slots)
                 seen = self.doors.monotonic()
             ended = self.doors.monotonic()
-            decision = after_step(code, suspects, in_use, self.spec.job.nodes)
+            if watched.hang is not None and watched.hang.whole_job:
+                # Every rank stopped at once: no node to tell apart (a filesystem or network stall, or
+                # a hang too quick to see who went first).  Start again on the same nodes, once.
+                in_place += 1
+                if in_place > IN_PLACE_RESTARTS:
+                    self.doors.say(f"the whole step hung again ({' '.join(watched.hang.evidence)}); "
+                                   "ending the job for the supervisor")
+                    return code or 1
+                decision = NextStep(None, (), in_use, message="every rank stopped progressing at once: "
+                                                              "starting the step again on the same nodes")
+            else:
+                decision = after_step(code, suspects, in_use, self.spec.job.nodes)
             self.doors.say(decision.message)
             if not decision.restart:
                 return decision.exit_code if decision.exit_code is not None else 1
             blamed = [b.node for b in decision.blamed]
-            try:
-                # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: ours, not the user's.
-                with contextlib.chdir(self.job_dir):
-                    self.doors.slurm.shrink_job(self.job_id, decision.nodes)
-                given_back: tuple[str, ...] = tuple(blamed)
-            except SlurmCommandError as exc:  # recover all the same; the node stays in the job until it ends
-                self.doors.say(f"could not give {', '.join(blamed)} back to Slurm: {exc}")
-                given_back = ()
+            given_back: tuple[str, ...] = ()
+            if blamed:
+                try:
+                    # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: ours, not the user's.
+                    with contextlib.chdir(self.job_dir):
+                        self.doors.slurm.shrink_job(self.job_id, decision.nodes)
+                    given_back = tuple(blamed)
+                except SlurmCommandError as exc:  # recover all the same; the node stays in the job until it ends
+                    self.doors.say(f"could not give {', '.join(blamed)} back to Slurm: {exc}")
             shrunk = self.doors.monotonic()
             checkpoint = self._checkpoint()
             restart += 1
             job_dir = self.job_dir / f"restart-{restart}"
             resume_from = checkpoint.path if checkpoint else resume_from
-            slots = ()
+            slots: tuple[str, ...] = ()
             try:
-                step, slots = self._launch(job_dir, decision.nodes, resume_from)
+                launched = self._launch(job_dir, decision.nodes, resume_from)
+                slots = launched.slots
             finally:  # the blame is journaled even when the new step cannot start: a resubmission avoids it
-                launched = self.doors.monotonic()
+                done = self.doors.monotonic()
                 until = self.doors.now() + self.spec.restart.blame_hours * 3600
                 append_run_event(self.run_dir / "journal.jsonl", RecoveredInAllocation(
                     at=self.doors.now(), job_id=self.job_id, restart=restart,
@@ -267,7 +357,8 @@ class Agent:
                     checkpoint_step=checkpoint.step if checkpoint else None,
                     checkpoint=checkpoint.path if checkpoint else None,
                     phases=(("end_step", round(ended - seen, 3)), ("give_back", round(shrunk - ended, 3)),
-                            ("plan_and_launch", round(launched - shrunk, 3)))))
+                            ("plan_and_launch", round(done - shrunk, 3))),
+                    reason=decision.message if not decision.blamed else ""))
             self.doors.say(f"restart {restart}: a new step on {' '.join(slots)} from "
                            f"{resume_from or 'the start'} (no queue wait)")
             in_use = decision.nodes

@@ -58,7 +58,8 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
             "attempts": attempts, "excluded_now": state.excluded(now),
             "in_allocation": [{"job_id": e.job_id, "restart": e.restart, "blame": [b.to_json() for b in e.blame],
                                "given_back": list(e.given_back), "nodes": list(e.nodes),
-                               "checkpoint_step": e.checkpoint_step, "phases": dict(e.phases)} for e in recoveries],
+                               "checkpoint_step": e.checkpoint_step, "phases": dict(e.phases), "reason": e.reason}
+                              for e in recoveries],
             "checkpoints": {"complete": len(checkpoints), "latest_step": checkpoints[-1].step if checkpoints else None,
                             "skipped": [{"path": s.path, "why": s.why} for s in skipped]},
             "goodput": goodput.to_json()}
@@ -85,6 +86,8 @@ def report_renderables(report: dict[str, Any]) -> Group:
         step = r["checkpoint_step"] if r["checkpoint_step"] is not None else "the start"
         parts.append(Text(f"job {r['job_id']}: restart {r['restart']} inside the allocation in {_duration(took)}, "
                           f"from step {step} on {' '.join(r['nodes'])} (no queue wait)"))
+        if not r["blame"] and r.get("reason"):
+            parts.append(Text(f"    {r['reason']}"))
         for b in r["blame"]:
             given = "given back to Slurm" if b["node"] in r["given_back"] else "kept in the job"
             parts.append(Text(f"    blamed {b['node']} ({given}): {b['reason']}"))

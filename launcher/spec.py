@@ -142,6 +142,18 @@ FIELDS: tuple[Field, ...] = (
           "that is not changing (pending or running): the interval doubles from poll_seconds up to this. It "
           "bounds how late a running attempt's end or a drained node is seen.",
           8.0, minimum=0.1, maximum=3600),
+    Field("restart", "hang_startup_seconds", "float", "Hung ranks (jobs with spares, programs that call "
+          "clusterctl.progress.beat or log their steps): how long a rank may take to its first report and "
+          "through its first steps.", 600.0, minimum=1, maximum=DAY),
+    Field("restart", "hang_checkpoint_seconds", "float", "How long a rank may report `checkpoint-save` or "
+          "`checkpoint-load` before it counts as hung.", 900.0, minimum=1, maximum=DAY),
+    Field("restart", "hang_min_step_seconds", "float", "The shortest step timeout: a step's timeout is "
+          "hang_safety_factor x the median step time learned from the reports, at least this.", 30.0,
+          minimum=1, maximum=DAY),
+    Field("restart", "hang_safety_factor", "float", "Step timeout = this x the learned median step time.",
+          5.0, minimum=1, maximum=1000),
+    Field("restart", "progress_pattern", "str", "For programs that only log: a regular expression whose "
+          "first group (or group `step`) is the step number in a log line, e.g. 'step (\\d+)'."),
     Field("restart", "recover", "choice", "With spare_nodes and launch style srun: `in-allocation` keeps the "
           "allocation when a node fails (--no-kill), gives the node back to Slurm and starts a new step on a "
           "spare from the last complete checkpoint, without queueing again; `resubmit`: always through the "
@@ -211,6 +223,11 @@ class RestartSection:
     poll_seconds: float = 2.0
     poll_max_seconds: float = 8.0
     recover: str = "in-allocation"
+    hang_startup_seconds: float = 600.0
+    hang_checkpoint_seconds: float = 900.0
+    hang_min_step_seconds: float = 30.0
+    hang_safety_factor: float = 5.0
+    progress_pattern: str | None = None
     webhook: str | None = None
 
 
@@ -369,6 +386,11 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
             raise bad("an http(s) URL like https://hooks.example.com/...")
         if kind == "str" and spec_field.key == "resume_env" and not ENV_NAME.match(value):
             raise bad("an environment variable name (letters, digits, _)")
+        if spec_field.key == "progress_pattern":
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise bad(f"a regular expression ({exc})") from None
         return value
     if kind == "switches":
         if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_NODES):

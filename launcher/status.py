@@ -70,7 +70,8 @@ def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[st
         state = "not submitted"
     created = next((e for e in events if isinstance(e, Created)), None)
     recoveries = [{"job_id": e.job_id, "restart": e.restart, "blamed": [b.node for b in e.blame],
-                   "reasons": [b.reason for b in e.blame], "nodes": list(e.nodes), "checkpoint_step": e.checkpoint_step}
+                   "reasons": [b.reason for b in e.blame], "nodes": list(e.nodes), "checkpoint_step": e.checkpoint_step,
+                   "reason": e.reason}
                   for e in events if isinstance(e, RecoveredInAllocation)]
     return {"run": str(run_path), "name": created.name if created else run_path.name, "state": state,
             "message": ended[-1].message if ended else "", "attempts": attempts, "in_allocation": recoveries}
@@ -95,7 +96,8 @@ def status_renderables(status: dict[str, Any]) -> Group:
     parts.append(table)
     for r in status.get("in_allocation", []):
         step = r["checkpoint_step"] if r["checkpoint_step"] is not None else "the start"
-        parts.append(Text(f"job {r['job_id']}: restarted inside the allocation ({r['restart']}): "
-                          f"{', '.join(f'{n} ({why})' for n, why in zip(r['blamed'], r['reasons']))} given back; "
+        why = (f"{', '.join(f'{n} ({reason})' for n, reason in zip(r['blamed'], r['reasons']))} given back"
+               if r["blamed"] else r.get("reason") or "no node blamed")
+        parts.append(Text(f"job {r['job_id']}: restarted inside the allocation ({r['restart']}): {why}; "
                           f"new step on {' '.join(r['nodes'])} from step {step}"))
     return Group(*parts)

@@ -320,13 +320,15 @@ class RecoveredInAllocation:
     checkpoint_step: int | None = None
     checkpoint: str | None = None
     phases: tuple[tuple[str, float], ...] = ()
+    reason: str = ""
+    """Why, when no node is blamed (every rank hung at once: the step started again on the same nodes)."""
 
     def fields(self) -> dict[str, Any]:
         """The event's own fields, as stored after the header, `event` and `at`."""
         return {"job_id": self.job_id, "restart": self.restart, "blame": [b.to_json() for b in self.blame],
                 "nodes": list(self.nodes), "given_back": list(self.given_back),
                 "checkpoint_step": self.checkpoint_step, "checkpoint": self.checkpoint,
-                "phases": {name: seconds for name, seconds in self.phases}}
+                "phases": {name: seconds for name, seconds in self.phases}, "reason": self.reason}
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> RecoveredInAllocation:
@@ -342,7 +344,8 @@ class RecoveredInAllocation:
                    checkpoint_step=field(data, "checkpoint_step", _OPTIONAL_INT, where)
                    if "checkpoint_step" in data else None,
                    checkpoint=field(data, "checkpoint", _OPTIONAL_STR, where) if "checkpoint" in data else None,
-                   phases=tuple((k, float(v)) for k, v in phases.items()))
+                   phases=tuple((k, float(v)) for k, v in phases.items()),
+                   reason=field(data, "reason", str, where) if "reason" in data else "")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -150,3 +150,45 @@ def test_when_no_spare_is_left_the_supervisor_resubmits_without_the_node(cluster
     assert len(submitted) == 2, out
     excluded = set(_expand(cluster, submitted[1].exclude or ""))
     assert {second, spare} <= excluded, out
+
+
+def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_restarts(cluster, tmp_path,
+                                                                                       reference):
+    import os
+    import signal
+
+    from clusterctl.records.rank_record import read_rank_records
+
+    spec = _spec(tmp_path, 1).read_text()
+    # The cluster's own Python, so the example reports its steps (clusterctl.progress); ranks stuck
+    # past 5 s (5 x the learned step time, at least hang_min_step_seconds) count as hung.
+    spec = spec.replace('command = ["python3"', f'command = ["{cluster.python}"').replace(
+        '"--peer-timeout", "15"', '"--peer-timeout", "120"')
+    spec += "hang_min_step_seconds = 5\nhang_startup_seconds = 60\n"
+    (tmp_path / "job.toml").write_text(spec)
+    run_dir = tmp_path / "run"
+    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
+            "from clusterctl.launcher.cli import main; main()", "submit", str(tmp_path / "job.toml"),
+            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Past the warm-up, with a few seconds of steps for the watch to learn the step time from.
+    _wait(lambda: (run_dir / "checkpoints" / "step-00000040").exists(), "checkpoint 40", proc=proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    victim = read_rank_map(run_dir / "jobs" / job).slots[1]
+    records = read_rank_records(run_dir / "jobs" / job).values()
+    stopped = time.time()
+    for record in records:
+        if record.node == victim:
+            os.kill(record.pid, signal.SIGSTOP)  # alive, holding its GPU, making no progress
+    _wait(lambda: _events(run_dir, "recovered-in-allocation"), "the hang caught", timeout=40, proc=proc)
+    event = _events(run_dir, "recovered-in-allocation")[0]
+    assert event.at - stopped <= 5 + 2 + 5, event  # the timeout, one watch interval, the step's end
+    assert [b.node for b in event.blame] in ([], [victim]), event
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}") from None
+    assert proc.returncode == 0, out
+    assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
+    assert len(_events(run_dir, "submitted")) == 1, out

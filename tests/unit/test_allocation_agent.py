@@ -170,3 +170,69 @@ def test_a_node_slurm_cannot_be_asked_about_is_judged_without(tmp_path):
 
     shell.doors.node_state = flaky
     assert shell.run(None) == 0 and cluster.shrinks == []
+
+
+class ReportingCluster(Cluster):
+    """Ranks report their step every tick (0.2 s) through the progress channel until told to stop."""
+
+    def __init__(self, agent_clock, stop_at: dict[str, int]):
+        super().__init__(fail=[])
+        self.clock, self.stop_at, self.launches = agent_clock, stop_at, 0
+
+    def start(self, argv, env):
+        self.launches += 1
+        return super().start(argv, env)
+
+    def tick(self, step):
+        from clusterctl.records.rank_map import read_rank_map
+        from clusterctl.records.rank_progress import RankProgress, write_rank_progress
+        self.polls += 1
+        job_dir = Path(step.argv[step.argv.index("--job-dir") + 1])
+        rank_map = read_rank_map(job_dir)
+        for rank in range(rank_map.world_size):
+            node = rank_map.location(rank)[0]
+            if self.launches == 1 and self.polls >= self.stop_at.get(node, 10**9):
+                continue  # this node's ranks stopped (SIGSTOP, a blocking call) in the first step
+            write_rank_progress(job_dir, RankProgress(rank, node, self.polls, "step", 1795305600.0 + self.clock[0], 1))
+        if self.launches > 1 and self.polls >= 60 and not step.stopped:
+            step.code = 0
+
+
+def hang_agent(tmp_path, stop_at):
+    clock = [0.0]
+    cluster = ReportingCluster(clock, stop_at)
+    shell = agent(tmp_path, cluster)
+    spec = shell.spec
+    from dataclasses import replace
+    shell.spec = replace(spec, restart=replace(spec.restart, hang_min_step_seconds=5.0, hang_startup_seconds=20.0))
+
+    def sleep(seconds):
+        clock[0] += seconds
+    shell.doors.sleep, shell.doors.monotonic = sleep, lambda: clock[0]
+    shell.doors.now = lambda: 1795305600.0 + clock[0]
+    return shell, cluster
+
+
+def test_ranks_of_one_node_that_stop_first_are_blamed_and_a_spare_takes_their_place(tmp_path):
+    shell, cluster = hang_agent(tmp_path, {"node2": 50, "node1": 90})
+    assert shell.run(None) == 0
+    assert cluster.shrinks == [("42", ("node1", "node3"))]
+    event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                 if isinstance(e, RecoveredInAllocation))
+    assert [b.node for b in event.blame] == ["node2"] and "hung ranks" in event.blame[0].reason
+    assert "ranks 8-15 on node2 last reported step" in event.blame[0].evidence[0]
+
+
+def test_every_rank_stopping_at_once_restarts_the_step_on_the_same_nodes_blaming_none(tmp_path):
+    shell, cluster = hang_agent(tmp_path, {"node1": 50, "node2": 50})
+    assert shell.run(None) == 0
+    assert cluster.shrinks == [] and len(cluster.steps) == 2 and cluster.steps[0].stopped
+    event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                 if isinstance(e, RecoveredInAllocation))
+    assert event.blame == () and sorted(event.nodes) == ["node1", "node2"] and "at once" in event.reason
+
+
+def test_a_program_that_never_reports_progress_is_never_judged_hung(tmp_path):
+    cluster = Cluster(fail=[])
+    shell = agent(tmp_path, cluster)
+    assert shell.run(None) == 0 and len(cluster.steps) == 1
