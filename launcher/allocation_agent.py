@@ -31,7 +31,7 @@ from pathlib import Path
 
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
-from clusterctl.launcher.classify import Blame, hardware_suspects, not_responding
+from clusterctl.launcher.classify import Blame, exit_request, hardware_suspects, not_responding
 from clusterctl.launcher.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
 from clusterctl.launcher.spec import JobSpec
 from clusterctl.records.rank_map import RankMap
@@ -294,13 +294,13 @@ class Agent:
         command = launch_command(self.spec, str(self.run_dir), resume_from)
         argv = ["srun", "--distribution=arbitrary", f"--ntasks={self.spec.world_size}", "--kill-on-bad-exit=1",
                 self.python, "-m", "clusterctl.launcher.in_job", "rank", "--job-dir", str(job_dir), "--", *command]
-        offset = self.doors.read_log(self.log_path, None)[1] if self.spec.restart.progress_pattern else 0
+        offset = self.doors.read_log(self.log_path, None)[1]  # where this step's lines begin
         started_at = self.doors.now()
         return Launched(self.doors.start_step(argv, env), job_dir, rank_map.rank_map, started_at, offset)
 
     def run(self, resume_from: str | None) -> int:
         """Steps until one completes, fails on its own, or no spare is left; the job's exit code."""
-        in_use, restart, in_place = self.allocated, 0, 0
+        in_use, restart, in_place, hung = self.allocated, 0, 0, 0
         launched = self._launch(self.job_dir, in_use, resume_from)
         while True:
             watched = self._watch(launched)
@@ -314,11 +314,29 @@ class Agent:
                 suspects = self._evidence_after(launched.slots)
                 seen = self.doors.monotonic()
             ended = self.doors.monotonic()
-            if watched.hang is not None and watched.hang.whole_job:
+            request = None
+            if code != 0 and not suspects and watched.hang is None and self.spec.restart.exit_actions:
+                lines, _ = self.doors.read_log(self.log_path, launched.log_offset)
+                request = exit_request("\n".join(lines) + "\n", self.spec.restart.exit_actions)
+            if request is not None and request.action == "stop":
+                self.doors.say(f"the program asked to stop (exit {request.code}): ending the job")
+                return code
+            if request is not None and request.action == "exclude-node":
+                suspects = [Blame(n, f"the program asked to exclude it (exit {request.code})",
+                                  (f"srun: {n}: ranks exited with code {request.code}",)) for n in request.nodes]
+            if request is not None and request.action == "restart":
+                in_place += 1
+                if in_place > self.spec.restart.max_restarts:
+                    self.doors.say(f"restart.max_restarts = {self.spec.restart.max_restarts} in-place restarts: "
+                                   "ending the job for the supervisor")
+                    return code
+                decision = NextStep(None, (), in_use, message=f"the program asked for a restart (exit "
+                                                              f"{request.code}): starting the step again")
+            elif watched.hang is not None and watched.hang.whole_job:
                 # Every rank stopped at once: no node to tell apart (a filesystem or network stall, or
                 # a hang too quick to see who went first).  Start again on the same nodes, once.
-                in_place += 1
-                if in_place > IN_PLACE_RESTARTS:
+                hung += 1
+                if hung > IN_PLACE_RESTARTS:
                     self.doors.say(f"the whole step hung again ({' '.join(watched.hang.evidence)}); "
                                    "ending the job for the supervisor")
                     return code or 1

@@ -23,6 +23,38 @@ COMPLETED, USER_CANCELLED, RESUBMIT, NODE_FAILURE, PROGRAM_FAILURE, STORAGE, MIS
     OutcomeKind.PROGRAM_FAILURE, OutcomeKind.STORAGE_FULL, OutcomeKind.MISPLACED)
 STORAGE_WORDS = re.compile(r"No space left on device|Disk quota exceeded|ENOSPC|EDQUOT|quota exceeded", re.I)
 PREFLIGHT_WORDS = "clusterctl: preflight failed:"
+SRUN_EXITED = re.compile(r"^srun: error: (?P<node>[A-Za-z0-9._-]+): tasks? [0-9,\-]+: Exited with exit code (?P<code>\d+)\s*$",
+                         re.M)
+"""srun's line for tasks that exited by themselves (killed ones say `Terminated` or `Killed`)."""
+
+
+def exited_codes(log_text: str) -> dict[int, list[str]]:
+    """Exit codes the program's own ranks exited with, as srun logged them, and on which nodes (in order)."""
+    found: dict[int, list[str]] = {}
+    for match in SRUN_EXITED.finditer(log_text):
+        nodes = found.setdefault(int(match.group("code")), [])
+        if match.group("node") not in nodes:
+            nodes.append(match.group("node"))
+    return found
+
+
+@dataclass(frozen=True)
+class ExitRequest:
+    """What the program asked for with its exit code (restart.exit_actions), and where it exited so."""
+
+    action: str  # "restart", "exclude-node" or "stop"
+    code: int
+    nodes: tuple[str, ...]
+
+
+def exit_request(log_text: str, actions: Sequence[tuple[int, str]]) -> ExitRequest | None:
+    """The first request among the exit codes srun logged (`stop` wins over the others: never restart a
+    program that asked not to be)."""
+    wanted = dict(actions)
+    requests = [ExitRequest(wanted[code], code, tuple(nodes)) for code, nodes in exited_codes(log_text).items()
+                if code in wanted]
+    requests.sort(key=lambda r: (r.action != "stop", r.code))
+    return requests[0] if requests else None
 
 
 @dataclass(frozen=True)
@@ -96,7 +128,8 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
 
 
 def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
-             epilog_records: Mapping[str, JobHealthRecord], log_tail: str, ended_by_us: Sequence[Blame] = ()) -> Outcome:
+             epilog_records: Mapping[str, JobHealthRecord], log_tail: str, ended_by_us: Sequence[Blame] = (),
+             exit_actions: Sequence[tuple[int, str]] = ()) -> Outcome:
     """The outcome of a finished attempt from Slurm's report and the evidence around it."""
     state = report.state
     if state == "COMPLETED":
@@ -159,5 +192,16 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
         return Outcome(NODE_FAILURE, f"{state}{exit_note}; blamed {', '.join(b.node for b in blame)}", blame)
     if state in ("NODE_FAIL", "BOOT_FAIL"):
         return Outcome(NODE_FAILURE, f"{state} but no node of the job is down now; resubmitting without exclusions")
+    request = exit_request(log_tail, exit_actions)
+    if request is not None:
+        asked = f"the program asked to {request.action} (exit {request.code} on {', '.join(request.nodes)}; " \
+                "restart.exit_actions)"
+        if request.action == "stop":
+            return Outcome(OutcomeKind.PROGRAM_ASKED_STOP, f"{asked}: stopping")
+        if request.action == "exclude-node":
+            blame = tuple(Blame(n, f"the program asked to exclude it (exit {request.code})",
+                                (f"srun: {n}: ranks exited with code {request.code}",)) for n in request.nodes)
+            return Outcome(NODE_FAILURE, f"{asked}; blamed {', '.join(request.nodes)}", blame)
+        return Outcome(RESUBMIT, f"{asked}: resubmitting from the last checkpoint")
     return Outcome(PROGRAM_FAILURE, f"{state}{exit_note} with every node of the job healthy: the program's own "
                                     "failure")

@@ -58,6 +58,8 @@ _BRACED = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # sbatch (getopt_long) accepts any unambiguous prefix of a long option (`--node=2` is --nodes);
 # these exact sbatch options happen to be prefixes of managed ones and stay allowed.
 UNMANAGED_PREFIXES = ("--gpus",)
+EXIT_ACTIONS = ("restart", "exclude-node", "stop")
+"""What a program's exit code may ask for (restart.exit_actions)."""
 MAX_NODES = 100_000
 MAX_RANKS = MAX_NODES * 128
 DAY = 86_400.0
@@ -154,6 +156,10 @@ FIELDS: tuple[Field, ...] = (
           5.0, minimum=1, maximum=1000),
     Field("restart", "progress_pattern", "str", "For programs that only log: a regular expression whose "
           "first group (or group `step`) is the step number in a log line, e.g. 'step (\\d+)'."),
+    Field("restart", "exit_actions", "exit_actions", "What a rank's own exit code asks for: a table like "
+          "{75 = 'restart', 76 = 'exclude-node', 77 = 'stop'}: restart from the last checkpoint (not counted as "
+          "a program failure), restart without the node(s) whose ranks exited so (blamed), or stop the run. "
+          "Read from srun's 'Exited with exit code N' lines.", {}),
     Field("restart", "recover", "choice", "With spare_nodes and launch style srun: `in-allocation` keeps the "
           "allocation when a node fails (--no-kill), gives the node back to Slurm and starts a new step on a "
           "spare from the last complete checkpoint, without queueing again; `resubmit`: always through the "
@@ -228,6 +234,7 @@ class RestartSection:
     hang_min_step_seconds: float = 30.0
     hang_safety_factor: float = 5.0
     progress_pattern: str | None = None
+    exit_actions: tuple[tuple[int, str], ...] = ()
     webhook: str | None = None
 
 
@@ -264,6 +271,7 @@ class JobSpec:
                             "order": layout.order}
         data["launch"]["env"] = dict(self.launch.env)
         data["placement"]["weights"] = dict(self.placement.weights)
+        data["restart"]["exit_actions"] = {str(code): action for code, action in self.restart.exit_actions}
         data["source"] = self.source
         return data
 
@@ -293,8 +301,10 @@ def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
     placement["weights"] = tuple(placement["weights"].items())
     checkpoint = dict(data["checkpoint"])
     checkpoint["resume_args"] = tuple(checkpoint["resume_args"])
+    restart = dict(data["restart"])
+    restart["exit_actions"] = tuple((int(code), action) for code, action in restart.get("exit_actions", {}).items())
     return JobSpec(JobSection(**job), LaunchSection(**launch), layout_from_mapping(data["parallel"]),
-                   PlacementSection(**placement), CheckpointSection(**checkpoint), RestartSection(**data["restart"]),
+                   PlacementSection(**placement), CheckpointSection(**checkpoint), RestartSection(**restart),
                    data.get("source", ""))
 
 
@@ -419,6 +429,19 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
                 raise where.error(f"value of {name} contains a NUL character", spec_field.section, spec_field.key)
             pairs.append((name, str(item)))
         return tuple(pairs)
+    if kind == "exit_actions":
+        if not isinstance(value, dict):
+            raise bad("a table like {75 = 'restart', 77 = 'stop'}")
+        actions: list[tuple[int, str]] = []
+        for code, action in value.items():
+            if not code.isdigit() or not 1 <= int(code) <= 255:
+                raise where.error(f"exit code `{code}` must be a number from 1 to 255", spec_field.section,
+                                  spec_field.key)
+            if action not in EXIT_ACTIONS:
+                raise where.error(f"exit code {code}: action must be one of {', '.join(EXIT_ACTIONS)}, found "
+                                  f"{_describe(action)}", spec_field.section, spec_field.key)
+            actions.append((int(code), action))
+        return tuple(sorted(actions))
     if kind == "weights":
         if not isinstance(value, dict):
             raise bad("a table like {dp = 2.0, pp = 1.0}")

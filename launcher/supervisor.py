@@ -350,7 +350,7 @@ class Supervisor:
         records = self._epilog_records(report.job_id, attempt.submitted_at)
         log = self._log_tail(report.job_id)
         ended_by_us = [Blame.from_journal(b) for b in attempt.ended_by_us]
-        return classify(report, job_nodes(report), nodes, records, log, ended_by_us)
+        return classify(report, job_nodes(report), nodes, records, log, ended_by_us, self.spec.restart.exit_actions)
 
     def _decide(self, attempt: AttemptState, state: RunState, report: JobReport | None,
                 outcome: Outcome | None) -> None:

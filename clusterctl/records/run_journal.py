@@ -61,6 +61,7 @@ class OutcomeKind(enum.StrEnum):
     PROGRAM_FAILURE = "program-failure"
     STORAGE_FULL = "storage-full"
     MISPLACED = "misplaced"
+    PROGRAM_ASKED_STOP = "program-asked-stop"
 
 
 class DecisionAction(enum.StrEnum):

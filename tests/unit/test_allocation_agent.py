@@ -236,3 +236,44 @@ def test_a_program_that_never_reports_progress_is_never_judged_hung(tmp_path):
     cluster = Cluster(fail=[])
     shell = agent(tmp_path, cluster)
     assert shell.run(None) == 0 and len(cluster.steps) == 1
+
+
+class AskingCluster(Cluster):
+    """The first step's ranks on node2 exit with `code`, as srun logs it; later steps complete."""
+
+    def __init__(self, code: int, log: Path):
+        super().__init__(fail=[])
+        self.code, self.log = code, log
+
+    def tick(self, step):
+        self.polls += 1
+        if len(self.steps) == 1 and self.polls == 5:
+            with open(self.log, "a") as out:
+                out.write(f"srun: error: node2: task 9: Exited with exit code {self.code}\n"
+                          "srun: error: node1: tasks 0-7: Terminated\n")
+            step.code = 1
+        elif len(self.steps) > 1 and self.polls >= 5:
+            step.code = 0
+
+
+def asking_agent(tmp_path, code):
+    tmp_path.mkdir()
+    log = tmp_path / "run" / "logs" / "42.out"
+    cluster = AskingCluster(code, log)
+    shell = agent(tmp_path, cluster)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("clusterctl: rank map ...\n")  # before the step: not read as the step's
+    from dataclasses import replace
+    shell.spec = replace(shell.spec, restart=replace(shell.spec.restart, exit_actions=((75, "restart"),
+                                                                                       (76, "exclude-node"),
+                                                                                       (77, "stop"))))
+    return shell, cluster
+
+
+def test_exit_codes_the_spec_maps_restart_exclude_or_stop_inside_the_allocation(tmp_path):
+    shell, cluster = asking_agent(tmp_path / "a", 76)
+    assert shell.run(None) == 0 and cluster.shrinks == [("42", ("node1", "node3"))]
+    shell, cluster = asking_agent(tmp_path / "b", 75)
+    assert shell.run(None) == 0 and cluster.shrinks == [] and len(cluster.steps) == 2
+    shell, cluster = asking_agent(tmp_path / "c", 77)
+    assert shell.run(None) == 1 and len(cluster.steps) == 1

@@ -286,3 +286,32 @@ def test_most_of_a_jobs_nodes_going_quiet_at_once_blames_none_of_them():
     assert hardware_suspects(["node1", "node2", "node3"], quiet, {"node1": 60, "node2": 60, "node3": 60}, 30) == []
     assert classify(_report("NODE_FAIL", 0), ["node1", "node2", "node3"], quiet, {}, "").blame == ()
     assert classify(_report("FAILED", 1), ["node1", "node2", "node3"], quiet, {}, "").kind == PROGRAM_FAILURE
+
+
+# ---- what a program asks for with its exit code (restart.exit_actions) -------------------------
+SRUN_LOG = ("srun: error: node2: task 11: Exited with exit code 76\n"
+            "srun: error: node2: tasks 8-10,12-15: Terminated\n"
+            "srun: error: node1: tasks 0-7: Terminated\n")
+ACTIONS = ((75, "restart"), (76, "exclude-node"), (77, "stop"))
+
+
+def test_a_program_asking_to_exclude_its_node_gets_that_node_blamed():
+    from clusterctl.launcher.classify import classify
+    outcome = classify(_report("FAILED", 143), ["node1", "node2", "node3"], {}, {}, SRUN_LOG, (), ACTIONS)
+    assert outcome.kind == "node-failure" and [b.node for b in outcome.blame] == ["node2"]
+    assert "the program asked to exclude-node (exit 76 on node2" in outcome.message
+
+
+def test_a_program_asking_to_stop_is_not_restarted_and_one_asking_to_restart_is_not_counted_a_failure():
+    from clusterctl.launcher.classify import classify
+    stop = classify(_report("FAILED", 143), ["node1"], {}, {}, "srun: error: node1: task 0: Exited with exit code 77\n",
+                    (), ACTIONS)
+    assert stop.kind == "program-asked-stop"
+    assert decide(stop, replay([]), RestartSection(), 20).action == "stop"
+    again = classify(_report("FAILED", 75), ["node1"], {}, {}, "srun: error: node1: task 0: Exited with exit code 75\n",
+                     (), ACTIONS)
+    assert again.kind == "resubmit" and decide(again, replay([]), RestartSection(max_program_failures=0), 20).action \
+        == "resubmit"
+    unmapped = classify(_report("FAILED", 3), ["node1"], {}, {}, "srun: error: node1: task 0: Exited with exit code 3\n",
+                        (), ACTIONS)
+    assert unmapped.kind == "program-failure"
