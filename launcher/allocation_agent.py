@@ -213,6 +213,8 @@ class Agent:
         self.job_id = environ["SLURM_JOB_ID"]
         self.allocated = tuple(hostlist.expand(environ["SLURM_JOB_NODELIST"]))
         self.log_path = run_dir / "logs" / f"{self.job_id}.out"  # sbatch --output: the agent's own stdout
+        # Slurm runs the batch script (this agent) on the allocation's first node.
+        self.batch_host = environ.get("SLURMD_NODENAME") or self.allocated[0]
 
     def _states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
         states = {}
@@ -292,8 +294,10 @@ class Agent:
             env[self.spec.checkpoint.resume_env] = resume_from
         env["SLURM_HOSTFILE"] = str(job_dir / "hostfile")
         command = launch_command(self.spec, str(self.run_dir), resume_from)
+        # --overlap: a step ended because a node died stays "completing" at slurmctld until that node is
+        # declared DOWN; without it the new step waits ("Requested nodes are busy") for the dead node.
         argv = ["srun", "--distribution=arbitrary", f"--ntasks={self.spec.world_size}", "--kill-on-bad-exit=1",
-                self.python, "-m", "clusterctl.launcher.in_job", "rank", "--job-dir", str(job_dir), "--", *command]
+                "--overlap", self.python, "-m", "clusterctl.launcher.in_job", "rank", "--job-dir", str(job_dir), "--", *command]
         offset = self.doors.read_log(self.log_path, None)[1]  # where this step's lines begin
         started_at = self.doors.now()
         return Launched(self.doors.start_step(argv, env), job_dir, rank_map.rank_map, started_at, offset)
@@ -342,6 +346,11 @@ class Agent:
                     return code or 1
                 decision = NextStep(None, (), in_use, message="every rank stopped progressing at once: "
                                                               "starting the step again on the same nodes")
+            elif any(b.node == self.batch_host for b in suspects):
+                # This agent runs there: giving it back would leave the job's steps without their driver.
+                self.doors.say(f"the batch host {self.batch_host} failed ({'; '.join(b.reason for b in suspects)}); "
+                               "ending the job for the supervisor to resubmit without it")
+                return code or 1
             else:
                 decision = after_step(code, suspects, in_use, self.spec.job.nodes)
             self.doors.say(decision.message)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from clusterctl.errors import SlurmCommandError
+from clusterctl.errors import HostlistError, SlurmCommandError
 from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
 from clusterctl.launcher.classify import (
     NODE_FAILURE, PROGRAM_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down, not_responding,
@@ -30,6 +30,7 @@ from clusterctl.launcher.shared_reads import SharedReads
 from clusterctl.launcher.spec import JobSpec
 from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
 from clusterctl.records.job_health import JobHealthRecord, read_job_health
+from clusterctl.records.rank_map import read_rank_map
 from clusterctl.records.run_journal import (
     Decided, DecisionAction, Ending, EventKind, RunEnded, SlurmTimes, Submitted, Submitting, SubmitLost, Waiting,
 )
@@ -318,13 +319,30 @@ class Supervisor:
             suspects = hardware_suspects(job_nodes(report), nodes, silent_for,
                                          self.spec.restart.unresponsive_seconds)
             if self.spec.recovers_in_allocation:
-                suspects = self._left_to_the_agent(suspects, now)
+                suspects = self._left_to_the_agent(suspects, now) + self._agent_gone(attempt, report, nodes)
             if suspects:
                 self._end_attempt(attempt, suspects)
         self._show(attempt, state, report)
         seen = (attempt.job_id, report.state if report else None, report.nodes if report else None)
         changing = report is None or bool(attempt.ended_by_us) or (report.state in CHANGING_STATES)
         self.hooks.sleep(self._poll_wait(seen, changing))
+
+    def _agent_gone(self, attempt: AttemptState, report: JobReport, nodes: dict[str, NodeState]) -> list[Blame]:
+        """The job's batch host (where its agent runs: the allocation's first node) is no longer in the
+        running job.  With --no-kill Slurm takes a dead batch host out of the job and keeps the job
+        RUNNING on the others, with nobody left to run steps: the attempt must be ended from here."""
+        assert attempt.job_id is not None
+        try:
+            allocated = read_rank_map(self.run.path / "jobs" / attempt.job_id).nodelist
+            batch_host = hostlist.expand(allocated)[0]
+        except (OSError, RecordError, HostlistError, IndexError):
+            return []  # no map yet: the agent has not started its first step
+        if batch_host in job_nodes(report):
+            return []
+        state = nodes.get(batch_host)
+        seen = f"Slurm: {batch_host} is {state.state} {list(state.flags)}" if state else f"{batch_host} left the job"
+        return [Blame(batch_host, "the batch host left the job: its agent is gone",
+                      (f"job {attempt.job_id} still runs on {report.nodes} without its batch host {batch_host}", seen))]
 
     def _left_to_the_agent(self, suspects: list[Blame], now: float) -> list[Blame]:
         """With spares, the job's own agent ends the step and gives a failed node back to Slurm (the

@@ -192,3 +192,33 @@ def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_
     assert proc.returncode == 0, out
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
     assert len(_events(run_dir, "submitted")) == 1, out
+
+
+@pytest.mark.parametrize("fault", ["kill-node", "cut-link", "kill-batch-host"])
+def test_a_node_that_dies_or_is_cut_off_is_replaced_by_the_spare(cluster, tmp_path, reference, fault):
+    """... except the batch host, where the agent itself runs: then the supervisor resubmits."""
+    run_dir = tmp_path / "run"
+    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
+            "from clusterctl.launcher.cli import main; main()", "submit", str(_spec(tmp_path, 1)),
+            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    batch_host = _expand(cluster, _squeue(cluster, "-j", job, "-o", "%N"))[0]  # where the agent runs
+    victim = batch_host if fault == "kill-batch-host" else \
+        next(n for n in read_rank_map(run_dir / "jobs" / job).slots if n != batch_host)
+    (cluster.cut_link if fault == "cut-link" else cluster.kill_node)(victim)
+    try:
+        out, _ = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}") from None
+    assert proc.returncode == 0, out
+    assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
+    if fault == "kill-batch-host":
+        submitted = _events(run_dir, "submitted")
+        assert len(submitted) == 2 and victim in (submitted[1].exclude or ""), out
+        return
+    assert len(_events(run_dir, "submitted")) == 1, out
+    event = _events(run_dir, "recovered-in-allocation")[0]
+    assert [b.node for b in event.blame] == [victim] and victim not in event.nodes, out

@@ -277,3 +277,9 @@ def test_exit_codes_the_spec_maps_restart_exclude_or_stop_inside_the_allocation(
     assert shell.run(None) == 0 and cluster.shrinks == [] and len(cluster.steps) == 2
     shell, cluster = asking_agent(tmp_path / "c", 77)
     assert shell.run(None) == 1 and len(cluster.steps) == 1
+
+
+def test_a_failed_batch_host_is_never_given_back_the_job_ends_for_the_supervisor(tmp_path):
+    cluster = Cluster(fail=["node1"])  # where the agent itself runs
+    shell = agent(tmp_path, cluster)
+    assert shell.run(None) == 143 and cluster.shrinks == [] and len(cluster.steps) == 1
