@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterctl.errors import SlurmCommandError
-from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
+from clusterctl.launcher.checkpoints import Checkpoint, resume_point
 from clusterctl.launcher.classify import Blame, exit_request, hardware_suspects, not_responding
 from clusterctl.launcher.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
 from clusterctl.launcher.spec import JobSpec
@@ -391,10 +391,4 @@ class Agent:
             in_use = decision.nodes
 
     def _checkpoint(self) -> Checkpoint | None:
-        directory = self.spec.checkpoint_dir(str(self.run_dir))
-        if not directory:
-            return None
-        best, skipped = latest_complete(Path(directory), self.spec.checkpoint.validator)
-        for item in skipped:
-            self.doors.say(f"skipping checkpoint {item.path}: {item.why}")
-        return best
+        return resume_point(self.spec.checkpoint_dir(str(self.run_dir)), self.spec.checkpoint.validator, self.doors.say)

@@ -155,3 +155,14 @@ def latest_complete(directory: Path, validator: str = "auto") -> tuple[Checkpoin
         return None, skipped
     newer = [s for s in skipped if (_step_of(Path(s.path).name) or -1) > best.step]
     return best, newer
+
+
+def resume_point(directory: str | None, validator: str, say: Callable[[str], None]) -> Checkpoint | None:
+    """The checkpoint a restart resumes from: the newest complete one in `directory` (None when the
+    spec names no checkpoint directory), saying which newer candidates were skipped and why."""
+    if not directory:
+        return None
+    best, skipped = latest_complete(Path(directory), validator)
+    for item in skipped:
+        say(f"skipping checkpoint {item.path}: {item.why}")
+    return best

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.errors import HostlistError, SlurmCommandError
-from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
+from clusterctl.launcher.checkpoints import Checkpoint, resume_point
 from clusterctl.launcher.classify import (
     NODE_FAILURE, PROGRAM_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down, not_responding,
 )
@@ -189,13 +189,7 @@ class Supervisor:
         return self._interval
 
     def _checkpoint(self) -> Checkpoint | None:
-        directory = self.spec.checkpoint_dir(str(self.run.path))
-        if not directory:
-            return None
-        best, skipped = latest_complete(Path(directory), self.spec.checkpoint.validator)
-        for item in skipped:
-            self.hooks.say(f"skipping checkpoint {item.path}: {item.why}")
-        return best
+        return resume_point(self.spec.checkpoint_dir(str(self.run.path)), self.spec.checkpoint.validator, self.hooks.say)
 
     def _usable_nodes(self, nodes: dict[str, NodeState], excluded: list[str]) -> list[str]:
         partition = self.spec.job.partition

@@ -5,6 +5,8 @@ checkpoint, without queueing again; the run ends bit-identical to an uninterrupt
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.records.rank_map import read_rank_map
+from clusterctl.records.rank_record import read_rank_records
 from clusterctl.records.run_journal import read_run_journal
 from clusterctl_testbed.gpu_faults import Fault, inject
 from tests.conftest import REPO, TEST_LAYOUT, clusterctl_on
@@ -66,6 +69,27 @@ def _squeue(cluster, *args: str) -> str:
     return cluster.run_on("ctl", ["squeue", "-h", *args], check=False).stdout.strip()
 
 
+def _supervised(cluster, tmp_path: Path, spec: Path) -> tuple[subprocess.Popen, Path]:
+    """`clusterctl submit SPEC --supervise` on the login node, in the background."""
+    run_dir = tmp_path / "run"
+    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
+            "from clusterctl.launcher.cli import main; main()", "submit", str(spec),
+            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), run_dir
+
+
+def _finished(cluster, proc: subprocess.Popen, timeout: float = 180) -> str:
+    """The supervisor's output once it ended the run successfully (the queue shown if it never ends)."""
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        queue = _squeue(cluster, "-o", "%i %j %T %N %R") + "\n" + cluster.run_on("ctl", ["sinfo", "-N", "-h"]).stdout
+        proc.kill()
+        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}\n{queue}") from None
+    assert proc.returncode == 0, out
+    return out
+
+
 @pytest.fixture(scope="module")
 def reference(testbed_session, tmp_path_factory) -> dict:
     """The same training on 2 nodes, uninterrupted (no spare)."""
@@ -77,11 +101,7 @@ def reference(testbed_session, tmp_path_factory) -> dict:
 
 
 def test_an_xid_79_on_a_busy_queue_is_recovered_on_the_spare_without_queueing_again(cluster, tmp_path, reference):
-    run_dir = tmp_path / "run"
-    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
-            "from clusterctl.launcher.cli import main; main()", "submit", str(_spec(tmp_path, 1)),
-            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, run_dir = _supervised(cluster, tmp_path, _spec(tmp_path, 1))
     _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
     job = _events(run_dir, "submitted")[0].job_id
     slots = read_rank_map(run_dir / "jobs" / job).slots
@@ -90,19 +110,14 @@ def test_an_xid_79_on_a_busy_queue_is_recovered_on_the_spare_without_queueing_ag
     cluster.run_on("ctl", ["sbatch", "-N1", "--exclusive", "-J", "filler", "--wrap", "sleep 300"])
     cluster.run_on("ctl", ["sbatch", "-N1", "--exclusive", "-J", "waiting", "--wrap", "sleep 300"])
     _wait(lambda: _squeue(cluster, "-n", "waiting", "-o", "%T") == "PENDING", "a pending job")
-    broken = slots[1]  # not the batch host (the allocation's first node), where the agent runs
+    broken = next(n for n in slots if n != _expand(cluster, allocated)[0])  # not the batch host: the agent runs there
     inject(cluster.nvml_dir(broken), Fault("xid", gpu=3, value=79))
     _wait(lambda: _events(run_dir, "recovered-in-allocation"), "the in-allocation restart", proc=proc)
     # The new step runs on the spare while the other job still waits: nothing went back to the queue.
     queue = _squeue(cluster, "-o", "%i %j %T %N %R") + "\n" + cluster.run_on("ctl", ["sinfo", "-N", "-h"]).stdout
     assert _squeue(cluster, "-n", "waiting", "-o", "%T") == "PENDING", queue
     assert _squeue(cluster, "-j", job, "-o", "%T") == "RUNNING", queue
-    try:
-        out, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}") from None
-    assert proc.returncode == 0, out
+    out = _finished(cluster, proc)
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
     assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
     recovered = _events(run_dir, "recovered-in-allocation")
@@ -122,29 +137,20 @@ def _expand(cluster, nodes: str) -> list[str]:
 
 
 def test_when_no_spare_is_left_the_supervisor_resubmits_without_the_node(cluster, tmp_path, reference):
-    run_dir = tmp_path / "run"
-    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
-            "from clusterctl.launcher.cli import main; main()", "submit", str(_spec(tmp_path, 1)),
-            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, run_dir = _supervised(cluster, tmp_path, _spec(tmp_path, 1))
     _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
     job = _events(run_dir, "submitted")[0].job_id
-    first, second = read_rank_map(run_dir / "jobs" / job).slots
+    batch_host = _expand(cluster, _squeue(cluster, "-j", job, "-o", "%N"))[0]  # the agent's: not the one to break
+    second = next(n for n in read_rank_map(run_dir / "jobs" / job).slots if n != batch_host)
     inject(cluster.nvml_dir(second), Fault("xid", gpu=3, value=79))  # the spare takes its place ...
     _wait(lambda: _events(run_dir, "recovered-in-allocation"), "the in-allocation restart", proc=proc)
     restarted = read_rank_map(run_dir / "jobs" / job / "restart-1").slots
     _wait(lambda: (run_dir / "jobs" / job / "restart-1" / "ranks").is_dir()
           and len(list((run_dir / "jobs" / job / "restart-1" / "ranks").iterdir())) == 16, "the new step's ranks",
           proc=proc)
-    spare = next(n for n in restarted if n != first) if first in restarted else restarted[1]
+    spare = next(n for n in restarted if n != batch_host)
     inject(cluster.nvml_dir(spare), Fault("xid", gpu=2, value=79))  # ... and then fails too: no spare left
-    try:
-        out, _ = proc.communicate(timeout=240)
-    except subprocess.TimeoutExpired:
-        queue = _squeue(cluster, "-o", "%i %j %T %N %R") + "\n" + cluster.run_on("ctl", ["sinfo", "-N", "-h"]).stdout
-        proc.kill()
-        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}\n{queue}") from None
-    assert proc.returncode == 0, out
+    out = _finished(cluster, proc, timeout=240)
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
     submitted = _events(run_dir, "submitted")
     assert len(submitted) == 2, out
@@ -154,11 +160,6 @@ def test_when_no_spare_is_left_the_supervisor_resubmits_without_the_node(cluster
 
 def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_restarts(cluster, tmp_path,
                                                                                        reference):
-    import os
-    import signal
-
-    from clusterctl.records.rank_record import read_rank_records
-
     spec = _spec(tmp_path, 1).read_text()
     # The cluster's own Python, so the example reports its steps (clusterctl.progress); ranks stuck
     # past 5 s (5 x the learned step time, at least hang_min_step_seconds) count as hung.
@@ -166,11 +167,7 @@ def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_
         '"--peer-timeout", "15"', '"--peer-timeout", "120"')
     spec += "hang_min_step_seconds = 5\nhang_startup_seconds = 60\n"
     (tmp_path / "job.toml").write_text(spec)
-    run_dir = tmp_path / "run"
-    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
-            "from clusterctl.launcher.cli import main; main()", "submit", str(tmp_path / "job.toml"),
-            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, run_dir = _supervised(cluster, tmp_path, tmp_path / "job.toml")
     # Past the warm-up, with a few seconds of steps for the watch to learn the step time from.
     _wait(lambda: (run_dir / "checkpoints" / "step-00000040").exists(), "checkpoint 40", proc=proc)
     job = _events(run_dir, "submitted")[0].job_id
@@ -184,12 +181,7 @@ def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_
     event = _events(run_dir, "recovered-in-allocation")[0]
     assert event.at - stopped <= 5 + 2 + 5, event  # the timeout, one watch interval, the step's end
     assert [b.node for b in event.blame] in ([], [victim]), event
-    try:
-        out, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}") from None
-    assert proc.returncode == 0, out
+    out = _finished(cluster, proc)
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
     assert len(_events(run_dir, "submitted")) == 1, out
 
@@ -197,23 +189,14 @@ def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_
 @pytest.mark.parametrize("fault", ["kill-node", "cut-link", "kill-batch-host"])
 def test_a_node_that_dies_or_is_cut_off_is_replaced_by_the_spare(cluster, tmp_path, reference, fault):
     """... except the batch host, where the agent itself runs: then the supervisor resubmits."""
-    run_dir = tmp_path / "run"
-    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
-            "from clusterctl.launcher.cli import main; main()", "submit", str(_spec(tmp_path, 1)),
-            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, run_dir = _supervised(cluster, tmp_path, _spec(tmp_path, 1))
     _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
     job = _events(run_dir, "submitted")[0].job_id
     batch_host = _expand(cluster, _squeue(cluster, "-j", job, "-o", "%N"))[0]  # where the agent runs
     victim = batch_host if fault == "kill-batch-host" else \
         next(n for n in read_rank_map(run_dir / "jobs" / job).slots if n != batch_host)
     (cluster.cut_link if fault == "cut-link" else cluster.kill_node)(victim)
-    try:
-        out, _ = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}") from None
-    assert proc.returncode == 0, out
+    out = _finished(cluster, proc)
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
     if fault == "kill-batch-host":
         submitted = _events(run_dir, "submitted")
