@@ -214,4 +214,7 @@ def prepare(spec: JobSpec, template: Template, facts: SlurmFacts, *, run_dir: st
     script = render_script(spec, template, run_dir=run_dir, python=python, attempt=attempt, resume_from=resume_from)
     argv, warnings = sbatch_argv(spec, facts, run_dir=run_dir, script_path=script_path, exclude=exclude,
                                  no_requeue=no_requeue, comment=comment)
+    if spec.job.spare_nodes and spec.restart.recover == "in-allocation" and not spec.recovers_in_allocation:
+        warnings.append(f"spare_nodes with launch style {spec.launch.style}: node failures are recovered by "
+                        "resubmission only (recovery inside the allocation needs style srun)")
     return SubmitRequest(run_dir, script_path, script, tuple(argv), tuple(warnings), resume_from)

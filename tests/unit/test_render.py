@@ -185,3 +185,10 @@ def test_a_resubmission_without_failed_nodes_asks_for_the_leaves_that_remain():
     assert compact_request(spec, FACTS, {"node2", "node3"})[0] == ["--switches=2@5:00"]
     argv, _ = prepare(spec, load_template(spec), FACTS, run_dir="/r", python=PYTHON, exclude="node[2-3]").sbatch_argv, 0
     assert "--switches=2@5:00" in argv and "--exclude=node[2-3]" in argv
+
+
+def test_spares_with_torchrun_say_they_recover_by_resubmission_only():
+    torchrun = parse_spec(TORCHRUN, "llama.toml", base_dir=Path("/work/llama"))
+    request = prepare(torchrun, load_template(torchrun), FACTS, run_dir="/r", python=PYTHON)
+    assert any("recovered by resubmission only" in w for w in request.warnings)
+    assert "--no-kill" not in request.sbatch_argv
