@@ -336,16 +336,21 @@ class Agent:
                     return code
                 decision = NextStep(None, (), in_use, message=f"the program asked for a restart (exit "
                                                               f"{request.code}): starting the step again")
-            elif watched.hang is not None and watched.hang.whole_job:
+            elif watched.hang is not None and (watched.hang.whole_job
+                                               or any(b.node == self.batch_host for b in suspects)):
                 # Every rank stopped at once: no node to tell apart (a filesystem or network stall, or
-                # a hang too quick to see who went first).  Start again on the same nodes, once.
+                # a hang too quick to see who went first); or ranks hung on this agent's own host,
+                # which cannot be given back.  Start again on the same nodes, once.
                 hung += 1
                 if hung > IN_PLACE_RESTARTS:
                     self.doors.say(f"the whole step hung again ({' '.join(watched.hang.evidence)}); "
                                    "ending the job for the supervisor")
                     return code or 1
                 decision = NextStep(None, (), in_use, message="every rank stopped progressing at once: "
-                                                              "starting the step again on the same nodes")
+                                                              "starting the step again on the same nodes"
+                                    if watched.hang.whole_job else
+                                    f"ranks hung on the batch host {self.batch_host} (where this agent runs): "
+                                    "starting the step again on the same nodes")
             elif any(b.node == self.batch_host for b in suspects):
                 # This agent runs there: giving it back would leave the job's steps without their driver.
                 self.doors.say(f"the batch host {self.batch_host} failed ({'; '.join(b.reason for b in suspects)}); "

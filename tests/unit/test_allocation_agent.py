@@ -283,3 +283,12 @@ def test_a_failed_batch_host_is_never_given_back_the_job_ends_for_the_supervisor
     cluster = Cluster(fail=["node1"])  # where the agent itself runs
     shell = agent(tmp_path, cluster)
     assert shell.run(None) == 143 and cluster.shrinks == [] and len(cluster.steps) == 1
+
+
+def test_ranks_hung_on_the_batch_host_restart_the_step_in_place_instead_of_ending_the_job(tmp_path):
+    shell, cluster = hang_agent(tmp_path, {"node1": 50, "node2": 90})  # node1: where the agent runs
+    assert shell.run(None) == 0
+    assert cluster.shrinks == [] and len(cluster.steps) == 2
+    event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                 if isinstance(e, RecoveredInAllocation))
+    assert event.blame == () and "batch host node1" in event.reason
