@@ -4,7 +4,15 @@ A training program launched by clusterctl may call, once per step (or as often a
 
     from clusterctl.progress import beat
     beat(step)                          # in the training loop
+    beat(step, compute_seconds=busy)    # ...with this step's compute time on this rank (see below)
     beat(step, "checkpoint-save")       # before saving; the next beat(step + 1) ends the phase
+
+`compute_seconds` is the time this rank spent on its own work in the step: from the step's start
+to the point where it waits for its peers (before the gradient all-reduce, say), *not* the whole
+step: in data-parallel training every rank's step takes as long as the slowest rank's, so only the
+time before the wait tells a slow node apart (the straggler watch compares it across nodes).  With
+CUDA, time it after a `torch.cuda.synchronize()` or with CUDA events.  It is summed into the report,
+so a report skipped by the rate limit loses nothing.
 
 It writes `$CLUSTERCTL_JOB_DIR/progress/<rank>.json` (clusterctl.records.rank_progress) at most
 once per `min_interval` seconds, and at once whenever the phase changes, so calling it every
@@ -33,6 +41,8 @@ INTERVAL_ENV = "CLUSTERCTL_PROGRESS_INTERVAL"
 # Per (job dir, rank): when this process last wrote (monotonic) and in which phase.  Keyed so a
 # process that reports for two jobs (tests, notebooks) rate-limits each on its own.
 _last_report: dict[tuple[str, int], tuple[float, str]] = {}
+# Per (job dir, rank): compute seconds and steps summed so far (written with every report).
+_compute: dict[tuple[str, int], tuple[float, int]] = {}
 # The job dirs this process has already complained about: one message each, not one per step.
 _complained_about: set[str] = set()
 
@@ -59,9 +69,10 @@ def _interval(min_interval: float | None) -> float:
         return DEFAULT_MIN_INTERVAL
 
 
-def beat(step: int, phase: str = "step", *, min_interval: float | None = None) -> None:
+def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None,
+         min_interval: float | None = None) -> None:
     """Report that this rank reached `step` and is in `phase` ("startup", "step", "checkpoint-save",
-    "checkpoint-load").
+    "checkpoint-load"), and optionally how long it computed in this step (`compute_seconds`).
 
     Writes at most once per `min_interval` seconds (default: $CLUSTERCTL_PROGRESS_INTERVAL, else
     1.0) unless the phase changed since the last report.  Does nothing without CLUSTERCTL_JOB_DIR;
@@ -75,17 +86,25 @@ def beat(step: int, phase: str = "step", *, min_interval: float | None = None) -
         if rank is None:
             _say_once("neither RANK nor SLURM_PROCID is set, so progress cannot be reported")
             return
+        key = (job_dir, rank)
+        if compute_seconds is not None and phase == "step":
+            seconds = float(compute_seconds)
+            if seconds >= 0 and seconds != float("inf"):  # NaN fails >= too
+                total, steps = _compute.get(key, (0.0, 0))
+                _compute[key] = (total + seconds, steps + 1)
         now = time.monotonic()
-        last = _last_report.get((job_dir, rank))
+        last = _last_report.get(key)
         if last is not None and last[1] == phase and now - last[0] < _interval(min_interval):
             return
         if phase not in PHASES:
             _say_once(f"phase {phase!r} is not one of {', '.join(PHASES)}; not reported")
             return
         # Noted before writing: a filesystem that fails (or stalls) is not retried at every step.
-        _last_report[(job_dir, rank)] = (now, phase)
+        _last_report[key] = (now, phase)
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-        write_rank_progress(Path(job_dir), RankProgress(rank, node, int(step), phase, time.time(), os.getpid()))
+        total, steps = _compute.get(key, (0.0, 0))
+        write_rank_progress(Path(job_dir), RankProgress(rank, node, int(step), phase, time.time(), os.getpid(),
+                                                        round(total, 6), steps))
     except OSError as exc:
         _say_once(f"cannot write the progress report in {os.environ.get('CLUSTERCTL_JOB_DIR')} ({exc})")
     except Exception as exc:  # the contract: a progress report never breaks training

@@ -2,7 +2,13 @@
 
 Written by `clusterctl.progress.beat` inside the training program (at most about once a second,
 and at each change of phase); read by the hang watch (clusterctl.launcher.hang_watch), which
-learns the job's step time from it and names the node of a rank that stopped progressing.
+learns the job's step time from it and names the node of a rank that stopped progressing, and by
+the straggler watch (clusterctl.launcher.straggler_watch), which compares the ranks' compute time.
+
+Version 2 adds `compute_s` / `compute_steps`: the rank's own compute time summed over the steps
+it reported one for (cumulative since the process started, so reports skipped by the rate limit
+lose nothing: a reader divides the growth between two reads).  Version 1 records (a program
+running an older clusterctl) are still read, with no compute time.
 """
 
 from __future__ import annotations
@@ -16,7 +22,8 @@ from clusterctl.files import atomic_write
 from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
 
 KIND = "rank-progress"
-VERSION = 1
+VERSION = 2
+OLDEST_VERSION = 1
 
 PHASES = ("startup", "step", "checkpoint-save", "checkpoint-load")
 """What a rank may say it is doing; each has its own timeout in the hang watch."""
@@ -32,22 +39,34 @@ class RankProgress:
     phase: str  # one of PHASES
     at: float  # epoch seconds
     pid: int
+    compute_s: float = 0.0
+    """Seconds this rank spent computing (not waiting for peers) over `compute_steps` steps, since it started."""
+    compute_steps: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The record as stored."""
         return {**header(KIND, VERSION), "rank": self.rank, "node": self.node, "step": self.step,
-                "phase": self.phase, "at": self.at, "pid": self.pid}
+                "phase": self.phase, "at": self.at, "pid": self.pid, "compute_s": self.compute_s,
+                "compute_steps": self.compute_steps}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> RankProgress:
         """Parse a stored record; RecordError for anything not understood."""
-        body = check_header(data, KIND, VERSION, where)
+        older = isinstance(data, dict) and data.get("kind") == KIND and data.get("version") == OLDEST_VERSION
+        body = check_header(data, KIND, OLDEST_VERSION if older else VERSION, where)
         phase = field(body, "phase", str, where)
         if phase not in PHASES:
             raise RecordError(where, f"phase {phase!r} is not one of {', '.join(PHASES)}")
+        compute_s, compute_steps = 0.0, 0
+        if not older:
+            compute_s = float(field(body, "compute_s", (int, float), where))
+            compute_steps = field(body, "compute_steps", int, where)
+            if compute_s < 0 or compute_steps < 0 or compute_s != compute_s or compute_s == float("inf"):
+                raise RecordError(where, "compute_s and compute_steps must be finite and not negative")
         return cls(rank=field(body, "rank", int, where), node=field(body, "node", str, where),
                    step=field(body, "step", int, where), phase=phase,
-                   at=float(field(body, "at", (int, float), where)), pid=field(body, "pid", int, where))
+                   at=float(field(body, "at", (int, float), where)), pid=field(body, "pid", int, where),
+                   compute_s=compute_s, compute_steps=compute_steps)
 
 
 def progress_dir(job_dir: Path) -> Path:

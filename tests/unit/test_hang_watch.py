@@ -164,7 +164,9 @@ def test_the_learned_step_timeout_always_lies_within_its_bounds(policy, learned)
     assert policy.min_step_timeout <= timeout.seconds <= policy.max_step_timeout
 
 
-@given(POLICIES, st.lists(st.floats(0.05, 60), min_size=5, max_size=80), st.floats(0, 1))
+# `late` stops short of 1: with safety_factor 1 a report exactly one learned step late sits on the
+# timeout, and epoch seconds (~1.7e9) round it either way.
+@given(POLICIES, st.lists(st.floats(0.05, 60), min_size=5, max_size=80), st.floats(0, 0.99))
 def test_a_rank_that_keeps_reporting_within_the_learned_step_time_is_never_judged_stuck(policy, durations, late):
     watch = HangWatch.start(policy, START, {0: "node1", 1: "node2"})
     at, step = START + 10, 0

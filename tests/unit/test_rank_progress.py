@@ -18,7 +18,8 @@ from clusterctl.records.versioned import RecordError
 
 REPORTS = st.builds(RankProgress, rank=st.integers(0, 100_000), node=st.text(min_size=1, max_size=20),
                     step=st.integers(0, 10**12), phase=st.sampled_from(PHASES),
-                    at=st.floats(0, 4e9, allow_nan=False), pid=st.integers(1, 2**22))
+                    at=st.floats(0, 4e9, allow_nan=False), pid=st.integers(1, 2**22),
+                    compute_s=st.floats(0, 1e9, allow_nan=False), compute_steps=st.integers(0, 10**12))
 
 
 @given(REPORTS)
@@ -36,7 +37,7 @@ def test_damaged_reports_are_listed_as_problems_and_the_others_still_read(tmp_pa
         write_rank_progress(tmp_path, report)
     progress = tmp_path / "progress"
     (progress / "2.json").write_bytes(b'{"kind": "rank-progress", "version": 1, "rank": 2, "no')  # torn
-    (progress / "3.json").write_text(json.dumps({**good[0].to_json(), "rank": 3, "version": 2}))
+    (progress / "3.json").write_text(json.dumps({**good[0].to_json(), "rank": 3, "version": 3}))
     (progress / "4.json").write_text(json.dumps({**good[0].to_json(), "rank": 4, "phase": "thinking"}))
     (progress / "5.json").write_text(json.dumps(good[1].to_json()))  # rank 1's report under rank 5's name
 
@@ -45,7 +46,7 @@ def test_damaged_reports_are_listed_as_problems_and_the_others_still_read(tmp_pa
     assert records == tuple(good)
     assert problems == (
         f"{progress}/2.json: not a readable JSON record (JSONDecodeError)",
-        f"{progress}/3.json: rank-progress record version 2 is newer than this clusterctl understands (1); "
+        f"{progress}/3.json: rank-progress record version 3 is newer than this clusterctl understands (2); "
         "upgrade clusterctl on this host",
         f"{progress}/4.json: phase 'thinking' is not one of startup, step, checkpoint-save, checkpoint-load",
         f"{progress}/5.json: holds rank 1, not the rank its name says",
@@ -124,3 +125,22 @@ def test_beat_never_breaks_training_when_the_report_cannot_be_written(monkeypatc
     message = capsys.readouterr().err
     assert message.count("clusterctl.progress: cannot write the progress report") == 1
     assert "training continues" in message
+
+
+def test_a_report_from_a_program_with_an_older_clusterctl_reads_with_no_compute_time(tmp_path):
+    old = {"kind": "rank-progress", "version": 1, "rank": 3, "node": "node2", "step": 17, "phase": "step",
+           "at": 1000.5, "pid": 4242}
+    path = rank_progress_path(tmp_path, 3)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(old))
+    assert read_rank_progress(path) == RankProgress(3, "node2", 17, "step", 1000.5, 4242, 0.0, 0)
+
+
+def test_compute_seconds_are_summed_across_reports_the_rate_limit_skipped(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "5")
+    for step in range(1, 5):
+        beat(step, compute_seconds=0.25, min_interval=3600)  # only the first one is written now
+    beat(5, "checkpoint-save", compute_seconds=9.0)  # a phase change writes; a save is not compute
+    report = read_rank_progress(rank_progress_path(tmp_path, 5))
+    assert (report.step, report.phase, report.compute_steps, report.compute_s) == (5, "checkpoint-save", 4, 1.0)
