@@ -10,6 +10,9 @@ It behaves like a real data-parallel training job where that matters to clusterc
   --peer-timeout seconds instead of hanging forever.
 * Each step a rank asks NVML about its GPU (through libnvidia-ml.so.1 via ctypes,
   as CUDA would hit the driver) and fails like a CUDA program when the GPU is lost.
+  Its pretend compute (--step-time) takes longer in proportion when NVML says the GPU's SM
+  clock is throttled (maximum over current clock), and each rank reports its compute time
+  per step (before the all-reduce) through clusterctl.progress.beat when clusterctl is there.
 * Rank 0 writes a checkpoint every --checkpoint-every steps atomically: files in a
   temp dir, fsync, manifest.json written last, rename to step-NNNNNNNN, fsync the
   parent.  A checkpoint without a valid manifest is incomplete and never resumed.
@@ -36,7 +39,8 @@ from pathlib import Path
 try:  # clusterctl's progress channel: each rank's step, for the hang watch of a job with spares
     from clusterctl.progress import beat
 except ImportError:  # run by a Python without clusterctl: no progress reports, nothing else changes
-    def beat(step: int, phase: str = "step", *, min_interval: float | None = None) -> None:
+    def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None,
+             min_interval: float | None = None) -> None:
         """Without clusterctl: nothing to report to."""
 
 MODULUS = (1 << 61) - 1  # a Mersenne prime: all arithmetic stays exact
@@ -48,6 +52,9 @@ RESUME_ENV = "CLUSTERCTL_RESUME_FROM"
 
 class PeerLost(Exception):
     """A peer stopped answering or closed its connection."""
+
+
+NVML_CLOCK_SM = 1  # nvmlClockType_t
 
 
 class GpuLost(Exception):
@@ -203,10 +210,30 @@ class Gpu:
         buf = ctypes.create_string_buffer(96)
         self._call(self.lib.nvmlDeviceGetUUID, self.handle, buf, ctypes.c_uint(96))
 
-    def _call(self, fn, *args) -> None:
+    def clocks(self) -> tuple[int, int] | None:
+        """(current, maximum) SM clock in MHz, or None when NVML cannot say."""
+        if self.lib is None:
+            return None
+        now, top = ctypes.c_uint(0), ctypes.c_uint(0)
+        try:
+            if self._call(self.lib.nvmlDeviceGetClockInfo, self.handle, NVML_CLOCK_SM, ctypes.byref(now)) != 0 or \
+                    self._call(self.lib.nvmlDeviceGetMaxClockInfo, self.handle, NVML_CLOCK_SM, ctypes.byref(top)) != 0:
+                return None
+        except AttributeError:  # a driver without these calls
+            return None
+        return (now.value, top.value) if now.value and top.value else None
+
+    def clock_factor(self) -> float:
+        """How much slower this GPU computes now: its maximum SM clock over its current one (1.0 when
+        NVML cannot say).  A thermally throttled GPU runs the same kernels at its lower clock."""
+        clocks = self.clocks()
+        return max(1.0, clocks[1] / clocks[0]) if clocks else 1.0
+
+    def _call(self, fn, *args) -> int:
         rc = fn(*args)
         if rc == self.NVML_ERROR_GPU_IS_LOST:
             raise GpuLost(f"GPU {self.index} is lost (NVML_ERROR_GPU_IS_LOST)")
+        return rc
 
 
 # ---- communication: a star all-reduce through rank 0 ------------------------------------
@@ -368,17 +395,27 @@ def train(args: argparse.Namespace) -> int:
     rng = random.Random()
     rng.setstate(_rng_from_json(state["rng"]))
     try:
+        factor = 1.0
         while state["step"] < args.steps:
             started = time.monotonic()
             gpu.check()
-            time.sleep(args.step_time)
+            slower = gpu.clock_factor()
+            if slower != factor:
+                clocks = gpu.clocks()
+                log(f"GPU {gpu.index} clocks back to full speed" if slower == 1.0 else
+                    f"GPU {gpu.index} clocks at {1 / slower:.0%} (SM {clocks[0]}/{clocks[1]} MHz): steps compute "
+                    f"{slower:.1f}x slower" if clocks else f"GPU {gpu.index} computes {slower:.1f}x slower")
+                factor = slower
+            time.sleep(args.step_time * factor)
+            # This rank's own work ends here; from here on it waits for the slowest peer.
+            compute = time.monotonic() - started
             summed = group.all_reduce(gradient(state["params"], rank, state["data_cursor"], args.seed))
             noise = rng.randrange(MODULUS)
             state = {"step": state["step"] + 1, "params": apply_update(state["params"], summed, noise),
                      "rng": _rng_to_json(rng.getstate()), "data_cursor": state["data_cursor"] + 1}
             if state["step"] % args.log_every == 0 or state["step"] == args.steps:
                 log(f"step {state['step']} took {time.monotonic() - started:.3f} s")
-            beat(state["step"])
+            beat(state["step"], compute_seconds=compute)
             if rank == 0 and state["step"] % args.checkpoint_every == 0:
                 beat(state["step"], "checkpoint-save")
                 log(f"checkpoint {write_checkpoint(args.checkpoint_dir, state)}")

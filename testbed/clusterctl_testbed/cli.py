@@ -162,6 +162,8 @@ KIND and ARGS:
   gpu-lost         the GPU answers GPU_IS_LOST from now on (no event)
   gpu-missing N    only N GPUs are enumerated
   temp CELSIUS     the GPU temperature
+  throttle [PCT]   a thermal slowdown: the GPU keeps PCT% of its SM clock (default 50; 100 ends it),
+                   with NVML's thermal clock-event reasons; the example trainer computes slower on it
   nvlink-down L    NVLink L goes inactive
   recovery-action A   the driver's GPU recovery action (0 none, 1 reset, 2 reboot, 3 drain P2P)
   nvml-hang FUNCTION SECONDS   calls of FUNCTION (e.g. nvmlDeviceGetTemperature) block
@@ -198,7 +200,11 @@ def _parse_fault(kind: str, args: tuple[str, ...], gpu: int) -> Fault:
         if kind not in FAULT_KINDS:
             raise click.BadParameter(f"unknown fault {kind!r}; one of: {', '.join(FAULT_KINDS)}",
                                      param_hint="KIND")
-        return Fault(kind, gpu, value=int(args[0]) if args else 0)
+        value = int(args[0]) if args else 0
+        if kind == "throttle" and not 0 <= value <= 100:
+            raise click.BadParameter(f"throttle {value}: give the percentage of the SM clock the GPU keeps (1-100)",
+                                     param_hint="ARGS")
+        return Fault(kind, gpu, value=value)
     except ValueError as exc:
         raise click.BadParameter(f"{' '.join(args)!r} is not a number ({exc})", param_hint="ARGS") from exc
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 FAULT_KINDS = (
     "xid", "kmsg-xid", "ecc-dbe", "ecc-sbe", "remap-pending", "remap-failure", "retired-pages",
-    "gpu-lost", "gpu-missing", "temp", "nvlink-down", "recovery-action", "nvml-hang", "clear",
+    "gpu-lost", "gpu-missing", "temp", "throttle", "nvlink-down", "recovery-action", "nvml-hang", "clear",
 )
+THERMAL_SLOWDOWN = 0x40 | 0x20  # nvmlClocksEventReasonHwThermalSlowdown | ...SwThermalSlowdown
+DEFAULT_SM_CLOCK_MAX = 1980  # MHz, the emulated library's default (an H100 SXM)
 
 # Bus numbers of the emulated GPUs (the same table as nvml_emu.c: a DGX H100's eight GPUs).
 PCI_BUS = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
@@ -96,6 +98,19 @@ def apply_fault(state: dict[str, str], fault: Fault, *, now: float) -> FaultEffe
             new["gpus"] = str(fault.value)
         case "temp":
             new[f"{gpu}.temp"] = str(fault.value)
+        case "throttle":
+            # A thermal slowdown: the GPU keeps `value` percent of its maximum SM clock (0: half);
+            # 100 ends it.  The example trainer computes that much slower on it.
+            percent = fault.value or 50
+            if not 1 <= percent <= 100:
+                raise ValueError(f"throttle: value {fault.value} is not a percentage of the SM clock (1-100)")
+            if percent == 100:
+                new.pop(f"{gpu}.clocks_event_reasons", None)
+                new.pop(f"{gpu}.clocks.sm", None)
+            else:
+                top = int(new.get(f"{gpu}.clocks.sm.max", DEFAULT_SM_CLOCK_MAX))
+                new[f"{gpu}.clocks_event_reasons"] = hex(THERMAL_SLOWDOWN)
+                new[f"{gpu}.clocks.sm"] = str(max(1, top * percent // 100))
         case "nvlink-down":
             mask = int(new.get(f"{gpu}.nvlink.down", "0"), 0) | (1 << fault.value)
             new[f"{gpu}.nvlink.down"] = hex(mask)

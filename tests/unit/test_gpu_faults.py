@@ -68,3 +68,12 @@ def test_every_fault_kind_leaves_a_mark_on_the_emulated_gpu():
 def test_an_unknown_fault_kind_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError, match="unknown fault 'melt'; known: xid, kmsg-xid"):
         apply_fault({}, Fault("melt"), now=0)
+
+
+def test_a_throttle_keeps_a_share_of_the_sm_clock_with_thermal_reasons_and_100_percent_ends_it():
+    state = apply_fault({"gpu.1.temp": "80"}, Fault("throttle", gpu=1, value=40), now=0).state
+    assert state == {"gpu.1.temp": "80", "gpu.1.clocks_event_reasons": "0x60", "gpu.1.clocks.sm": "792"}
+    assert apply_fault(state, Fault("throttle", gpu=1, value=100), now=0).state == {"gpu.1.temp": "80"}
+    assert apply_fault({}, Fault("throttle", gpu=0), now=0).state["gpu.0.clocks.sm"] == "990"  # default: half
+    with pytest.raises(ValueError, match="percentage"):
+        apply_fault({}, Fault("throttle", value=150), now=0)

@@ -133,3 +133,27 @@ def test_missing_rank_variables_are_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.delenv("RANK")
     with pytest.raises(SystemExit, match="set RANK"):
         run(tmp_path, 1)
+
+
+def test_a_rank_on_a_throttled_gpu_computes_slower_and_reports_its_compute_time(tmp_path):
+    from clusterctl.records.rank_progress import rank_progress_path, read_rank_progress
+    from clusterctl_testbed.cluster import build_nvml
+    from clusterctl_testbed.gpu_faults import Fault, inject
+
+    lib = tmp_path / "lib" / "libnvidia-ml.so.1"
+    lib.parent.mkdir()
+    build_nvml(lib)
+    node = tmp_path / "node"
+    node.mkdir()
+    (node / "events").touch()
+    inject(node, Fault("throttle", gpu=0, value=25))  # a quarter of its clock: 4x slower
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LD_LIBRARY_PATH": str(lib.parent), "NVML_EMU_DIR": str(node),
+           "CLUSTERCTL_JOB_DIR": str(tmp_path / "job"), "CLUSTERCTL_PROGRESS_INTERVAL": "0"}
+    env.pop("NVML_EMU_ROOT", None)
+    out = subprocess.run([sys.executable, str(TRAINER), "--checkpoint-dir", str(tmp_path / "ck"), "--steps", "5",
+                          "--step-time", "0.02", "--log-every", "1000"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "GPU 0 clocks at 25% (SM 495/1980 MHz): steps compute 4.0x slower" in out.stdout
+    report = read_rank_progress(rank_progress_path(tmp_path / "job", 0))
+    assert report.compute_steps == 5 and 5 * 0.08 <= report.compute_s < 5 * 0.08 + 2.0

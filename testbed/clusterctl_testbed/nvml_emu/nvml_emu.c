@@ -64,6 +64,7 @@ struct gpu_state {
     unsigned int retired[2], retired_pending;
     unsigned int temp;
     unsigned long long clocks_event_reasons;
+    unsigned int sm_clock, sm_clock_max; /* MHz; sm_clock 0: at its maximum */
     unsigned long long nvlink_down_mask;
     unsigned int recovery_action;
     unsigned long long event_types;
@@ -114,6 +115,7 @@ static void defaults(struct node_state *s) {
     snprintf(s->driver, sizeof(s->driver), "550.54.15");
     for (int i = 0; i < MAX_GPUS; i++) {
         s->gpu[i].temp = 38;
+        s->gpu[i].sm_clock_max = 1980; /* an H100 SXM's maximum SM clock */
         s->gpu[i].event_types = DEFAULT_EVENT_TYPES;
     }
 }
@@ -134,6 +136,8 @@ static void set_gpu_key(struct gpu_state *g, const char *key, const char *value)
     else if (!strcmp(key, "retired.pending")) g->retired_pending = (unsigned)v;
     else if (!strcmp(key, "temp")) g->temp = (unsigned)v;
     else if (!strcmp(key, "clocks_event_reasons")) g->clocks_event_reasons = v;
+    else if (!strcmp(key, "clocks.sm")) g->sm_clock = (unsigned)v;
+    else if (!strcmp(key, "clocks.sm.max")) g->sm_clock_max = (unsigned)v;
     else if (!strcmp(key, "nvlink.down")) g->nvlink_down_mask = v;
     else if (!strcmp(key, "recovery_action")) g->recovery_action = (unsigned)v;
     else if (!strcmp(key, "event_types")) g->event_types = v;
@@ -534,6 +538,38 @@ EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksEventReasons(nvmlDevice_t 
     if (rc != NVML_SUCCESS) return rc;
     if (!clocksEventReasons) return NVML_ERROR_INVALID_ARGUMENT;
     *clocksEventReasons = g.clocks_event_reasons;
+    return NVML_SUCCESS;
+}
+
+/* SM and graphics clocks come from the state file (`gpu.<i>.clocks.sm`, `.clocks.sm.max`); memory and
+ * video clocks are fixed.  A throttled GPU (the `throttle` fault) reports a lower SM clock. */
+static unsigned int clock_of(const struct gpu_state *g, nvmlClockType_t type, int max) {
+    switch (type) {
+    case NVML_CLOCK_GRAPHICS:
+    case NVML_CLOCK_SM:
+        return max || g->sm_clock == 0 || g->sm_clock > g->sm_clock_max ? g->sm_clock_max : g->sm_clock;
+    case NVML_CLOCK_MEM: return 2619;
+    case NVML_CLOCK_VIDEO: return 1755;
+    default: return 0;
+    }
+}
+
+EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
+    struct gpu_state g;
+    nvmlReturn_t rc = device_state("nvmlDeviceGetClockInfo", device, &g);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!clock || (int)type < 0 || type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    *clock = clock_of(&g, type, 0);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type,
+                                                      unsigned int *clock) {
+    struct gpu_state g;
+    nvmlReturn_t rc = device_state("nvmlDeviceGetMaxClockInfo", device, &g);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!clock || (int)type < 0 || type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    *clock = clock_of(&g, type, 1);
     return NVML_SUCCESS;
 }
 

@@ -49,6 +49,14 @@ typedef enum nvmlTemperatureSensors_enum {
     NVML_TEMPERATURE_GPU = 0
 } nvmlTemperatureSensors_t;
 
+typedef enum nvmlClockType_enum {
+    NVML_CLOCK_GRAPHICS = 0,
+    NVML_CLOCK_SM = 1,
+    NVML_CLOCK_MEM = 2,
+    NVML_CLOCK_VIDEO = 3,
+    NVML_CLOCK_COUNT
+} nvmlClockType_t;
+
 typedef enum nvmlValueType_enum {
     NVML_VALUE_TYPE_DOUBLE = 0,
     NVML_VALUE_TYPE_UNSIGNED_INT = 1,
