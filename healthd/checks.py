@@ -41,6 +41,8 @@ class GpuSample:
     clock_event_reasons: int = 0
     nvlink_down: tuple[int, ...] = ()
     recovery_action: int | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from clusterctl.healthd.policy import POLICY_VERSION, policy_rows
 
 EXIT_CONFIG = 78  # EX_CONFIG
 EXIT_NO_STATE = 3
+EXIT_NO_NVML = 4
 
 
 class _JsonFormatter(logging.Formatter):
@@ -36,6 +37,7 @@ def cli() -> None:
     healthd status    the current verdict per GPU, from the state file (instant)
     healthd policy    the fault policy table
     healthd breaker   who holds the breaker's drain slots (with breaker_dir)
+    healthd evidence  what the GPUs say now: clocks, slowdown reasons, temperature, ECC
     Config: /etc/clusterctl/healthd.toml (see healthd/healthd.example.toml).
     """
 
@@ -181,6 +183,43 @@ def breaker(config_path: Path | None, partition: str, as_json: bool) -> None:
     Console().print(table)
     for problem in problems:
         click.echo(f"healthd: unreadable slot: {problem}", err=True)
+
+
+@cli.command()
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--gpus", default=None, metavar="0,3", help="Only these GPU indexes (default: every GPU).")
+@click.option("--json", "as_json", is_flag=True, help="Print the gpu-evidence record as JSON.")
+def evidence(config_path: Path | None, gpus: str | None, as_json: bool) -> None:
+    """What this node's GPUs say now: SM clock against its maximum, clock slowdown reasons
+    (thermal, power brake...), temperature, ECC, and healthd's current findings.
+
+    Reads only (NVML and healthd's state file), so any user may run it.  clusterctl's straggler
+    watch runs it as a one-off step on a node whose ranks compute slower than the job's, and drains
+    the node only when this says why.
+    """
+    import pynvml
+
+    from clusterctl.healthd.evidence import read_evidence
+    from clusterctl.healthd.nvml import NvmlHang
+
+    wanted = None
+    if gpus is not None:
+        parts = [part.strip() for part in gpus.split(",")]
+        if not parts or not all(part.isdigit() for part in parts):
+            click.echo(f"healthd: error: --gpus {gpus!r}: give GPU indexes separated by commas, e.g. 0,3", err=True)
+            sys.exit(2)
+        wanted = {int(part) for part in parts}
+    config = _config(config_path)
+    try:
+        record = read_evidence(config, wanted)
+    except (pynvml.NVMLError, NvmlHang) as exc:
+        click.echo(f"healthd: error: cannot read the GPUs through NVML: {exc}", err=True)
+        sys.exit(EXIT_NO_NVML)
+    if as_json:
+        click.echo(json.dumps(record.to_json(), sort_keys=True))
+        return
+    for line in record.to_text():
+        click.echo(line)
 
 
 def main() -> None:

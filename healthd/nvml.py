@@ -160,13 +160,18 @@ class Nvml:
                             pynvml.NVML_TEMPERATURE_GPU)
             clocks = self._optional("nvmlDeviceGetCurrentClocksEventReasons",
                                     pynvml.nvmlDeviceGetCurrentClocksEventReasons, handle, default=0)
+            sm_clock = self._optional("nvmlDeviceGetClockInfo", pynvml.nvmlDeviceGetClockInfo, handle,
+                                      pynvml.NVML_CLOCK_SM, default=None)
+            sm_clock_max = self._optional("nvmlDeviceGetMaxClockInfo", pynvml.nvmlDeviceGetMaxClockInfo, handle,
+                                          pynvml.NVML_CLOCK_SM, default=None)
             down = tuple(link for link in range(self._link_count(handle))
                          if c("nvmlDeviceGetNvLinkState", pynvml.nvmlDeviceGetNvLinkState, handle, link) == 0)
             recovery = self._recovery_action(handle)
         except pynvml.NVMLError_GpuIsLost:
             return GpuSample(index, uuid, lost=True)
         return GpuSample(index, uuid, False, dbe, sbe, corr, unc, bool(pending), bool(failure), retired_sbe,
-                         retired_dbe, bool(retired_pending), temperature, clocks, down, recovery)
+                         retired_dbe, bool(retired_pending), temperature, clocks, down, recovery,
+                         None if sm_clock is None else int(sm_clock), None if sm_clock_max is None else int(sm_clock_max))
 
     def _optional(self, name: str, fn: Callable[..., Any], *args: Any, default: Any) -> Any:
         try:

@@ -165,3 +165,40 @@ def test_clearing_a_hang_releases_a_blocked_call(nvml_lib, node):
     assert proc.poll() is None, "the call should be blocked by the injected hang"
     inject(node, Fault("clear"))
     assert proc.communicate(timeout=10)[0].strip() == "8"
+
+
+def test_a_throttled_gpu_reports_a_lower_sm_clock_and_thermal_reasons_until_the_throttle_ends(nvml_lib, node):
+    code = """
+        n.nvmlInit()
+        h = n.nvmlDeviceGetHandleByIndex(2)
+        print(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM), n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM),
+              n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM), hex(n.nvmlDeviceGetCurrentClocksEventReasons(h)))
+    """
+    assert pynvml(nvml_lib, node, code).stdout.split() == ["1980", "1980", "2619", "0x0"]
+    inject(node, Fault("throttle", gpu=2, value=40))
+    assert pynvml(nvml_lib, node, code).stdout.split() == ["792", "1980", "2619", "0x60"]
+    inject(node, Fault("throttle", gpu=2, value=100))
+    assert pynvml(nvml_lib, node, code).stdout.split() == ["1980", "1980", "2619", "0x0"]
+
+
+def test_healthd_evidence_names_the_throttled_gpu_as_a_user_would_read_it(nvml_lib, node, tmp_path):
+    import json
+
+    from clusterctl.records.gpu_evidence import GpuEvidence
+
+    inject(node, Fault("throttle", gpu=5, value=40))
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'node = "node7"\nstate_dir = "{tmp_path / "state"}"\n')
+    env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_lib.parent), "NVML_EMU_DIR": str(node)}
+    argv = [sys.executable, "-c", "from clusterctl.healthd.cli import main; main()", "evidence", "--config", str(config)]
+    out = subprocess.run([*argv, "--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    evidence = GpuEvidence.from_json(json.loads(out.stdout), "healthd evidence")
+    assert evidence.node == "node7" and len(evidence.gpus) == 8
+    assert evidence.slowdown_reasons() == ("GPU 5: clock event reasons SW thermal slowdown, HW thermal slowdown "
+                                           "(0x60); SM clock 792/1980 MHz (40%); 38 °C",)
+    assert evidence.problems == (f"no healthd state in {tmp_path / 'state'} (is healthd running on this node?)",)
+    text = subprocess.run([*argv, "--gpus", "5"], capture_output=True, text=True, env=env, timeout=60).stdout
+    assert "GPU 5 " in text and "GPU 4 " not in text and "slowed: GPU 5: clock event reasons" in text
+    bad = subprocess.run([*argv, "--gpus", "five"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "give GPU indexes separated by commas" in bad.stderr

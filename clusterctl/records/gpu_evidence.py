@@ -1,0 +1,165 @@
+"""What a node's GPUs say now: `healthd evidence --json`, read by the in-allocation agent.
+
+The agent of a job runs it on a node whose ranks compute persistently slower than the job's (a
+straggler, clusterctl.launcher.straggler_watch) as a one-off step, and reads the record from its
+stdout: per GPU the NVML clocks-event reasons, the SM clock against its maximum, the temperature,
+the ECC counters and healthd's current findings.  `slowdown_reasons` says, in sentences, what of
+that explains a slowdown; the agent drains the node only when something does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from clusterctl.records.versioned import RecordError, check_header, field, header
+
+KIND = "gpu-evidence"
+VERSION = 1
+
+# nvmlClocksEventReason* (nvml.h): the bit, and how NVIDIA names it.
+CLOCK_REASONS = (
+    (0x1, "GPU idle"),
+    (0x2, "applications clocks setting"),
+    (0x4, "SW power cap"),
+    (0x8, "HW slowdown"),
+    (0x10, "sync boost"),
+    (0x20, "SW thermal slowdown"),
+    (0x40, "HW thermal slowdown"),
+    (0x80, "HW power brake slowdown"),
+    (0x100, "display clock setting"),
+    (0x200, "board limit"),
+    (0x400, "reliability"),
+)
+SLOWDOWN_REASONS = 0x8 | 0x20 | 0x40 | 0x80
+"""The reasons that mean the hardware slowed the GPU down against the workload's wish."""
+LOW_CLOCK_FRACTION = 0.9
+"""An SM clock below this share of its maximum with no reason given still counts as slowed."""
+SLOWDOWN_FINDINGS = ("clock-events", "temperature")
+"""healthd findings (kinds) that explain a slowdown on their own."""
+
+_OPTIONAL_INT = (int, type(None))
+
+
+def clock_reason_names(mask: int) -> tuple[str, ...]:
+    """NVIDIA's names of the clocks-event reasons set in `mask` (unknown bits as hex)."""
+    names = [name for bit, name in CLOCK_REASONS if mask & bit]
+    known = 0
+    for bit, _ in CLOCK_REASONS:
+        known |= bit
+    if mask & ~known:
+        names.append(f"unknown {hex(mask & ~known)}")
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU as NVML and healthd see it now."""
+
+    index: int
+    uuid: str = ""
+    clock_event_reasons: int = 0
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
+    temperature_c: int | None = None
+    ecc_corrected_volatile: int = 0
+    ecc_uncorrected_volatile: int = 0
+    findings: tuple[str, ...] = ()
+    """healthd's current findings on this GPU, `<kind>: <reason> (<action>)`."""
+
+    @property
+    def clock_fraction(self) -> float | None:
+        """The SM clock as a share of its maximum, when both are known."""
+        if self.sm_clock_mhz is None or not self.sm_clock_max_mhz:
+            return None
+        return self.sm_clock_mhz / self.sm_clock_max_mhz
+
+    def slowdown(self) -> str:
+        """One sentence on what slows this GPU down, or "" when nothing does."""
+        clauses = []
+        slow = self.clock_event_reasons & SLOWDOWN_REASONS
+        if slow:
+            clauses.append(f"clock event reasons {', '.join(clock_reason_names(slow))} ({hex(self.clock_event_reasons)})")
+        fraction = self.clock_fraction
+        if fraction is not None and (slow or fraction < LOW_CLOCK_FRACTION):
+            clause = f"SM clock {self.sm_clock_mhz}/{self.sm_clock_max_mhz} MHz ({fraction:.0%})"
+            clauses.append(clause if slow else f"{clause} with no reason given")
+        findings = [f for f in self.findings if f.split(":", 1)[0] in SLOWDOWN_FINDINGS]
+        clauses += [f"healthd: {f}" for f in findings]
+        if not clauses:
+            return ""
+        if self.temperature_c is not None:
+            clauses.append(f"{self.temperature_c} °C")
+        return f"GPU {self.index}: " + "; ".join(clauses)
+
+    def to_json(self) -> dict[str, Any]:
+        """As stored (`clock_reasons` spelled out for people and jq)."""
+        return {"index": self.index, "uuid": self.uuid, "clock_event_reasons": self.clock_event_reasons,
+                "clock_reasons": list(clock_reason_names(self.clock_event_reasons)),
+                "sm_clock_mhz": self.sm_clock_mhz, "sm_clock_max_mhz": self.sm_clock_max_mhz,
+                "temperature_c": self.temperature_c, "ecc_corrected_volatile": self.ecc_corrected_volatile,
+                "ecc_uncorrected_volatile": self.ecc_uncorrected_volatile, "findings": list(self.findings)}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> GpuReading:
+        """Parse one GPU's reading; RecordError naming the field that is wrong."""
+        if not isinstance(data, Mapping):
+            raise RecordError(where, "a GPU reading is not a JSON object")
+        findings = field(data, "findings", list, where)
+        if not all(isinstance(f, str) for f in findings):
+            raise RecordError(where, "field `findings` must be a list of strings")
+        return cls(index=field(data, "index", int, where), uuid=field(data, "uuid", str, where),
+                   clock_event_reasons=field(data, "clock_event_reasons", int, where),
+                   sm_clock_mhz=field(data, "sm_clock_mhz", _OPTIONAL_INT, where),
+                   sm_clock_max_mhz=field(data, "sm_clock_max_mhz", _OPTIONAL_INT, where),
+                   temperature_c=field(data, "temperature_c", _OPTIONAL_INT, where),
+                   ecc_corrected_volatile=field(data, "ecc_corrected_volatile", int, where),
+                   ecc_uncorrected_volatile=field(data, "ecc_uncorrected_volatile", int, where),
+                   findings=tuple(findings))
+
+
+@dataclass(frozen=True)
+class GpuEvidence:
+    """A node's GPUs at `at` (epoch s), and what could not be read (`problems`)."""
+
+    node: str
+    at: float
+    gpus: tuple[GpuReading, ...] = ()
+    problems: tuple[str, ...] = ()
+
+    def slowdown_reasons(self, gpus: Collection[int] | None = None) -> tuple[str, ...]:
+        """One sentence per GPU (of `gpus`, or all) whose hardware says it is slowed; empty: nothing
+        here explains a slowdown."""
+        return tuple(line for g in self.gpus if gpus is None or g.index in gpus if (line := g.slowdown()))
+
+    def to_text(self) -> list[str]:
+        """Lines for a person: one per GPU, then the problems."""
+        lines = [f"{self.node}: {len(self.gpus)} GPUs"]
+        for g in self.gpus:
+            reasons = ", ".join(clock_reason_names(g.clock_event_reasons)) or "none"
+            clock = f"{g.sm_clock_mhz}/{g.sm_clock_max_mhz} MHz" if g.sm_clock_mhz is not None else "unknown"
+            temp = f"{g.temperature_c} °C" if g.temperature_c is not None else "temperature unknown"
+            lines.append(f"GPU {g.index} {g.uuid}: SM clock {clock}; clock event reasons {reasons}; {temp}; "
+                         f"ECC volatile corrected {g.ecc_corrected_volatile}, uncorrected {g.ecc_uncorrected_volatile}")
+            lines += [f"    healthd: {f}" for f in g.findings]
+        slow = self.slowdown_reasons()
+        lines.append("slowed: " + ("; ".join(slow) if slow else "nothing here explains a slowdown"))
+        lines += [f"problem: {p}" for p in self.problems]
+        return lines
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as printed."""
+        return {**header(KIND, VERSION), "node": self.node, "at": self.at, "gpus": [g.to_json() for g in self.gpus],
+                "problems": list(self.problems)}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> GpuEvidence:
+        """Parse a record; RecordError for anything not understood (a newer version included)."""
+        body = check_header(data, KIND, VERSION, where)
+        problems = field(body, "problems", list, where)
+        if not all(isinstance(p, str) for p in problems):
+            raise RecordError(where, "field `problems` must be a list of strings")
+        return cls(node=field(body, "node", str, where), at=float(field(body, "at", (int, float), where)),
+                   gpus=tuple(GpuReading.from_json(g, where) for g in field(body, "gpus", list, where)),
+                   problems=tuple(problems))
