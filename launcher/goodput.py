@@ -4,8 +4,10 @@ Per attempt (times from Slurm, kept in the journal's `decided` events):
 queue wait = start − submit; run = end − start; for an attempt that failed, the work redone
 is the time since its last complete checkpoint (or since its start).  Restart overhead is the
 gap between one attempt's end and the next one's submission, plus the time each restart inside
-an allocation (on a spare, `recovered-in-allocation`) took.  Productive time is run time
-minus work redone, and goodput is productive time over the run's wall time.
+an allocation (on a spare, `recovered-in-allocation`) took.  Time lost to slow nodes is what the
+job's straggler watch summed: per step, the slowest node's compute time over the job's (the whole
+job waits for it in every collective).  Productive time is run time minus work redone and time lost
+to slow nodes, and goodput is productive time over the run's wall time.
 
 Advice: the Young/Daly interval sqrt(2 · C · MTBF), with C the measured time to write a
 checkpoint and MTBF the observed run time per node failure.
@@ -49,6 +51,7 @@ class Goodput:
     checkpoint_cost_seconds: float | None
     checkpoint_interval_seconds: float | None
     advised_interval_seconds: float | None
+    slow_node_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready, seconds rounded to the millisecond."""
@@ -69,9 +72,10 @@ class InAllocationRestart:
 
 
 def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint], now: float,
-            in_allocation: Sequence[InAllocationRestart] = ()) -> Goodput:
-    """Account a run's time from its attempts, the checkpoints it wrote and the restarts inside jobs
-    (each: its own restart time, and the work since the last checkpoint before it redone)."""
+            in_allocation: Sequence[InAllocationRestart] = (), slow_node_seconds: float = 0.0) -> Goodput:
+    """Account a run's time from its attempts, the checkpoints it wrote, the restarts inside jobs
+    (each: its own restart time, and the work since the last checkpoint before it redone) and the
+    seconds its jobs lost waiting for slow nodes."""
     stamps = sorted(c.written_at for c in checkpoints if c.written_at)
     run = redone = queue = overhead = 0.0
     for r in in_allocation:
@@ -98,7 +102,8 @@ def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint],
     last = max((a.end or now for a in attempts), default=now)
     wall = max(0.0, last - first)
     run = max(0.0, run)
-    productive = max(0.0, run - redone)
+    slow = min(max(0.0, slow_node_seconds), max(0.0, run - redone))
+    productive = max(0.0, run - redone - slow)
     failures = sum(1 for a in attempts if a.node_failure) + len(in_allocation)
     mtbf = run / failures if failures else None
     costs = [c.save_seconds for c in checkpoints if c.save_seconds is not None]
@@ -107,4 +112,4 @@ def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint],
     interval = statistics.median(gaps) if gaps else None
     advice = young_daly(cost, mtbf) if cost is not None and mtbf is not None else None
     return Goodput(wall, productive, redone, queue, overhead, productive / wall if wall > 0 else None, failures,
-                   mtbf, cost, interval, advice)
+                   mtbf, cost, interval, advice, slow)

@@ -17,6 +17,7 @@ from rich.text import Text
 from clusterctl.launcher.checkpoints import Checkpoint, Skipped
 from clusterctl.launcher.goodput import AttemptTimes, InAllocationRestart, account
 from clusterctl.launcher.restart_policy import replay
+from clusterctl.launcher.status import stragglers_of
 from clusterctl.records.run_journal import OutcomeKind, RecoveredInAllocation, RunEvent
 
 
@@ -31,9 +32,10 @@ def _duration(seconds: float | None) -> str:
 
 
 def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint],
-               skipped: Sequence[Skipped], now: float) -> dict[str, Any]:
-    """The report of the run at `run_path` as a JSON-ready dict, from its journal's `events` and the
-    complete `checkpoints` (oldest first) and `skipped` ones found in its checkpoint directory."""
+               skipped: Sequence[Skipped], now: float, slow_node_seconds: float = 0.0) -> dict[str, Any]:
+    """The report of the run at `run_path` as a JSON-ready dict, from its journal's `events`, the
+    complete `checkpoints` (oldest first) and `skipped` ones found in its checkpoint directory, and
+    the seconds its jobs lost to slow nodes (their step-time tables)."""
     state = replay(events)
     times = []
     attempts = []
@@ -52,7 +54,8 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                          "action": str(d.action) if d else None})
     recoveries = [e for e in events if isinstance(e, RecoveredInAllocation)]
     goodput = account(times, list(checkpoints), now,
-                      [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases)) for e in recoveries])
+                      [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases)) for e in recoveries],
+                      slow_node_seconds)
     return {"run": str(run_path), "state": str(state.ended.kind) if state.ended else "running",
             "message": state.ended.message if state.ended else "",
             "attempts": attempts, "excluded_now": state.excluded(now),
@@ -60,6 +63,7 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                                "given_back": list(e.given_back), "nodes": list(e.nodes),
                                "checkpoint_step": e.checkpoint_step, "phases": dict(e.phases), "reason": e.reason}
                               for e in recoveries],
+            "stragglers": stragglers_of(events),
             "checkpoints": {"complete": len(checkpoints), "latest_step": checkpoints[-1].step if checkpoints else None,
                             "skipped": [{"path": s.path, "why": s.why} for s in skipped]},
             "goodput": goodput.to_json()}
@@ -92,11 +96,19 @@ def report_renderables(report: dict[str, Any]) -> Group:
             given = "given back to Slurm" if b["node"] in r["given_back"] else "kept in the job"
             parts.append(Text(f"    blamed {b['node']} ({given}): {b['reason']}"))
             parts += [Text(f"        {line}", style="dim") for line in b["evidence"]]
+    for s in report.get("stragglers", []):
+        parts.append(Text(f"job {s['job_id']}: straggler {s['node']} ({s['action']}): {s['ratio']:.2f}x the job's "
+                          f"compute time for {s['steps']} steps from step {s['since_step']}, "
+                          f"{_duration(s['lost_s'])} lost when found"))
+        parts += [Text(f"    {line}", style="dim") for line in (*s["evidence"], *s["hardware"])]
+        if s["drain"]:
+            parts.append(Text(f"    {s['drain']}", style="dim"))
     share = f"{g['goodput'] * 100:.1f}%" if g["goodput"] is not None else "-"
     parts.append(Text(
         f"goodput {share}: productive {_duration(g['productive_seconds'])} of {_duration(g['wall_seconds'])}; "
         f"lost: redone work {_duration(g['redone_seconds'])}, queue {_duration(g['queue_seconds'])}, "
-        f"restart overhead {_duration(g['restart_overhead_seconds'])}; node failures {g['node_failures']}"))
+        f"restart overhead {_duration(g['restart_overhead_seconds'])}, slow nodes {_duration(g['slow_node_seconds'])}; "
+        f"node failures {g['node_failures']}"))
     if g["advised_interval_seconds"] is not None:
         parts.append(Text(
             f"checkpoint every {_duration(g['checkpoint_interval_seconds'])} now; Young/Daly advises "

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field, replace
 from clusterctl.launcher.classify import Outcome
 from clusterctl.launcher.spec import RestartSection
 from clusterctl.records.run_journal import (
-    BlamedNode, Decided, DecisionAction, Ending, OutcomeKind, RecoveredInAllocation, RunEnded, RunEvent, Submitted,
+    BlamedNode, Decided, DecisionAction, Ending, OutcomeKind, RecoveredInAllocation, RunEnded, RunEvent,
+    StragglerFound, Submitted,
     Submitting, SubmitLost,
 )
 
@@ -84,7 +85,7 @@ def replay(events: Sequence[RunEvent]) -> RunState:
             if e.action == DecisionAction.RESUBMIT:
                 restarts += 1
                 next_submit_at = e.at + e.delay
-        elif isinstance(e, RecoveredInAllocation):
+        elif isinstance(e, RecoveredInAllocation | StragglerFound):
             for b in e.blame:  # given back to Slurm inside the job: a resubmission must avoid them too
                 blamed[b.node] = (b.until if b.until is not None else e.at, b.reason)
         elif isinstance(e, SubmitLost):

@@ -165,9 +165,21 @@ FIELDS: tuple[Field, ...] = (
           "spare from the last complete checkpoint, without queueing again; `resubmit`: always through the "
           "queue.", "in-allocation", choices=("in-allocation", "resubmit")),
     Field("restart", "webhook", "str", "URL that gets a JSON POST on blame, stop and completion."),
+    Field("stragglers", "action", "choice", "Jobs with spares (the in-allocation agent) compare their ranks' compute "
+          "time per step (clusterctl.progress.beat(step, compute_seconds=...)) across nodes. A node persistently "
+          "slower than the job is: `report`ed (journal, status, report; the default), also `exclude`d from the "
+          "next resubmission, or `swap`ped for a spare now (a new step from the last complete checkpoint). "
+          "Evicted nodes are drained only when their GPUs' own evidence (healthd evidence: clock slowdown "
+          "reasons, clocks, temperature) agrees.", "report", choices=("off", "report", "exclude", "swap")),
+    Field("stragglers", "margin", "float", "Slow: compute time per step at least this many times the job's "
+          "(the lower median over its nodes).", 1.2, minimum=1.01, maximum=100),
+    Field("stragglers", "window_steps", "int", "...for this many steps in a row; shorter blips are ignored.", 30,
+          minimum=1, maximum=10**9),
+    Field("stragglers", "warmup_steps", "int", "Each rank's first steps are not judged.", 10, minimum=0,
+          maximum=10**9),
 )
 
-SECTIONS = ("job", "launch", "parallel", "placement", "checkpoint", "restart")
+SECTIONS = ("job", "launch", "parallel", "placement", "checkpoint", "restart", "stragglers")
 _BY_SECTION: dict[str, dict[str, Field]] = {s: {f.key: f for f in FIELDS if f.section == s} for s in SECTIONS}
 
 
@@ -239,6 +251,14 @@ class RestartSection:
 
 
 @dataclass(frozen=True)
+class StragglersSection:
+    action: str = "report"
+    margin: float = 1.2
+    window_steps: int = 30
+    warmup_steps: int = 10
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """A validated job spec; paths are absolute (resolved against the spec file's folder)."""
 
@@ -249,6 +269,7 @@ class JobSpec:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     restart: RestartSection = field(default_factory=RestartSection)
     source: str = ""
+    stragglers: StragglersSection = field(default_factory=StragglersSection)
 
     @property
     def world_size(self) -> int:
@@ -265,7 +286,8 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form; `spec_from_dict` reads it back (the run directory keeps it)."""
-        data: dict[str, Any] = {name: asdict(getattr(self, name)) for name in ("job", "launch", "placement", "checkpoint", "restart")}
+        data: dict[str, Any] = {name: asdict(getattr(self, name))
+                                for name in ("job", "launch", "placement", "checkpoint", "restart", "stragglers")}
         layout = self.parallel
         data["parallel"] = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "cp": layout.cp, "ep": layout.ep,
                             "order": layout.order}
@@ -305,7 +327,7 @@ def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
     restart["exit_actions"] = tuple((int(code), action) for code, action in restart.get("exit_actions", {}).items())
     return JobSpec(JobSection(**job), LaunchSection(**launch), layout_from_mapping(data["parallel"]),
                    PlacementSection(**placement), CheckpointSection(**checkpoint), RestartSection(**restart),
-                   data.get("source", ""))
+                   data.get("source", ""), StragglersSection(**data.get("stragglers", {})))
 
 
 # ---- parsing -------------------------------------------------------------------------
@@ -586,8 +608,12 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
         raise where.error(str(exc), "parallel") from None
     if values["restart"]["backoff_max_seconds"] < values["restart"]["backoff_seconds"]:
         raise where.error("must be at least restart.backoff_seconds", "restart", "backoff_max_seconds")
+    if values["stragglers"]["action"] == "swap" and not job["spare_nodes"]:
+        raise where.error("`swap` needs spare nodes to swap in: set job.spare_nodes, or use `exclude` (avoid the "
+                          "node from the next resubmission on) or `report`", "stragglers", "action")
     return JobSpec(JobSection(**job), LaunchSection(**launch), layout, PlacementSection(**values["placement"]),
-                   CheckpointSection(**values["checkpoint"]), RestartSection(**values["restart"]), path)
+                   CheckpointSection(**values["checkpoint"]), RestartSection(**values["restart"]), path,
+                   StragglersSection(**values["stragglers"]))
 
 
 def _apply_overrides(values: dict[str, dict[str, Any]], overrides: Overrides) -> None:

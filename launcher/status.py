@@ -15,8 +15,9 @@ from rich.table import Table
 from rich.text import Text
 
 from clusterctl.launcher.runs import attempts_of, log_path
+from clusterctl.records.node_step_times import NodeStepTimes
 from clusterctl.records.rank_map import JobRankMap
-from clusterctl.records.run_journal import Created, RecoveredInAllocation, RunEnded, RunEvent
+from clusterctl.records.run_journal import Created, RecoveredInAllocation, RunEnded, RunEvent, StragglerFound
 from clusterctl.slurm.jobs import JobReport
 
 
@@ -44,10 +45,23 @@ def ended_how(report: JobReport) -> str:
     return f" ({', '.join(parts)})"
 
 
+STEP_TIME_ROWS = 8
+"""Nodes the terminal's step-time table lists (the slowest first); --json has them all."""
+
+
+def stragglers_of(events: Sequence[RunEvent]) -> list[dict[str, Any]]:
+    """The run's stragglers as the journal has them, JSON-ready."""
+    return [{"job_id": e.job_id, "node": e.node, "ranks": list(e.ranks), "ratio": e.ratio, "seconds": e.seconds,
+             "reference": e.reference, "steps": e.steps, "since_step": e.since_step, "lost_s": e.lost_s,
+             "action": e.action, "hardware": list(e.hardware), "drain": e.drain, "evidence": list(e.evidence)}
+            for e in events if isinstance(e, StragglerFound)]
+
+
 def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[str, JobRankMap],
-               queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> dict[str, Any]:
+               queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport],
+               step_times: NodeStepTimes | None = None) -> dict[str, Any]:
     """A JSON-ready status of the run at `run_path` from its journal's `events`, the `rank_maps` its
-    jobs wrote (by job id) and Slurm's `queue` and `accounting`."""
+    jobs wrote (by job id), Slurm's `queue` and `accounting`, and the latest job's per-node step times."""
     attempts: list[dict[str, Any]] = []
     for attempt in attempts_of(events):
         report = best_report(attempt.job_id, queue, accounting)
@@ -74,7 +88,32 @@ def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[st
                    "reason": e.reason}
                   for e in events if isinstance(e, RecoveredInAllocation)]
     return {"run": str(run_path), "name": created.name if created else run_path.name, "state": state,
-            "message": ended[-1].message if ended else "", "attempts": attempts, "in_allocation": recoveries}
+            "message": ended[-1].message if ended else "", "attempts": attempts, "in_allocation": recoveries,
+            "stragglers": stragglers_of(events),
+            "step_times": step_times.to_json() if step_times is not None else None}
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def step_time_table(step_times: Mapping[str, Any]) -> Group:
+    """Per-node compute time per step, the slowest first (at most STEP_TIME_ROWS nodes)."""
+    nodes = sorted(step_times["nodes"], key=lambda n: -(n["ratio"] or 0.0))
+    title = Text(f"compute time per step, job {step_times['job_id']} at step {step_times['step']}: the job's "
+                 f"{_seconds(step_times['reference'])} s; lost to slow nodes {step_times['lost_s']:.1f} s")
+    table = Table(box=None, pad_edge=False)
+    for column in ("node", "ranks", "s/step", "x job", "state", "lost s"):
+        table.add_column(column, justify="right" if column in ("s/step", "x job", "lost s") else "left")
+    for n in nodes[:STEP_TIME_ROWS]:
+        ranks = n["ranks"]
+        ranks_text = f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]) if ranks else "-"
+        ratio = f"{n['ratio']:.2f}" if n["ratio"] is not None else "-"
+        table.add_row(n["node"], ranks_text, _seconds(n["seconds"]), ratio, n["state"], f"{n['lost_s']:.1f}")
+    parts: list[RenderableType] = [title, table]
+    if len(nodes) > STEP_TIME_ROWS:
+        parts.append(Text(f"... and {len(nodes) - STEP_TIME_ROWS} more nodes (--json lists them all)"))
+    return Group(*parts)
 
 
 def status_renderables(status: dict[str, Any]) -> Group:
@@ -100,4 +139,11 @@ def status_renderables(status: dict[str, Any]) -> Group:
                if r["blamed"] else r.get("reason") or "no node blamed")
         parts.append(Text(f"job {r['job_id']}: restarted inside the allocation ({r['restart']}): {why}; "
                           f"new step on {' '.join(r['nodes'])} from step {step}"))
+    for s in status.get("stragglers", []):
+        hardware = "; ".join(s["hardware"]) or "its GPUs say nothing that explains it"
+        parts.append(Text(f"job {s['job_id']}: straggler {s['node']}: {s['ratio']:.2f}x the job's compute time for "
+                          f"{s['steps']} steps from step {s['since_step']}, {s['lost_s']:.1f} s lost; {s['action']}; "
+                          f"GPUs: {hardware}" + (f"; {s['drain']}" if s["drain"] else "")))
+    if status.get("step_times"):
+        parts.append(step_time_table(status["step_times"]))
     return Group(*parts)

@@ -24,6 +24,7 @@ from clusterctl.launcher.runs import (
 from clusterctl.launcher.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
 from clusterctl.launcher.status import run_status
 from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
+from clusterctl.records.node_step_times import read_node_step_times
 from clusterctl.records.run_journal import EventKind, RunEnded
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
@@ -163,7 +164,13 @@ def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], Non
         except RecordError as exc:
             say(f"note: {exc}")
             rank_maps = {}
-        statuses.append(run_status(run.path, journals[run.path], rank_maps, queue, accounting))
+        step_times = None
+        if attempts[run.path]:
+            try:
+                step_times = read_node_step_times(run.path / "jobs" / attempts[run.path][-1].job_id)
+            except RecordError as exc:
+                say(f"note: {exc}")
+        statuses.append(run_status(run.path, journals[run.path], rank_maps, queue, accounting, step_times))
     return statuses
 
 
@@ -172,7 +179,15 @@ def gather_report(run: RunDir, now: float) -> dict[str, Any]:
     spec = run.spec()
     directory = spec.checkpoint_dir(str(run.path))
     checkpoints, skipped = find_checkpoints(Path(directory), spec.checkpoint.validator) if directory else ([], [])
-    return run_report(run.path, run.events(), checkpoints, skipped, now)
+    events = run.events()
+    slow = 0.0
+    for attempt in attempts_of(events):
+        try:
+            table = read_node_step_times(run.path / "jobs" / attempt.job_id)
+        except RecordError:
+            table = None  # status names the damaged table; the report counts what it can read
+        slow += table.lost_s if table is not None else 0.0
+    return run_report(run.path, events, checkpoints, skipped, now, slow)
 
 
 # ---- plan ---------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ class EventKind(enum.StrEnum):
     SUBMIT_LOST = "submit-lost"
     ENDING = "ending"
     RECOVERED = "recovered-in-allocation"
+    STRAGGLER = "straggler"
     DECIDED = "decided"
     DONE = "done"
     STOPPED = "stopped"
@@ -349,6 +350,62 @@ class RecoveredInAllocation:
                    reason=field(data, "reason", str, where) if "reason" in data else "")
 
 
+STRAGGLER_ACTIONS = ("reported", "excluded", "swapped")
+"""What the agent did about a straggler: journaled only; avoided from the next resubmission on; swapped for a spare."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StragglerFound:
+    """Inside job `job_id`, the ranks on `node` computed `ratio` times slower than the job's `reference`
+    seconds per step for `steps` steps from `since_step` (clusterctl.launcher.straggler_watch), costing
+    `lost_s` seconds so far.  `hardware`: what the node's GPUs said (healthd evidence) that explains a
+    slowdown, empty when nothing did; `action` what was done, `blame` the node blamed for it (avoided by
+    later attempts) and `drain` what became of draining it (empty: not tried)."""
+
+    event: ClassVar[EventKind] = EventKind.STRAGGLER
+    at: float
+    job_id: str
+    node: str
+    ranks: tuple[int, ...]
+    ratio: float
+    seconds: float
+    reference: float
+    steps: int
+    since_step: int
+    lost_s: float
+    evidence: tuple[str, ...]
+    hardware: tuple[str, ...] = ()
+    action: str = "reported"
+    blame: tuple[BlamedNode, ...] = ()
+    drain: str = ""
+
+    def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
+        return {"job_id": self.job_id, "node": self.node, "ranks": list(self.ranks), "ratio": self.ratio,
+                "seconds": self.seconds, "reference": self.reference, "steps": self.steps,
+                "since_step": self.since_step, "lost_s": self.lost_s, "evidence": list(self.evidence),
+                "hardware": list(self.hardware), "action": self.action, "blame": [b.to_json() for b in self.blame],
+                "drain": self.drain}
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> StragglerFound:
+        """Read the event's own fields (the header, `event` and `at` are already read)."""
+        ranks = field(data, "ranks", list, where)
+        if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+            raise RecordError(where, "field `ranks` must be a list of whole numbers")
+        action = field(data, "action", str, where)
+        if action not in STRAGGLER_ACTIONS:
+            raise RecordError(where, f"field `action` is {action!r}, which this clusterctl does not know "
+                                     f"(known: {', '.join(STRAGGLER_ACTIONS)}); upgrade clusterctl on this host")
+        return cls(at=at, job_id=_job_id(data, "job_id", where), node=_node(data, "node", where), ranks=tuple(ranks),
+                   ratio=_number(data, "ratio", where), seconds=_number(data, "seconds", where),
+                   reference=_number(data, "reference", where), steps=field(data, "steps", int, where),
+                   since_step=field(data, "since_step", int, where), lost_s=_number(data, "lost_s", where),
+                   evidence=_strings(data, "evidence", where), hardware=_strings(data, "hardware", where),
+                   action=action, blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)),
+                   drain=field(data, "drain", str, where))
+
+
 @dataclass(frozen=True, kw_only=True)
 class Decided:
     """An attempt ended: what Slurm said, how the supervisor read it, and what it decided."""
@@ -421,12 +478,12 @@ class RunEnded:
                    jobs=_strings(data, "jobs", where) if "jobs" in data else ())
 
 
-RunEvent = (Created | Waiting | Submitting | Submitted | SubmitLost | Ending | RecoveredInAllocation | Decided
-            | RunEnded)
+RunEvent = (Created | Waiting | Submitting | Submitted | SubmitLost | Ending | RecoveredInAllocation
+            | StragglerFound | Decided | RunEnded)
 """Any event of a run journal."""
 
 _PARSERS = {cls.event: cls.parse for cls in (Created, Waiting, Submitting, Submitted, SubmitLost, Ending,
-                                              RecoveredInAllocation, Decided)}
+                                              RecoveredInAllocation, StragglerFound, Decided)}
 
 
 def event_to_json(event: RunEvent) -> dict[str, Any]:

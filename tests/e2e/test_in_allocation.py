@@ -205,3 +205,75 @@ def test_a_node_that_dies_or_is_cut_off_is_replaced_by_the_spare(cluster, tmp_pa
     assert len(_events(run_dir, "submitted")) == 1, out
     event = _events(run_dir, "recovered-in-allocation")[0]
     assert [b.node for b in event.blame] == [victim] and victim not in event.nodes, out
+
+
+def _rank0_step(job_dir: Path) -> int:
+    from clusterctl.records.rank_progress import read_progress
+    records, _ = read_progress(job_dir)
+    return max((r.step for r in records if r.rank == 0), default=0)
+
+
+def _throttle(cluster, nodes, gpus, percent: int) -> None:
+    for node in nodes:
+        for gpu in gpus:
+            inject(cluster.nvml_dir(node), Fault("throttle", gpu=gpu, value=percent))
+
+
+def test_a_thermally_throttled_gpu_makes_its_node_a_straggler_swapped_for_the_spare_and_drained(cluster, tmp_path):
+    """A whole-job slowdown and a short blip first: neither is a straggler.  Then one GPU of the
+    second node keeps 40% of its clocks: its rank computes 2.5x slower, the node is found with its
+    GPUs' evidence, drained (the evidence agrees), swapped for the spare from the last checkpoint,
+    and the job's compute time per step is back to normal."""
+    steps = 240
+    spec = _spec(tmp_path, 1).read_text()
+    spec = spec.replace('command = ["python3"', f'command = ["{cluster.python}"').replace(
+        f'"--steps", "{STEPS}"', f'"--steps", "{steps}"').replace('"--step-time", "0.15"', '"--step-time", "0.1"')
+    spec += '[stragglers]\naction = "swap"\n'
+    (tmp_path / "job.toml").write_text(spec)
+    proc, run_dir = _supervised(cluster, tmp_path, tmp_path / "job.toml")
+    _wait(lambda: (run_dir / "jobs").is_dir() and _events(run_dir, "submitted"), "the job", proc=proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    job_dir = run_dir / "jobs" / job
+    _wait(lambda: _rank0_step(job_dir) >= 20, "step 20", proc=proc)
+    slots = read_rank_map(job_dir).slots
+    batch_host = _expand(cluster, _squeue(cluster, "-j", job, "-o", "%N"))[0]
+    slow = next(n for n in slots if n != batch_host)
+    # Every GPU of the job at 40% for 40 steps (a cooling failure of the whole row, say): nobody is a straggler.
+    _throttle(cluster, slots, range(8), 40)
+    start = _rank0_step(job_dir)
+    _wait(lambda: _rank0_step(job_dir) >= start + 40, "40 slow steps", proc=proc)
+    _throttle(cluster, slots, range(8), 100)
+    # A blip: one GPU slowed for about 8 steps.
+    _throttle(cluster, [slow], [3], 40)
+    start = _rank0_step(job_dir)
+    _wait(lambda: _rank0_step(job_dir) >= start + 8, "the blip", proc=proc)
+    _throttle(cluster, [slow], [3], 100)
+    start = _rank0_step(job_dir)
+    _wait(lambda: _rank0_step(job_dir) >= start + 20, "normal steps again", proc=proc)
+    assert not _events(run_dir, "straggler"), "a whole-job slowdown or a blip was called a straggler"
+    # The real thing: one GPU stays throttled.
+    throttled_at = _rank0_step(job_dir)
+    _throttle(cluster, [slow], [3], 40)
+    _wait(lambda: _events(run_dir, "recovered-in-allocation"), "the straggler swapped", timeout=90, proc=proc)
+    out = _finished(cluster, proc, timeout=240)
+    found = _events(run_dir, "straggler")
+    assert len(found) == 1, out
+    event = found[0]
+    assert event.node == slow and event.action == "swapped" and 2.0 <= event.ratio <= 3.2, event
+    assert throttled_at <= event.since_step <= throttled_at + 15, event
+    assert any("GPU 3" in line and "thermal" in line.lower() for line in event.hardware), event
+    assert event.drain.startswith("drained: healthd: straggler"), event
+    reason = cluster.run_on("ctl", ["sinfo", "-h", "-n", slow, "-o", "%E"]).stdout.strip()
+    assert reason.startswith("healthd: straggler"), reason
+    recovered = _events(run_dir, "recovered-in-allocation")[0]
+    assert [b.node for b in recovered.blame] == [slow] and slow not in recovered.nodes, out
+    assert json.loads((run_dir / "checkpoints" / "final.json").read_text())["step"] == steps, out
+    # The new step runs at the job's normal speed: nobody slow, nothing more lost.
+    from clusterctl.records.node_step_times import read_node_step_times
+    table = read_node_step_times(job_dir)
+    assert table is not None and slow not in [n.node for n in table.nodes], table
+    assert all(n.state == "ok" for n in table.nodes) and table.reference is not None and table.reference < 0.15, table
+    status = clusterctl_on(cluster, "status", str(run_dir)).stdout
+    assert f"straggler {slow}" in status and "compute time per step" in status, status
+    report = clusterctl_on(cluster, "report", str(run_dir)).stdout
+    assert f"straggler {slow} (swapped)" in report and "slow nodes" in report, report

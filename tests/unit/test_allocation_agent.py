@@ -16,6 +16,7 @@ from clusterctl.launcher.classify import Blame
 from clusterctl.launcher.restart_policy import replay
 from clusterctl.launcher.runs import create_run
 from clusterctl.launcher.spec import load_spec
+from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
 from clusterctl.records.run_journal import RecoveredInAllocation, read_run_journal
 from clusterctl.slurm.nodes import NodeState
 
@@ -292,3 +293,93 @@ def test_ranks_hung_on_the_batch_host_restart_the_step_in_place_instead_of_endin
     event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
                  if isinstance(e, RecoveredInAllocation))
     assert event.blame == () and "batch host node1" in event.reason
+
+
+class SlowCluster(Cluster):
+    """Ranks report their compute time every tick: 0.2 s a step, those of `slow` 0.5 s from tick 20 on
+    (first step only); later steps complete after 60 ticks."""
+
+    def __init__(self, agent_clock, slow: str):
+        super().__init__(fail=[])
+        self.clock, self.slow, self.launches, self.totals = agent_clock, slow, 0, {}
+
+    def start(self, argv, env):
+        self.launches += 1
+        self.totals = {}
+        return super().start(argv, env)
+
+    def tick(self, step):
+        from clusterctl.records.rank_map import read_rank_map
+        from clusterctl.records.rank_progress import RankProgress, write_rank_progress
+        self.polls += 1
+        job_dir = Path(step.argv[step.argv.index("--job-dir") + 1])
+        rank_map = read_rank_map(job_dir)
+        for rank in range(rank_map.world_size):
+            node = rank_map.location(rank)[0]
+            slow = self.launches == 1 and node == self.slow and self.polls >= 20 and rank % 8 == 3
+            self.totals[rank] = self.totals.get(rank, 0.0) + (0.5 if slow else 0.2)
+            write_rank_progress(job_dir, RankProgress(rank, node, self.polls, "step", 1795305600.0 + self.clock[0],
+                                                      self.launches, round(self.totals[rank], 6), self.polls))
+        if self.polls >= (400 if self.launches == 1 else 60) and not step.stopped:
+            step.code = 0
+
+
+THROTTLED = GpuEvidence("node2", 1795305600.0, (GpuReading(3, "GPU-3", 0x60, 792, 1980, 88),))
+
+
+def straggler_agent(tmp_path, action: str, evidence: GpuEvidence = THROTTLED):
+    from dataclasses import replace
+    clock = [0.0]
+    cluster = SlowCluster(clock, "node2")
+    shell = agent(tmp_path, cluster)
+    shell.spec = replace(shell.spec, stragglers=replace(shell.spec.stragglers, action=action))
+
+    def sleep(seconds):
+        clock[0] += seconds
+    shell.doors.sleep, shell.doors.monotonic = sleep, lambda: clock[0]
+    shell.doors.now = lambda: 1795305600.0 + clock[0]
+    asked, drained = [], []
+    shell.doors.gpu_evidence = lambda node, env: asked.append(node) or evidence
+    shell.doors.drain = lambda node, reason: drained.append((node, reason))
+    return shell, cluster, asked, drained
+
+
+def _stragglers(shell):
+    from clusterctl.records.run_journal import StragglerFound
+    return [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events if isinstance(e, StragglerFound)]
+
+
+def test_a_straggler_is_swapped_for_the_spare_and_drained_when_its_gpus_agree(tmp_path):
+    shell, cluster, asked, drained = straggler_agent(tmp_path, "swap")
+    assert shell.run(None) == 0
+    assert asked == ["node2"] and cluster.shrinks == [("42", ("node1", "node3"))]
+    [event] = _stragglers(shell)
+    assert (event.node, event.action, event.ranks, event.hardware) == \
+        ("node2", "swapped", (11,), ("GPU 3: clock event reasons SW thermal slowdown, HW thermal slowdown (0x60); "
+                                     "SM clock 792/1980 MHz (40%); 88 °C",))
+    assert event.ratio == 2.5 and event.steps >= 30 and event.drain.startswith("drained: healthd: straggler drain-reset")
+    assert [(node, reason.split(" ")[:3]) for node, reason in drained] == [("node2", ["healthd:", "straggler",
+                                                                                      "drain-reset"])]
+    recovered = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                     if isinstance(e, RecoveredInAllocation))
+    assert [b.node for b in recovered.blame] == ["node2"] and "straggler" in recovered.blame[0].reason
+
+
+def test_a_straggler_whose_gpus_say_nothing_is_avoided_by_this_run_but_never_drained(tmp_path):
+    cool = GpuEvidence("node2", 1795305600.0, (GpuReading(3, "GPU-3", 0x0, 1980, 1980, 40),))
+    shell, cluster, asked, drained = straggler_agent(tmp_path, "exclude", cool)
+    assert shell.run(None) == 0
+    assert cluster.shrinks == [] and drained == [] and len(cluster.steps) == 1  # the job carries on
+    [event] = _stragglers(shell)
+    assert event.action == "excluded" and event.hardware == () and "avoided by this run only" in event.drain
+    assert "node2" in replay(read_run_journal(shell.run_dir / "journal.jsonl").events).blamed  # next resubmission
+
+
+def test_a_reported_straggler_is_journaled_once_and_shown_with_every_nodes_step_time(tmp_path):
+    from clusterctl.records.node_step_times import read_node_step_times
+    shell, cluster, asked, drained = straggler_agent(tmp_path, "report")
+    assert shell.run(None) == 0
+    assert cluster.shrinks == [] and drained == [] and len(_stragglers(shell)) == 1
+    table = read_node_step_times(shell.job_dir)
+    assert {n.node: n.state for n in table.nodes} == {"node1": "ok", "node2": "straggler"}
+    assert table.reference == 0.2 and table.lost_s > 0

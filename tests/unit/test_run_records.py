@@ -18,8 +18,8 @@ from clusterctl.launcher.spec import load_spec
 from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, read_rank_map, write_rank_map
 from clusterctl.records.rank_record import RankRecord, read_rank_record, write_rank_record
 from clusterctl.records.run_journal import (
-    BlamedNode, Created, Decided, DecisionAction, Ending, EventKind, OutcomeKind, RunEnded, SlurmTimes, Submitted,
-    Submitting, SubmitLost, Waiting, append_run_event, read_run_journal,
+    BlamedNode, Created, Decided, DecisionAction, Ending, EventKind, OutcomeKind, RecoveredInAllocation, RunEnded,
+    SlurmTimes, StragglerFound, Submitted, Submitting, SubmitLost, Waiting, append_run_event, read_run_journal,
 )
 from clusterctl.records.slurm_cache import CachedAnswer, cache_path, read_cached_answer, write_cached_answer
 from clusterctl.records.versioned import RecordError
@@ -39,6 +39,13 @@ EVERY_EVENT = [
     Decided(at=4.1, attempt=2, job_id=None, state="LOST", exit_code=None, outcome=OutcomeKind.NODE_FAILURE,
             message="vanished", blame=(), checkpoint_step=None, checkpoint=None, action=DecisionAction.RESUBMIT),
     SubmitLost(at=5.0, attempt=2, comment="clusterctl:r:2:cd"),
+    StragglerFound(at=5.1, job_id="9", node="node2", ranks=(2, 3), ratio=2.5, seconds=0.5, reference=0.2, steps=32,
+                   since_step=21, lost_s=9.6, evidence=("ranks 2-3 on node2 computed 0.5 s per step",),
+                   hardware=("GPU 1: HW thermal slowdown (0x40)",), action="swapped",
+                   blame=(BlamedNode("node2", "straggler", ("2.5x",), 9e9),), drain="drained"),
+    RecoveredInAllocation(at=5.2, job_id="9", restart=1, blame=(BLAME,), nodes=("node1", "node4"),
+                          given_back=("node2",), checkpoint_step=20, checkpoint="/ck/step-20",
+                          phases=(("end_step", 0.4),), reason=""),
     RunEnded(kind=EventKind.DONE, at=6.0, message="the run completed"),
     RunEnded(kind=EventKind.STOPPED, at=6.0, message="restart.max_restarts = 5 reached"),
     RunEnded(kind=EventKind.CANCELLED, at=6.0, message="cancelled by the user", jobs=("7", "8")),
@@ -65,6 +72,15 @@ def _journal_with(tmp_path: Path, line: dict) -> Path:
     append_run_event(journal, Created(at=1.0, name="toy"))
     journal.write_text(journal.read_text() + json.dumps(line) + "\n")
     return journal
+
+
+def test_a_straggler_event_with_an_action_this_clusterctl_does_not_know_is_refused(tmp_path):
+    good = json.loads(json.dumps({"kind": "run-event", "version": 1, "event": "straggler", "at": 5.1,
+                                  **EVERY_EVENT[9].fields()}))
+    journal = _journal_with(tmp_path, {**good, "action": "evicted"})
+    with pytest.raises(RecordError, match=r"journal.jsonl:2: field `action` is 'evicted', which this clusterctl "
+                                          r"does not know \(known: reported, excluded, swapped\)"):
+        read_run_journal(journal)
 
 
 def test_a_journal_from_a_newer_clusterctl_is_refused(tmp_path):

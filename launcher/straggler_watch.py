@@ -1,0 +1,268 @@
+"""Stragglers: the node whose ranks compute persistently slower than the job's, and by how much.  (pure)
+
+Every collective runs at the speed of the slowest rank, so in data-parallel training every rank's
+*step* takes the same time; what tells a slow node apart is each rank's *compute* time, the part of
+the step before it waits for its peers.  Ranks report it through clusterctl.progress.beat
+(`compute_seconds`), summed into their progress records; between two reads of a rank the watch
+takes the growth, compute seconds over compute steps, as that rank's time per step.
+
+Each read ("sample") gives the job a reference, the lower median of its ranks' times (with one rank
+on each of two nodes, the faster one), and each rank a ratio, its time over the reference; a
+slowdown of the whole job (a shared-filesystem stall, a slower data shard for everyone) moves the
+reference with it and flags nobody.  A rank is slow when its samples stay at or above `margin` for
+at least `window_steps` steps in a row (a short blip ends its streak first; judging ranks, not
+nodes, keeps one rank's hiccup from extending another's streak); a sample below `clear_margin` ends
+a streak and, after `window_steps` such steps, a straggler's state (hysteresis: samples in between
+neither add nor clear).  A node is a straggler while one of its ranks is (one throttled GPU slows
+the whole job).  The first `warmup_steps` steps of each rank (compilation, cache warm-up) are not
+judged; checkpoint saves are not compute, so they never count.
+
+The job waits for its slowest rank in every collective: each sample, when that rank is at or above
+the margin, its excess over the reference times the steps is time lost, put on its node (`lost_s`),
+from the first slow sample on, detected or not.  Nothing here reads a clock or a
+file: the caller passes the progress records in, each poll.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from clusterctl.records.rank_progress import RankProgress
+
+ACTIONS = ("off", "report", "exclude", "swap")
+"""What a run does with a straggler: nothing; journal it and show it; also avoid the node from the
+next resubmission on; or take it out of the job now and start again from the last checkpoint on a spare."""
+
+
+@dataclass(frozen=True)
+class StragglerPolicy:
+    """When a node counts as a straggler (`[stragglers]` of the job spec)."""
+
+    action: str = "report"
+    margin: float = 1.2
+    """A node is slow while its compute time per step is at least this many times the job's reference."""
+    window_steps: int = 30
+    """...for this many steps in a row (and a straggler recovers after this many steps below clear_margin)."""
+    warmup_steps: int = 10
+    """Each rank's first steps are not judged (compilation, caches, the first data loads)."""
+
+    def __post_init__(self) -> None:
+        if self.action not in ACTIONS:
+            raise ValueError(f"action {self.action!r} is not one of {', '.join(ACTIONS)}")
+        if not self.margin > 1.0 or self.margin > 100:
+            raise ValueError(f"margin {self.margin!r} must be above 1 (1.2: 20% slower than the job) and at most 100")
+        if self.window_steps < 1 or self.warmup_steps < 0:
+            raise ValueError("window_steps must be at least 1 and warmup_steps not negative")
+
+    @property
+    def clear_margin(self) -> float:
+        """Below this ratio a sample counts as back to normal: halfway between 1 and `margin`."""
+        return 1.0 + (self.margin - 1.0) / 2
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """One rank's streaks: how many steps in a row it has been slow (or back to normal)."""
+
+    rank: int
+    node: str
+    seconds: float | None = None
+    ratio: float | None = None
+    slow_steps: int = 0
+    slow_since_step: int | None = None
+    slow_ratios: tuple[float, ...] = ()
+    clear_steps: int = 0
+    straggler: bool = False
+
+
+@dataclass(frozen=True)
+class NodeStats:
+    """What the watch knows of one node: its slowest rank's latest numbers, its streak, the time it cost."""
+
+    node: str
+    ranks: tuple[int, ...] = ()
+    seconds: float | None = None
+    """The latest compute time per step of its slowest rank."""
+    ratio: float | None = None
+    """...over the job's reference."""
+    steps: int = 0
+    """Steps judged on this node so far."""
+    slow_steps: int = 0
+    """Steps of the longest current streak of one of its ranks at or above the margin."""
+    straggler: bool = False
+    lost_s: float = 0.0
+    """Seconds the job lost to this node: per step, its slowest rank's time over the reference, when that
+    rank was the job's slowest and at or above the margin."""
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A node just found to be a straggler, with the numbers that say so in one line."""
+
+    node: str
+    ranks: tuple[int, ...]
+    ratio: float
+    seconds: float
+    reference: float
+    steps: int
+    since_step: int
+    lost_s: float
+    evidence: str
+
+
+@dataclass(frozen=True)
+class _Sample:
+    """One rank's compute time per step between two reads."""
+
+    node: str
+    rank: int
+    seconds: float
+    steps: int
+    at_step: int
+
+
+@dataclass(frozen=True)
+class StragglerWatch:
+    """The straggler watch of one launched step, carried from one poll to the next.
+
+    Each poll: `watch = watch.observe(read_progress(job_dir)[0])`, then `watch.found` are the nodes
+    that became stragglers in that poll and `watch.nodes` every node's numbers (for status).
+    """
+
+    policy: StragglerPolicy
+    started_at: float = 0.0
+    previous: Mapping[int, RankProgress] = field(default_factory=dict)
+    ranks: Mapping[int, RankStats] = field(default_factory=dict)
+    nodes: Mapping[str, NodeStats] = field(default_factory=dict)
+    reference: float | None = None
+    """The job's reference compute time per step in the latest sample (lower median over its ranks)."""
+    found: tuple[Straggler, ...] = ()
+
+    @classmethod
+    def start(cls, policy: StragglerPolicy, started_at: float = 0.0) -> StragglerWatch:
+        """A watch for a step launched at `started_at` (epoch s): earlier reports belong to an earlier launch."""
+        return cls(policy, started_at)
+
+    @property
+    def stragglers(self) -> tuple[NodeStats, ...]:
+        """The nodes that are stragglers now, slowest first."""
+        return tuple(sorted((n for n in self.nodes.values() if n.straggler), key=lambda n: -(n.ratio or 0.0)))
+
+    @property
+    def lost_s(self) -> float:
+        """Seconds the job lost to slow nodes so far."""
+        return sum(n.lost_s for n in self.nodes.values())
+
+    def observe(self, records: Iterable[RankProgress]) -> StragglerWatch:
+        """The watch after one read of the ranks' progress records."""
+        previous = dict(self.previous)
+        samples: list[_Sample] = []
+        for record in records:
+            if record.at < self.started_at:
+                continue
+            before = previous.get(record.rank)
+            previous[record.rank] = record
+            sample = _sample(before, record, self.policy.warmup_steps)
+            if sample is not None:
+                samples.append(sample)
+        if len({s.node for s in samples}) < 2:  # nothing to compare with: remember the counters, judge nothing
+            return replace(self, previous=previous, found=())
+        reference = statistics.median_low(s.seconds for s in samples)
+        if reference <= 0:
+            return replace(self, previous=previous, found=())
+        ranks = dict(self.ranks)
+        for sample in samples:
+            stats = ranks.get(sample.rank, RankStats(sample.rank, sample.node))
+            ranks[sample.rank] = _advance(replace(stats, node=sample.node), sample, reference, self.policy)
+        nodes, found = self._nodes(ranks, samples, reference)
+        return replace(self, previous=previous, ranks=ranks, nodes=nodes, reference=reference, found=found)
+
+    def _nodes(self, ranks: Mapping[int, RankStats], samples: list[_Sample],
+               reference: float) -> tuple[dict[str, NodeStats], tuple[Straggler, ...]]:
+        # The job waits for its slowest rank in every collective: that rank's excess is the time lost.
+        slowest = max(samples, key=lambda s: s.seconds)
+        lost = {slowest.node: slowest.steps * (slowest.seconds - reference)} \
+            if slowest.seconds >= self.policy.margin * reference else {}
+        steps: dict[str, int] = {}
+        for sample in samples:
+            steps[sample.node] = max(steps.get(sample.node, 0), sample.steps)
+        nodes: dict[str, NodeStats] = {}
+        found = []
+        by_node: dict[str, list[RankStats]] = {}
+        for rank_stats in ranks.values():
+            by_node.setdefault(rank_stats.node, []).append(rank_stats)
+        for node, group in sorted(by_node.items()):
+            before = self.nodes.get(node, NodeStats(node))
+            worst = max(group, key=lambda r: r.ratio or 0.0)
+            slow = max(group, key=lambda r: r.slow_steps)
+            stats = NodeStats(node, tuple(sorted(r.rank for r in group)), worst.seconds, worst.ratio,
+                              before.steps + steps.get(node, 0), slow.slow_steps, any(r.straggler for r in group),
+                              before.lost_s + lost.get(node, 0.0))
+            if stats.straggler and not before.straggler:
+                found.append(_straggler(stats, [r for r in group if r.straggler], reference, self.policy))
+            nodes[node] = stats
+        return nodes, tuple(found)
+
+
+def _sample(before: RankProgress | None, after: RankProgress, warmup_steps: int) -> _Sample | None:
+    """The compute time per step between two reads of one rank, once it is past its warm-up."""
+    if before is None or before.pid != after.pid or before.compute_steps < warmup_steps:
+        return None  # a new process (restarted rank) starts its counters again
+    steps = after.compute_steps - before.compute_steps
+    seconds = after.compute_s - before.compute_s
+    if steps <= 0 or seconds < 0:
+        return None
+    return _Sample(after.node, after.rank, seconds / steps, steps, after.step)
+
+
+def _advance(stats: RankStats, sample: _Sample, reference: float, policy: StragglerPolicy) -> RankStats:
+    """One rank's streaks after one sample."""
+    ratio = sample.seconds / reference
+    steps = sample.steps
+    stats = replace(stats, seconds=sample.seconds, ratio=ratio)
+    if ratio >= policy.margin:
+        since = stats.slow_since_step if stats.slow_steps else max(0, sample.at_step - steps + 1)
+        stats = replace(stats, slow_steps=stats.slow_steps + steps, slow_since_step=since,
+                        slow_ratios=(*stats.slow_ratios, ratio)[-64:], clear_steps=0)
+        if not stats.straggler and stats.slow_steps >= policy.window_steps:
+            stats = replace(stats, straggler=True)
+        return stats
+    if ratio < policy.clear_margin:
+        stats = replace(stats, slow_steps=0, slow_since_step=None, slow_ratios=(),
+                        clear_steps=stats.clear_steps + steps)
+        if stats.straggler and stats.clear_steps >= policy.window_steps:
+            stats = replace(stats, straggler=False)
+        return stats
+    return stats  # between the two margins: neither extends a streak nor ends one
+
+
+def _straggler(node: NodeStats, slow: list[RankStats], reference: float, policy: StragglerPolicy) -> Straggler:
+    ratios = [ratio for r in slow for ratio in r.slow_ratios]
+    ratio = statistics.median(ratios) if ratios else (node.ratio or 0.0)
+    since = min((r.slow_since_step for r in slow if r.slow_since_step is not None), default=0)
+    steps = max(r.slow_steps for r in slow)
+    seconds = max((r.seconds or 0.0) for r in slow)
+    ranks = _ranks_text(r.rank for r in slow)
+    evidence = (f"{ranks} on {node.node} computed {_s(seconds)} s per step against the job's {_s(reference)} s "
+                f"({ratio:.2f}x, median over the slow stretch) for {steps} steps from step {since}; "
+                f"a straggler after {policy.window_steps} steps at {policy.margin:g}x or more; "
+                f"{_s(node.lost_s)} s lost so far")
+    return Straggler(node.node, tuple(sorted(r.rank for r in slow)), round(ratio, 3), seconds, reference, steps,
+                     since, round(node.lost_s, 3), evidence)
+
+
+def _ranks_text(ranks: Iterable[int]) -> str:
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return "its ranks"
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    if ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"ranks {ordered[0]}-{ordered[-1]}"
+    return "ranks " + ",".join(str(r) for r in ordered)
+
+
+def _s(value: float) -> str:
+    return f"{value:.0f}" if value >= 100 else f"{value:.3g}"
