@@ -10,8 +10,9 @@ Each read ("sample") gives the job a reference, the lower median of its ranks' t
 on each of two nodes, the faster one), and each rank a ratio, its time over the reference; a
 slowdown of the whole job (a shared-filesystem stall, a slower data shard for everyone) moves the
 reference with it and flags nobody.  A rank is slow when its samples stay at or above `margin` for
-at least `window_steps` steps in a row (a short blip ends its streak first; judging ranks, not
-nodes, keeps one rank's hiccup from extending another's streak); a sample below `clear_margin` ends
+at least `window_steps` steps in a row after its first slow sample (which may have begun before the
+slowdown did), so a short blip ends its streak first (judging ranks, not
+nodes, keeps one rank's hiccup from extending another's streak).  A sample below `clear_margin` ends
 a streak and, after `window_steps` such steps, a straggler's state (hysteresis: samples in between
 neither add nor clear).  A node is a straggler while one of its ranks is (one throttled GPU slows
 the whole job).  The first `warmup_steps` steps of each rank (compilation, cache warm-up) are not
@@ -71,7 +72,9 @@ class RankStats:
     seconds: float | None = None
     ratio: float | None = None
     slow_steps: int = 0
+    """Steps of the current streak counted towards the window (its first read's are not)."""
     slow_since_step: int | None = None
+    slow_until_step: int | None = None
     slow_ratios: tuple[float, ...] = ()
     clear_steps: int = 0
     straggler: bool = False
@@ -223,14 +226,17 @@ def _advance(stats: RankStats, sample: _Sample, reference: float, policy: Stragg
     steps = sample.steps
     stats = replace(stats, seconds=sample.seconds, ratio=ratio)
     if ratio >= policy.margin:
-        since = stats.slow_since_step if stats.slow_steps else max(0, sample.at_step - steps + 1)
-        stats = replace(stats, slow_steps=stats.slow_steps + steps, slow_since_step=since,
-                        slow_ratios=(*stats.slow_ratios, ratio)[-64:], clear_steps=0)
+        # The first slow read of a streak may cover steps from before the slowdown began (a blip
+        # starting mid-read reads as slow for the whole read): its steps do not count towards the window.
+        streak = stats.slow_since_step is not None
+        since = stats.slow_since_step if streak else max(0, sample.at_step - steps + 1)
+        stats = replace(stats, slow_steps=stats.slow_steps + steps if streak else 0, slow_since_step=since,
+                        slow_until_step=sample.at_step, slow_ratios=(*stats.slow_ratios, ratio)[-64:], clear_steps=0)
         if not stats.straggler and stats.slow_steps >= policy.window_steps:
             stats = replace(stats, straggler=True)
         return stats
     if ratio < policy.clear_margin:
-        stats = replace(stats, slow_steps=0, slow_since_step=None, slow_ratios=(),
+        stats = replace(stats, slow_steps=0, slow_since_step=None, slow_until_step=None, slow_ratios=(),
                         clear_steps=stats.clear_steps + steps)
         if stats.straggler and stats.clear_steps >= policy.window_steps:
             stats = replace(stats, straggler=False)
@@ -242,7 +248,8 @@ def _straggler(node: NodeStats, slow: list[RankStats], reference: float, policy:
     ratios = [ratio for r in slow for ratio in r.slow_ratios]
     ratio = statistics.median(ratios) if ratios else (node.ratio or 0.0)
     since = min((r.slow_since_step for r in slow if r.slow_since_step is not None), default=0)
-    steps = max(r.slow_steps for r in slow)
+    until = max((r.slow_until_step for r in slow if r.slow_until_step is not None), default=since)
+    steps = until - since + 1
     seconds = max((r.seconds or 0.0) for r in slow)
     ranks = _ranks_text(r.rank for r in slow)
     evidence = (f"{ranks} on {node.node} computed {_s(seconds)} s per step against the job's {_s(reference)} s "

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from clusterctl.errors import SpecError
 from clusterctl.launcher.spec import (
-    FIELDS, CheckpointSection, JobSection, LaunchSection, PlacementSection, RestartSection, fill_data_parallel, load_spec,
-    parse_overrides, parse_spec, reference_rows, spec_from_dict,
+    FIELDS, CheckpointSection, JobSection, LaunchSection, PlacementSection, RestartSection, StragglersSection,
+    fill_data_parallel, load_spec, parse_overrides, parse_spec, reference_rows, spec_from_dict,
 )
 from tests.conftest import REPO
 
@@ -50,6 +50,24 @@ def test_an_unknown_key_names_file_line_and_a_likely_fix():
     message = _error(MINIMAL.replace('nodes = 2', 'nodes = 2\ngpu_per_node = 4'))
     assert message.startswith("job.toml:4, key `job.gpu_per_node`: unknown key `gpu_per_node` in [job]")
     assert "did you mean `gpus_per_node`?" in message
+
+
+def test_swapping_stragglers_without_spares_says_what_to_set_instead():
+    message = _error(MINIMAL + '[stragglers]\naction = "swap"\n')
+    assert message.startswith("job.toml:8, key `stragglers.action`: `swap` needs spare nodes to swap in: set "
+                              "job.spare_nodes, or use `exclude`")
+    spec = parse_spec(MINIMAL.replace("nodes = 2", "nodes = 2\nspare_nodes = 1") + '[stragglers]\naction = "swap"\n'
+                      'margin = 1.5\n', "job.toml", base_dir=Path("/base"))
+    assert (spec.stragglers.action, spec.stragglers.margin, spec.stragglers.window_steps) == ("swap", 1.5, 30)
+    assert "at least 1.01" in _error(MINIMAL + "[stragglers]\nmargin = 1.0\n")
+
+
+def test_a_run_directory_written_before_stragglers_existed_reads_with_the_defaults():
+    import json
+
+    spec = parse_spec(MINIMAL, "job.toml", base_dir=Path("/base"))
+    old = {k: v for k, v in json.loads(json.dumps(spec.to_dict())).items() if k != "stragglers"}
+    assert spec_from_dict(old).stragglers == StragglersSection()
 
 
 def test_an_unknown_section_is_an_error():
@@ -116,7 +134,7 @@ def test_dp_fills_the_gpus_left_by_tp_cp_and_pp():
 
 def test_the_reference_documents_every_field_the_parser_reads():
     sections = {"job": JobSection, "launch": LaunchSection, "placement": PlacementSection,
-                "checkpoint": CheckpointSection, "restart": RestartSection}
+                "checkpoint": CheckpointSection, "restart": RestartSection, "stragglers": StragglersSection}
     documented = {f.dotted for f in FIELDS}
     for name, cls in sections.items():
         for item in dataclasses.fields(cls):

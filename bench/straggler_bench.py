@@ -1,0 +1,125 @@
+"""Benchmark the straggler watch: how soon it finds a slow node, and how often it flags a healthy one.
+
+    .venv/bin/python bench/straggler_bench.py [--trials 5] [--nodes 32] [--steps 20000]
+
+Pure simulation of the ranks' progress records (no Slurm): `--nodes` nodes x 8 ranks, each rank's
+compute time per step 0.2 s x its node's own speed (each node within +-3% of the others, for good)
+x per-step noise (lognormal, sigma 5%) x rare hiccups (0.5% of steps take 3x: a garbage collection,
+a slow data load); every 1000-3000 steps the whole job slows 1.5-3x for 50-300 steps (a
+shared-filesystem stall); each node has short blips (1.5-4x for 5-25 steps) about once per 5000
+steps.  The watch (the spec's defaults: margin 1.2, window 30 steps, warm-up 10) reads every rank's
+record every 4 steps, as the agent's node reads do (every 2 s at 0.5 s a step).
+
+- false positives: noise-only runs of `--steps` steps; nodes flagged per million node-steps;
+- detection delay: the same noise plus one node slowed by a factor (1.3x, 1.5x, 2x, 3x) from a
+  random step on; steps from onset to the watch's finding (and whether the right node was found).
+
+Median and min-max over `--trials` trials (different seeds).  Writes bench/results/straggler.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from clusterctl.launcher.straggler_watch import StragglerPolicy, StragglerWatch  # noqa: E402
+from clusterctl.records.rank_progress import RankProgress  # noqa: E402
+
+RANKS_PER_NODE = 8
+STEP = 0.2
+READ_EVERY = 4
+FACTORS = (1.3, 1.5, 2.0, 3.0)
+
+
+def simulate(seed: int, nodes: int, steps: int, slow: tuple[int, int, float] | None) -> dict:
+    """One run; `slow` = (node, onset step, factor) or None.  Returns what the watch found and when."""
+    rng = random.Random(seed)
+    speed = [rng.uniform(0.97, 1.03) for _ in range(nodes)]
+    job_slow: dict[int, float] = {}
+    step = rng.randint(1000, 3000)
+    while step < steps:
+        length, factor = rng.randint(50, 300), rng.uniform(1.5, 3.0)
+        job_slow.update({s: factor for s in range(step, step + length)})
+        step += length + rng.randint(1000, 3000)
+    blips: dict[tuple[int, int], float] = {}
+    for node in range(nodes):
+        for _ in range(max(1, steps // 5000)):
+            start, length, factor = rng.randint(1, steps), rng.randint(5, 25), rng.uniform(1.5, 4.0)
+            blips.update({(node, s): factor for s in range(start, start + length)})
+    watch = StragglerWatch.start(StragglerPolicy())
+    totals = [0.0] * (nodes * RANKS_PER_NODE)
+    found: list[tuple[int, int]] = []
+    for step in range(1, steps + 1):
+        whole = job_slow.get(step, 1.0)
+        for node in range(nodes):
+            base = STEP * speed[node] * whole * blips.get((node, step), 1.0)
+            if slow is not None and node == slow[0] and step >= slow[1]:
+                base *= slow[2]
+            for local in range(RANKS_PER_NODE):
+                hiccup = 3.0 if rng.random() < 0.005 else 1.0
+                totals[node * RANKS_PER_NODE + local] += base * hiccup * math.exp(rng.gauss(0, 0.05))
+        if step % READ_EVERY == 0:
+            records = [RankProgress(rank, f"node{rank // RANKS_PER_NODE}", step, "step", float(step), 1,
+                                    totals[rank], step) for rank in range(len(totals))]
+            watch = watch.observe(records)
+            found += [(step, int(s.node.removeprefix("node"))) for s in watch.found]
+    return {"found": found}
+
+
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else {}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--nodes", type=int, default=32)
+    p.add_argument("--steps", type=int, default=20000)
+    args = p.parse_args()
+    started = time.monotonic()
+    false_positive_rates = []
+    for trial in range(args.trials):
+        found = simulate(1000 + trial, args.nodes, args.steps, None)["found"]
+        false_positive_rates.append(len(found) / (args.nodes * args.steps) * 1e6)
+        print(f"noise only, trial {trial + 1}: {len(found)} nodes flagged in {args.nodes * args.steps} node-steps",
+              flush=True)
+    delays: dict[str, list[float]] = {}
+    missed: dict[str, int] = {}
+    wrong: dict[str, int] = {}
+    for factor in FACTORS:
+        key = f"{factor:g}x"
+        delays[key], missed[key], wrong[key] = [], 0, 0
+        for trial in range(args.trials):
+            rng = random.Random(2000 + trial)
+            node, onset = rng.randrange(args.nodes), rng.randint(500, args.steps // 2)
+            steps = onset + 2000
+            found = simulate(3000 + trial, args.nodes, steps, (node, onset, factor))["found"]
+            right = [at for at, n in found if n == node and at >= onset]
+            wrong[key] += sum(1 for _, n in found if n != node)
+            if right:
+                delays[key].append(right[0] - onset)
+            else:
+                missed[key] += 1
+        print(f"{key}: delay {delays[key]} steps; missed {missed[key]}; other nodes flagged {wrong[key]}", flush=True)
+    result = {"trials": args.trials, "nodes": args.nodes, "steps": args.steps, "ranks_per_node": RANKS_PER_NODE,
+              "policy": {"margin": 1.2, "window_steps": 30, "warmup_steps": 10, "read_every_steps": READ_EVERY},
+              "false_positives_per_million_node_steps": spread(false_positive_rates),
+              "detection_delay_steps": {k: spread(v) for k, v in delays.items()},
+              "missed": missed, "other_nodes_flagged": wrong, "seconds": round(time.monotonic() - started, 1)}
+    out = Path(__file__).resolve().parent / "results" / "straggler.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
