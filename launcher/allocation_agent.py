@@ -35,7 +35,7 @@ from clusterctl.launcher.checkpoints import Checkpoint, resume_point
 from clusterctl.launcher.classify import Blame, exit_request, hardware_suspects, not_responding
 from clusterctl.launcher.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
 from clusterctl.launcher.spec import JobSpec
-from clusterctl.launcher.straggler_watch import Straggler, StragglerPolicy, StragglerWatch
+from clusterctl.launcher.straggler_watch import Straggler, StragglerWatch
 from clusterctl.records.actions import Action
 from clusterctl.records.drain_reason import DrainReason
 from clusterctl.records.gpu_evidence import GpuEvidence
@@ -277,16 +277,11 @@ class Agent:
                           safety_factor=r.hang_safety_factor, min_step_timeout=r.hang_min_step_seconds,
                           max_step_timeout=max(1800.0, r.hang_min_step_seconds))
 
-    def _straggler_policy(self) -> StragglerPolicy:
-        s = self.spec.stragglers
-        return StragglerPolicy(action=s.action, margin=s.margin, window_steps=s.window_steps,
-                               warmup_steps=s.warmup_steps)
-
     def _watch(self, launched: Launched, spares: int) -> Watched:
         """Wait for the step to end, for one of its nodes to fail, for its ranks to hang, or for a
         straggler to swap (`spares`: nodes of the allocation beyond the job's, left to swap in)."""
         nodes = launched.slots
-        stragglers = StragglerWatch.start(self._straggler_policy(), launched.started_at)
+        stragglers = StragglerWatch.start(self.spec.stragglers, launched.started_at)
         silent_since: dict[str, float] = {}
         grace = self.spec.restart.unresponsive_seconds
         interval = node_read_interval(len(nodes))

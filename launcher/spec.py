@@ -21,6 +21,7 @@ from clusterctl.slurm import hostlist
 from clusterctl.launcher.cost import DEFAULT_WEIGHTS
 from clusterctl.errors import HostlistError, LayoutError, SpecError
 from clusterctl.launcher.parallel import DIMS, ParallelLayout, layout_from_mapping, validate_for_cluster
+from clusterctl.launcher.straggler_watch import StragglerPolicy
 
 
 @dataclass(frozen=True)
@@ -250,13 +251,6 @@ class RestartSection:
     webhook: str | None = None
 
 
-@dataclass(frozen=True)
-class StragglersSection:
-    action: str = "report"
-    margin: float = 1.2
-    window_steps: int = 30
-    warmup_steps: int = 10
-
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -269,7 +263,7 @@ class JobSpec:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     restart: RestartSection = field(default_factory=RestartSection)
     source: str = ""
-    stragglers: StragglersSection = field(default_factory=StragglersSection)
+    stragglers: StragglerPolicy = field(default_factory=StragglerPolicy)
 
     @property
     def world_size(self) -> int:
@@ -327,7 +321,7 @@ def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
     restart["exit_actions"] = tuple((int(code), action) for code, action in restart.get("exit_actions", {}).items())
     return JobSpec(JobSection(**job), LaunchSection(**launch), layout_from_mapping(data["parallel"]),
                    PlacementSection(**placement), CheckpointSection(**checkpoint), RestartSection(**restart),
-                   data.get("source", ""), StragglersSection(**data.get("stragglers", {})))
+                   data.get("source", ""), StragglerPolicy(**data.get("stragglers", {})))
 
 
 # ---- parsing -------------------------------------------------------------------------
@@ -613,7 +607,7 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
                           "node from the next resubmission on) or `report`", "stragglers", "action")
     return JobSpec(JobSection(**job), LaunchSection(**launch), layout, PlacementSection(**values["placement"]),
                    CheckpointSection(**values["checkpoint"]), RestartSection(**values["restart"]), path,
-                   StragglersSection(**values["stragglers"]))
+                   StragglerPolicy(**values["stragglers"]))
 
 
 def _apply_overrides(values: dict[str, dict[str, Any]], overrides: Overrides) -> None:

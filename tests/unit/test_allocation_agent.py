@@ -184,14 +184,18 @@ class ReportingCluster(Cluster):
         self.launches += 1
         return super().start(argv, env)
 
-    def tick(self, step):
+    def ranks(self, step):
+        """The launched step's job directory and each of its ranks with its node."""
         from clusterctl.records.rank_map import read_rank_map
-        from clusterctl.records.rank_progress import RankProgress, write_rank_progress
         self.polls += 1
         job_dir = Path(step.argv[step.argv.index("--job-dir") + 1])
         rank_map = read_rank_map(job_dir)
-        for rank in range(rank_map.world_size):
-            node = rank_map.location(rank)[0]
+        return job_dir, [(rank, rank_map.location(rank)[0]) for rank in range(rank_map.world_size)]
+
+    def tick(self, step):
+        from clusterctl.records.rank_progress import RankProgress, write_rank_progress
+        job_dir, ranks = self.ranks(step)
+        for rank, node in ranks:
             if self.launches == 1 and self.polls >= self.stop_at.get(node, 10**9):
                 continue  # this node's ranks stopped (SIGSTOP, a blocking call) in the first step
             write_rank_progress(job_dir, RankProgress(rank, node, self.polls, "step", 1795305600.0 + self.clock[0], 1))
@@ -295,27 +299,22 @@ def test_ranks_hung_on_the_batch_host_restart_the_step_in_place_instead_of_endin
     assert event.blame == () and "batch host node1" in event.reason
 
 
-class SlowCluster(Cluster):
-    """Ranks report their compute time every tick: 0.2 s a step, those of `slow` 0.5 s from tick 20 on
-    (first step only); later steps complete after 60 ticks."""
+class SlowCluster(ReportingCluster):
+    """Ranks report their compute time every tick: 0.2 s a step, rank 3 of `slow` 0.5 s from tick 20 on
+    (first step only); the first step completes after 400 ticks, later ones after 60."""
 
     def __init__(self, agent_clock, slow: str):
-        super().__init__(fail=[])
-        self.clock, self.slow, self.launches, self.totals = agent_clock, slow, 0, {}
+        super().__init__(agent_clock, {})
+        self.slow, self.totals = slow, {}
 
     def start(self, argv, env):
-        self.launches += 1
         self.totals = {}
         return super().start(argv, env)
 
     def tick(self, step):
-        from clusterctl.records.rank_map import read_rank_map
         from clusterctl.records.rank_progress import RankProgress, write_rank_progress
-        self.polls += 1
-        job_dir = Path(step.argv[step.argv.index("--job-dir") + 1])
-        rank_map = read_rank_map(job_dir)
-        for rank in range(rank_map.world_size):
-            node = rank_map.location(rank)[0]
+        job_dir, ranks = self.ranks(step)
+        for rank, node in ranks:
             slow = self.launches == 1 and node == self.slow and self.polls >= 20 and rank % 8 == 3
             self.totals[rank] = self.totals.get(rank, 0.0) + (0.5 if slow else 0.2)
             write_rank_progress(job_dir, RankProgress(rank, node, self.polls, "step", 1795305600.0 + self.clock[0],

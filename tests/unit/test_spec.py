@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from clusterctl.errors import SpecError
 from clusterctl.launcher.spec import (
-    FIELDS, CheckpointSection, JobSection, LaunchSection, PlacementSection, RestartSection, StragglersSection,
-    fill_data_parallel, load_spec, parse_overrides, parse_spec, reference_rows, spec_from_dict,
+    FIELDS, CheckpointSection, JobSection, LaunchSection, PlacementSection, RestartSection, fill_data_parallel,
+    load_spec, parse_overrides, parse_spec, reference_rows, spec_from_dict,
 )
+from clusterctl.launcher.straggler_watch import StragglerPolicy
 from tests.conftest import REPO
 
 MINIMAL = """\
@@ -67,7 +68,7 @@ def test_a_run_directory_written_before_stragglers_existed_reads_with_the_defaul
 
     spec = parse_spec(MINIMAL, "job.toml", base_dir=Path("/base"))
     old = {k: v for k, v in json.loads(json.dumps(spec.to_dict())).items() if k != "stragglers"}
-    assert spec_from_dict(old).stragglers == StragglersSection()
+    assert spec_from_dict(old).stragglers == StragglerPolicy()
 
 
 def test_an_unknown_section_is_an_error():
@@ -134,7 +135,7 @@ def test_dp_fills_the_gpus_left_by_tp_cp_and_pp():
 
 def test_the_reference_documents_every_field_the_parser_reads():
     sections = {"job": JobSection, "launch": LaunchSection, "placement": PlacementSection,
-                "checkpoint": CheckpointSection, "restart": RestartSection, "stragglers": StragglersSection}
+                "checkpoint": CheckpointSection, "restart": RestartSection, "stragglers": StragglerPolicy}
     documented = {f.dotted for f in FIELDS}
     for name, cls in sections.items():
         for item in dataclasses.fields(cls):

@@ -554,23 +554,23 @@ static unsigned int clock_of(const struct gpu_state *g, nvmlClockType_t type, in
     }
 }
 
-EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
+static nvmlReturn_t clock_query(const char *name, nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock,
+                                int max) {
     struct gpu_state g;
-    nvmlReturn_t rc = device_state("nvmlDeviceGetClockInfo", device, &g);
+    nvmlReturn_t rc = device_state(name, device, &g);
     if (rc != NVML_SUCCESS) return rc;
     if (!clock || (int)type < 0 || type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
-    *clock = clock_of(&g, type, 0);
+    *clock = clock_of(&g, type, max);
     return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetClockInfo(nvmlDevice_t device, nvmlClockType_t type, unsigned int *clock) {
+    return clock_query("nvmlDeviceGetClockInfo", device, type, clock, 0);
 }
 
 EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, nvmlClockType_t type,
                                                       unsigned int *clock) {
-    struct gpu_state g;
-    nvmlReturn_t rc = device_state("nvmlDeviceGetMaxClockInfo", device, &g);
-    if (rc != NVML_SUCCESS) return rc;
-    if (!clock || (int)type < 0 || type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
-    *clock = clock_of(&g, type, 1);
-    return NVML_SUCCESS;
+    return clock_query("nvmlDeviceGetMaxClockInfo", device, type, clock, 1);
 }
 
 EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetCurrentClocksThrottleReasons(nvmlDevice_t device,
