@@ -14,6 +14,9 @@ record every 4 steps, as the agent's node reads do (every 2 s at 0.5 s a step).
 - detection delay: the same noise plus one node slowed by a factor (1.3x, 1.5x, 2x, 3x) from a
   random step on; steps from onset to the watch's finding (and whether the right node was found).
 
+- the rank's side: what one `clusterctl.progress.beat(step, compute_seconds=...)` costs the training
+  loop (a million calls a trial; at most one a second writes its file, the rest only add to the sums).
+
 Median and min-max over `--trials` trials (different seeds).  Writes bench/results/straggler.json.
 """
 
@@ -74,6 +77,21 @@ def simulate(seed: int, nodes: int, steps: int, slow: tuple[int, int, float] | N
     return {"found": found}
 
 
+def beat_cost(calls: int = 1_000_000) -> float:
+    """Nanoseconds per beat(step, compute_seconds=...) call in a job directory of its own."""
+    import os
+    import tempfile
+
+    from clusterctl.progress import beat
+
+    with tempfile.TemporaryDirectory() as job_dir:
+        os.environ.update({"CLUSTERCTL_JOB_DIR": job_dir, "RANK": "0"})
+        started = time.perf_counter()
+        for step in range(calls):
+            beat(step, compute_seconds=0.1)
+        return (time.perf_counter() - started) / calls * 1e9
+
+
 def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)} if values else {}
 
@@ -85,6 +103,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=20000)
     args = p.parse_args()
     started = time.monotonic()
+    beats = [beat_cost() for _ in range(args.trials)]
+    print(f"beat(step, compute_seconds=...): {statistics.median(beats):.0f} ns per call", flush=True)
     false_positive_rates = []
     for trial in range(args.trials):
         found = simulate(1000 + trial, args.nodes, args.steps, None)["found"]
@@ -111,6 +131,7 @@ def main() -> int:
         print(f"{key}: delay {delays[key]} steps; missed {missed[key]}; other nodes flagged {wrong[key]}", flush=True)
     result = {"trials": args.trials, "nodes": args.nodes, "steps": args.steps, "ranks_per_node": RANKS_PER_NODE,
               "policy": {"margin": 1.2, "window_steps": 30, "warmup_steps": 10, "read_every_steps": READ_EVERY},
+              "beat_ns_per_call": spread(beats),
               "false_positives_per_million_node_steps": spread(false_positive_rates),
               "detection_delay_steps": {k: spread(v) for k, v in delays.items()},
               "missed": missed, "other_nodes_flagged": wrong, "seconds": round(time.monotonic() - started, 1)}

@@ -14,6 +14,12 @@ time before the wait tells a slow node apart (the straggler watch compares it ac
 CUDA, time it after a `torch.cuda.synchronize()` or with CUDA events.  It is summed into the report,
 so a report skipped by the rate limit loses nothing.
 
+The first report also starts a daemon thread that rewrites the report every interval with the
+time it ran (`alive_at`), whatever the training loop does: a rank blocked in a collective behind
+a dead peer stays "alive", a SIGSTOPped or wedged process does not, so the hang watch can name the
+node whose ranks froze even when every rank stopped stepping at once.
+CLUSTERCTL_PROGRESS_LIVENESS=0 turns the thread off.
+
 It writes `$CLUSTERCTL_JOB_DIR/progress/<rank>.json` (clusterctl.records.rank_progress) at most
 once per `min_interval` seconds, and at once whenever the phase changes, so calling it every
 step costs a clock read and a comparison.  Outside a clusterctl job (no CLUSTERCTL_JOB_DIR) it
@@ -26,8 +32,10 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from clusterctl.records.rank_progress import PHASES, RankProgress, write_rank_progress
@@ -38,6 +46,9 @@ DEFAULT_MIN_INTERVAL = 1.0
 INTERVAL_ENV = "CLUSTERCTL_PROGRESS_INTERVAL"
 """Lets the launcher space reports out on a very large job (fewer files rewritten per second on shared storage)."""
 
+LIVENESS_ENV = "CLUSTERCTL_PROGRESS_LIVENESS"
+"""`0` turns off the thread that keeps reporting that the process runs."""
+
 # Per (job dir, rank): when this process last wrote (monotonic) and in which phase.  Keyed so a
 # process that reports for two jobs (tests, notebooks) rate-limits each on its own.
 _last_report: dict[tuple[str, int], tuple[float, str]] = {}
@@ -45,6 +56,50 @@ _last_report: dict[tuple[str, int], tuple[float, str]] = {}
 _compute: dict[tuple[str, int], tuple[float, int]] = {}
 # The job dirs this process has already complained about: one message each, not one per step.
 _complained_about: set[str] = set()
+# Per (job dir, rank): the report last written, which the liveness thread rewrites with a new alive_at.
+_written: dict[tuple[str, int], RankProgress] = {}
+_liveness: set[tuple[str, int]] = set()  # keys whose liveness thread runs
+# The training loop and the liveness thread both write a rank's report: one at a time.
+_write_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a data-loader worker) has none of the parent's threads, and a lock held by
+    # one of them at the fork would stay held forever.
+    global _write_lock
+    _write_lock = threading.Lock()
+    _liveness.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _write(key: tuple[str, int], record: RankProgress) -> None:
+    with _write_lock:
+        write_rank_progress(Path(key[0]), record)
+        _written[key] = record
+
+
+def _keep_alive(key: tuple[str, int], interval: float) -> None:
+    """The liveness thread: rewrite the rank's last report with the time, every `interval` s."""
+    while True:
+        time.sleep(interval)
+        try:
+            record = _written.get(key)
+            if record is None:
+                continue
+            total, steps = _compute.get(key, (record.compute_s, record.compute_steps))
+            _write(key, replace(record, compute_s=round(total, 6), compute_steps=steps, alive_at=time.time()))
+        except Exception:  # the contract: never break training; the next round tries again
+            continue
+
+
+def _start_liveness(key: tuple[str, int], interval: float) -> None:
+    if key in _liveness or os.environ.get(LIVENESS_ENV, "1") == "0":
+        return
+    _liveness.add(key)
+    threading.Thread(target=_keep_alive, args=(key, max(interval, 0.05)), name="clusterctl-progress-liveness",
+                     daemon=True).start()
 
 
 def _say_once(message: str) -> None:
@@ -103,8 +158,10 @@ def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None
         _last_report[key] = (now, phase)
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         total, steps = _compute.get(key, (0.0, 0))
-        write_rank_progress(Path(job_dir), RankProgress(rank, node, int(step), phase, time.time(), os.getpid(),
-                                                        round(total, 6), steps))
+        now_epoch = time.time()
+        _write(key, RankProgress(rank, node, int(step), phase, now_epoch, os.getpid(), round(total, 6), steps,
+                                 now_epoch))
+        _start_liveness(key, _interval(min_interval))
     except OSError as exc:
         _say_once(f"cannot write the progress report in {os.environ.get('CLUSTERCTL_JOB_DIR')} ({exc})")
     except Exception as exc:  # the contract: a progress report never breaks training

@@ -15,7 +15,10 @@ A rank silent past its timeout is stuck, except that while another rank is legit
 step phase are not: rank 0 saving alone holds every other rank in a barrier.
 
 In a data-parallel job one hung rank soon stops every rank (they wait for it in the next
-collective), so "every rank is silent" is the usual sight of a hang.  Then the ranks that went
+collective), so "every rank is silent" is the usual sight of a hang.  Then, when the reports say
+which processes still run (`alive_at`, from clusterctl.progress's liveness thread), the ranks
+whose processes stopped running `liveness_gap` before the others' latest sign of life are the
+suspects (a SIGSTOPped or wedged process; the others wait for it).  Otherwise the ranks that went
 silent well before the rest (`straggler_gap`, or that never reported while others did) are the
 suspects; when every rank stopped together (a shared-filesystem or network stall, or a hang too fast
 to tell apart) the verdict is `whole_job` and names no node.
@@ -64,6 +67,9 @@ class HangPolicy:
     """When every rank is silent, a rank is a suspect only if it went silent this much earlier than the
     newest report of the job; more than the report interval (clusterctl.progress, 1 s by default),
     so rate-limited reports of ranks stepping together are never told apart by chance."""
+    liveness_gap: float = 3.0
+    """When every rank is silent, a rank whose process last showed life (`alive_at`) this much before
+    the others' latest has frozen: a few of clusterctl.progress's liveness intervals (1 s by default)."""
 
     def __post_init__(self) -> None:
         if min(self.startup_timeout, self.checkpoint_timeout, self.min_step_timeout, self.safety_factor) <= 0:
@@ -71,8 +77,8 @@ class HangPolicy:
         if self.min_step_timeout > self.max_step_timeout:
             raise ValueError(f"min_step_timeout {self.min_step_timeout:g} s exceeds max_step_timeout "
                              f"{self.max_step_timeout:g} s")
-        if self.warmup_steps < 0 or self.step_window < 1 or self.straggler_gap < 0:
-            raise ValueError("warmup_steps and straggler_gap must be >= 0, step_window >= 1")
+        if self.warmup_steps < 0 or self.step_window < 1 or self.straggler_gap < 0 or self.liveness_gap <= 0:
+            raise ValueError("warmup_steps and straggler_gap must be >= 0, liveness_gap > 0, step_window >= 1")
 
 
 @dataclass(frozen=True)
@@ -338,6 +344,9 @@ def _every_rank_silent(states: Sequence[RankState], policy: HangPolicy, now: flo
                 f"started; {states[0].timeout.why}; does the program call clusterctl.progress.beat or log its "
                 "steps? No node to blame")
         return HangVerdict(True, True, (), stuck_ranks, (line,))
+    frozen = _frozen(states, policy)
+    if frozen is not None:
+        return frozen
     newest = max(reported, key=lambda s: s.report.at if s.report else 0.0)
     assert newest.report is not None
     newest_at = newest.report.at
@@ -360,6 +369,29 @@ def _every_rank_silent(states: Sequence[RankState], policy: HangPolicy, now: flo
             f"from rank {report.rank}, is {_seconds(now - newest_at)} s old; {newest.timeout.why}; the whole job "
             "stopped at once (a shared-filesystem or network stall?), no node to blame")
     return HangVerdict(True, True, (), stuck_ranks, (line,))
+
+
+def _frozen(states: Sequence[RankState], policy: HangPolicy) -> HangVerdict | None:
+    """Every rank stopped stepping, but only some stopped running: their processes (SIGSTOPped, wedged
+    in the kernel, a C call holding the interpreter) froze, and the others wait for them in a
+    collective.  Judged from the reports' `alive_at` (clusterctl.progress's liveness thread); None
+    when that does not tell ranks apart (no liveness reports, or every process alive or frozen alike)."""
+    alive = [s.report.alive_at for s in states if s.report is not None and s.report.alive_at > 0]
+    if len(alive) < len(states):
+        return None  # some rank gives no liveness: absence proves nothing
+    newest = max(alive)
+    stopped = [s for s in states if s.report is not None and s.report.alive_at < newest - policy.liveness_gap]
+    if not stopped or len(stopped) == len(states):
+        return None
+    suspects = []
+    for node, group in _by_node(stopped):
+        last = max(s.report.alive_at for s in group if s.report is not None)
+        ranks = _ranks_text(s.rank for s in group)
+        evidence = (f"every rank stopped stepping, but {ranks} on {node} also stopped running: their processes "
+                    f"last showed life {_seconds(newest - last)} s before the other ranks' latest, which are alive "
+                    "and waiting (in a collective, it seems)")
+        suspects.append(StuckNode(node, tuple(s.rank for s in group), evidence))
+    return HangVerdict(True, False, tuple(suspects), tuple(s.rank for s in states), tuple(s.evidence for s in suspects))
 
 
 def _stuck_node(node: str, group: Sequence[RankState], now: float) -> StuckNode:

@@ -7,8 +7,11 @@ the straggler watch (clusterctl.launcher.straggler_watch), which compares the ra
 
 Version 2 adds `compute_s` / `compute_steps`: the rank's own compute time summed over the steps
 it reported one for (cumulative since the process started, so reports skipped by the rate limit
-lose nothing: a reader divides the growth between two reads).  Version 1 records (a program
-running an older clusterctl) are still read, with no compute time.
+lose nothing: a reader divides the growth between two reads); and `alive_at`, when the rank's
+process last showed it runs at all (a thread of clusterctl.progress rewrites the report every
+interval, whatever the training loop does): a rank blocked in a collective stays alive, a frozen
+or stopped process does not.  Version 1 records (a program running an older clusterctl) are
+still read, with neither.
 """
 
 from __future__ import annotations
@@ -42,12 +45,14 @@ class RankProgress:
     compute_s: float = 0.0
     """Seconds this rank spent computing (not waiting for peers) over `compute_steps` steps, since it started."""
     compute_steps: int = 0
+    alive_at: float = 0.0
+    """When the rank's process last showed it runs (epoch s; 0: not reported)."""
 
     def to_json(self) -> dict[str, Any]:
         """The record as stored."""
         return {**header(KIND, VERSION), "rank": self.rank, "node": self.node, "step": self.step,
                 "phase": self.phase, "at": self.at, "pid": self.pid, "compute_s": self.compute_s,
-                "compute_steps": self.compute_steps}
+                "compute_steps": self.compute_steps, "alive_at": self.alive_at}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> RankProgress:
@@ -57,16 +62,17 @@ class RankProgress:
         phase = field(body, "phase", str, where)
         if phase not in PHASES:
             raise RecordError(where, f"phase {phase!r} is not one of {', '.join(PHASES)}")
-        compute_s, compute_steps = 0.0, 0
+        compute_s, compute_steps, alive_at = 0.0, 0, 0.0
         if not older:
             compute_s = float(field(body, "compute_s", (int, float), where))
             compute_steps = field(body, "compute_steps", int, where)
+            alive_at = float(field(body, "alive_at", (int, float), where))
             if compute_s < 0 or compute_steps < 0 or compute_s != compute_s or compute_s == float("inf"):
                 raise RecordError(where, "compute_s and compute_steps must be finite and not negative")
         return cls(rank=field(body, "rank", int, where), node=field(body, "node", str, where),
                    step=field(body, "step", int, where), phase=phase,
                    at=float(field(body, "at", (int, float), where)), pid=field(body, "pid", int, where),
-                   compute_s=compute_s, compute_steps=compute_steps)
+                   compute_s=compute_s, compute_steps=compute_steps, alive_at=alive_at)
 
 
 def progress_dir(job_dir: Path) -> Path:

@@ -188,3 +188,34 @@ def test_a_slow_checkpoint_save_within_the_checkpoint_timeout_is_never_a_hang(po
     save_at = START + 60 + 9 * 3.0 + 0.5
     watch = watch.observe([RankProgress(saver, NODES[saver], 9, "checkpoint-save", save_at, 1)])
     assert not watch.verdict(save_at + fraction * policy.checkpoint_timeout).hung
+
+
+def _alive(step: int, at: float, alive_at: dict[str, float]) -> list[RankProgress]:
+    """Every rank last stepped `step` at `at`; its process last ran at alive_at[its node]."""
+    return [RankProgress(rank, node, step, "step", at, 1000 + rank, alive_at=alive_at[node]) for rank, node in NODES.items()]
+
+
+def test_when_every_rank_stopped_stepping_at_once_the_node_whose_processes_also_stopped_running_is_named():
+    watch = trained(41)
+    last_at = START + 60 + 41 * 12
+    now = last_at + 95
+    # Lockstep: every rank stopped at step 41 together; node2's processes froze (SIGSTOP) then, the
+    # others block in the next collective with their liveness threads still running.
+    watch = watch.observe(_alive(41, last_at, {"node1": now - 1, "node2": last_at, "node3": now - 1,
+                                               "node4": now - 0.5}))
+    verdict = watch.verdict(now)
+    assert verdict.hung and not verdict.whole_job and verdict.suspect_nodes == ("node2",)
+    assert verdict.evidence == ("every rank stopped stepping, but ranks 8-15 on node2 also stopped running: their "
+                                "processes last showed life 94 s before the other ranks' latest, which are alive and "
+                                "waiting (in a collective, it seems)",)
+
+
+@pytest.mark.parametrize("alive", ["every process alive", "every process frozen"])
+def test_every_rank_stopped_and_their_processes_alike_is_still_a_whole_job_stall(alive):
+    watch = trained(41)
+    last_at = START + 60 + 41 * 12
+    now = last_at + 95
+    seen = now - 1 if alive == "every process alive" else last_at
+    watch = watch.observe(_alive(41, last_at, dict.fromkeys(("node1", "node2", "node3", "node4"), seen)))
+    verdict = watch.verdict(now)
+    assert verdict.hung and verdict.whole_job and verdict.suspect_nodes == ()

@@ -19,7 +19,8 @@ from clusterctl.records.versioned import RecordError
 REPORTS = st.builds(RankProgress, rank=st.integers(0, 100_000), node=st.text(min_size=1, max_size=20),
                     step=st.integers(0, 10**12), phase=st.sampled_from(PHASES),
                     at=st.floats(0, 4e9, allow_nan=False), pid=st.integers(1, 2**22),
-                    compute_s=st.floats(0, 1e9, allow_nan=False), compute_steps=st.integers(0, 10**12))
+                    compute_s=st.floats(0, 1e9, allow_nan=False), compute_steps=st.integers(0, 10**12),
+                    alive_at=st.floats(0, 4e9, allow_nan=False))
 
 
 @given(REPORTS)
@@ -133,7 +134,7 @@ def test_a_report_from_a_program_with_an_older_clusterctl_reads_with_no_compute_
     path = rank_progress_path(tmp_path, 3)
     path.parent.mkdir(parents=True)
     path.write_text(json.dumps(old))
-    assert read_rank_progress(path) == RankProgress(3, "node2", 17, "step", 1000.5, 4242, 0.0, 0)
+    assert read_rank_progress(path) == RankProgress(3, "node2", 17, "step", 1000.5, 4242, 0.0, 0, 0.0)
 
 
 def test_compute_seconds_are_summed_across_reports_the_rate_limit_skipped(tmp_path, monkeypatch):
@@ -144,3 +145,18 @@ def test_compute_seconds_are_summed_across_reports_the_rate_limit_skipped(tmp_pa
     beat(5, "checkpoint-save", compute_seconds=9.0)  # a phase change writes; a save is not compute
     report = read_rank_progress(rank_progress_path(tmp_path, 5))
     assert (report.step, report.phase, report.compute_steps, report.compute_s) == (5, "checkpoint-save", 4, 1.0)
+
+
+def test_a_rank_blocked_between_steps_keeps_saying_its_process_runs(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "6")
+    beat(3, min_interval=0.05)  # ...and then the training loop blocks (a collective behind a dead peer)
+    path = rank_progress_path(tmp_path, 6)
+    first = read_rank_progress(path)
+    deadline = time.monotonic() + 30
+    while (report := read_rank_progress(path)).alive_at <= first.alive_at:
+        assert time.monotonic() < deadline, "the liveness thread never rewrote the report"
+        time.sleep(0.05)
+    assert (report.step, report.at, report.phase) == (3, first.at, "step")  # no progress claimed
