@@ -186,32 +186,42 @@ def breaker(config_path: Path | None, partition: str, as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="healthd.toml (default /etc/clusterctl/healthd.toml if it exists): node name, state_dir, "
+                   "nvml_timeout.")
 @click.option("--gpus", default=None, metavar="0,3", help="Only these GPU indexes (default: every GPU).")
-@click.option("--json", "as_json", is_flag=True, help="Print the gpu-evidence record as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the gpu-evidence record as one line of JSON.")
 def evidence(config_path: Path | None, gpus: str | None, as_json: bool) -> None:
-    """What this node's GPUs say now: SM clock against its maximum, clock slowdown reasons
-    (thermal, power brake...), temperature, ECC, and healthd's current findings.
+    """What this node's GPUs say now: clocks, slowdown reasons, temperature, ECC.
 
-    Reads only (NVML and healthd's state file), so any user may run it.  clusterctl's straggler
-    watch runs it as a one-off step on a node whose ranks compute slower than the job's, and drains
-    the node only when this says why.
+    Per GPU: the SM clock against its maximum, NVML's clock event reasons (HW slowdown, thermal,
+    power brake...), temperature, volatile ECC counts, a pending row remap, and healthd's current
+    findings (from its state file, when healthd runs here), then which GPUs the hardware says are
+    slowed.  clusterctl's straggler watch runs it on a slow node (a one-off `srun` step, as the
+    job's user) and drains the node only when this evidence explains the slowdown.
+
+    \b
+    Reads only (NVML and healthd's state file): any user may run it.
+    Exit 0 when it printed evidence (what it could not read is listed as problems),
+    4 when NVML cannot be used at all, 2 for a bad --gpus, 78 for a bad config.
     """
     import pynvml
 
     from clusterctl.healthd.evidence import read_evidence
-    from clusterctl.healthd.nvml import NvmlHang
+    from clusterctl.healthd.nvml import Nvml, NvmlHang, TimedCalls
 
     wanted = None
     if gpus is not None:
         parts = [part.strip() for part in gpus.split(",")]
-        if not parts or not all(part.isdigit() for part in parts):
+        if not all(part.isascii() and part.isdigit() for part in parts):
             click.echo(f"healthd: error: --gpus {gpus!r}: give GPU indexes separated by commas, e.g. 0,3", err=True)
             sys.exit(2)
         wanted = {int(part) for part in parts}
     config = _config(config_path)
+    # One hung call is enough: the step must answer within the agent's wait, not once per GPU.
+    nvml = Nvml(TimedCalls(config.nvml_timeout, max_abandoned=1))
     try:
-        record = read_evidence(config, wanted)
+        record = read_evidence(nvml, config, time.time(), wanted)
     except (pynvml.NVMLError, NvmlHang) as exc:
         click.echo(f"healthd: error: cannot read the GPUs through NVML: {exc}", err=True)
         sys.exit(EXIT_NO_NVML)

@@ -1,19 +1,23 @@
 """`healthd evidence`: what this node's GPUs say now, as the record a slow job's agent reads.
 
 `gpu_evidence` (pure) joins NVML samples with healthd's current findings into a
-clusterctl.records.gpu_evidence record; `read_evidence` takes the samples (NVML, every call under
-a timeout) and the state file.  It only reads: the job's user runs it, as a step on the node.
+clusterctl.records.gpu_evidence record; `sample_gpus` reads the samples through the NVML door it
+is given (healthd.nvml.Nvml, every call under a timeout) and `read_evidence` adds healthd's state
+file.  It only reads: the job's user runs it, as a step on the node.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
 from clusterctl.healthd.checks import GpuSample
 from clusterctl.healthd.config import HealthdConfig
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
 from clusterctl.records.healthd_state import HealthdState
+
+if TYPE_CHECKING:
+    from clusterctl.healthd.nvml import Nvml
 
 
 def gpu_evidence(node: str, at: float, samples: Sequence[GpuSample], state: HealthdState | None,
@@ -28,39 +32,83 @@ def gpu_evidence(node: str, at: float, samples: Sequence[GpuSample], state: Heal
             findings = ("gpu-lost: NVML says the GPU is lost",) + findings
         readings.append(GpuReading(sample.index, sample.uuid, sample.clock_event_reasons, sample.sm_clock_mhz,
                                    sample.sm_clock_max_mhz, sample.temperature_c, sample.ecc_volatile_sbe,
-                                   sample.ecc_volatile_dbe, findings))
+                                   sample.ecc_volatile_dbe, sample.remap_pending, findings))
     return GpuEvidence(node, at, tuple(readings), tuple(problems))
 
 
-def read_evidence(config: HealthdConfig, gpus: Collection[int] | None = None) -> GpuEvidence:
-    """Sample this node's GPUs (all, or `gpus`) through NVML now and join healthd's state file.
+def current_state(state: HealthdState | None, at: float, max_age: float) -> tuple[HealthdState | None, str | None]:
+    """`state` when healthd wrote it within `max_age` seconds of `at`; else None and why (the findings
+    of a daemon that stopped are no longer current, and must not make a node look slowed)."""
+    if state is None or at - state.updated_at <= max_age:
+        return state, None
+    return None, (f"healthd's state is {at - state.updated_at:.0f} s old (is healthd running on this node?): "
+                  f"its findings are left out")
 
-    Raises pynvml.NVMLError / NvmlHang when NVML cannot be opened at all; a GPU or a state file that
-    cannot be read is a problem line of the record instead.
+
+def sample_gpus(nvml: Nvml, gpus: Collection[int] | None = None) -> tuple[list[GpuSample], list[str]]:
+    """Sample every GPU NVML counts (or those of `gpus`) through `nvml`, and one problem line per GPU
+    that could not be read or is not there.
+
+    Raises pynvml.NVMLError / NvmlHang when NVML cannot be opened or cannot count the GPUs at all.
     """
     import pynvml
 
-    from clusterctl.healthd.gate import read_state
-    from clusterctl.healthd.nvml import Nvml, NvmlHang, TimedCalls
+    from clusterctl.healthd.nvml import NvmlHang
 
     problems: list[str] = []
-    nvml = Nvml(TimedCalls(config.nvml_timeout, max_abandoned=1))
+    samples: list[GpuSample] = []
     nvml.init()
     try:
-        identities = nvml.discover()
-        samples = []
-        for identity in identities:
-            if gpus is not None and identity.index not in gpus:
-                continue
+        count = nvml.count()
+        asked = sorted(set(gpus)) if gpus is not None else list(range(count))
+        problems += [f"GPU {i}: not on this node (NVML counts {count} GPUs)" for i in asked if i >= count]
+        asked = [i for i in asked if i < count]
+        try:
+            nvml.discover()  # the UUIDs; a GPU it cannot identify is still sampled below
+        except NvmlHang as exc:
+            # The driver is stuck: every further call would be refused (or wait out its own timeout).
+            problems.append(f"NVML: {exc}")
+            if asked:
+                problems.append(f"GPU {_indexes(asked)}: not read (NVML hung while identifying the GPUs)")
+            return samples, problems
+        except pynvml.NVMLError as exc:
+            problems.append(f"NVML: cannot identify every GPU: {exc}")
+        for position, index in enumerate(asked):
             try:
-                samples.append(nvml.sample(identity.index))
-            except (pynvml.NVMLError, NvmlHang) as exc:
-                problems.append(f"GPU {identity.index}: NVML: {exc}")
+                # Every enumerated index, not only the identified ones: a lost GPU is evidence too.
+                samples.append(nvml.sample(index))
+            except NvmlHang as exc:
+                problems.append(f"GPU {index}: NVML: {exc}")
+                if rest := asked[position + 1:]:
+                    problems.append(f"GPU {_indexes(rest)}: not read (NVML hung on GPU {index})")
+                break
+            except pynvml.NVMLError as exc:
+                problems.append(f"GPU {index}: NVML: {exc}")
     finally:
         nvml.shutdown()
+    return samples, problems
+
+
+def _indexes(indexes: Sequence[int]) -> str:
+    return ",".join(map(str, indexes))
+
+
+def read_evidence(nvml: Nvml, config: HealthdConfig, at: float, gpus: Collection[int] | None = None) -> GpuEvidence:
+    """This node's GPUs (all, or `gpus`) read through `nvml` now, joined with healthd's state file.
+
+    Raises pynvml.NVMLError / NvmlHang when NVML cannot be used at all; a GPU or a state file that
+    cannot be read is a problem line of the record instead (the daemon may not run).
+    """
+    from clusterctl.healthd.gate import read_state
+
+    samples, problems = sample_gpus(nvml, gpus)
     state, unusable = read_state(config)
     if unusable:
         problems.append(unusable)
     elif state is None:
         problems.append(f"no healthd state in {config.state_dir} (is healthd running on this node?)")
-    return gpu_evidence(config.node_name, time.time(), samples, state, problems)
+    # By age only (gate.state_is_fresh's limit): a job's user may not see healthd's process (hidepid).
+    state, stale = current_state(state, at, max(3 * config.check_interval, 30.0))
+    if stale:
+        problems.append(stale)
+    return gpu_evidence(config.node_name, at, samples, state, problems)

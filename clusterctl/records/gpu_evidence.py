@@ -3,8 +3,8 @@
 The agent of a job runs it on a node whose ranks compute persistently slower than the job's (a
 straggler, clusterctl.launcher.straggler_watch) as a one-off step, and reads the record from its
 stdout: per GPU the NVML clocks-event reasons, the SM clock against its maximum, the temperature,
-the ECC counters and healthd's current findings.  `slowdown_reasons` says, in sentences, what of
-that explains a slowdown; the agent drains the node only when something does.
+the ECC counters, a pending row remap and healthd's current findings.  `slowdown_reasons` says, in
+sentences, what of that explains a slowdown; the agent drains the node only when something does.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ SLOWDOWN_REASONS = 0x8 | 0x20 | 0x40 | 0x80
 """The reasons that mean the hardware slowed the GPU down against the workload's wish."""
 LOW_CLOCK_FRACTION = 0.9
 """An SM clock below this share of its maximum with no reason given still counts as slowed."""
-SLOWDOWN_FINDINGS = ("clock-events", "temperature")
-"""healthd findings (kinds) that explain a slowdown on their own."""
+SLOWDOWN_FINDINGS = ("clock-events", "thermal", "thermal-sustained")
+"""healthd findings (kinds, healthd/policy.py) that explain a slowdown on their own: clock events held
+for minutes, a temperature over the warning limit."""
 
 _OPTIONAL_INT = (int, type(None))
 
@@ -65,6 +66,8 @@ class GpuReading:
     temperature_c: int | None = None
     ecc_corrected_volatile: int = 0
     ecc_uncorrected_volatile: int = 0
+    remapped_pending: bool = False
+    """A row remap waits for the next GPU reset (shown; it does not slow compute by itself)."""
     findings: tuple[str, ...] = ()
     """healthd's current findings on this GPU, `<kind>: <reason> (<action>)`."""
 
@@ -75,18 +78,30 @@ class GpuReading:
             return None
         return self.sm_clock_mhz / self.sm_clock_max_mhz
 
+    def clock_text(self) -> str:
+        """`792/1980 MHz (40%)`, `792 MHz (maximum unknown)` or `unknown`."""
+        fraction = self.clock_fraction
+        if fraction is not None:
+            return f"{self.sm_clock_mhz}/{self.sm_clock_max_mhz} MHz ({fraction:.0%})"
+        if self.sm_clock_mhz is not None:
+            return f"{self.sm_clock_mhz} MHz (maximum unknown)"
+        return "unknown"
+
     def slowdown(self) -> str:
         """One sentence on what slows this GPU down, or "" when nothing does."""
         clauses = []
         slow = self.clock_event_reasons & SLOWDOWN_REASONS
         if slow:
             clauses.append(f"clock event reasons {', '.join(clock_reason_names(slow))} ({hex(self.clock_event_reasons)})")
-        fraction = self.clock_fraction
-        if fraction is not None and (slow or fraction < LOW_CLOCK_FRACTION):
-            clause = f"SM clock {self.sm_clock_mhz}/{self.sm_clock_max_mhz} MHz ({fraction:.0%})"
-            clauses.append(clause if slow else f"{clause} with no reason given")
-        findings = [f for f in self.findings if f.split(":", 1)[0] in SLOWDOWN_FINDINGS]
-        clauses += [f"healthd: {f}" for f in findings]
+            if self.sm_clock_mhz is not None:
+                clauses.append(f"SM clock {self.clock_text()}")
+        else:
+            fraction = self.clock_fraction
+            # Only with no reason at all: idle, a power cap or application clocks lower the clock by
+            # design (a busy GPU often runs a little under its maximum at its power cap).
+            if fraction is not None and fraction < LOW_CLOCK_FRACTION and self.clock_event_reasons == 0:
+                clauses.append(f"SM clock {self.clock_text()} with no reason given")
+        clauses += [f"healthd: {f}" for f in self.findings if f.split(":", 1)[0] in SLOWDOWN_FINDINGS]
         if not clauses:
             return ""
         if self.temperature_c is not None:
@@ -99,7 +114,8 @@ class GpuReading:
                 "clock_reasons": list(clock_reason_names(self.clock_event_reasons)),
                 "sm_clock_mhz": self.sm_clock_mhz, "sm_clock_max_mhz": self.sm_clock_max_mhz,
                 "temperature_c": self.temperature_c, "ecc_corrected_volatile": self.ecc_corrected_volatile,
-                "ecc_uncorrected_volatile": self.ecc_uncorrected_volatile, "findings": list(self.findings)}
+                "ecc_uncorrected_volatile": self.ecc_uncorrected_volatile, "remapped_pending": self.remapped_pending,
+                "findings": list(self.findings)}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> GpuReading:
@@ -116,7 +132,7 @@ class GpuReading:
                    temperature_c=field(data, "temperature_c", _OPTIONAL_INT, where),
                    ecc_corrected_volatile=field(data, "ecc_corrected_volatile", int, where),
                    ecc_uncorrected_volatile=field(data, "ecc_uncorrected_volatile", int, where),
-                   findings=tuple(findings))
+                   remapped_pending=field(data, "remapped_pending", bool, where), findings=tuple(findings))
 
 
 @dataclass(frozen=True)
@@ -134,14 +150,15 @@ class GpuEvidence:
         return tuple(line for g in self.gpus if gpus is None or g.index in gpus if (line := g.slowdown()))
 
     def to_text(self) -> list[str]:
-        """Lines for a person: one per GPU, then the problems."""
+        """Lines for a person: one per GPU (and its healthd findings), what explains a slowdown, the problems."""
         lines = [f"{self.node}: {len(self.gpus)} GPUs"]
         for g in self.gpus:
             reasons = ", ".join(clock_reason_names(g.clock_event_reasons)) or "none"
-            clock = f"{g.sm_clock_mhz}/{g.sm_clock_max_mhz} MHz" if g.sm_clock_mhz is not None else "unknown"
             temp = f"{g.temperature_c} °C" if g.temperature_c is not None else "temperature unknown"
-            lines.append(f"GPU {g.index} {g.uuid}: SM clock {clock}; clock event reasons {reasons}; {temp}; "
-                         f"ECC volatile corrected {g.ecc_corrected_volatile}, uncorrected {g.ecc_uncorrected_volatile}")
+            remap = "; row remap pending" if g.remapped_pending else ""
+            lines.append(f"GPU {g.index} {g.uuid}: SM clock {g.clock_text()}; clock event reasons {reasons} "
+                         f"({hex(g.clock_event_reasons)}); {temp}; ECC volatile corrected {g.ecc_corrected_volatile}, "
+                         f"uncorrected {g.ecc_uncorrected_volatile}{remap}")
             lines += [f"    healthd: {f}" for f in g.findings]
         slow = self.slowdown_reasons()
         lines.append("slowed: " + ("; ".join(slow) if slow else "nothing here explains a slowdown"))
@@ -161,5 +178,6 @@ class GpuEvidence:
         if not all(isinstance(p, str) for p in problems):
             raise RecordError(where, "field `problems` must be a list of strings")
         return cls(node=field(body, "node", str, where), at=float(field(body, "at", (int, float), where)),
-                   gpus=tuple(GpuReading.from_json(g, where) for g in field(body, "gpus", list, where)),
+                   gpus=tuple(GpuReading.from_json(g, f"{where}: gpus[{i}]")
+                              for i, g in enumerate(field(body, "gpus", list, where))),
                    problems=tuple(problems))

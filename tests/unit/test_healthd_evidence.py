@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from clusterctl.healthd.checks import GpuSample
-from clusterctl.healthd.evidence import gpu_evidence
+from clusterctl.healthd.evidence import current_state, gpu_evidence, sample_gpus
 from clusterctl.records.actions import Action
 from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding
 
@@ -29,3 +29,70 @@ def test_without_healthds_state_the_gpus_still_speak_and_a_lost_one_says_so():
     evidence = gpu_evidence("node4", 5.0, [GpuSample(2, "GPU-2", lost=True)], None, ["no healthd state"])
     assert evidence.gpus[0].findings == ("gpu-lost: NVML says the GPU is lost",)
     assert evidence.problems == ("no healthd state",)
+
+
+def test_a_pending_row_remap_is_carried_and_a_stale_state_is_left_out():
+    stale = HealthdState("node4", 1, "v", 100.0, "2026-11-23T00:00:00Z", True, gpus=(GpuState(
+        0, "GPU-0", "0000:18:00", (StateFinding("clock-events", Action.WARN, "clock event reasons 0x40 for 312 s",
+                                                "periodic", 90.0, gpu=0, current=True),)),))
+    assert current_state(stale, 120.0, 30.0) == (stale, None)
+    state, why = current_state(stale, 200.0, 30.0)
+    assert state is None and why == ("healthd's state is 100 s old (is healthd running on this node?): "
+                                     "its findings are left out")
+    evidence = gpu_evidence("node4", 200.0, [GpuSample(0, "GPU-0", remap_pending=True)], state, [why])
+    assert evidence.gpus[0].remapped_pending and evidence.gpus[0].findings == ()
+    assert evidence.slowdown_reasons() == ()
+
+
+class FakeNvml:
+    """The calls `sample_gpus` makes of healthd.nvml.Nvml, answering from a table (no pynvml library)."""
+
+    def __init__(self, count: int, samples: dict[int, GpuSample | Exception], discover: Exception | None = None):
+        self.gpus, self.samples, self.discover_error = count, samples, discover
+        self.calls: list[str] = []
+
+    def init(self) -> None:
+        self.calls.append("init")
+
+    def count(self) -> int:
+        return self.gpus
+
+    def discover(self) -> list:
+        if self.discover_error:
+            raise self.discover_error
+        return []
+
+    def sample(self, index: int) -> GpuSample:
+        self.calls.append(f"sample {index}")
+        answer = self.samples[index]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+def test_every_counted_gpu_is_sampled_and_what_cannot_be_read_is_a_problem_line():
+    import pynvml
+
+    nvml = FakeNvml(4, {0: GpuSample(0, "GPU-0"), 1: GpuSample(1, lost=True),
+                        2: pynvml.NVMLError(pynvml.NVML_ERROR_UNKNOWN), 3: GpuSample(3, "GPU-3")})
+    samples, problems = sample_gpus(nvml, [3, 1, 2, 9])
+    assert [s.index for s in samples] == [1, 3] and samples[0].lost
+    assert problems == ["GPU 9: not on this node (NVML counts 4 GPUs)", "GPU 2: NVML: Unknown Error"]
+    assert nvml.calls == ["init", "sample 1", "sample 2", "sample 3", "shutdown"]
+
+
+def test_after_a_hang_no_further_gpu_is_asked():
+    from clusterctl.healthd.nvml import NvmlHang
+
+    nvml = FakeNvml(4, {0: GpuSample(0), 1: NvmlHang("nvmlDeviceGetTemperature", 5.0)})
+    samples, problems = sample_gpus(nvml)
+    assert [s.index for s in samples] == [0]
+    assert problems == ["GPU 1: NVML: nvmlDeviceGetTemperature did not return within 5 s",
+                        "GPU 2,3: not read (NVML hung on GPU 1)"]
+    assert nvml.calls[-1] == "shutdown"
+    hung = FakeNvml(2, {}, discover=NvmlHang("nvmlDeviceGetUUID", 5.0))
+    assert sample_gpus(hung) == ([], ["NVML: nvmlDeviceGetUUID did not return within 5 s",
+                                      "GPU 0,1: not read (NVML hung while identifying the GPUs)"])

@@ -202,3 +202,39 @@ def test_healthd_evidence_names_the_throttled_gpu_as_a_user_would_read_it(nvml_l
     assert "GPU 5 " in text and "GPU 4 " not in text and "slowed: GPU 5: clock event reasons" in text
     bad = subprocess.run([*argv, "--gpus", "five"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and "give GPU indexes separated by commas" in bad.stderr
+
+
+def test_healthd_evidence_joins_healthds_warning_on_a_hot_gpu_and_reports_a_lost_one(nvml_lib, node, tmp_path):
+    import json
+
+    from clusterctl.records.actions import Action
+    from clusterctl.records.gpu_evidence import GpuEvidence
+    from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding, write_healthd_state
+
+    inject(node, Fault("temp", gpu=6, value=94))
+    inject(node, Fault("remap-pending", gpu=6))
+    inject(node, Fault("gpu-lost", gpu=1))
+    hot = StateFinding("thermal", Action.WARN, "temperature high", "periodic", time.time() - 20, gpu=6, current=True)
+    write_healthd_state(tmp_path / "state", HealthdState("node7", 1, "v", time.time(), "2026-11-23T00:00:00Z", True,
+                                                         gpus=(GpuState(6, "GPU-6", "0000:ba:00", (hot,)),)))
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'node = "node7"\nstate_dir = "{tmp_path / "state"}"\n')
+    env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_lib.parent), "NVML_EMU_DIR": str(node)}
+    argv = [sys.executable, "-c", "from clusterctl.healthd.cli import main; main()", "evidence", "--config", str(config),
+            "--json"]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    evidence = GpuEvidence.from_json(json.loads(out.stdout), "healthd evidence")
+    assert [g.index for g in evidence.gpus] == list(range(8)) and evidence.problems == ()
+    assert evidence.gpus[1].findings == ("gpu-lost: NVML says the GPU is lost",)
+    assert evidence.gpus[6].temperature_c == 94 and evidence.gpus[6].remapped_pending
+    assert evidence.slowdown_reasons() == ("GPU 6: healthd: thermal: temperature high (warn); 94 °C",)
+    assert evidence.slowdown_reasons(gpus=[0, 1]) == ()
+    some = subprocess.run([*argv, "--gpus", "6,9"], capture_output=True, text=True, env=env, timeout=60)
+    assert [g.index for g in GpuEvidence.from_json(json.loads(some.stdout), "healthd evidence").gpus] == [6]
+    assert "GPU 9: not on this node (NVML counts 8 GPUs)" in some.stdout
+    no_driver = subprocess.run(argv, capture_output=True, text=True, timeout=60,
+                               env={**env, "NVML_EMU_DIR": str(tmp_path / "no-such-node")})
+    assert no_driver.returncode == 4 and no_driver.stdout == ""
+    assert no_driver.stderr.startswith("healthd: error: cannot read the GPUs through NVML: ")
+    assert len(no_driver.stderr.splitlines()) == 1 and "Traceback" not in no_driver.stderr
