@@ -407,9 +407,10 @@ def train(args: argparse.Namespace) -> int:
                     f"{slower:.1f}x slower" if clocks else f"GPU {gpu.index} computes {slower:.1f}x slower")
                 factor = slower
             time.sleep(args.step_time * factor)
+            contribution = gradient(state["params"], rank, state["data_cursor"], args.seed)
             # This rank's own work ends here; from here on it waits for the slowest peer.
             compute = time.monotonic() - started
-            summed = group.all_reduce(gradient(state["params"], rank, state["data_cursor"], args.seed))
+            summed = group.all_reduce(contribution)
             noise = rng.randrange(MODULUS)
             state = {"step": state["step"] + 1, "params": apply_update(state["params"], summed, noise),
                      "rng": _rng_to_json(rng.getstate()), "data_cursor": state["data_cursor"] + 1}

@@ -156,6 +156,9 @@ def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int) -> None:
             if kind in NEEDS_VALUE and len(args) != 1:
                 raise click.BadParameter(f"{kind} takes one number", param_hint="ARGS")
             fault = Fault(kind, gpu, value=int(args[0]) if args else 0)
+            if kind == "throttle" and not 0 <= fault.value <= 100:
+                raise click.BadParameter(f"throttle {fault.value}: give the percentage of the SM clock the GPU "
+                                         "keeps (1-100)", param_hint="ARGS")
     except ValueError as exc:
         raise click.BadParameter(f"{' '.join(args)!r} is not a number ({exc})", param_hint="ARGS") from exc
     directory = ComposeTestbed().nvml_dir(node)

@@ -172,13 +172,48 @@ def test_a_throttled_gpu_reports_a_lower_sm_clock_and_thermal_reasons_until_the_
         n.nvmlInit()
         h = n.nvmlDeviceGetHandleByIndex(2)
         print(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM), n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM),
-              n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM), hex(n.nvmlDeviceGetCurrentClocksEventReasons(h)))
+              n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_GRAPHICS), n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_MEM),
+              n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_VIDEO), hex(n.nvmlDeviceGetCurrentClocksEventReasons(h)))
     """
-    assert pynvml(nvml_lib, node, code).stdout.split() == ["1980", "1980", "2619", "0x0"]
+    assert pynvml(nvml_lib, node, code).stdout.split() == ["1980", "1980", "1980", "2619", "1755", "0x0"]
     inject(node, Fault("throttle", gpu=2, value=40))
-    assert pynvml(nvml_lib, node, code).stdout.split() == ["792", "1980", "2619", "0x60"]
+    assert pynvml(nvml_lib, node, code).stdout.split() == ["792", "1980", "792", "2619", "1755", "0x60"]
     inject(node, Fault("throttle", gpu=2, value=100))
-    assert pynvml(nvml_lib, node, code).stdout.split() == ["1980", "1980", "2619", "0x0"]
+    assert pynvml(nvml_lib, node, code).stdout.split() == ["1980", "1980", "1980", "2619", "1755", "0x0"]
+
+
+def test_a_gpu_lost_while_throttled_fails_its_clock_queries_like_every_other_call(nvml_lib, node):
+    inject(node, Fault("throttle", gpu=6, value=40))
+    env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_lib.parent), "NVML_EMU_DIR": str(node)}
+    code = textwrap.dedent("""
+        import pynvml as n, sys
+        n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(6)
+        print(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM), flush=True)
+        sys.stdin.readline()
+        for query in (n.nvmlDeviceGetClockInfo, n.nvmlDeviceGetMaxClockInfo):
+            try: print(query(h, n.NVML_CLOCK_SM))
+            except n.NVMLError_GpuIsLost as e: print("lost:", e)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "792"
+    inject(node, Fault("gpu-lost", gpu=6))
+    out, err = proc.communicate("go\n", timeout=30)
+    assert out.splitlines() == ["lost: GPU is lost", "lost: GPU is lost"], err
+
+
+def test_a_hung_clock_query_blocks_its_caller_until_the_hang_is_cleared(nvml_lib, node):
+    inject(node, Fault("nvml-hang", function="nvmlDeviceGetClockInfo", seconds=600))
+    env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_lib.parent), "NVML_EMU_DIR": str(node)}
+    code = ("import pynvml as n; n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0); "
+            "print(n.nvmlDeviceGetMaxClockInfo(h, n.NVML_CLOCK_SM), flush=True); "
+            "print(n.nvmlDeviceGetClockInfo(h, n.NVML_CLOCK_SM))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "1980"  # only the hung function blocks
+    time.sleep(0.2)
+    assert proc.poll() is None, "the clock query should be blocked by the injected hang"
+    inject(node, Fault("clear"))
+    assert proc.communicate(timeout=10)[0].strip() == "1980"
 
 
 def test_healthd_evidence_names_the_throttled_gpu_as_a_user_would_read_it(nvml_lib, node, tmp_path):

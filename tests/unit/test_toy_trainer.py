@@ -135,21 +135,38 @@ def test_missing_rank_variables_are_a_clear_error(tmp_path, monkeypatch):
         run(tmp_path, 1)
 
 
-def test_a_rank_on_a_throttled_gpu_computes_slower_and_reports_its_compute_time(tmp_path):
-    from clusterctl.records.rank_progress import rank_progress_path, read_rank_progress
+@pytest.fixture(scope="module")
+def nvml_lib(tmp_path_factory) -> Path:
+    """The testbed's emulated libnvidia-ml.so.1, which the trainer loads by soname like the real driver."""
     from clusterctl_testbed.cluster import build_nvml
+
+    lib = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
+    build_nvml(lib)
+    return lib
+
+
+def throttled_node(tmp_path: Path, percent: int) -> Path:
     from clusterctl_testbed.gpu_faults import Fault, inject
 
-    lib = tmp_path / "lib" / "libnvidia-ml.so.1"
-    lib.parent.mkdir()
-    build_nvml(lib)
     node = tmp_path / "node"
     node.mkdir()
     (node / "events").touch()
-    inject(node, Fault("throttle", gpu=0, value=25))  # a quarter of its clock: 4x slower
-    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LD_LIBRARY_PATH": str(lib.parent), "NVML_EMU_DIR": str(node),
-           "CLUSTERCTL_JOB_DIR": str(tmp_path / "job"), "CLUSTERCTL_PROGRESS_INTERVAL": "0"}
+    inject(node, Fault("throttle", gpu=0, value=percent))
+    return node
+
+
+def on_emulated_gpu(lib: Path, node: Path, **extra: str) -> dict:
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LD_LIBRARY_PATH": str(lib.parent),
+           "NVML_EMU_DIR": str(node), **extra}
     env.pop("NVML_EMU_ROOT", None)
+    return env
+
+
+def test_a_rank_on_a_throttled_gpu_computes_slower_and_reports_its_compute_time(tmp_path, nvml_lib):
+    from clusterctl.records.rank_progress import rank_progress_path, read_rank_progress
+
+    node = throttled_node(tmp_path, 25)  # a quarter of its clock: 4x slower
+    env = on_emulated_gpu(nvml_lib, node, CLUSTERCTL_JOB_DIR=str(tmp_path / "job"), CLUSTERCTL_PROGRESS_INTERVAL="0")
     out = subprocess.run([sys.executable, str(TRAINER), "--checkpoint-dir", str(tmp_path / "ck"), "--steps", "5",
                           "--step-time", "0.02", "--log-every", "1000"], env=env, capture_output=True, text=True,
                          timeout=60)
@@ -157,3 +174,47 @@ def test_a_rank_on_a_throttled_gpu_computes_slower_and_reports_its_compute_time(
     assert "GPU 0 clocks at 25% (SM 495/1980 MHz): steps compute 4.0x slower" in out.stdout
     report = read_rank_progress(rank_progress_path(tmp_path / "job", 0))
     assert report.compute_steps == 5 and 5 * 0.08 <= report.compute_s < 5 * 0.08 + 2.0
+
+
+def test_a_throttle_changes_how_long_steps_take_but_not_what_the_run_computes(tmp_path, nvml_lib):
+    assert run(tmp_path / "full-speed", 12) == 0
+    out = subprocess.run([sys.executable, str(TRAINER), "--checkpoint-dir", str(tmp_path / "throttled"), "--steps",
+                          "12", "--step-time", "0.001", "--checkpoint-every", "5", "--log-every", "1000"],
+                         env=on_emulated_gpu(nvml_lib, throttled_node(tmp_path, 40)), capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "GPU 0 clocks at 40% (SM 792/1980 MHz): steps compute 2.5x slower" in out.stdout
+    assert final(tmp_path / "throttled") == final(tmp_path / "full-speed")
+
+
+def test_a_throttle_lifted_mid_run_is_logged_once_as_back_to_full_speed(tmp_path, nvml_lib):
+    from clusterctl_testbed.gpu_faults import Fault, inject
+
+    node = throttled_node(tmp_path, 50)
+    proc = subprocess.Popen([sys.executable, str(TRAINER), "--checkpoint-dir", str(tmp_path / "ck"), "--steps", "2000",
+                             "--step-time", "0.005", "--checkpoint-every", "100000", "--log-every", "100000"],
+                            env=on_emulated_gpu(nvml_lib, node), stdout=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in proc.stdout:  # ends at the latest when the run does
+            seen.append(line)
+            if "GPU 0 clocks at 50% (SM 990/1980 MHz): steps compute 2.0x slower" in line:
+                inject(node, Fault("throttle", gpu=0, value=100))
+            if "GPU 0 clocks back to full speed" in line:
+                break
+        assert "GPU 0 clocks back to full speed" in seen[-1], seen
+    finally:
+        proc.terminate()
+        rest = proc.communicate(timeout=30)[0]
+    assert sum("clocks" in line for line in seen + rest.splitlines()) == 2
+
+
+def test_without_clusterctl_a_rank_on_a_throttled_gpu_still_trains(tmp_path, nvml_lib):
+    env = on_emulated_gpu(nvml_lib, throttled_node(tmp_path, 50), CLUSTERCTL_JOB_DIR=str(tmp_path / "job"))
+    env.pop("PYTHONPATH", None)
+    # -S: no site-packages, so clusterctl cannot be imported and its progress beats are not sent.
+    out = subprocess.run([sys.executable, "-S", str(TRAINER), "--checkpoint-dir", str(tmp_path / "ck"), "--steps",
+                          "3", "--step-time", "0"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "GPU 0 clocks at 50% (SM 990/1980 MHz): steps compute 2.0x slower" in out.stdout
+    assert final(tmp_path / "ck")["step"] == 3 and not (tmp_path / "job").exists()
