@@ -337,7 +337,7 @@ def _rank_states(records: Iterable[RankProgress], policy: HangPolicy, now: float
 
 def _every_rank_silent(states: Sequence[RankState], policy: HangPolicy, now: float, started_at: float,
                        stuck_ranks: tuple[int, ...]) -> HangVerdict:
-    everyone = f"{_ranks_text(s.rank for s in states)} on {_nodes_text(s.node for s in states)}"
+    everyone = f"{ranks_text(s.rank for s in states)} on {_nodes_text(s.node for s in states)}"
     reported = [s for s in states if s.report is not None]
     if not reported:
         line = (f"no rank ({everyone}) has reported progress in {_seconds(now - started_at)} s since the step "
@@ -386,7 +386,7 @@ def _frozen(states: Sequence[RankState], policy: HangPolicy) -> HangVerdict | No
     suspects = []
     for node, group in _by_node(stopped):
         last = max(s.report.alive_at for s in group if s.report is not None)
-        ranks = _ranks_text(s.rank for s in group)
+        ranks = ranks_text(s.rank for s in group)
         evidence = (f"every rank stopped stepping, but {ranks} on {node} also stopped running: their processes "
                     f"last showed life {_seconds(newest - last)} s before the other ranks' latest, which are alive "
                     "and waiting (in a collective, it seems)")
@@ -399,7 +399,7 @@ def _stuck_node(node: str, group: Sequence[RankState], now: float) -> StuckNode:
     clauses = []
     silent = [s for s in group if s.report is None]
     if silent:
-        clauses.append(f"{_ranks_text(s.rank for s in silent)} on {node} never reported progress in "
+        clauses.append(f"{ranks_text(s.rank for s in silent)} on {node} never reported progress in "
                        f"{_seconds(silent[0].silent_for)} s since the step started; {silent[0].timeout.why}")
     spoke = [s for s in group if s.report is not None]
     if spoke:
@@ -407,7 +407,7 @@ def _stuck_node(node: str, group: Sequence[RankState], now: float) -> StuckNode:
         phases = ", ".join(sorted({s.report.phase for s in spoke if s.report is not None}))
         step_text = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
         freshest = min(spoke, key=lambda s: s.silent_for)
-        clauses.append(f"{_ranks_text(s.rank for s in spoke)} on {node} last reported {step_text} (phase {phases}) "
+        clauses.append(f"{ranks_text(s.rank for s in spoke)} on {node} last reported {step_text} (phase {phases}) "
                        f"{_seconds(freshest.silent_for)} s ago; {freshest.timeout.why}")
     return StuckNode(node, ranks, "; ".join(clauses))
 
@@ -419,7 +419,8 @@ def _by_node(states: Iterable[RankState]) -> list[tuple[str, list[RankState]]]:
     return list(groups.items())
 
 
-def _ranks_text(ranks: Iterable[int]) -> str:
+def ranks_text(ranks: Iterable[int]) -> str:
+    """`rank 3`, `ranks 0-7`, `ranks 0,2-3`: ranks as people read them."""
     ordered = sorted(set(ranks))
     spans: list[str] = []
     start = previous = ordered[0]

@@ -30,6 +30,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from clusterctl.launcher.hang_watch import ranks_text
 from clusterctl.records.rank_progress import RankProgress
 
 ACTIONS = ("off", "report", "exclude", "swap")
@@ -251,24 +252,13 @@ def _straggler(node: NodeStats, slow: list[RankStats], reference: float, policy:
     until = max((r.slow_until_step for r in slow if r.slow_until_step is not None), default=since)
     steps = until - since + 1
     seconds = max((r.seconds or 0.0) for r in slow)
-    ranks = _ranks_text(r.rank for r in slow)
+    ranks = ranks_text(r.rank for r in slow)
     evidence = (f"{ranks} on {node.node} computed {_s(seconds)} s per step against the job's {_s(reference)} s "
                 f"({ratio:.2f}x, median over the slow stretch) for {steps} steps from step {since}; "
                 f"a straggler after {policy.window_steps} steps at {policy.margin:g}x or more; "
                 f"{_s(node.lost_s)} s lost so far")
     return Straggler(node.node, tuple(sorted(r.rank for r in slow)), round(ratio, 3), seconds, reference, steps,
                      since, round(node.lost_s, 3), evidence)
-
-
-def _ranks_text(ranks: Iterable[int]) -> str:
-    ordered = sorted(set(ranks))
-    if not ordered:
-        return "its ranks"
-    if len(ordered) == 1:
-        return f"rank {ordered[0]}"
-    if ordered == list(range(ordered[0], ordered[-1] + 1)):
-        return f"ranks {ordered[0]}-{ordered[-1]}"
-    return "ranks " + ",".join(str(r) for r in ordered)
 
 
 def _s(value: float) -> str:
