@@ -250,6 +250,8 @@ def judge(progress_records: Iterable[RankProgress], policy: HangPolicy, now: flo
         return HangVerdict(False)
     stuck_ranks = tuple(s.rank for s in stuck)
     if len(stuck) < len(states):
+        if _silent_together(stuck, [s for s in states if s not in stuck], policy):
+            return HangVerdict(False)  # the rest crosses its timeout within straggler_gap: judged then
         suspects = tuple(_stuck_node(node, group, now) for node, group in _by_node(stuck))
         return HangVerdict(True, False, suspects, stuck_ranks, tuple(s.evidence for s in suspects))
     return _every_rank_silent(states, policy, now, started_at, stuck_ranks)
@@ -335,6 +337,18 @@ def _rank_states(records: Iterable[RankProgress], policy: HangPolicy, now: float
     return states
 
 
+def _silent_together(stuck: Sequence[RankState], others: Sequence[RankState], policy: HangPolicy) -> bool:
+    """The ranks not yet past their timeout went silent with the stuck ones: their newest report is
+    less than `straggler_gap` newer.  Reports are rate-limited (and a phase change is written at
+    once), so ranks stopping together in one collective stop reporting up to an interval apart;
+    telling them apart before all are overdue would blame the ranks that happened to report first."""
+    if any(s.report is None for s in [*stuck, *others]):
+        return False
+    stuck_last = max(s.report.at for s in stuck if s.report is not None)
+    others_last = max(s.report.at for s in others if s.report is not None)
+    return others_last < stuck_last + policy.straggler_gap
+
+
 def _every_rank_silent(states: Sequence[RankState], policy: HangPolicy, now: float, started_at: float,
                        stuck_ranks: tuple[int, ...]) -> HangVerdict:
     everyone = f"{ranks_text(s.rank for s in states)} on {_nodes_text(s.node for s in states)}"
@@ -366,8 +380,9 @@ def _every_rank_silent(states: Sequence[RankState], policy: HangPolicy, now: flo
         return HangVerdict(True, False, tuple(suspects), stuck_ranks, tuple(s.evidence for s in suspects))
     report = newest.report
     line = (f"every rank ({everyone}) silent: the newest report, step {report.step} (phase {report.phase}) "
-            f"from rank {report.rank}, is {_seconds(now - newest_at)} s old; {newest.timeout.why}; the whole job "
-            "stopped at once (a shared-filesystem or network stall?), no node to blame")
+            f"from rank {report.rank}, is {_seconds(now - newest_at)} s old; {newest.timeout.why}; "
+            f"{_liveness_text(states, now)}the whole job stopped at once (a shared-filesystem or network stall?), "
+            "no node to blame")
     return HangVerdict(True, True, (), stuck_ranks, (line,))
 
 
@@ -392,6 +407,18 @@ def _frozen(states: Sequence[RankState], policy: HangPolicy) -> HangVerdict | No
                     "and waiting (in a collective, it seems)")
         suspects.append(StuckNode(node, tuple(s.rank for s in group), evidence))
     return HangVerdict(True, False, tuple(suspects), tuple(s.rank for s in states), tuple(s.evidence for s in suspects))
+
+
+def _liveness_text(states: Sequence[RankState], now: float) -> str:
+    """What the liveness reports say when they did not single out frozen ranks: every process alive,
+    every one frozen, or too close to tell apart (an admin reads why no node was named)."""
+    alive = [s.report.alive_at for s in states if s.report is not None and s.report.alive_at > 0]
+    if not alive or len(alive) < len(states):
+        return ""
+    newest, oldest = now - max(alive), now - min(alive)
+    ages = f"{_seconds(newest)} s ago" if _seconds(newest) == _seconds(oldest) else \
+        f"{_seconds(newest)}-{_seconds(oldest)} s ago"
+    return f"every rank's process last showed life {ages} (liveness), none apart from the others; "
 
 
 def _stuck_node(node: str, group: Sequence[RankState], now: float) -> StuckNode:

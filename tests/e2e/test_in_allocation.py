@@ -182,10 +182,9 @@ def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_
     assert event.at - stopped <= 5 + 2 + 5, event  # the timeout, one watch interval, the step's end
     # Every rank stopped stepping at once (lockstep), but only the victim's processes stopped running:
     # the others' liveness threads kept reporting while they waited in the all-reduce, so the victim
-    # is named (22.05, and 26.05 mostly).  Sometimes on 26.05 the batch host's ranks read as frozen
-    # too (not understood yet): the agent then restarts the step in place, blaming nobody.
-    assert [b.node for b in event.blame] in ([], [victim]), event
-    assert not event.blame or "also stopped running" in event.blame[0].evidence[0], event
+    # is named, though rank 0's last report (a phase change after the save) came after the others'.
+    assert [b.node for b in event.blame] == [victim], event
+    assert "also stopped running" in event.blame[0].evidence[0], event
     out = _finished(cluster, proc)
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
     assert len(_events(run_dir, "submitted")) == 1, out

@@ -219,3 +219,34 @@ def test_every_rank_stopped_and_their_processes_alike_is_still_a_whole_job_stall
     watch = watch.observe(_alive(41, last_at, dict.fromkeys(("node1", "node2", "node3", "node4"), seen)))
     verdict = watch.verdict(now)
     assert verdict.hung and verdict.whole_job and verdict.suspect_nodes == ()
+    expected = "1 s ago" if alive == "every process alive" else "95 s ago"
+    assert f"every rank's process last showed life {expected} (liveness), none apart from the others; the whole " \
+           "job stopped at once" in verdict.evidence[0]
+
+
+def test_liveness_too_close_to_tell_apart_is_shown_as_a_range_of_ages():
+    watch = trained(41)
+    last_at = START + 60 + 41 * 12
+    now = last_at + 95
+    watch = watch.observe(_alive(41, last_at, {"node1": now - 1, "node2": now - 2.5, "node3": now - 1,
+                                               "node4": now - 1}))
+    verdict = watch.verdict(now)
+    assert verdict.whole_job
+    assert "every rank's process last showed life 1-2.5 s ago (liveness), none apart from the others" \
+        in verdict.evidence[0]
+
+
+def test_lockstep_ranks_whose_rate_limited_reports_end_apart_are_judged_together_once_all_are_overdue():
+    watch = trained(41)
+    last_at = START + 60 + 41 * 12
+    # Every rank stopped in one collective, but rank 0's last report (a phase change, written at once)
+    # came 0.8 s after the others' rate-limited ones; node2's processes froze, the rest wait alive.
+    stopped = [RankProgress(r.rank, r.node, 41, "step", last_at + (0.8 if r.rank == 0 else 0.0), r.pid,
+                            alive_at=last_at + 0.8 if r.node == "node2" else last_at + 61)
+               for r in reports(41, last_at)]
+    watch = watch.observe(stopped)
+
+    assert not watch.verdict(last_at + 60.5).hung  # ranks 1-31 overdue, rank 0 not yet: not told apart
+    verdict = watch.verdict(last_at + 61)
+    assert verdict.hung and verdict.suspect_nodes == ("node2",)
+    assert "ranks 8-15 on node2 also stopped running" in verdict.evidence[0]
