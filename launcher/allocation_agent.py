@@ -149,6 +149,8 @@ class Watched:
     seen: float
     hang: HangVerdict | None = None
     straggler: Straggler | None = None
+    lost_s: float = 0.0
+    """Time the step's stragglers cost it (the slowest rank's excess per step, summed)."""
 
 
 # ---- the doors it is given -----------------------------------------------------------------------
@@ -260,7 +262,6 @@ class Agent:
         self.batch_host = environ.get("SLURMD_NODENAME") or self.allocated[0]
         self.lost_before = 0.0  # seconds lost to slow nodes in the steps before this one
         self.stragglers_seen: set[str] = set()  # nodes already journaled as stragglers in this job
-        self.stragglers: StragglerWatch | None = None  # the running step's straggler watch
 
     def _states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
         states = {}
@@ -294,7 +295,7 @@ class Agent:
         while True:
             code = launched.step.exit_code()
             if code is not None:
-                return Watched(code, [], self.doors.monotonic())
+                return Watched(code, [], self.doors.monotonic(), lost_s=stragglers.lost_s)
             if self.doors.monotonic() < next_read:
                 self.doors.sleep(STEP_POLL_SECONDS)
                 continue
@@ -308,17 +309,16 @@ class Agent:
                     silent_since.pop(name, None)
             suspects = hardware_suspects(nodes, states, {n: now - t for n, t in silent_since.items()}, grace)
             if suspects:
-                return Watched(None, suspects, now)
+                return Watched(None, suspects, now, lost_s=stragglers.lost_s)
             records, _ = read_progress(launched.job_dir)
             hangs = hangs.observe(records)
             if self.spec.stragglers.action != "off":
                 stragglers = stragglers.observe(records)
-                self.stragglers = stragglers
                 self._write_step_times(launched, stragglers)
                 for found in stragglers.found:
                     swap = self._on_straggler(launched, found, spares)
                     if swap is not None:
-                        return Watched(None, [swap], now, straggler=found)
+                        return Watched(None, [swap], now, straggler=found, lost_s=stragglers.lost_s)
             if pattern:
                 lines, log_offset = self.doors.read_log(self.log_path, log_offset)
                 for line in lines:
@@ -328,7 +328,7 @@ class Agent:
             if hangs.latest or hangs.logged is not None:  # the program reports progress: judge it
                 verdict = hangs.verdict(self.doors.now())
                 if verdict.hung:
-                    return Watched(None, list(verdict.blames()), now, verdict)
+                    return Watched(None, list(verdict.blames()), now, verdict, lost_s=stragglers.lost_s)
 
     def _write_step_times(self, launched: Launched, watch: StragglerWatch) -> None:
         if not watch.nodes:
@@ -431,14 +431,12 @@ class Agent:
         in_use, restart, in_place, hung = self.allocated, 0, 0, 0
         launched = self._launch(self.job_dir, in_use, resume_from)
         while True:
-            self.stragglers = None
             watched = self._watch(launched, len(in_use) - self.spec.job.nodes)
-            if self.stragglers is not None:
-                self.lost_before += self.stragglers.lost_s
+            self.lost_before += watched.lost_s
             code, suspects, seen = watched.exit_code, watched.suspects, watched.seen
             if code is None:
-                why = "; ".join(f"{b.node}: {b.reason}" for b in suspects) if suspects else \
-                    "; ".join(watched.hang.evidence) if watched.hang else "?"
+                why = "; ".join(watched.hang.evidence) if watched.hang else \
+                    "; ".join(f"{b.node}: {b.reason}" for b in suspects) if suspects else "?"
                 self.doors.say(f"ending the step now: {why}")
                 code = launched.step.stop(STOP_GRACE_SECONDS)
             elif code != 0:
