@@ -14,6 +14,7 @@ import json
 import shutil
 import subprocess
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -105,11 +106,20 @@ def _log(run_dir: Path) -> str:
 @pytest.fixture(scope="module")
 def reference(testbed_session, tmp_path_factory) -> dict:
     """The same training uninterrupted (srun style, world size 4)."""
-    tmp = tmp_path_factory.mktemp("torch-reference")
-    run_dir = tmp / "run"
-    clusterctl_on(testbed_session, "submit", str(_spec(testbed_session, tmp, "srun")), "--run-dir", str(run_dir),
-                  "--wait", timeout=300)
-    assert (run_dir / "checkpoints" / "final.json").exists(), _log(run_dir)
+    failures = []
+    for _ in range(2):
+        tmp = tmp_path_factory.mktemp("torch-reference")
+        run_dir = tmp / "run"
+        done = clusterctl_on(testbed_session, "submit", str(_spec(testbed_session, tmp, "srun")), "--run-dir",
+                             str(run_dir), "--wait", timeout=300, check=False)
+        if done.returncode == 0 and (run_dir / "checkpoints" / "final.json").exists():
+            break
+        # Once in about ten CI runs this uninterrupted run has failed (one rank ended first, the others
+        # were terminated: exit 143) for a reason not yet seen; the expected result, not a story,
+        # comes from it, so one more try is taken, and the failure is shown rather than hidden.
+        failures.append(f"{done.stdout}{done.stderr}\n{_log(run_dir)}")
+        warnings.warn(f"the uninterrupted PyTorch reference run failed:\n{failures[-1]}", stacklevel=1)
+    assert len(failures) < 2, "\n\n".join(failures)
     final = _final(run_dir)
     assert final["step"] == STEPS and final["world_size"] == 4
     return final
