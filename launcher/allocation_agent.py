@@ -29,21 +29,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clusterctl.clock import utc
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.checkpoints import Checkpoint, resume_point
 from clusterctl.launcher.classify import Blame, exit_request, hardware_suspects, not_responding
 from clusterctl.launcher.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
 from clusterctl.launcher.spec import JobSpec
+from clusterctl.launcher.straggler_actions import StragglerActions, StragglerDoors, srun_gpu_evidence
 from clusterctl.launcher.straggler_watch import Straggler, StragglerWatch
-from clusterctl.records.actions import Action
-from clusterctl.records.drain_reason import DrainReason
 from clusterctl.records.gpu_evidence import GpuEvidence
-from clusterctl.records.node_step_times import NodeStepTime, NodeStepTimes, write_node_step_times
 from clusterctl.records.rank_map import RankMap
 from clusterctl.records.rank_progress import read_progress
-from clusterctl.records.run_journal import RecoveredInAllocation, StragglerFound, append_run_event
-from clusterctl.records.versioned import RecordError, parse_json_record
+from clusterctl.records.run_journal import RecoveredInAllocation, append_run_event
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
 from clusterctl.slurm.nodes import NodeState, SlurmNode
@@ -63,10 +59,6 @@ IN_PLACE_RESTARTS = 1
 """How often a step in which every rank stopped at once is started again on the same nodes."""
 EVIDENCE_GRACE_SECONDS = 5.0
 """After a step failed with no node to blame yet: how long healthd's drain may take to show in Slurm."""
-STRAGGLER_REASON = "straggler: its ranks computed persistently slower than the job's"
-"""The `reason` of a Blame for a node evicted for slowness."""
-GPU_EVIDENCE_TIMEOUT = 60.0
-"""How long the one-off step that asks a slow node's GPUs (healthd evidence) may take."""
 
 
 # ---- pure: what the agent decides ------------------------------------------------------------------
@@ -213,31 +205,6 @@ class AgentDoors:
     """Drain a node with a reason (raises SlurmCommandError when Slurm refuses, e.g. not an operator)."""
 
 
-def srun_gpu_evidence(python: str) -> Callable[[str, Mapping[str, str]], GpuEvidence | str]:
-    """Ask `node`'s GPUs through `healthd evidence --json`, run there as a one-off step of this job
-    (--overlap: beside the training step, on the resources it holds)."""
-    def read(node: str, env: Mapping[str, str]) -> GpuEvidence | str:
-        argv = ["srun", "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--quiet", python, "-c",
-                "from clusterctl.healthd.cli import main; main()", "evidence", "--json"]
-        step_env = {k: v for k, v in env.items() if k not in ("SLURM_HOSTFILE", "SLURM_DISTRIBUTION")}
-        try:
-            done = subprocess.run(argv, env=step_env, capture_output=True, timeout=GPU_EVIDENCE_TIMEOUT,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return f"healthd evidence on {node} did not answer within {GPU_EVIDENCE_TIMEOUT:g} s"
-        except OSError as exc:
-            return f"cannot run srun: {exc.strerror}"
-        if done.returncode != 0:
-            said = done.stderr.decode(errors="replace").strip().splitlines()
-            return f"healthd evidence on {node} failed (exit {done.returncode}): {said[-1] if said else 'no message'}"
-        try:
-            return GpuEvidence.from_json(parse_json_record(done.stdout, f"healthd evidence on {node}"),
-                                         f"healthd evidence on {node}")
-        except RecordError as exc:
-            return str(exc)
-    return read
-
-
 def default_doors(python: str = sys.executable) -> AgentDoors:
     """The real Slurm commands, srun as a child process, the system clock."""
     slurm = Slurm()
@@ -260,8 +227,6 @@ class Agent:
         self.log_path = run_dir / "logs" / f"{self.job_id}.out"  # sbatch --output: the agent's own stdout
         # Slurm runs the batch script (this agent) on the allocation's first node.
         self.batch_host = environ.get("SLURMD_NODENAME") or self.allocated[0]
-        self.lost_before = 0.0  # seconds lost to slow nodes in the steps before this one
-        self.stragglers_seen: set[str] = set()  # nodes already journaled as stragglers in this job
 
     def _states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
         states = {}
@@ -314,9 +279,12 @@ class Agent:
             hangs = hangs.observe(records)
             if self.spec.stragglers.action != "off":
                 stragglers = stragglers.observe(records)
-                self._write_step_times(launched, stragglers)
+                self.straggler_actions.write_table(stragglers)
                 for found in stragglers.found:
-                    swap = self._on_straggler(launched, found, spares)
+                    no_swap = (f"{found.node} is the batch host, where this agent runs" if found.node == self.batch_host
+                               else "no spare left" if spares < 1 else "")
+                    swap = self.straggler_actions.act(found, resized_environment(self.environ, launched.slots),
+                                               no_swap=no_swap)
                     if swap is not None:
                         return Watched(None, [swap], now, straggler=found, lost_s=stragglers.lost_s)
             if pattern:
@@ -329,74 +297,6 @@ class Agent:
                 verdict = hangs.verdict(self.doors.now())
                 if verdict.hung:
                     return Watched(None, list(verdict.blames()), now, verdict, lost_s=stragglers.lost_s)
-
-    def _write_step_times(self, launched: Launched, watch: StragglerWatch) -> None:
-        if not watch.nodes:
-            return
-        def rounded(value: float | None) -> float | None:
-            return None if value is None else round(value, 6)
-        lines = tuple(NodeStepTime(n.node, n.ranks, rounded(n.seconds), rounded(n.ratio),
-                                   "straggler" if n.straggler else "slow" if n.slow_steps else "ok", round(n.lost_s, 3))
-                      for n in sorted(watch.nodes.values(), key=lambda n: n.node))
-        step = max((r.step for r in watch.previous.values()), default=0)
-        record = NodeStepTimes(self.job_id, self.doors.now(), step, rounded(watch.reference),
-                               round(self.lost_before + watch.lost_s, 3), lines)
-        try:
-            write_node_step_times(self.job_dir, record)
-        except OSError as exc:  # the table is for people; the watch goes on without it
-            self.doors.say(f"cannot write the step-time table in {self.job_dir}: {exc.strerror}")
-
-    def _hardware(self, node: str, env: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
-        """What `node`'s GPUs say that explains a slowdown (empty: nothing), and a note when they could not be asked."""
-        if self.doors.gpu_evidence is None:
-            return (), "the GPUs were not asked (no evidence reader)"
-        evidence = self.doors.gpu_evidence(node, env)
-        if isinstance(evidence, str):
-            return (), evidence
-        return evidence.slowdown_reasons(), "; ".join(evidence.problems)
-
-    def _on_straggler(self, launched: Launched, found: Straggler, spares: int) -> Blame | None:
-        """Journal a straggler, ask its GPUs why, drain it when they agree and it is evicted; the Blame
-        to swap it for a spare now, or None to carry on."""
-        if found.node in self.stragglers_seen:
-            return None
-        self.stragglers_seen.add(found.node)
-        action = self.spec.stragglers.action
-        notes: list[str] = []
-        if action == "swap" and found.node == self.batch_host:
-            action = "exclude"
-            notes.append(f"not swapped: {found.node} is the batch host, where this agent runs; avoided from the "
-                         "next resubmission on")
-        elif action == "swap" and spares < 1:
-            action = "exclude"
-            notes.append("not swapped: no spare left; avoided from the next resubmission on")
-        hardware, problem = self._hardware(found.node, resized_environment(self.environ, launched.slots))
-        if problem:
-            notes.append(f"GPU evidence: {problem}")
-        evicted = action in ("exclude", "swap")
-        until = self.doors.now() + self.spec.restart.blame_hours * 3600
-        blame = Blame(found.node, STRAGGLER_REASON, (found.evidence, *hardware, *notes))
-        drain = ""
-        if evicted and hardware and self.doors.drain is not None:
-            reason = DrainReason(kind="straggler", action=Action.DRAIN_RESET, at=utc(self.doors.now())).render()
-            try:
-                self.doors.drain(found.node, reason)
-                drain = f"drained: {reason}"
-            except SlurmCommandError as exc:
-                drain = f"not drained: Slurm refused ({exc}); healthd's own clock-events check is the admins' path"
-        elif evicted:
-            drain = "not drained: the GPUs' own evidence does not explain the slowdown; avoided by this run only"
-        done = {"report": "reported", "exclude": "excluded", "swap": "swapped"}[action]
-        append_run_event(self.run_dir / "journal.jsonl", StragglerFound(
-            at=self.doors.now(), job_id=self.job_id, node=found.node, ranks=found.ranks, ratio=found.ratio,
-            seconds=round(found.seconds, 6), reference=round(found.reference, 6), steps=found.steps,
-            since_step=found.since_step, lost_s=found.lost_s, evidence=(found.evidence, *notes), hardware=hardware,
-            action=done, blame=(blame.to_journal(until),) if evicted else (), drain=drain))
-        what = {"reported": "reported", "excluded": "avoided from the next resubmission on",
-                "swapped": "swapping it for a spare now"}[done]
-        self.doors.say(f"straggler {found.node}: {found.evidence}; GPUs: {'; '.join(hardware) or 'nothing explains it'}"
-                       f"; {what}{'; ' + drain if drain else ''}")
-        return blame if done == "swapped" else None
 
     def _evidence_after(self, nodes: Sequence[str]) -> list[Blame]:
         """The step failed by itself: healthd's drain (or Slurm's DOWN) may show a moment later."""
@@ -429,10 +329,14 @@ class Agent:
     def run(self, resume_from: str | None) -> int:
         """Steps until one completes, fails on its own, or no spare is left; the job's exit code."""
         in_use, restart, in_place, hung = self.allocated, 0, 0, 0
+        doors = self.doors
+        self.straggler_actions = StragglerActions(self.run_dir, self.job_dir, self.job_id, self.spec.stragglers.action,
+                                           self.spec.restart.blame_hours,
+                                           StragglerDoors(doors.now, doors.say, doors.gpu_evidence, doors.drain))
         launched = self._launch(self.job_dir, in_use, resume_from)
         while True:
             watched = self._watch(launched, len(in_use) - self.spec.job.nodes)
-            self.lost_before += watched.lost_s
+            self.straggler_actions.step_ended(watched.lost_s)
             code, suspects, seen = watched.exit_code, watched.suspects, watched.seen
             if code is None:
                 why = "; ".join(watched.hang.evidence) if watched.hang else \

@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from clusterctl.records.drain_reason import parse_drain_reason
 from clusterctl.records.job_health import JobHealthRecord
 from clusterctl.records.run_journal import BlamedNode, OutcomeKind
 from clusterctl.slurm.jobs import JobReport
@@ -113,6 +114,8 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
         state = nodes.get(name)
         if state is None:
             continue
+        if state.drained_by_us and _straggler_drain(state.reason):
+            continue  # slow, not failed: the straggler watch that drained it chose what the job does
         if state.drained_by_us:  # healthd's (or the prolog's, same rules) `healthd: ...` reason
             found.append(Blame(name, state.reason, (f"drained by healthd: {state.reason}",)))
         elif node_down(state):
@@ -125,6 +128,11 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
     if silent and not _too_many_to_believe([b.node for b in silent], job_nodes):
         found += silent
     return found
+
+
+def _straggler_drain(reason: str) -> bool:
+    parsed = parse_drain_reason(reason)
+    return parsed is not None and parsed.kind == "straggler"
 
 
 def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, NodeState],

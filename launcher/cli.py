@@ -32,6 +32,7 @@ from clusterctl.launcher.plan_view import plan_json, plan_renderables, plan_svg
 from clusterctl.launcher.render import SlurmFacts
 from clusterctl.launcher.report import report_renderables
 from clusterctl.launcher.runs import RunDir
+from clusterctl.launcher.straggler_actions import srun_gpu_evidence
 from clusterctl.launcher.spec import (
     MAX_NODES, MAX_RANKS, JobSpec, default_runs_dir, load_spec, parse_overrides, reference_rows,
 )
@@ -44,6 +45,7 @@ from clusterctl.launcher.use_cases import (
 from clusterctl.records.versioned import indented_json
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.nodes import SlurmNode
 
 DEFAULT_JOB_RECORDS = "/var/spool/clusterctl/job-health"
 DETACH_GRACE = 2.0
@@ -229,7 +231,8 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
         console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False, soft_wrap=True)
 
     notifier = webhook_notifier(spec.restart.webhook, say)
-    hooks = Hooks(say=say, notify=notifier)
+    hooks = Hooks(say=say, notify=notifier, gpu_evidence=srun_gpu_evidence(sys.executable),
+                  drain=lambda name, reason: SlurmNode(name, slurm.runner, slurm.timeout).drain(reason))
     # `facts`: already asked of Slurm by `submit`; None makes the supervisor ask.
     supervisor = Supervisor(run, slurm, sys.executable, job_records, hooks, facts=facts)
     if not console.is_terminal:

@@ -166,10 +166,12 @@ FIELDS: tuple[Field, ...] = (
           "spare from the last complete checkpoint, without queueing again; `resubmit`: always through the "
           "queue.", "in-allocation", choices=("in-allocation", "resubmit")),
     Field("restart", "webhook", "str", "URL that gets a JSON POST on blame, stop and completion."),
-    Field("stragglers", "action", "choice", "Jobs with spares (the in-allocation agent) compare their ranks' compute "
-          "time per step (clusterctl.progress.beat(step, compute_seconds=...)) across nodes. A node persistently "
+    Field("stragglers", "action", "choice", "Compare the ranks' compute time per step (clusterctl.progress.beat(step, "
+          "compute_seconds=...)) across nodes: the in-allocation agent of a job with spares, the supervisor "
+          "(`--supervise`) of any other. A node persistently "
           "slower than the job is: `report`ed (journal, status, report; the default), also `exclude`d from the "
-          "next resubmission, or `swap`ped for a spare now (a new step from the last complete checkpoint). "
+          "next resubmission, or `swap`ped for a spare now (a new step from the last complete checkpoint; "
+          "in-allocation recovery only, otherwise excluded). "
           "Evicted nodes are drained only when their GPUs' own evidence (healthd evidence: clock slowdown "
           "reasons, clocks, temperature) agrees.", "report", choices=("off", "report", "exclude", "swap")),
     Field("stragglers", "margin", "float", "Slow: compute time per step at least this many times the job's "

@@ -28,9 +28,12 @@ from clusterctl.launcher.restart_policy import AttemptState, RunState, decide, r
 from clusterctl.launcher.runs import RunDir
 from clusterctl.launcher.shared_reads import SharedReads
 from clusterctl.launcher.spec import JobSpec
+from clusterctl.launcher.straggler_actions import GpuEvidenceReader, StragglerActions, StragglerDoors
+from clusterctl.launcher.straggler_watch import StragglerWatch
 from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
 from clusterctl.records.job_health import JobHealthRecord, read_job_health
 from clusterctl.records.rank_map import read_rank_map
+from clusterctl.records.rank_progress import read_progress
 from clusterctl.records.run_journal import (
     Decided, DecisionAction, Ending, EventKind, RunEnded, SlurmTimes, Submitted, Submitting, SubmitLost, Waiting,
 )
@@ -49,6 +52,9 @@ LOG_TAIL_BYTES = 64 * 1024
 SINGLE_NODE_READS = 32  # a job on more nodes reads the (shared) node table once instead of each node alone
 AGENT_GRACE_SECONDS = 60.0
 """With spares, how long a failed node may stay in a running job before the supervisor (not the job's agent) ends it."""
+NO_SWAP = ("the job has no in-allocation agent to swap nodes (spare_nodes with launch style srun and "
+           "restart.recover = in-allocation)")
+"""Why a straggler the supervisor finds is excluded rather than swapped."""
 CHANGING_STATES = frozenset({"CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"})
 """Job states on the way in or out: watched at the fast interval."""
 
@@ -82,6 +88,10 @@ class Hooks:
     say: Callable[[str], None] = print
     notify: Callable[[str, dict[str, Any]], None] = lambda event, payload: None
     show: Callable[[dict[str, Any]], None] = lambda snapshot: None
+    gpu_evidence: GpuEvidenceReader | None = None
+    """What a slow node's GPUs say, asked as a step of the job (None: not asked)."""
+    drain: Callable[[str, str], None] | None = None
+    """Drain a node with a reason (None: never drain; SlurmCommandError when Slurm refuses)."""
 
 
 @dataclass
@@ -117,6 +127,10 @@ class Supervisor:
         # Watching reads go through a cache shared with the other supervisors of this runs
         # directory; checks before an sbatch (live copies, reconciling) ask Slurm directly.
         self.reads = SharedReads(self.slurm, self.run.path.parent, self.spec.restart.poll_seconds, self.hooks.clock)
+        # The running attempt's straggler watch (jobs without an in-allocation agent): job id, watch,
+        # what it acts with, when to read the ranks' progress next.
+        self._stragglers: tuple[str, StragglerWatch, StragglerActions] | None = None
+        self._next_progress_read = 0.0
 
     # ---- the loop ---------------------------------------------------------------
     def supervise(self) -> int:
@@ -316,10 +330,39 @@ class Supervisor:
                 suspects = self._left_to_the_agent(suspects, now) + self._agent_gone(attempt, report, nodes)
             if suspects:
                 self._end_attempt(attempt, suspects)
+            elif not self.spec.recovers_in_allocation and self.spec.stragglers.action != "off":
+                self._watch_stragglers(attempt, len(nodes))
         self._show(attempt, state, report)
         seen = (attempt.job_id, report.state if report else None, report.nodes if report else None)
         changing = report is None or bool(attempt.ended_by_us) or (report.state in CHANGING_STATES)
         self.hooks.sleep(self._poll_wait(seen, changing))
+
+    def _watch_stragglers(self, attempt: AttemptState, nodes: int) -> None:
+        """Read the running job's rank progress (at the agent's pace for that many nodes) and act on the
+        stragglers found: report, or exclude from the next submission (a swap needs the agent)."""
+        from clusterctl.launcher.allocation_agent import node_read_interval
+        assert attempt.job_id is not None
+        now = self.hooks.clock()
+        if self._stragglers is None or self._stragglers[0] != attempt.job_id:
+            job_dir = self.run.path / "jobs" / attempt.job_id
+            doors = StragglerDoors(self.hooks.clock, self.hooks.say, self.hooks.gpu_evidence, self.hooks.drain)
+            self._stragglers = (attempt.job_id, StragglerWatch.start(self.spec.stragglers, attempt.submitted_at),
+                                StragglerActions(self.run.path, job_dir, attempt.job_id, self.spec.stragglers.action,
+                                                 self.spec.restart.blame_hours, doors))
+            self._next_progress_read = now
+        if now < self._next_progress_read:
+            return
+        self._next_progress_read = now + node_read_interval(nodes)
+        job_id, watch, actions = self._stragglers
+        records, _ = read_progress(actions.job_dir)
+        watch = watch.observe(records)
+        self._stragglers = (job_id, watch, actions)
+        actions.write_table(watch)
+        for found in watch.found:
+            # srun attaches to the job by SLURM_JOB_ID; another allocation's SLURM_* (a supervisor
+            # started inside salloc) would mislead it.
+            env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+            actions.act(found, {**env, "SLURM_JOB_ID": job_id}, no_swap=NO_SWAP)
 
     def _agent_gone(self, attempt: AttemptState, report: JobReport, nodes: dict[str, NodeState]) -> list[Blame]:
         """The job's batch host (where its agent runs: the allocation's first node) is no longer in the

@@ -228,7 +228,7 @@ def test_a_thermally_throttled_gpu_makes_its_node_a_straggler_swapped_for_the_sp
     second node keeps 40% of its clocks: its rank computes 2.5x slower, the node is found with its
     GPUs' evidence, drained (the evidence agrees), swapped for the spare from the last checkpoint,
     and the job's compute time per step is back to normal."""
-    steps = 240
+    steps = 320
     spec = _spec(tmp_path, 1).read_text()
     spec = spec.replace('command = ["python3"', f'command = ["{cluster.python}"').replace(
         f'"--steps", "{STEPS}"', f'"--steps", "{steps}"').replace('"--step-time", "0.15"', '"--step-time", "0.1"')
@@ -285,3 +285,37 @@ def test_a_thermally_throttled_gpu_makes_its_node_a_straggler_swapped_for_the_sp
     assert f"straggler {slow}" in status and "compute time per step" in status, status
     report = clusterctl_on(cluster, "report", str(run_dir)).stdout
     assert f"straggler {slow} (swapped)" in report and "slow nodes" in report, report
+
+
+def test_without_spares_the_supervisor_finds_the_straggler_drains_it_and_excludes_it_from_the_next_submission(
+        cluster, tmp_path):
+    """No spare, so no agent: the supervisor reads the ranks' progress from the run directory.  One GPU
+    keeps 40% of its clocks: the node is found with its GPUs' evidence, drained (the evidence agrees),
+    and blamed so a resubmission would leave it out; the job itself runs on to its end."""
+    steps = 200
+    spec = _spec(tmp_path, 0).read_text()
+    spec = spec.replace('command = ["python3"', f'command = ["{cluster.python}"').replace(
+        f'"--steps", "{STEPS}"', f'"--steps", "{steps}"').replace('"--step-time", "0.15"', '"--step-time", "0.1"')
+    spec += 'poll_max_seconds = 2\n[stragglers]\naction = "exclude"\n'
+    (tmp_path / "job.toml").write_text(spec)
+    proc, run_dir = _supervised(cluster, tmp_path, tmp_path / "job.toml")
+    _wait(lambda: (run_dir / "jobs").is_dir() and _events(run_dir, "submitted"), "the job", proc=proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    job_dir = run_dir / "jobs" / job
+    _wait(lambda: _rank0_step(job_dir) >= 20, "step 20", proc=proc)
+    slow = read_rank_map(job_dir).slots[1]
+    _throttle(cluster, [slow], [3], 40)
+    _wait(lambda: _events(run_dir, "straggler"), "the straggler found", timeout=90, proc=proc)
+    out = _finished(cluster, proc, timeout=240)
+    [event] = _events(run_dir, "straggler")
+    assert event.node == slow and event.action == "excluded" and 2.0 <= event.ratio <= 3.2, event
+    assert [b.node for b in event.blame] == [slow], event
+    assert any("GPU 3" in line and "thermal" in line.lower() for line in event.hardware), event
+    assert event.drain.startswith("drained: healthd: straggler"), event
+    reason = cluster.run_on("ctl", ["sinfo", "-h", "-n", slow, "-o", "%E"]).stdout.strip()
+    assert reason.startswith("healthd: straggler"), reason
+    assert f"straggler {slow}" in out, out
+    assert json.loads((run_dir / "checkpoints" / "final.json").read_text())["step"] == steps, out
+    assert len(_events(run_dir, "submitted")) == 1, out
+    status = clusterctl_on(cluster, "status", str(run_dir)).stdout
+    assert f"straggler {slow}" in status and "compute time per step" in status, status

@@ -153,6 +153,15 @@ def test_an_admin_drain_never_ends_a_running_attempt():
     assert hardware_suspects(["node1", "node4"], ADMIN_DRAIN) == []
 
 
+def test_a_straggler_drain_never_ends_a_running_attempt_but_a_failure_drain_does():
+    slow = {**HEALTHY, "node4": replace(HEALTHY["node4"], flags=("DRAIN",),
+                                        reason="healthd: straggler drain-reset 2026-11-23T05:27:48Z")}
+    assert hardware_suspects(["node1", "node4"], slow) == []  # slow, not failed: excluded next time
+    failed = {**HEALTHY, "node4": replace(HEALTHY["node4"], flags=("DRAIN",),
+                                          reason="healthd: xid 79 gpu3 (GPU-x) drain-reboot")}
+    assert [b.node for b in hardware_suspects(["node1", "node4"], failed)] == ["node4"]
+
+
 def test_an_admin_drain_is_the_weakest_evidence_after_a_failure():
     outcome = classify(_report("FAILED"), ["node1", "node4"], ADMIN_DRAIN, {}, "")
     assert outcome.kind == NODE_FAILURE and outcome.blame[0].reason == "drained: maintenance"

@@ -1,0 +1,155 @@
+"""Acting on what the straggler watch finds, for whoever watches the job's progress: the in-allocation
+agent (jobs with spares, on the batch host) and the supervisor (every other job, on the login node).
+
+Per node found slow (once per job): ask its GPUs why (`healthd evidence --json`, run on the node as a
+one-off `srun --overlap` step of the job), journal a `straggler` event with the evidence, and drain the
+node with a `healthd: straggler` reason only when it is evicted (`exclude`, `swap`) and its GPUs'
+own evidence explains the slowdown.  Also keeps `<job_dir>/step_times.json`, the per-node table that
+`clusterctl status` and `report` show.  Excluding (the journal's blame, honoured at the next
+submission) and swapping (the agent's restart on a spare) are the callers' business.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusterctl.clock import utc
+from clusterctl.errors import SlurmCommandError
+from clusterctl.launcher.classify import Blame
+from clusterctl.launcher.straggler_watch import Straggler, StragglerWatch
+from clusterctl.records.actions import Action
+from clusterctl.records.drain_reason import DrainReason
+from clusterctl.records.gpu_evidence import GpuEvidence
+from clusterctl.records.node_step_times import NodeStepTime, NodeStepTimes, write_node_step_times
+from clusterctl.records.run_journal import StragglerFound, append_run_event
+from clusterctl.records.versioned import RecordError, parse_json_record
+
+STRAGGLER_REASON = "straggler: its ranks computed persistently slower than the job's"
+"""The `reason` of a Blame for a node evicted for slowness."""
+GPU_EVIDENCE_TIMEOUT = 60.0
+"""How long the one-off step that asks a slow node's GPUs (healthd evidence) may take."""
+
+GpuEvidenceReader = Callable[[str, Mapping[str, str]], "GpuEvidence | str"]
+"""What a node's GPUs say now, asked with a job's environment (SLURM_JOB_ID), or why that could not be read."""
+
+
+def srun_gpu_evidence(python: str) -> GpuEvidenceReader:
+    """Ask `node`'s GPUs through `healthd evidence --json`, run there as a one-off step of the job
+    named by the environment's SLURM_JOB_ID (--overlap: beside the training step, on the resources it
+    holds; srun attaches to that allocation from its batch script and from a login node alike)."""
+    def read(node: str, env: Mapping[str, str]) -> GpuEvidence | str:
+        argv = ["srun", "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--quiet", python, "-c",
+                "from clusterctl.healthd.cli import main; main()", "evidence", "--json"]
+        step_env = {k: v for k, v in env.items() if k not in ("SLURM_HOSTFILE", "SLURM_DISTRIBUTION")}
+        try:
+            done = subprocess.run(argv, env=step_env, capture_output=True, timeout=GPU_EVIDENCE_TIMEOUT,
+                                  stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return f"healthd evidence on {node} did not answer within {GPU_EVIDENCE_TIMEOUT:g} s"
+        except OSError as exc:
+            return f"cannot run srun: {exc.strerror}"
+        if done.returncode != 0:
+            said = done.stderr.decode(errors="replace").strip().splitlines()
+            return f"healthd evidence on {node} failed (exit {done.returncode}): {said[-1] if said else 'no message'}"
+        try:
+            return GpuEvidence.from_json(parse_json_record(done.stdout, f"healthd evidence on {node}"),
+                                         f"healthd evidence on {node}")
+        except RecordError as exc:
+            return str(exc)
+    return read
+
+
+@dataclass
+class StragglerDoors:
+    """The side effects of acting on a straggler, passed in so tests can swap them."""
+
+    now: Callable[[], float]
+    say: Callable[[str], None]
+    gpu_evidence: GpuEvidenceReader | None = None
+    drain: Callable[[str, str], None] | None = None
+    """Drain a node with a reason (raises SlurmCommandError when Slurm refuses, e.g. not an operator)."""
+
+
+class StragglerActions:
+    """One job's stragglers: each node journaled once, the step-time table, the time lost so far."""
+
+    def __init__(self, run_dir: Path, job_dir: Path, job_id: str, action: str, blame_hours: float,
+                 doors: StragglerDoors) -> None:
+        self.run_dir, self.job_dir, self.job_id = run_dir, job_dir, job_id
+        self.action, self.blame_hours, self.doors = action, blame_hours, doors
+        self.seen: set[str] = set()
+        self.lost_before = 0.0
+        """Seconds lost to slow nodes in the job's earlier steps (in-allocation restarts)."""
+
+    def step_ended(self, lost_s: float) -> None:
+        """A step of the job ended having lost `lost_s` to slow nodes (the next step's table adds it)."""
+        self.lost_before += lost_s
+
+    def write_table(self, watch: StragglerWatch) -> None:
+        """Write `<job_dir>/step_times.json` from the watch (nothing until a node was measured)."""
+        if not watch.nodes:
+            return
+        def rounded(value: float | None) -> float | None:
+            return None if value is None else round(value, 6)
+        lines = tuple(NodeStepTime(n.node, n.ranks, rounded(n.seconds), rounded(n.ratio),
+                                   "straggler" if n.straggler else "slow" if n.slow_steps else "ok", round(n.lost_s, 3))
+                      for n in sorted(watch.nodes.values(), key=lambda n: n.node))
+        step = max((r.step for r in watch.previous.values()), default=0)
+        record = NodeStepTimes(self.job_id, self.doors.now(), step, rounded(watch.reference),
+                               round(self.lost_before + watch.lost_s, 3), lines)
+        try:
+            write_node_step_times(self.job_dir, record)
+        except OSError as exc:  # the table is for people; the watch goes on without it
+            self.doors.say(f"cannot write the step-time table in {self.job_dir}: {exc.strerror}")
+
+    def act(self, found: Straggler, env: Mapping[str, str], *, no_swap: str = "") -> Blame | None:
+        """Journal `found`, ask its GPUs why, drain it when they agree and it is evicted; the Blame to
+        swap it for a spare now, or None (reported, or excluded from the next submission on).
+        `no_swap`: why a `swap` cannot happen now (no spare, the batch host); it is excluded instead."""
+        if found.node in self.seen:
+            return None
+        self.seen.add(found.node)
+        action = self.action
+        notes: list[str] = []
+        if action == "swap" and no_swap:
+            action = "exclude"
+            notes.append(f"not swapped: {no_swap}; avoided from the next resubmission on")
+        hardware, problem = self._hardware(found.node, env)
+        if problem:
+            notes.append(f"GPU evidence: {problem}")
+        evicted = action in ("exclude", "swap")
+        until = self.doors.now() + self.blame_hours * 3600
+        blame = Blame(found.node, STRAGGLER_REASON, (found.evidence, *hardware, *notes))
+        drain = ""
+        if evicted and hardware and self.doors.drain is not None:
+            reason = DrainReason(kind="straggler", action=Action.DRAIN_RESET, at=utc(self.doors.now())).render()
+            try:
+                self.doors.drain(found.node, reason)
+                drain = f"drained: {reason}"
+            except SlurmCommandError as exc:
+                drain = f"not drained: Slurm refused ({exc}); healthd's own clock-events check is the admins' path"
+        elif evicted:
+            drain = "not drained: the GPUs' own evidence does not explain the slowdown; avoided by this run only"
+        done = {"report": "reported", "exclude": "excluded", "swap": "swapped"}[action]
+        append_run_event(self.run_dir / "journal.jsonl", StragglerFound(
+            at=self.doors.now(), job_id=self.job_id, node=found.node, ranks=found.ranks, ratio=found.ratio,
+            seconds=round(found.seconds, 6), reference=round(found.reference, 6), steps=found.steps,
+            since_step=found.since_step, lost_s=found.lost_s, evidence=(found.evidence, *notes), hardware=hardware,
+            action=done, blame=(blame.to_journal(until),) if evicted else (), drain=drain))
+        what = {"reported": "reported", "excluded": "avoided from the next resubmission on",
+                "swapped": "swapping it for a spare now"}[done]
+        self.doors.say(f"straggler {found.node}: {found.evidence}; GPUs: {'; '.join(hardware) or 'nothing explains it'}"
+                       f"; {what}{'; ' + drain if drain else ''}")
+        return blame if done == "swapped" else None
+
+    def _hardware(self, node: str, env: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
+        """What `node`'s GPUs say that explains a slowdown (empty: nothing), and a note when they could not be asked."""
+        if self.doors.gpu_evidence is None:
+            return (), "the GPUs were not asked (no evidence reader)"
+        evidence = self.doors.gpu_evidence(node, env)
+        if isinstance(evidence, str):
+            return (), evidence
+        return evidence.slowdown_reasons(), "; ".join(evidence.problems)
