@@ -223,22 +223,28 @@ def _throttle(cluster, nodes, gpus, percent: int) -> None:
             inject(cluster.nvml_dir(node), Fault("throttle", gpu=gpu, value=percent))
 
 
+def _straggler_run(cluster, tmp_path: Path, spares: int, steps: int, extra: str):
+    """The example trainer (0.1 s a step, reporting its compute time) supervised with `extra` spec
+    lines after [restart]; once rank 0 passed step 20: (process, run dir, job id, job dir)."""
+    spec = _spec(tmp_path, spares).read_text()
+    spec = spec.replace('command = ["python3"', f'command = ["{cluster.python}"').replace(
+        f'"--steps", "{STEPS}"', f'"--steps", "{steps}"').replace('"--step-time", "0.15"', '"--step-time", "0.1"')
+    (tmp_path / "job.toml").write_text(spec + extra)
+    proc, run_dir = _supervised(cluster, tmp_path, tmp_path / "job.toml")
+    _wait(lambda: (run_dir / "jobs").is_dir() and _events(run_dir, "submitted"), "the job", proc=proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    job_dir = run_dir / "jobs" / job
+    _wait(lambda: _rank0_step(job_dir) >= 20, "step 20", proc=proc)
+    return proc, run_dir, job, job_dir
+
+
 def test_a_thermally_throttled_gpu_makes_its_node_a_straggler_swapped_for_the_spare_and_drained(cluster, tmp_path):
     """A whole-job slowdown and a short blip first: neither is a straggler.  Then one GPU of the
     second node keeps 40% of its clocks: its rank computes 2.5x slower, the node is found with its
     GPUs' evidence, drained (the evidence agrees), swapped for the spare from the last checkpoint,
     and the job's compute time per step is back to normal."""
     steps = 320
-    spec = _spec(tmp_path, 1).read_text()
-    spec = spec.replace('command = ["python3"', f'command = ["{cluster.python}"').replace(
-        f'"--steps", "{STEPS}"', f'"--steps", "{steps}"').replace('"--step-time", "0.15"', '"--step-time", "0.1"')
-    spec += '[stragglers]\naction = "swap"\n'
-    (tmp_path / "job.toml").write_text(spec)
-    proc, run_dir = _supervised(cluster, tmp_path, tmp_path / "job.toml")
-    _wait(lambda: (run_dir / "jobs").is_dir() and _events(run_dir, "submitted"), "the job", proc=proc)
-    job = _events(run_dir, "submitted")[0].job_id
-    job_dir = run_dir / "jobs" / job
-    _wait(lambda: _rank0_step(job_dir) >= 20, "step 20", proc=proc)
+    proc, run_dir, job, job_dir = _straggler_run(cluster, tmp_path, 1, steps, '[stragglers]\naction = "swap"\n')
     slots = read_rank_map(job_dir).slots
     batch_host = _expand(cluster, _squeue(cluster, "-j", job, "-o", "%N"))[0]
     slow = next(n for n in slots if n != batch_host)
@@ -293,16 +299,8 @@ def test_without_spares_the_supervisor_finds_the_straggler_drains_it_and_exclude
     keeps 40% of its clocks: the node is found with its GPUs' evidence, drained (the evidence agrees),
     and blamed so a resubmission would leave it out; the job itself runs on to its end."""
     steps = 200
-    spec = _spec(tmp_path, 0).read_text()
-    spec = spec.replace('command = ["python3"', f'command = ["{cluster.python}"').replace(
-        f'"--steps", "{STEPS}"', f'"--steps", "{steps}"').replace('"--step-time", "0.15"', '"--step-time", "0.1"')
-    spec += 'poll_max_seconds = 2\n[stragglers]\naction = "exclude"\n'
-    (tmp_path / "job.toml").write_text(spec)
-    proc, run_dir = _supervised(cluster, tmp_path, tmp_path / "job.toml")
-    _wait(lambda: (run_dir / "jobs").is_dir() and _events(run_dir, "submitted"), "the job", proc=proc)
-    job = _events(run_dir, "submitted")[0].job_id
-    job_dir = run_dir / "jobs" / job
-    _wait(lambda: _rank0_step(job_dir) >= 20, "step 20", proc=proc)
+    proc, run_dir, _, job_dir = _straggler_run(cluster, tmp_path, 0, steps,
+                                               'poll_max_seconds = 2\n[stragglers]\naction = "exclude"\n')
     slow = read_rank_map(job_dir).slots[1]
     _throttle(cluster, [slow], [3], 40)
     _wait(lambda: _events(run_dir, "straggler"), "the straggler found", timeout=90, proc=proc)
