@@ -283,8 +283,8 @@ class Agent:
                 for found in stragglers.found:
                     no_swap = (f"{found.node} is the batch host, where this agent runs" if found.node == self.batch_host
                                else "no spare left" if spares < 1 else "")
-                    swap = self.straggler_actions.act(found, resized_environment(self.environ, launched.slots),
-                                               no_swap=no_swap)
+                    env = resized_environment(self.environ, launched.slots)
+                    swap = self.straggler_actions.act(found, env, no_swap=no_swap)
                     if swap is not None:
                         return Watched(None, [swap], now, straggler=found, lost_s=stragglers.lost_s)
             if pattern:
@@ -330,9 +330,9 @@ class Agent:
         """Steps until one completes, fails on its own, or no spare is left; the job's exit code."""
         in_use, restart, in_place, hung = self.allocated, 0, 0, 0
         doors = self.doors
-        self.straggler_actions = StragglerActions(self.run_dir, self.job_dir, self.job_id, self.spec.stragglers.action,
-                                           self.spec.restart.blame_hours,
-                                           StragglerDoors(doors.now, doors.say, doors.gpu_evidence, doors.drain))
+        self.straggler_actions = StragglerActions(
+            self.run_dir, self.job_dir, self.job_id, self.spec.stragglers.action, self.spec.restart.blame_hours,
+            StragglerDoors(doors.now, doors.say, doors.gpu_evidence, doors.drain))
         launched = self._launch(self.job_dir, in_use, resume_from)
         while True:
             watched = self._watch(launched, len(in_use) - self.spec.job.nodes)

@@ -114,9 +114,7 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
         state = nodes.get(name)
         if state is None:
             continue
-        if state.drained_by_us and _straggler_drain(state.reason):
-            continue  # slow, not failed: the straggler watch that drained it chose what the job does
-        if state.drained_by_us:  # healthd's (or the prolog's, same rules) `healthd: ...` reason
+        if _failure_drain(state):  # healthd's (or the prolog's, same rules) `healthd: ...` reason
             found.append(Blame(name, state.reason, (f"drained by healthd: {state.reason}",)))
         elif node_down(state):
             found.append(Blame(name, f"node {state.state} ({state.reason or 'no reason'})",
@@ -130,9 +128,17 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
     return found
 
 
-def _straggler_drain(reason: str) -> bool:
-    parsed = parse_drain_reason(reason)
+def _straggler_drain(state: NodeState) -> bool:
+    parsed = parse_drain_reason(state.reason) if state.draining else None
     return parsed is not None and parsed.kind == "straggler"
+
+
+def _failure_drain(state: NodeState) -> bool:
+    """Drained by healthd's rules for a fault.  A `healthd: straggler` drain is not one: the node is
+    slow, not failed, and the straggler watch that drained it already chose what the job does
+    (reported, or excluded from the next submission), so it neither ends a running attempt nor
+    takes the blame for a job that later fails by itself."""
+    return state.drained_by_us and not _straggler_drain(state)
 
 
 def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
@@ -153,7 +159,7 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
                                      f"{', '.join(b.node for b in ended)}", tuple(ended))
     # CANCELLED with a node drained by healthd's rules: the prolog refused that node, and with
     # --no-requeue Slurm cancels the job instead of requeueing it.  That is a node failure.
-    refused = any(nodes[n].drained_by_us for n in job_nodes if n in nodes)
+    refused = any(_failure_drain(nodes[n]) for n in job_nodes if n in nodes)
     if state == "CANCELLED" and not refused:
         return Outcome(USER_CANCELLED, "cancelled by someone else (scancel); not resubmitting")
     if state in ("TIMEOUT", "PREEMPTED", "DEADLINE"):
@@ -170,7 +176,7 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
     for name in job_nodes:
         node_state = nodes.get(name)
         record = epilog_records.get(name)
-        if node_state is not None and node_state.drained_by_us:
+        if node_state is not None and _failure_drain(node_state):
             evidence.setdefault(name, []).append(f"drained by healthd: {node_state.reason}")
             reasons.setdefault(name, node_state.reason)
         if record is not None and record.hardware_fault:
@@ -190,7 +196,7 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
     if not evidence:
         for name in job_nodes:  # weakest: somebody drained it while the job ran
             node_state = nodes.get(name)
-            if node_state is not None and node_state.draining:
+            if node_state is not None and node_state.draining and not _straggler_drain(node_state):
                 evidence[name] = [f"drained during the job: {node_state.reason!r}"]
                 reasons[name] = f"drained: {node_state.reason}"
     exit_note = f" (exit {report.exit_code})" if report.exit_code is not None else ""

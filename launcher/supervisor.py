@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.errors import HostlistError, SlurmCommandError
+from clusterctl.launcher.allocation_agent import node_read_interval
 from clusterctl.launcher.checkpoints import Checkpoint, resume_point
 from clusterctl.launcher.classify import (
     NODE_FAILURE, PROGRAM_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down, not_responding,
@@ -35,7 +36,8 @@ from clusterctl.records.job_health import JobHealthRecord, read_job_health
 from clusterctl.records.rank_map import read_rank_map
 from clusterctl.records.rank_progress import read_progress
 from clusterctl.records.run_journal import (
-    Decided, DecisionAction, Ending, EventKind, RunEnded, SlurmTimes, Submitted, Submitting, SubmitLost, Waiting,
+    Decided, DecisionAction, Ending, EventKind, RunEnded, SlurmTimes, StragglerFound, Submitted, Submitting,
+    SubmitLost, Waiting,
 )
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
@@ -340,15 +342,18 @@ class Supervisor:
     def _watch_stragglers(self, attempt: AttemptState, nodes: int) -> None:
         """Read the running job's rank progress (at the agent's pace for that many nodes) and act on the
         stragglers found: report, or exclude from the next submission (a swap needs the agent)."""
-        from clusterctl.launcher.allocation_agent import node_read_interval
         assert attempt.job_id is not None
         now = self.hooks.clock()
         if self._stragglers is None or self._stragglers[0] != attempt.job_id:
             job_dir = self.run.path / "jobs" / attempt.job_id
             doors = StragglerDoors(self.hooks.clock, self.hooks.say, self.hooks.gpu_evidence, self.hooks.drain)
+            actions = StragglerActions(self.run.path, job_dir, attempt.job_id, self.spec.stragglers.action,
+                                       self.spec.restart.blame_hours, doors)
+            # A supervisor started again (`clusterctl supervise`) does not journal a node twice.
+            actions.seen |= {e.node for e in self.run.events()
+                             if isinstance(e, StragglerFound) and e.job_id == attempt.job_id}
             self._stragglers = (attempt.job_id, StragglerWatch.start(self.spec.stragglers, attempt.submitted_at),
-                                StragglerActions(self.run.path, job_dir, attempt.job_id, self.spec.stragglers.action,
-                                                 self.spec.restart.blame_hours, doors))
+                                actions)
             self._next_progress_read = now
         if now < self._next_progress_read:
             return

@@ -162,6 +162,13 @@ def test_a_straggler_drain_never_ends_a_running_attempt_but_a_failure_drain_does
     assert [b.node for b in hardware_suspects(["node1", "node4"], failed)] == ["node4"]
 
 
+def test_a_job_failing_by_itself_on_a_node_drained_as_a_straggler_is_the_programs_failure():
+    slow = {**HEALTHY, "node4": replace(HEALTHY["node4"], flags=("DRAIN",),
+                                        reason="healthd: straggler drain-reset 2026-11-23T05:27:48Z")}
+    outcome = classify(_report("FAILED"), ["node1", "node4"], slow, {}, "Traceback: ZeroDivisionError")
+    assert outcome.kind == PROGRAM_FAILURE and outcome.blame == ()
+
+
 def test_an_admin_drain_is_the_weakest_evidence_after_a_failure():
     outcome = classify(_report("FAILED"), ["node1", "node4"], ADMIN_DRAIN, {}, "")
     assert outcome.kind == NODE_FAILURE and outcome.blame[0].reason == "drained: maintenance"

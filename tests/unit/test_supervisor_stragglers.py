@@ -14,6 +14,7 @@ from clusterctl.launcher.supervisor import EXIT_DONE, Hooks, Supervisor
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
 from clusterctl.records.node_step_times import read_node_step_times
 from clusterctl.records.rank_progress import RankProgress, write_rank_progress
+from clusterctl.records.run_journal import StragglerFound, append_run_event
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
 from tests.conftest import REPO
@@ -23,10 +24,14 @@ THROTTLED = GpuEvidence("node2", 1e9, (GpuReading(3, "GPU-3", 0x60, 792, 1980, 8
 STEP_SECONDS = {"node1": 0.05, "node2": 0.15, "node3": 0.05}  # node2's ranks compute 3x slower
 
 
-def _run(tmp_path, action: str):
+def _run(tmp_path, action: str, journaled_before: bool = False):
     spec = load_spec(REPO / "examples" / "toy_trainer.toml")
     spec = replace(spec, stragglers=replace(spec.stragglers, action=action))
     run = create_run(tmp_path / "run", spec, "")
+    if journaled_before:  # what a supervisor that died meanwhile had found in job 1
+        append_run_event(run.path / "journal.jsonl", StragglerFound(
+            at=1e9, job_id="1", node="node2", ranks=tuple(range(8, 16)), ratio=3.0, seconds=0.15, reference=0.05,
+            steps=30, since_step=11, lost_s=3.5, evidence=("found before",)))
     clock = Clock()
     slurm = ScriptedSlurm(clock)
     slurm.nodes["node5"] = {"state": "idle", "flags": [], "reason": ""}  # enough left without node2 and node3
@@ -85,3 +90,9 @@ def test_report_a_straggler_found_by_the_supervisor_is_journaled_but_neither_dra
     assert (event.node, event.action, event.blame) == ("node2", "reported", ())
     assert drained == []
     assert _excluded(slurm) == ["node3"]
+
+
+def test_a_supervisor_started_again_neither_journals_nor_drains_a_straggler_twice(tmp_path):
+    run, slurm, said, asked, drained, stragglers = _run(tmp_path, "report", journaled_before=True)
+    assert [e.evidence for e in stragglers] == [("found before",)]
+    assert asked == [] and drained == []
