@@ -9,9 +9,9 @@ Every measurement is a fresh process, as a user or a job step runs it, timed fro
 
 - `clusterctl plan --tp 8 --pp 10 --topology <file> --nodelist n[1-N] --json > file` at N = 1,250,
   12,500 and 100,000 nodes: parse the topology file, plan, write the map as JSON;
-- the in-job step `python -m clusterctl.launcher.in_job plan` (spec with `[placement] topology`, so
+- the in-job step `python -m clusterctl.launcher.job plan` (spec with `[placement] topology`, so
   no Slurm call) for a job on all N nodes: writes rankmap.json, hostfile, nodefile and what ranks read;
-- one rank's check, `python -m clusterctl.launcher.in_job rank -- cat /proc/self/io`, for a rank in the
+- one rank's check, `python -m clusterctl.launcher.job rank -- cat /proc/self/io`, for a rank in the
   middle of the job: its wall time, peak RSS, `rchar` (every byte the process read through
   read(2), Python's own files included) and, counted by strace, the bytes it read from the job
   directory (the map).
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from stats import percentile  # noqa: E402
 
 TP, PP, GPN = 8, 10, 8
-CLI = "from clusterctl.launcher.cli import main; main()"
+CLI = "from clusterctl.launcher.login.cli import main; main()"
 
 
 def topology_conf(nodes: int) -> str:
@@ -139,13 +139,13 @@ def bench_in_job(work: Path, versions: dict[str, str], nodes: int, trials: int) 
         (run / "spec.toml").write_text(spec_toml(nodes, topology))
         # The effective spec the job reads (spec.json), made by the version under test itself.
         subprocess.run([python, "-c", "import sys, json; from pathlib import Path; "
-                        "from clusterctl.launcher.spec import load_spec; "
-                        "from clusterctl.launcher.runs import spec_document; "
+                        "from clusterctl.launcher.pure.spec import load_spec; "
+                        "from clusterctl.launcher.shared.runs import spec_document; "
                         "Path(sys.argv[2]).write_text(json.dumps(spec_document(load_spec(Path(sys.argv[1])))))",
                         str(run / "spec.toml"), str(run / "spec.json")], check=True)
         job_dirs[name] = run / "jobs" / "4242"
         env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": nodelist(nodes)}
-        plan_runs[name] = ([python, "-m", "clusterctl.launcher.in_job", "plan", "--run-dir", str(run),
+        plan_runs[name] = ([python, "-m", "clusterctl.launcher.job", "plan", "--run-dir", str(run),
                             "--job-dir", str(job_dirs[name])], env, None)
     plans = interleaved(plan_runs, trials)
     rank = nodes * GPN // 2 + 3  # a rank in the middle of the job, not on slot 0
@@ -157,7 +157,7 @@ def bench_in_job(work: Path, versions: dict[str, str], nodes: int, trials: int) 
         node = _fields(python, job_dirs[name] / "rankmap.json", f"d['slots'][{rank // GPN}]")[0]
         env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank % GPN),
                "SLURMD_NODENAME": node, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(GPN))}
-        rank_runs[name] = ([python, "-m", "clusterctl.launcher.in_job", "rank", "--job-dir", str(job_dirs[name]),
+        rank_runs[name] = ([python, "-m", "clusterctl.launcher.job", "rank", "--job-dir", str(job_dirs[name]),
                             "--", "cat", "/proc/self/io"], env, None)
     checks = interleaved(rank_runs, trials)
     for name, result in checks.items():
@@ -203,7 +203,7 @@ def main() -> None:
     versions = dict(item.split("=", 1) for item in args.python) or {"this": sys.executable}
     results: dict[str, Any] = {"trials": args.trials, "versions": {}, "cli": [], "in_job": []}
     for name, python in versions.items():
-        where = subprocess.run([python, "-c", "import clusterctl.launcher.placement as p; print(p.__file__)"],
+        where = subprocess.run([python, "-c", "import clusterctl.launcher.pure.placement as p; print(p.__file__)"],
                                capture_output=True, text=True, check=True).stdout.strip()
         results["versions"][name] = {"python": python, "placement": where}
         print(f"{name}: {where}")

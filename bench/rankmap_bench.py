@@ -21,8 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clusterctl.launcher.parallel import ParallelLayout  # noqa: E402
-from clusterctl.launcher.placement import plan  # noqa: E402
+from clusterctl.launcher.pure.parallel import ParallelLayout  # noqa: E402
+from clusterctl.launcher.pure.placement import plan  # noqa: E402
 from clusterctl.slurm.topology import parse_topology_conf  # noqa: E402
 
 GPN = 8

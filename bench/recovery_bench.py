@@ -91,7 +91,7 @@ def trial(tb: Testbed, work: Path, number: int, records: str) -> dict[str, float
     run = work / f"run-{number}"
     spec = work / f"spec-{number}.toml"
     spec.write_text(SPEC.format(examples=REPO / "examples"))
-    cli = [*tb.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from clusterctl.launcher.cli import main; main()"]
+    cli = [*tb.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from clusterctl.launcher.login.cli import main; main()"]
     supervisor = subprocess.Popen([*cli, "submit", str(spec), "--run-dir", str(run), "--supervise",
                                    "--job-records", records], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
@@ -164,7 +164,7 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
     run = work / f"{label}-{number}"
     spec = work / f"{label}-{number}.toml"
     spec.write_text(COMPARE_SPEC.format(examples=REPO / "examples", recover=recover))
-    cli = [*tb.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from clusterctl.launcher.cli import main; main()"]
+    cli = [*tb.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from clusterctl.launcher.login.cli import main; main()"]
     supervisor = subprocess.Popen([*cli, "submit", str(spec), "--run-dir", str(run), "--supervise",
                                    "--job-records", records], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clusterctl.launcher.straggler_watch import StragglerPolicy, StragglerWatch  # noqa: E402
+from clusterctl.launcher.pure.straggler_watch import StragglerPolicy, StragglerWatch  # noqa: E402
 from clusterctl.records.rank_progress import RankProgress  # noqa: E402
 
 RANKS_PER_NODE = 8

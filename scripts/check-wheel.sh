@@ -30,9 +30,17 @@ base=$("$python" -c 'import sys; print(sys._base_executable)')
   || { cat "$work/pip.log" >&2; fail "pip install $(basename "$wheel") failed"; }
 
 # What the wheel puts into site-packages: the one import name, its metadata, the scripts.
-"$venv/bin/python" - "$wheel" <<'PY' || exit 1
-import sys, zipfile
+"$venv/bin/python" - "$wheel" "$repo" <<'PY' || exit 1
+import os, sys, zipfile
 names = zipfile.ZipFile(sys.argv[1]).namelist()
+# Every module of the checkout (clusterctl/ and the parts it links to) is in the wheel.
+checkout = set()
+for folder, dirs, files in os.walk(os.path.join(sys.argv[2], "clusterctl"), followlinks=True):
+    dirs[:] = [d for d in dirs if d != "__pycache__"]
+    checkout |= {os.path.relpath(os.path.join(folder, f), sys.argv[2]) for f in files if f.endswith(".py")}
+missing = sorted(checkout - set(names))
+if missing:
+    sys.exit(f"check-wheel: modules of the checkout missing from the wheel: {missing}")
 top = sorted({n.split("/")[0] for n in names if not n.startswith("clusterctl-") or "/" not in n})
 dist_info = {n.split("/")[0] for n in names if ".dist-info/" in n}
 if top != ["clusterctl"]:

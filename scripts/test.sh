@@ -2,7 +2,7 @@
 # Set everything up, then check the whole project:
 #   1. the wheel: built from this checkout, installed (not editable) into a fresh virtualenv
 #      outside it, used from outside it (scripts/check-wheel.sh);
-#   2. lint and types: ruff, mypy on the core (scripts/lint.sh);
+#   2. lint and types: ruff, mypy on the checkout (scripts/lint.sh);
 #   3. the test suite: unit tests (the dependency rules among them) and end-to-end tests against
 #      a real Slurm testbed (its own, at /tmp/ctb-test, torn down at the end), one of which runs
 #      a job from the wheel's virtualenv; one pytest session per Slurm release:
@@ -25,11 +25,10 @@ trap 'rm -rf "$wheel_dir"' EXIT
 failed=()
 if bash scripts/check-wheel.sh "$wheel_dir/venv" >/dev/null; then
   export CLUSTERCTL_WHEEL_VENV=$wheel_dir/venv
-  bash scripts/lint.sh "$wheel_dir/venv" || failed+=("lint (scripts/lint.sh)")
 else
   failed+=("the wheel (scripts/check-wheel.sh)")
-  bash scripts/lint.sh || failed+=("lint (scripts/lint.sh)")
 fi
+bash scripts/lint.sh || failed+=("lint (scripts/lint.sh)")
 
 NEWEST=26.05
 status=0

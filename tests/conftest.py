@@ -151,5 +151,5 @@ def wait_job(tb: Testbed, job_id: str, timeout: float = 120) -> str:
 
 def clusterctl_on(tb: Testbed, *args: str, check: bool = True, timeout: float = 60):
     """Run this checkout's `clusterctl` on the login node (the testbed's controller host)."""
-    return tb.run_on("ctl", [str(tb.python), "-c", "from clusterctl.launcher.cli import main; main()", *args], check=check,
+    return tb.run_on("ctl", [str(tb.python), "-c", "from clusterctl.launcher.login.cli import main; main()", *args], check=check,
                      timeout=timeout, cwd=str(REPO))

@@ -1,7 +1,7 @@
 """What a node's GPUs say now: `healthd evidence --json`, read by the in-allocation agent.
 
 The agent of a job runs it on a node whose ranks compute persistently slower than the job's (a
-straggler, clusterctl.launcher.straggler_watch) as a one-off step, and reads the record from its
+straggler, clusterctl.launcher.pure.straggler_watch) as a one-off step, and reads the record from its
 stdout: per GPU the NVML clocks-event reasons, the SM clock against its maximum, the temperature,
 the ECC counters, a pending row remap and healthd's current findings.  `slowdown_reasons` says, in
 sentences, what of that explains a slowdown; the agent drains the node only when something does.

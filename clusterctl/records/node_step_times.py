@@ -1,6 +1,6 @@
 """Per-node compute time per step of a running job: `<job_dir>/step_times.json`.
 
-Written by the in-allocation agent (clusterctl.launcher.allocation_agent) from its straggler watch
+Written by the in-allocation agent (clusterctl.launcher.job.agent) from its straggler watch
 every few seconds while a step runs; read by `clusterctl status` and `clusterctl report` to show
 which node is slow, by how much, and what it has cost.
 """

@@ -1,6 +1,6 @@
 """A job's rank map: `<run>/jobs/<job id>/rankmap.json`, and the map itself.
 
-Written once per job by `python -m clusterctl.launcher.in_job plan` (the job's first step);
+Written once per job by `python -m clusterctl.launcher.job plan` (the job's first step);
 read by `clusterctl status` and by scripts (scripts/main-job.sh reads `slots`).  The `plan` object inside is the
 planner's own document (what `clusterctl plan --json` prints), kept for people; programs read
 the typed fields only.  Ranks do not read this file: each reads its own slot of `rankmap.idx`

@@ -1,9 +1,9 @@
 """How far one rank has got: `<job_dir>/progress/<rank>.json`, rewritten as the rank steps.
 
 Written by `clusterctl.progress.beat` inside the training program (at most about once a second,
-and at each change of phase); read by the hang watch (clusterctl.launcher.hang_watch), which
+and at each change of phase); read by the hang watch (clusterctl.launcher.pure.hang_watch), which
 learns the job's step time from it and names the node of a rank that stopped progressing, and by
-the straggler watch (clusterctl.launcher.straggler_watch), which compares the ranks' compute time.
+the straggler watch (clusterctl.launcher.pure.straggler_watch), which compares the ranks' compute time.
 
 Version 2 adds `compute_s` / `compute_steps`: the rank's own compute time summed over the steps
 it reported one for (cumulative since the process started, so reports skipped by the rate limit

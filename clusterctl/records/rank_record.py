@@ -1,6 +1,6 @@
 """Where one rank really ran: `<run>/jobs/<job id>/ranks/<rank>.json`.
 
-Written by each rank's preflight (`python -m clusterctl.launcher.in_job rank`) just before it
+Written by each rank's preflight (`python -m clusterctl.launcher.job rank`) just before it
 becomes the training command, after checking it runs where the rank map says; read by tests,
 scripts/main-job.sh (`rank`, `hostname`) and people comparing the map with reality.
 """

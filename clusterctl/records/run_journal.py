@@ -357,7 +357,7 @@ STRAGGLER_ACTIONS = ("reported", "excluded", "swapped")
 @dataclass(frozen=True, kw_only=True)
 class StragglerFound:
     """Inside job `job_id`, the ranks on `node` computed `ratio` times slower than the job's `reference`
-    seconds per step for `steps` steps from `since_step` (clusterctl.launcher.straggler_watch), costing
+    seconds per step for `steps` steps from `since_step` (clusterctl.launcher.pure.straggler_watch), costing
     `lost_s` seconds so far.  `hardware`: what the node's GPUs said (healthd evidence) that explains a
     slowdown, empty when nothing did; `action` what was done, `blame` the node blamed for it (avoided by
     later attempts) and `drain` what became of draining it (empty: not tried)."""

@@ -73,7 +73,7 @@ def _supervised(cluster, tmp_path: Path, spec: Path) -> tuple[subprocess.Popen, 
     """`clusterctl submit SPEC --supervise` on the login node, in the background."""
     run_dir = tmp_path / "run"
     argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
-            "from clusterctl.launcher.cli import main; main()", "submit", str(spec),
+            "from clusterctl.launcher.login.cli import main; main()", "submit", str(spec),
             "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), run_dir
 

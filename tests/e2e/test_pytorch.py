@@ -68,7 +68,7 @@ max_program_failures = 1
 
 def _supervised(cluster, spec: Path, run_dir: Path) -> subprocess.Popen:
     argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
-            "from clusterctl.launcher.cli import main; main()",
+            "from clusterctl.launcher.login.cli import main; main()",
             "submit", str(spec), "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 

@@ -92,7 +92,7 @@ tp = 8
 poll_seconds = 0.5
 """)
         argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
-                "from clusterctl.launcher.cli import main; main()", "submit", str(spec), "--run-dir",
+                "from clusterctl.launcher.login.cli import main; main()", "submit", str(spec), "--run-dir",
                 str(shared / "run"), "--supervise", "--job-records", str(TEST_LAYOUT.root / "job-health")]
         done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=cluster.host_env(None))
         assert done.returncode == 0, done.stdout + done.stderr

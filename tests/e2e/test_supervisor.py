@@ -52,7 +52,7 @@ backoff_seconds = 0.5
 
 def _clusterctl(cluster, *args: str) -> subprocess.Popen:
     """clusterctl on the login node, in the background (the supervisor is long-lived)."""
-    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c", "from clusterctl.launcher.cli import main; main()", *args]
+    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c", "from clusterctl.launcher.login.cli import main; main()", *args]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

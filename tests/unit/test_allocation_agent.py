@@ -11,11 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clusterctl.errors import SlurmCommandError
-from clusterctl.launcher.allocation_agent import Agent, AgentDoors, after_step, resized_environment
-from clusterctl.launcher.classify import Blame
-from clusterctl.launcher.restart_policy import replay
-from clusterctl.launcher.runs import create_run
-from clusterctl.launcher.spec import load_spec
+from clusterctl.launcher.job.agent import Agent, AgentDoors, after_step, resized_environment
+from clusterctl.launcher.pure.classify import Blame
+from clusterctl.launcher.pure.restart_policy import replay
+from clusterctl.launcher.shared.runs import create_run
+from clusterctl.launcher.pure.spec import load_spec
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
 from clusterctl.records.run_journal import RecoveredInAllocation, read_run_journal
 from clusterctl.slurm.nodes import NodeState

@@ -1,83 +1,136 @@
 """The dependency rules of docs/architecture.md, checked on the source.
 
-import-linter cannot see this layout (grimp walks `clusterctl/` only and never finds the folders
-pyproject.toml maps into the package, such as launcher/ = clusterctl.launcher), so this test reads
-the same mapping from pyproject.toml and every import statement with `ast`, including imports
-inside functions and under TYPE_CHECKING.
+Every import statement is read with `ast` (imports inside functions and under TYPE_CHECKING
+too), and so is every module named as a string: `python -m clusterctl...` in an sbatch template,
+`"-m", "clusterctl..."` in an argv list, `importlib.resources.files("clusterctl...")`.  A module
+started as a process is a dependency too, so it obeys the same rules, with one listed exception
+per process boundary that a typed record crosses.
+
+The checkout has the installed layout: clusterctl/launcher is a symlink to ../launcher (and
+likewise for healthd, prolog, epilog, sbatch_templates), so the package is read from clusterctl/.
 """
 
 from __future__ import annotations
 
 import ast
-import tomllib
+import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Which parts each part may import (besides the standard library and its dependencies).
+# The parts and which parts each may import (besides the standard library and its dependencies).
+# The launcher is four parts, one per place its code runs.
 ALLOWED = {
     "core": {"core"},
-    "launcher": {"core", "launcher"},
+    "launcher": {"launcher"},  # the package's own __init__: a docstring
+    "launcher.pure": {"core", "launcher.pure"},
+    "launcher.shared": {"core", "launcher.pure", "launcher.shared"},
+    "launcher.job": {"core", "launcher.pure", "launcher.shared", "launcher.job"},
+    "launcher.login": {"core", "launcher.pure", "launcher.shared", "launcher.login"},
     "healthd": {"core", "healthd"},
     "prolog": {"core", "healthd", "prolog"},
     "epilog": {"core", "healthd", "epilog"},
     "sbatch_templates": {"core", "sbatch_templates"},
 }
+# Processes one part may start from another part's module: the answer comes back as a typed
+# record, never as an import.  (part that starts it, part of the module started) → the record.
+PROCESS_BOUNDARIES = {
+    ("launcher.shared", "healthd"): "gpu_evidence (healthd evidence --json, run on a slow node)",
+    ("launcher.pure", "launcher.job"): "none: a pure function builds the argv (torchrun's workers), the job runs it",
+}
+# What the sbatch templates may run inside a job.
+TEMPLATES_RUN = {"launcher.job"}
+PARTS_WITH_FOLDERS = ("launcher", "healthd", "prolog", "epilog", "sbatch_templates")
+# Pure judgement touches nothing that runs: no processes, sockets, threads, signals, clocks,
+# file locks, HTTP, GPUs or terminals.
+NOT_PURE = {"subprocess", "socket", "threading", "multiprocessing", "signal", "fcntl", "shutil", "time", "asyncio",
+            "select", "urllib", "http", "requests", "psutil", "pynvml", "prometheus_client", "click", "rich"}
 # The command-line edge: click and rich only here.  `*/cli.py` parse arguments; `*_view.py`
 # only render.  status.py and report.py still keep their rendering next to the data they show.
 COMMAND_LINE_LIBRARIES = {"click", "rich"}
-VIEW_MODULES = {"clusterctl.launcher.status", "clusterctl.launcher.report"}
+VIEW_MODULES = {"clusterctl.launcher.login.status", "clusterctl.launcher.login.report"}
 # Names that exist only in a checkout (or in the development-only testbed), never in the wheel.
 NOT_IN_THE_WHEEL = {"launcher", "healthd", "prolog", "epilog", "sbatch_templates", "testbed", "clusterctl_testbed"}
+MODULE_NAME = re.compile(r"\bclusterctl(?:\.[a-z_][a-z0-9_]*)+")
+MODULE_RUN_IN_SHELL = re.compile(r"-m\s+[\"']?(clusterctl(?:\.[a-z_][a-z0-9_]*)+)")
 
 
 @dataclass(frozen=True)
 class Import:
-    """One import statement: who imports what, where."""
+    """One dependency: who imports (or starts) what, where."""
 
     module: str
     target: str
     file: Path
     line: int
-
-
-def source_folders(root: Path) -> dict[str, Path]:
-    """Package name → source folder, as pyproject.toml maps them (`clusterctl` is its own folder)."""
-    config = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
-    folders = {"clusterctl": root / "clusterctl"}
-    folders.update({name: root / folder for name, folder in config.get("package-dir", {}).items()})
-    return folders
+    started: bool = False  # a process (`-m` in an argv or a template), not an import
 
 
 def modules(root: Path) -> dict[str, Path]:
-    """Every module of the package: dotted name → file."""
+    """Every module of the package: dotted name → file, read from clusterctl/ (links followed)."""
     found: dict[str, Path] = {}
-    for package, folder in source_folders(root).items():
-        for path in sorted(folder.rglob("*.py")):
-            parts = list(path.relative_to(folder).with_suffix("").parts)
+    package = root / "clusterctl"
+    for folder, _dirs, files in sorted(_walk(package)):
+        for name in sorted(files):
+            if not name.endswith(".py"):
+                continue
+            parts = list((folder / name).relative_to(package).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts.pop()
-            name = ".".join([package, *parts])
-            # A mapped folder (launcher/) wins over a same-named one inside clusterctl/.
-            if name not in found or folder != root / "clusterctl":
-                found[name] = path
+            found[".".join(["clusterctl", *parts])] = folder / name
     return found
 
 
+def _walk(top: Path) -> Iterator[tuple[Path, list[str], list[str]]]:
+    for folder, dirs, files in os.walk(top, followlinks=True):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        yield Path(folder), dirs, files
+
+
 def part(module: str) -> str:
-    """The part a clusterctl module belongs to: launcher, healthd, prolog, epilog, ... or core."""
+    """The part a clusterctl module belongs to: launcher.pure, ..., healthd, prolog, ... or core."""
     pieces = module.split(".")
+    if len(pieces) > 2 and f"{pieces[1]}.{pieces[2]}" in ALLOWED:
+        return f"{pieces[1]}.{pieces[2]}"
     return pieces[1] if len(pieces) > 1 and pieces[1] in ALLOWED else "core"
 
 
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def _started_modules(tree: ast.AST) -> Iterator[tuple[str, int]]:
+    """Module names a piece of code runs: the string after "-m" in a list or tuple literal, and
+    every module named in a `-c` program."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.List, ast.Tuple)):
+            items = node.elts
+            for flag, value in zip(items, items[1:]):
+                if not (isinstance(flag, ast.Constant) and isinstance(value, ast.Constant)):
+                    continue
+                if flag.value == "-m" and isinstance(value.value, str):
+                    yield value.value, value.lineno
+                elif flag.value == "-c" and isinstance(value.value, str):
+                    for name in MODULE_NAME.findall(value.value):
+                        yield name, value.lineno
+
+
 def imports(root: Path) -> Iterator[Import]:
-    """Every import statement in the package's source, with relative imports resolved."""
+    """Every import statement and every started module of the package, relative imports resolved."""
     known = modules(root)
     for module, path in known.items():
         package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     yield Import(module, alias.name, path, node.lineno)
@@ -90,44 +143,99 @@ def imports(root: Path) -> Iterator[Import]:
                     # `from clusterctl import launcher` imports the subpackage clusterctl.launcher.
                     sub = f"{base}.{alias.name}"
                     yield Import(module, sub if sub in known else base, path, node.lineno)
+        for name, line in _started_modules(tree):
+            yield Import(module, name, path, line, started=True)
+
+
+def named_modules(root: Path) -> Iterator[tuple[Path, int, str]]:
+    """Every clusterctl module named in a string outside docstrings (code) or in a template."""
+    for path in modules(root).values():
+        tree = ast.parse(path.read_text(), str(path))
+        docstrings = _docstring_nodes(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                for name in MODULE_NAME.findall(node.value):
+                    yield path, node.lineno, name
+    for template in sorted((root / "sbatch_templates").glob("*.sbatch")):
+        for number, text in enumerate(template.read_text().splitlines(), 1):
+            for name in MODULE_NAME.findall(text):
+                yield template, number, name
+
+
+def unknown_module_names(root: Path) -> list[str]:
+    """Names in strings or templates that are no module or package of clusterctl, nor a name in one
+    (`clusterctl.progress.beat` in a message): a rename missed."""
+    known = modules(root)
+    found = []
+    for path, line, name in named_modules(root):
+        owner = known.get(name.rpartition(".")[0])
+        if name not in known and (owner is None or owner.name == "__init__.py"):
+            found.append(f"{path.relative_to(root)}:{line}: names {name}, which is no module of clusterctl")
+    return found
+
+
+def template_violations(root: Path) -> list[str]:
+    """Templates run only in-job modules, each one runnable with `python -m`."""
+    known = modules(root)
+    found = []
+    for template in sorted((root / "sbatch_templates").glob("*.sbatch")):
+        for number, text in enumerate(template.read_text().splitlines(), 1):
+            for name in MODULE_RUN_IN_SHELL.findall(text):
+                where = f"sbatch_templates/{template.name}:{number}"
+                if part(name) not in TEMPLATES_RUN:
+                    found.append(f"{where}: runs {name} ({part(name)}); a job script runs only {sorted(TEMPLATES_RUN)}")
+                elif name in known and known[name].name == "__init__.py" and f"{name}.__main__" not in known:
+                    found.append(f"{where}: runs the package {name}, which has no __main__.py")
+    return found
 
 
 def violations(root: Path) -> list[str]:
-    """Every import that breaks a rule of ALLOWED, each as `file:line: what`."""
+    """Every import or started module that breaks a rule, each as `file:line: what`."""
     found = []
     for imp in imports(root):
         top = imp.target.split(".")[0]
+        where = f"{imp.file.relative_to(root)}:{imp.line}"
+        source = part(imp.module)
         if top == "clusterctl":
-            source, target = part(imp.module), part(imp.target)
-            if target not in ALLOWED[source]:
-                found.append(f"{imp.file.relative_to(root)}:{imp.line}: {imp.module} ({source}) imports "
-                             f"{imp.target} ({target}); {source} may import only {sorted(ALLOWED[source])}")
+            target = part(imp.target)
+            if target in ALLOWED[source]:
+                continue
+            if imp.started and (source, target) in PROCESS_BOUNDARIES:
+                continue
+            how = "starts" if imp.started else "imports"
+            found.append(f"{where}: {imp.module} ({source}) {how} {imp.target} ({target}); "
+                         f"{source} may {'start' if imp.started else 'import'} only {sorted(ALLOWED[source])}")
         elif top in NOT_IN_THE_WHEEL:
-            found.append(f"{imp.file.relative_to(root)}:{imp.line}: {imp.module} imports `{imp.target}`, which the "
+            found.append(f"{where}: {imp.module} imports `{imp.target}`, which the "
                          f"wheel does not install; import it as clusterctl.{imp.target}")
-        elif top in COMMAND_LINE_LIBRARIES:
-            name = imp.module.rpartition(".")[2]
-            if name != "cli" and not name.endswith("_view") and imp.module not in VIEW_MODULES:
-                found.append(f"{imp.file.relative_to(root)}:{imp.line}: {imp.module} imports {top}; click and rich "
-                             f"belong in a cli.py or a *_view.py module")
+        else:
+            if top in COMMAND_LINE_LIBRARIES:
+                name = imp.module.rpartition(".")[2]
+                if name != "cli" and not name.endswith("_view") and imp.module not in VIEW_MODULES:
+                    found.append(f"{where}: {imp.module} imports {top}; click and rich "
+                                 f"belong in a cli.py or a *_view.py module")
+                    continue
+            if source == "launcher.pure" and top in NOT_PURE:
+                found.append(f"{where}: {imp.module} (launcher.pure) imports {top}; pure judgement "
+                             f"has no side effects: put the effect in launcher.shared, job or login and pass it in")
     return found
 
 
 def reachable(root: Path, start: str, forbidden: str) -> list[str] | None:
-    """A chain of imports from part `start` to part `forbidden`, or None when there is none."""
+    """A chain of imports from part `start` to a part whose name begins with `forbidden`, or None."""
     known = modules(root)
     graph: dict[str, set[str]] = {name: set() for name in known}
     for imp in imports(root):
         target = imp.target
         while target and target not in known:
             target = target.rpartition(".")[0]
-        if target:
+        if target and not imp.started:
             graph[imp.module].add(target)
     came_from: dict[str, str | None] = {m: None for m in known if part(m) == start}
     queue = list(came_from)
     while queue:
         module = queue.pop(0)
-        if part(module) == forbidden:
+        if part(module) == forbidden or part(module).startswith(forbidden + "."):
             chain = [module]
             while (previous := came_from[chain[-1]]) is not None:
                 chain.append(previous)
@@ -139,41 +247,142 @@ def reachable(root: Path, start: str, forbidden: str) -> list[str] | None:
     return None
 
 
+def import_cycles(root: Path, prefix: str) -> list[list[str]]:
+    """Cycles among the modules under `prefix` (imports anywhere in a module, lazy ones too)."""
+    known = modules(root)
+    graph: dict[str, set[str]] = {name: set() for name in known if name.startswith(prefix)}
+    for imp in imports(root):
+        target = imp.target
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        if imp.module in graph and target in graph and target != imp.module and not imp.started:
+            graph[imp.module].add(target)
+    cycles, done = [], set()
+    for start in sorted(graph):
+        stack = [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in sorted(graph[node]):
+                if nxt == start and len(path) > 1:
+                    cycle = frozenset(path)
+                    if cycle not in done:
+                        done.add(cycle)
+                        cycles.append(path + [start])
+                elif nxt not in path and nxt > start:
+                    stack.append((nxt, path + [nxt]))
+    return cycles
+
+
 def test_every_part_of_the_package_is_read():
     found = {part(m) for m in modules(REPO)}
-    assert found == set(ALLOWED), "a folder mapped in pyproject.toml is missing, or a new part needs a rule here"
+    assert found == set(ALLOWED), "a folder is missing from clusterctl/, or a new part needs a rule here"
     assert len(list(imports(REPO))) > 100
+
+
+def test_the_checkout_has_the_installed_layout():
+    for name in PARTS_WITH_FOLDERS:
+        link = REPO / "clusterctl" / name
+        assert link.is_symlink() and link.resolve() == (REPO / name).resolve(), (
+            f"clusterctl/{name} must be a relative symlink to ../{name}")
 
 
 def test_each_part_imports_only_what_it_may():
     assert violations(REPO) == []
 
 
+def test_every_module_named_in_a_string_or_template_exists():
+    assert unknown_module_names(REPO) == []
+
+
+def test_templates_run_only_in_job_modules():
+    assert template_violations(REPO) == []
+
+
 def test_launcher_and_healthd_never_reach_each_other_even_indirectly():
-    assert reachable(REPO, "launcher", "healthd") is None
+    assert reachable(REPO, "launcher.login", "healthd") is None
+    assert reachable(REPO, "launcher.job", "healthd") is None
     assert reachable(REPO, "healthd", "launcher") is None
 
 
-def test_the_rules_catch_a_launcher_module_that_imports_healthd(tmp_path):
-    (tmp_path / "pyproject.toml").write_text(
-        '[tool.setuptools.package-dir]\n"clusterctl.launcher" = "launcher"\n"clusterctl.healthd" = "healthd"\n')
-    for folder in ("clusterctl", "clusterctl/slurm", "launcher", "healthd"):
-        (tmp_path / folder).mkdir()
-        (tmp_path / folder / "__init__.py").write_text("")
-    (tmp_path / "healthd" / "policy.py").write_text("X = 1\n")
-    (tmp_path / "clusterctl" / "slurm" / "nodes.py").write_text("from clusterctl.launcher import submit\n")
-    (tmp_path / "launcher" / "submit.py").write_text("import click\nfrom .. import healthd\n")
-    (tmp_path / "launcher" / "classify.py").write_text(
-        "def blame():\n    from clusterctl.healthd.policy import X\n    return X\n")
+def test_in_job_code_never_reaches_the_login_node_code():
+    assert reachable(REPO, "launcher.job", "launcher.login") is None
 
-    assert violations(tmp_path) == [
-        "clusterctl/slurm/nodes.py:1: clusterctl.slurm.nodes (core) imports clusterctl.launcher.submit (launcher); "
-        "core may import only ['core']",
-        "launcher/classify.py:2: clusterctl.launcher.classify (launcher) imports clusterctl.healthd.policy (healthd); "
-        "launcher may import only ['core', 'launcher']",
-        "launcher/submit.py:1: clusterctl.launcher.submit imports click; click and rich belong in a cli.py or a "
-        "*_view.py module",
-        "launcher/submit.py:2: clusterctl.launcher.submit (launcher) imports clusterctl.healthd (healthd); "
-        "launcher may import only ['core', 'launcher']",
+
+def test_the_launcher_has_no_import_cycles():
+    assert import_cycles(REPO, "clusterctl.launcher") == []
+
+
+def _plant(root: Path, files: dict[str, str]) -> None:
+    for folder in ("clusterctl", "clusterctl/slurm", "launcher", "launcher/pure", "launcher/job", "launcher/login",
+                   "launcher/shared", "healthd", "sbatch_templates"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        (root / folder / "__init__.py").write_text("")
+    for name in PARTS_WITH_FOLDERS:
+        if (root / name).exists() and not (root / "clusterctl" / name).exists():
+            (root / "clusterctl" / name).symlink_to(f"../{name}")
+    for name, text in files.items():
+        (root / name).write_text(text)
+
+
+def test_the_rules_catch_planted_violations(tmp_path):
+    _plant(tmp_path, {
+        "healthd/policy.py": "X = 1\n",
+        "clusterctl/slurm/nodes.py": "from clusterctl.launcher.login import submit\n",
+        "launcher/login/submit.py": "import click\nfrom ... import healthd\n",
+        "launcher/pure/classify.py": "import subprocess\n\ndef blame():\n    from clusterctl.healthd.policy import X\n"
+                                     "    return X\n",
+        "launcher/job/steps.py": "from clusterctl.launcher.login.submit import main\n",
+        "launcher/job/agent.py": 'ARGV = ["python", "-m", "clusterctl.launcher.login.cli"]\n',
+    })
+
+    assert sorted(violations(tmp_path)) == sorted([
+        "clusterctl/slurm/nodes.py:1: clusterctl.slurm.nodes (core) imports clusterctl.launcher.login.submit "
+        "(launcher.login); core may import only ['core']",
+        "clusterctl/launcher/job/agent.py:1: clusterctl.launcher.job.agent (launcher.job) starts "
+        "clusterctl.launcher.login.cli (launcher.login); launcher.job may start only "
+        "['core', 'launcher.job', 'launcher.pure', 'launcher.shared']",
+        "clusterctl/launcher/job/steps.py:1: clusterctl.launcher.job.steps (launcher.job) imports "
+        "clusterctl.launcher.login.submit (launcher.login); launcher.job may import only "
+        "['core', 'launcher.job', 'launcher.pure', 'launcher.shared']",
+        "clusterctl/launcher/login/submit.py:1: clusterctl.launcher.login.submit imports click; click and rich "
+        "belong in a cli.py or a *_view.py module",
+        "clusterctl/launcher/login/submit.py:2: clusterctl.launcher.login.submit (launcher.login) imports "
+        "clusterctl.healthd (healthd); launcher.login may import only "
+        "['core', 'launcher.login', 'launcher.pure', 'launcher.shared']",
+        "clusterctl/launcher/pure/classify.py:1: clusterctl.launcher.pure.classify (launcher.pure) imports subprocess; "
+        "pure judgement has no side effects: put the effect in launcher.shared, job or login and pass it in",
+        "clusterctl/launcher/pure/classify.py:4: clusterctl.launcher.pure.classify (launcher.pure) imports "
+        "clusterctl.healthd.policy (healthd); launcher.pure may import only ['core', 'launcher.pure']",
+    ])
+    assert reachable(tmp_path, "launcher.pure", "healthd") == ["clusterctl.launcher.pure.classify",
+                                                               "clusterctl.healthd.policy"]
+    assert reachable(tmp_path, "launcher.job", "launcher.login") == ["clusterctl.launcher.job.steps",
+                                                                     "clusterctl.launcher.login.submit"]
+
+
+def test_the_rules_catch_a_stale_module_name_and_a_template_running_login_code(tmp_path):
+    _plant(tmp_path, {
+        "launcher/job/agent.py": 'ARGV = ["python", "-m", "clusterctl.launcher.in_job", "rank"]\n',
+        "sbatch_templates/srun.sbatch": '"$python" -m clusterctl.launcher.login.cli status\n'
+                                        '"$python" -m clusterctl.launcher.job plan\n',
+        "launcher/login/cli.py": "",
+    })
+
+    assert unknown_module_names(tmp_path) == [
+        "clusterctl/launcher/job/agent.py:1: names clusterctl.launcher.in_job, which is no module of clusterctl",
     ]
-    assert reachable(tmp_path, "launcher", "healthd") == ["clusterctl.launcher.classify", "clusterctl.healthd.policy"]
+    assert template_violations(tmp_path) == [
+        "sbatch_templates/srun.sbatch:1: runs clusterctl.launcher.login.cli (launcher.login); a job script runs only "
+        "['launcher.job']",
+        "sbatch_templates/srun.sbatch:2: runs the package clusterctl.launcher.job, which has no __main__.py",
+    ]
+
+
+def test_the_rules_catch_a_cycle(tmp_path):
+    _plant(tmp_path, {
+        "launcher/job/steps.py": "def f():\n    from clusterctl.launcher.job import agent\n",
+        "launcher/job/agent.py": "from clusterctl.launcher.job import steps\n",
+    })
+
+    assert import_cycles(tmp_path, "clusterctl.launcher") == [
+        ["clusterctl.launcher.job.agent", "clusterctl.launcher.job.steps", "clusterctl.launcher.job.agent"]]

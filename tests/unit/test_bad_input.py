@@ -62,7 +62,7 @@ command = {command}
 def spec_error(job: str = "", command: str = "['python3', 'train.py']", launch: str = "", parallel: str = "",
                restart: str = "") -> str:
     from clusterctl.errors import SpecError
-    from clusterctl.launcher.spec import parse_spec
+    from clusterctl.launcher.pure.spec import parse_spec
     text = SPEC.format(job=job, command=command, launch=launch, parallel=parallel, restart=restart)
     with pytest.raises(SpecError) as caught:
         parse_spec(text, "job.toml", base_dir=Path("/tmp"))
@@ -75,13 +75,13 @@ def test_managed_sbatch_options_in_any_spelling_are_refused(option: str) -> None
 
 
 def test_an_exact_sbatch_option_that_prefixes_a_managed_one_is_allowed() -> None:
-    from clusterctl.launcher.spec import managed_option
+    from clusterctl.launcher.pure.spec import managed_option
     assert managed_option("--gpus=8") is None and managed_option("--mem=0") is None
 
 
 def test_tp_that_straddles_nodes_is_refused() -> None:
     from clusterctl.errors import SpecError
-    from clusterctl.launcher.spec import parse_spec
+    from clusterctl.launcher.pure.spec import parse_spec
     text = SPEC.format(job="", command="['x']", launch="", parallel="tp = 3\npp = 1", restart="")
     text = text.replace("nodes = 2", "nodes = 3")  # 24 GPUs: tp=3 fills them, but 3 does not divide 8
     with pytest.raises(SpecError, match="does not divide the 8 GPUs of a node"):
@@ -96,7 +96,7 @@ def test_placeholder_typos_are_refused_not_passed_literally(command: str, typo: 
 
 
 def test_braces_that_are_no_placeholder_stay_as_written() -> None:
-    from clusterctl.launcher.spec import parse_spec
+    from clusterctl.launcher.pure.spec import parse_spec
     text = SPEC.format(job="", command="['x', '{\"lr\": 1}', '{batch_size}']", launch="", parallel="", restart="")
     assert parse_spec(text, "job.toml", base_dir=Path("/tmp")).launch.command[1:] == ('{"lr": 1}', "{batch_size}")
 
@@ -114,22 +114,22 @@ def test_sizes_have_an_upper_bound(job: str, restart: str, expected: str) -> Non
 
 def test_a_node_count_with_no_upper_bound_is_refused_on_the_command_line_too() -> None:
     from clusterctl.errors import SpecError
-    from clusterctl.launcher.spec import parse_overrides
+    from clusterctl.launcher.pure.spec import parse_overrides
     with pytest.raises(SpecError, match="at most 100,000"):
         parse_overrides(nodes=10**12)
 
 
 def test_a_deeply_nested_spec_is_a_spec_error() -> None:
     from clusterctl.errors import SpecError
-    from clusterctl.launcher.spec import parse_spec
+    from clusterctl.launcher.pure.spec import parse_spec
     with pytest.raises(SpecError, match="nested too deeply"):
         parse_spec("x = " + "[" * 100_000 + "]" * 100_000, "job.toml")
 
 
 def test_a_template_that_is_not_utf8_is_a_spec_error(tmp_path: Path) -> None:
     from clusterctl.errors import SpecError
-    from clusterctl.launcher.spec import parse_spec
-    from clusterctl.launcher.submit import load_template
+    from clusterctl.launcher.pure.spec import parse_spec
+    from clusterctl.launcher.login.submit import load_template
     (tmp_path / "t.sbatch").write_bytes(b"#!/bin/bash\n\xff\xfe\n")
     spec = parse_spec(SPEC.format(job="", command="['x']", launch="template = 't.sbatch'", parallel="", restart=""),
                       "job.toml", base_dir=tmp_path)

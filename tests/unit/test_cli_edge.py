@@ -16,9 +16,9 @@ from click.testing import CliRunner
 
 import clusterctl
 from clusterctl.errors import INTERNAL_ERROR_EXIT, ClusterctlError
-from clusterctl.launcher.cli import cli, main
-from clusterctl.launcher.runs import create_run
-from clusterctl.launcher.spec import load_spec
+from clusterctl.launcher.login.cli import cli, main
+from clusterctl.launcher.shared.runs import create_run
+from clusterctl.launcher.pure.spec import load_spec
 from clusterctl.records.run_journal import Submitted
 from tests.conftest import REPO
 
@@ -129,15 +129,15 @@ def make_runs(root: Path) -> None:
 
 
 def test_one_damaged_run_does_not_hide_the_others_jobs(tmp_path):
-    from clusterctl.launcher.runs import find_run_of_job
+    from clusterctl.launcher.shared.runs import find_run_of_job
     make_runs(tmp_path)
     found = find_run_of_job(tmp_path, "4242")
     assert found is not None and found.path.name == "good"
 
 
 def test_listing_runs_skips_a_damaged_one_with_a_note(tmp_path):
-    from clusterctl.launcher.runs import list_runs
-    from clusterctl.launcher.use_cases import gather_status
+    from clusterctl.launcher.shared.runs import list_runs
+    from clusterctl.launcher.login.use_cases import gather_status
     from clusterctl.slurm.commands import Completed, Slurm
     make_runs(tmp_path)
 
@@ -153,7 +153,7 @@ def test_listing_runs_skips_a_damaged_one_with_a_note(tmp_path):
 
 def test_a_refused_sbatch_leaves_no_run_directory(tmp_path):
     from clusterctl.errors import SlurmCommandError
-    from clusterctl.launcher.use_cases import create_submission_run, prepare_submission, submit_first_attempt
+    from clusterctl.launcher.login.use_cases import create_submission_run, prepare_submission, submit_first_attempt
     from clusterctl.slurm.commands import Completed, Slurm
 
     def runner(argv, timeout):

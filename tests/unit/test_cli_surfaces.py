@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from clusterctl.healthd.cli import cli as healthd_cli
-from clusterctl.launcher.cli import cli as clusterctl_cli
+from clusterctl.launcher.login.cli import cli as clusterctl_cli
 from clusterctl_testbed.cli import cli as bed_cli
 
 BIN = Path(sys.executable).parent

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterctl.launcher.hang_watch import (
+from clusterctl.launcher.pure.hang_watch import (
     HANG_REASON, HangPolicy, HangWatch, StepTimes, judge, phase_timeout, progress_from_log_line, step_timeout)
 from clusterctl.records.rank_progress import RankProgress
 

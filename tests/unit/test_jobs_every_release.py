@@ -8,10 +8,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import clusterctl.launcher.cli as cli_module
+import clusterctl.launcher.login.cli as cli_module
 from clusterctl.errors import RunError
-from clusterctl.launcher.cli import cli
-from clusterctl.launcher.use_cases import WAIT_MISSING_POLLS, wait_for_job
+from clusterctl.launcher.login.cli import cli
+from clusterctl.launcher.login.use_cases import WAIT_MISSING_POLLS, wait_for_job
 from clusterctl.slurm.commands import Completed, Slurm
 from tests.conftest import REPO
 

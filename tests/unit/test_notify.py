@@ -11,7 +11,7 @@ from typing import Any
 
 import requests
 
-from clusterctl.launcher.notify import redact, webhook_notifier
+from clusterctl.launcher.login.notify import redact, webhook_notifier
 
 
 def test_events_are_posted_as_json_and_failures_are_only_reported():
@@ -89,8 +89,8 @@ def test_a_hanging_endpoint_never_holds_up_the_caller():
 def test_the_run_directory_keeps_the_webhook_from_other_users(tmp_path):
     import stat
 
-    from clusterctl.launcher.runs import create_run
-    from clusterctl.launcher.spec import parse_spec
+    from clusterctl.launcher.shared.runs import create_run
+    from clusterctl.launcher.pure.spec import parse_spec
     text = ('[job]\nname = "t"\nnodes = 1\n[launch]\ncommand = ["x"]\n'
             '[restart]\nwebhook = "https://hooks.example.com/T/SECRET"\n')
     run = create_run(tmp_path / "run", parse_spec(text, "job.toml", base_dir=tmp_path), text)
@@ -102,7 +102,7 @@ def test_a_webhook_that_is_not_an_http_url_is_a_spec_error():
     import pytest
 
     from clusterctl.errors import SpecError
-    from clusterctl.launcher.spec import parse_spec
+    from clusterctl.launcher.pure.spec import parse_spec
     with pytest.raises(SpecError, match="an http"):
         parse_spec('[job]\nname = "t"\nnodes = 1\n[launch]\ncommand = ["x"]\n[restart]\nwebhook = "file:///etc/passwd"\n',
                    "job.toml")

@@ -225,7 +225,7 @@ def test_healthd_evidence_names_the_throttled_gpu_as_a_user_would_read_it(nvml_l
     config = tmp_path / "healthd.toml"
     config.write_text(f'node = "node7"\nstate_dir = "{tmp_path / "state"}"\n')
     env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_lib.parent), "NVML_EMU_DIR": str(node)}
-    argv = [sys.executable, "-c", "from clusterctl.healthd.cli import main; main()", "evidence", "--config", str(config)]
+    argv = [sys.executable, "-m", "clusterctl.healthd", "evidence", "--config", str(config)]
     out = subprocess.run([*argv, "--json"], capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr
     evidence = GpuEvidence.from_json(json.loads(out.stdout), "healthd evidence")
@@ -255,7 +255,7 @@ def test_healthd_evidence_joins_healthds_warning_on_a_hot_gpu_and_reports_a_lost
     config = tmp_path / "healthd.toml"
     config.write_text(f'node = "node7"\nstate_dir = "{tmp_path / "state"}"\n')
     env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_lib.parent), "NVML_EMU_DIR": str(node)}
-    argv = [sys.executable, "-c", "from clusterctl.healthd.cli import main; main()", "evidence", "--config", str(config),
+    argv = [sys.executable, "-m", "clusterctl.healthd", "evidence", "--config", str(config),
             "--json"]
     out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 0, out.stderr

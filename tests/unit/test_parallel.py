@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from clusterctl.errors import LayoutError
-from clusterctl.launcher.parallel import DIMS, ParallelLayout, layout_from_mapping, validate_for_cluster
+from clusterctl.launcher.pure.parallel import DIMS, ParallelLayout, layout_from_mapping, validate_for_cluster
 
 
 def reference_groups(layout: ParallelLayout, kind: str) -> list[list[int]]:

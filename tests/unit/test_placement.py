@@ -9,10 +9,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterctl.launcher.cost import evaluate, slot_groups, unit_ids
+from clusterctl.launcher.pure.cost import evaluate, slot_groups, unit_ids
 from clusterctl.errors import LayoutError, PlacementError
-from clusterctl.launcher.parallel import ParallelLayout
-from clusterctl.launcher.placement import plan, slurm_order
+from clusterctl.launcher.pure.parallel import ParallelLayout
+from clusterctl.launcher.pure.placement import plan, slurm_order
 from clusterctl.slurm.topology import parse_topology_conf
 
 

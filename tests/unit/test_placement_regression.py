@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import pytest
 
 from clusterctl.errors import ClusterctlError
-from clusterctl.launcher.parallel import ParallelLayout
-from clusterctl.launcher.placement import plan
-from clusterctl.launcher.plan_view import plan_json
+from clusterctl.launcher.pure.parallel import ParallelLayout
+from clusterctl.launcher.pure.placement import plan
+from clusterctl.launcher.pure.plan_document import plan_json
 from clusterctl.slurm.topology import Topology, parse_topology_conf
 from tests.golden import GOLDEN_ROOT
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from clusterctl.launcher.cli import cli
+from clusterctl.launcher.login.cli import cli
 from tests.golden import assert_golden
 
 DATA = Path(__file__).resolve().parents[1] / "data"

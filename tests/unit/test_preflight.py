@@ -11,14 +11,14 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterctl.launcher.in_job import EXIT_PREFLIGHT, plan_for_job
-from clusterctl.launcher.preflight import (
+from clusterctl.launcher.job.steps import EXIT_PREFLIGHT, plan_for_job
+from clusterctl.launcher.pure.preflight import (
     hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv,
 )
-from clusterctl.launcher.render import SlurmFacts
-from clusterctl.launcher.runs import create_run
-from clusterctl.launcher.spec import load_spec
-from clusterctl.launcher.submit import prepare
+from clusterctl.launcher.pure.render import SlurmFacts
+from clusterctl.launcher.shared.runs import create_run
+from clusterctl.launcher.pure.spec import load_spec
+from clusterctl.launcher.login.submit import prepare
 from clusterctl.records.rank_map import JobRankMap, RankMap, read_rank_map
 from clusterctl.records.rank_record import read_rank_records
 from clusterctl.slurm.commands import Completed, Slurm
@@ -54,7 +54,7 @@ def test_the_master_port_is_the_specs_or_a_random_free_one_never_the_job_ids():
 def test_the_job_picks_a_port_nobody_listens_on(tmp_path):
     import socket
 
-    from clusterctl.launcher.in_job import port_is_free
+    from clusterctl.launcher.job.steps import port_is_free
     with socket.socket() as held:
         held.bind(("0.0.0.0", 0))
         held.listen()
@@ -129,7 +129,7 @@ def test_the_hostfile_repeats_each_slot_once_per_gpu(tmp_path):
 
 def _rank(job_dir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     probe = "import json, os; print(json.dumps({k: os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'MASTER_ADDR')}))"
-    return subprocess.run([sys.executable, "-m", "clusterctl.launcher.in_job", "rank", "--job-dir", str(job_dir), "--",
+    return subprocess.run([sys.executable, "-m", "clusterctl.launcher.job", "rank", "--job-dir", str(job_dir), "--",
                            sys.executable, "-c", probe], capture_output=True, text=True,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": "", **env}, cwd=REPO)
 
@@ -167,8 +167,8 @@ def test_a_rank_without_a_map_says_the_plan_step_did_not_run(tmp_path):
 def test_a_run_directory_is_private_to_its_owner(tmp_path):
     import stat
 
-    from clusterctl.launcher.runs import create_run
-    from clusterctl.launcher.spec import parse_spec
+    from clusterctl.launcher.shared.runs import create_run
+    from clusterctl.launcher.pure.spec import parse_spec
     text = '[job]\nname = "t"\nnodes = 1\n[launch]\ncommand = ["x"]\n'
     run = create_run(tmp_path / "run", parse_spec(text, "job.toml", base_dir=tmp_path), text)
     assert stat.S_IMODE(run.path.stat().st_mode) == 0o700  # its rank map (and port) unreadable by others

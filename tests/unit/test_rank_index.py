@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterctl.launcher.preflight import node_problems, placement_problems, rank_environment, torchrun_argv
+from clusterctl.launcher.pure.preflight import node_problems, placement_problems, rank_environment, torchrun_argv
 from clusterctl.records.rank_index import HEADER_MAX_BYTES, read_slot, rank_index_path, write_rank_index
 from clusterctl.records.rank_map import JobRankMap, RankMap
 from clusterctl.records.versioned import RecordError, indented_json

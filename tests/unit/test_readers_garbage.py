@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterctl.errors import ClusterctlError
-from clusterctl.launcher.runs import spec_from_document
-from clusterctl.launcher.spec import parse_spec
+from clusterctl.launcher.shared.runs import spec_from_document
+from clusterctl.launcher.pure.spec import parse_spec
 from clusterctl.records.rank_map import read_rank_map, rank_map_path
 from clusterctl.records.run_journal import read_run_journal
 from clusterctl.slurm import hostlist

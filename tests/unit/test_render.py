@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clusterctl.errors import SpecError
-from clusterctl.launcher.render import SlurmFacts, Template, compact_request, prepare, render_script
-from clusterctl.launcher.shell import quote
-from clusterctl.launcher.spec import load_spec, parse_spec
-from clusterctl.launcher.submit import load_template
+from clusterctl.launcher.pure.render import SlurmFacts, Template, compact_request, prepare, render_script
+from clusterctl.launcher.pure.shell import quote
+from clusterctl.launcher.pure.spec import load_spec, parse_spec
+from clusterctl.launcher.login.submit import load_template
 from clusterctl.slurm.topology import parse_scontrol_topology
 from clusterctl.slurm.version import SlurmVersion
 from tests.conftest import REPO

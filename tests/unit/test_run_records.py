@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterctl.launcher.runs import create_run
-from clusterctl.launcher.spec import load_spec
+from clusterctl.launcher.shared.runs import create_run
+from clusterctl.launcher.pure.spec import load_spec
 from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, read_rank_map, write_rank_map
 from clusterctl.records.rank_record import RankRecord, read_rank_record, write_rank_record
 from clusterctl.records.run_journal import (

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from clusterctl.errors import RunError
-from clusterctl.launcher.runs import RunDir
-from clusterctl.launcher.shared_reads import SharedReads, user_cache_dir
+from clusterctl.launcher.shared.runs import RunDir
+from clusterctl.launcher.login.shared_reads import SharedReads, user_cache_dir
 from clusterctl.slurm.commands import Completed, Slurm
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm" / "22.05"
@@ -147,9 +147,9 @@ def test_a_run_lock_another_user_made_is_a_clear_run_error(shared_runs: Path) ->
 
 
 def test_a_held_job_of_another_user_with_the_runs_comment_is_not_its_live_copy(tmp_path: Path) -> None:
-    from clusterctl.launcher.runs import create_run
-    from clusterctl.launcher.spec import load_spec
-    from clusterctl.launcher.supervisor import EXIT_DONE, Hooks, Supervisor
+    from clusterctl.launcher.shared.runs import create_run
+    from clusterctl.launcher.pure.spec import load_spec
+    from clusterctl.launcher.login.supervisor import EXIT_DONE, Hooks, Supervisor
     from tests.conftest import REPO
     from tests.unit.test_supervisor_loop import Clock, ScriptedSlurm
 
@@ -174,9 +174,9 @@ def test_a_held_job_of_another_user_with_the_runs_comment_is_not_its_live_copy(t
 
 
 def test_an_epilog_record_another_user_planted_is_no_evidence(tmp_path: Path) -> None:
-    from clusterctl.launcher.runs import create_run
-    from clusterctl.launcher.spec import load_spec
-    from clusterctl.launcher.supervisor import EXIT_DONE, Hooks, Supervisor
+    from clusterctl.launcher.shared.runs import create_run
+    from clusterctl.launcher.pure.spec import load_spec
+    from clusterctl.launcher.login.supervisor import EXIT_DONE, Hooks, Supervisor
     from clusterctl.records.actions import Action
     from clusterctl.records.job_health import HealthFinding, JobHealthRecord, write_job_health
     from tests.conftest import REPO
@@ -226,7 +226,7 @@ def test_no_job_id_that_is_not_one_reaches_a_slurm_argv() -> None:
 
 
 def test_a_node_name_that_could_be_an_option_is_never_blamed() -> None:
-    from clusterctl.launcher.supervisor import job_nodes
+    from clusterctl.launcher.login.supervisor import job_nodes
     from clusterctl.slurm.jobs import JobReport
     report = JobReport("7", "toy", "FAILED", "", "node[1-2],-x,--exclude=all", 1, None, 0.0, 0.0, 0.0)
     assert job_nodes(report) == ["node1", "node2"]

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clusterctl.errors import SpecError
-from clusterctl.launcher.spec import (
+from clusterctl.launcher.pure.spec import (
     FIELDS, CheckpointSection, JobSection, LaunchSection, PlacementSection, RestartSection, fill_data_parallel,
     load_spec, parse_overrides, parse_spec, reference_rows, spec_from_dict,
 )
-from clusterctl.launcher.straggler_watch import StragglerPolicy
+from clusterctl.launcher.pure.straggler_watch import StragglerPolicy
 from tests.conftest import REPO
 
 MINIMAL = """\

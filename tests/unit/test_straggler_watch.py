@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterctl.launcher.straggler_watch import StragglerPolicy, StragglerWatch
+from clusterctl.launcher.pure.straggler_watch import StragglerPolicy, StragglerWatch
 from clusterctl.records.rank_progress import RankProgress
 
 NODES = {"node1": (0, 1), "node2": (2, 3), "node3": (4, 5), "node4": (6, 7)}

@@ -9,11 +9,11 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-import clusterctl.launcher.cli as cli_module
-from clusterctl.launcher.cli import cli
-from clusterctl.launcher.runs import create_run
-from clusterctl.launcher.spec import load_spec
-from clusterctl.launcher.use_cases import wait_for_job
+import clusterctl.launcher.login.cli as cli_module
+from clusterctl.launcher.login.cli import cli
+from clusterctl.launcher.shared.runs import create_run
+from clusterctl.launcher.pure.spec import load_spec
+from clusterctl.launcher.login.use_cases import wait_for_job
 from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, write_rank_map
 from clusterctl.records.run_journal import (
     BlamedNode, Decided, DecisionAction, OutcomeKind, SlurmTimes, Submitted, read_run_journal,
@@ -130,7 +130,7 @@ def test_cancel_ends_the_live_job_and_the_run(slurm, tmp_path):
 
 
 def _clusterctl(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", "from clusterctl.launcher.cli import main; main()", *args],
+    return subprocess.run([sys.executable, "-c", "from clusterctl.launcher.login.cli import main; main()", *args],
                           capture_output=True, text=True, cwd=cwd)
 
 

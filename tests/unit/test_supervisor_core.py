@@ -13,14 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from clusterctl.launcher.checkpoints import Checkpoint, latest_complete
-from clusterctl.launcher.classify import (
+from clusterctl.launcher.pure.checkpoint import Checkpoint
+from clusterctl.launcher.shared.checkpoints import latest_complete
+from clusterctl.launcher.pure.classify import (
     COMPLETED, MISPLACED, NODE_FAILURE, PROGRAM_FAILURE, RESUBMIT, STORAGE, USER_CANCELLED, Blame, Outcome, classify,
     hardware_suspects,
 )
-from clusterctl.launcher.goodput import AttemptTimes, account, young_daly
-from clusterctl.launcher.restart_policy import RunState, decide, replay
-from clusterctl.launcher.spec import RestartSection
+from clusterctl.launcher.pure.goodput import AttemptTimes, account, young_daly
+from clusterctl.launcher.pure.restart_policy import RunState, decide, replay
+from clusterctl.launcher.pure.spec import RestartSection
 from clusterctl.records.actions import Action
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord
 from clusterctl.records.run_journal import (
@@ -312,14 +313,14 @@ ACTIONS = ((75, "restart"), (76, "exclude-node"), (77, "stop"))
 
 
 def test_a_program_asking_to_exclude_its_node_gets_that_node_blamed():
-    from clusterctl.launcher.classify import classify
+    from clusterctl.launcher.pure.classify import classify
     outcome = classify(_report("FAILED", 143), ["node1", "node2", "node3"], {}, {}, SRUN_LOG, (), ACTIONS)
     assert outcome.kind == "node-failure" and [b.node for b in outcome.blame] == ["node2"]
     assert "the program asked to exclude-node (exit 76 on node2" in outcome.message
 
 
 def test_a_program_asking_to_stop_is_not_restarted_and_one_asking_to_restart_is_not_counted_a_failure():
-    from clusterctl.launcher.classify import classify
+    from clusterctl.launcher.pure.classify import classify
     stop = classify(_report("FAILED", 143), ["node1"], {}, {}, "srun: error: node1: task 0: Exited with exit code 77\n",
                     (), ACTIONS)
     assert stop.kind == "program-asked-stop"

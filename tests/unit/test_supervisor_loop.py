@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from clusterctl.errors import RunError
-from clusterctl.launcher.runs import RunDir, create_run
-from clusterctl.launcher.shared_reads import SharedReads
+from clusterctl.launcher.shared.runs import RunDir, create_run
+from clusterctl.launcher.login.shared_reads import SharedReads
 from clusterctl.slurm.commands import Completed, Slurm
 from clusterctl.slurm.jobs import job_line_argv
-from clusterctl.launcher.spec import load_spec
-from clusterctl.launcher.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks, Supervisor
+from clusterctl.launcher.pure.spec import load_spec
+from clusterctl.launcher.login.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks, Supervisor
 from clusterctl.records.actions import Action
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord, job_health_path, write_job_health
 from clusterctl.records.run_journal import Submitting

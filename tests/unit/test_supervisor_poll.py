@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from clusterctl.launcher.supervisor import next_poll_interval
+from clusterctl.launcher.login.supervisor import next_poll_interval
 from clusterctl.slurm.commands import Completed, Slurm, parse_exit_code
 from tests.conftest import REPO
 

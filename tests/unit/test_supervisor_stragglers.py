@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from clusterctl.launcher.runs import RunDir, create_run
-from clusterctl.launcher.spec import load_spec
-from clusterctl.launcher.supervisor import EXIT_DONE, Hooks, Supervisor
+from clusterctl.launcher.shared.runs import RunDir, create_run
+from clusterctl.launcher.pure.spec import load_spec
+from clusterctl.launcher.login.supervisor import EXIT_DONE, Hooks, Supervisor
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
 from clusterctl.records.node_step_times import read_node_step_times
 from clusterctl.records.rank_progress import RankProgress, write_rank_progress

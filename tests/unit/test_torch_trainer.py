@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.launcher.checkpoints import find_checkpoints, latest_complete
+from clusterctl.launcher.shared.checkpoints import find_checkpoints, latest_complete
 
 torch = pytest.importorskip("torch", reason="PyTorch is not installed (the optional extra: pip install -e '.[torch]')")
 pytest.importorskip("numpy", reason="numpy is not installed (torch.distributed's object collectives need it)")

@@ -14,16 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.errors import LayoutError, RunError
-from clusterctl.launcher.checkpoints import find_checkpoints
-from clusterctl.launcher.parallel import ParallelLayout, layout_from_mapping
-from clusterctl.launcher.render import SlurmFacts, SubmitRequest
-from clusterctl.launcher.report import run_report
-from clusterctl.launcher.runs import (
+from clusterctl.launcher.shared.checkpoints import find_checkpoints
+from clusterctl.launcher.pure.parallel import ParallelLayout, layout_from_mapping
+from clusterctl.launcher.pure.render import SlurmFacts, SubmitRequest
+from clusterctl.launcher.login.report import run_report
+from clusterctl.launcher.shared.runs import (
     RunDir, attempts_of, check_new_run_path, create_run, find_run_of_job, list_runs, unique_run_path,
 )
-from clusterctl.launcher.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
-from clusterctl.launcher.status import run_status
-from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
+from clusterctl.launcher.pure.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
+from clusterctl.launcher.login.status import run_status
+from clusterctl.launcher.login.submit import gather_facts, prepare, submit_attempt
 from clusterctl.records.node_step_times import read_node_step_times
 from clusterctl.records.run_journal import EventKind, RunEnded
 from clusterctl.records.versioned import RecordError

@@ -26,10 +26,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from clusterctl.errors import PlacementError
-from clusterctl.launcher.cost import (
+from clusterctl.launcher.pure.cost import (
     DEFAULT_WEIGHTS, CostReport, SlotGroups, evaluate, group_penalty, level_weight, slot_groups,
 )
-from clusterctl.launcher.parallel import ParallelLayout, validate_for_cluster
+from clusterctl.launcher.pure.parallel import ParallelLayout, validate_for_cluster
 from clusterctl.records.rank_map import RankMap, PlanSummary
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.topology import TOP, Topology

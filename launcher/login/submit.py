@@ -6,12 +6,12 @@ import importlib.resources
 from pathlib import Path
 
 from clusterctl.errors import SlurmCommandError, SpecError
-from clusterctl.launcher.render import SlurmFacts, SubmitRequest, Template
-from clusterctl.launcher.render import prepare as prepare_request
-from clusterctl.launcher.runs import RunDir
+from clusterctl.launcher.pure.render import SlurmFacts, SubmitRequest, Template
+from clusterctl.launcher.pure.render import prepare as prepare_request
+from clusterctl.launcher.shared.runs import RunDir
 from clusterctl.records.run_journal import Submitted
 from clusterctl.slurm.commands import Slurm
-from clusterctl.launcher.spec import JobSpec
+from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.slurm.topology import Topology, load_topology, parse_scontrol_topology
 
 

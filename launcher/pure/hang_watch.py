@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from clusterctl.errors import HostlistError
-from clusterctl.launcher.classify import Blame
+from clusterctl.launcher.pure.classify import Blame
 from clusterctl.records.rank_progress import RankProgress
 from clusterctl.slurm import hostlist
 

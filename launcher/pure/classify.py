@@ -219,3 +219,10 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
         return Outcome(RESUBMIT, f"{asked}: resubmitting from the last checkpoint")
     return Outcome(PROGRAM_FAILURE, f"{state}{exit_note} with every node of the job healthy: the program's own "
                                     "failure")
+
+
+def node_read_interval(nodes: int) -> float:
+    """How often the in-allocation agent reads the step's nodes from Slurm while it runs: each read is one
+    single-node query per node (0.1-0.5 ms of controller time each), so larger steps read less
+    often; a step whose ranks crash is seen at once anyway (srun exits)."""
+    return max(2.0, 0.25 * nodes)

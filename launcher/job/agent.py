@@ -1,6 +1,6 @@
 """Recovery inside the allocation: the agent a job with spares runs instead of one srun step.
 
-`python -m clusterctl.launcher.in_job agent` (sbatch_templates/srun_in_allocation.sbatch, a job
+`python -m clusterctl.launcher.job agent` (sbatch_templates/srun_in_allocation.sbatch, a job
 submitted with --no-kill) plans the rank map over the allocation's healthy nodes, runs every rank
 as one srun step, and watches the step's nodes as the supervisor would (clusterctl.launcher.
 classify.hardware_suspects: drained by healthd, DOWN, silent past restart.unresponsive_seconds).
@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterctl.errors import SlurmCommandError
-from clusterctl.launcher.checkpoints import Checkpoint, resume_point
-from clusterctl.launcher.classify import Blame, exit_request, hardware_suspects, not_responding
-from clusterctl.launcher.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
-from clusterctl.launcher.spec import JobSpec
-from clusterctl.launcher.straggler_actions import StragglerActions, StragglerDoors, srun_gpu_evidence
-from clusterctl.launcher.straggler_watch import Straggler, StragglerWatch
+from clusterctl.launcher.pure.checkpoint import Checkpoint
+from clusterctl.launcher.shared.checkpoints import resume_point
+from clusterctl.launcher.pure.classify import Blame, exit_request, hardware_suspects, node_read_interval, not_responding
+from clusterctl.launcher.pure.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
+from clusterctl.launcher.pure.spec import JobSpec
+from clusterctl.launcher.shared.straggler_actions import StragglerActions, StragglerDoors, srun_gpu_evidence
+from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
 from clusterctl.records.gpu_evidence import GpuEvidence
 from clusterctl.records.rank_map import RankMap
 from clusterctl.records.rank_progress import read_progress
@@ -48,11 +49,6 @@ STEP_POLL_SECONDS = 0.2
 """How often the agent looks whether the step ended (a local waitpid, free)."""
 
 
-def node_read_interval(nodes: int) -> float:
-    """How often the agent reads the step's nodes from Slurm while it runs: each read is one
-    single-node query per node (0.1-0.5 ms of controller time each), so larger steps read less
-    often; a step whose ranks crash is seen at once anyway (srun exits)."""
-    return max(2.0, 0.25 * nodes)
 STOP_GRACE_SECONDS = 15.0
 """How long an interrupted step may take to end before srun is killed."""
 IN_PLACE_RESTARTS = 1
@@ -310,8 +306,8 @@ class Agent:
             self.doors.sleep(0.5)
 
     def _launch(self, job_dir: Path, nodes: Sequence[str], resume_from: str | None) -> Launched:
-        from clusterctl.launcher.in_job import plan_for_job
-        from clusterctl.launcher.render import launch_command
+        from clusterctl.launcher.job.steps import plan_for_job
+        from clusterctl.launcher.pure.render import launch_command
         env = resized_environment(self.environ, nodes)
         rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm)
         if resume_from:
@@ -321,7 +317,7 @@ class Agent:
         # --overlap: a step ended because a node died stays "completing" at slurmctld until that node is
         # declared DOWN; without it the new step waits ("Requested nodes are busy") for the dead node.
         argv = ["srun", "--distribution=arbitrary", f"--ntasks={self.spec.world_size}", "--kill-on-bad-exit=1",
-                "--overlap", self.python, "-m", "clusterctl.launcher.in_job", "rank", "--job-dir", str(job_dir), "--", *command]
+                "--overlap", self.python, "-m", "clusterctl.launcher.job", "rank", "--job-dir", str(job_dir), "--", *command]
         offset = self.doors.read_log(self.log_path, None)[1]  # where this step's lines begin
         started_at = self.doors.now()
         return Launched(self.doors.start_step(argv, env), job_dir, rank_map.rank_map, started_at, offset)

@@ -24,21 +24,22 @@ from rich.text import Text
 from clusterctl import __version__
 from clusterctl.errors import INTERNAL_ERROR_EXIT, ClusterctlError, OutputError, RunError
 from clusterctl.files import atomic_write
-from clusterctl.launcher.cost import DEFAULT_WEIGHTS
-from clusterctl.launcher.notify import webhook_notifier
-from clusterctl.launcher.parallel import DIMS
-from clusterctl.launcher.placement import plan as make_plan
-from clusterctl.launcher.plan_view import plan_json, plan_renderables, plan_svg
-from clusterctl.launcher.render import SlurmFacts
-from clusterctl.launcher.report import report_renderables
-from clusterctl.launcher.runs import RunDir
-from clusterctl.launcher.straggler_actions import srun_gpu_evidence
-from clusterctl.launcher.spec import (
+from clusterctl.launcher.pure.cost import DEFAULT_WEIGHTS
+from clusterctl.launcher.login.notify import webhook_notifier
+from clusterctl.launcher.pure.parallel import DIMS
+from clusterctl.launcher.pure.placement import plan as make_plan
+from clusterctl.launcher.login.plan_view import plan_renderables, plan_svg
+from clusterctl.launcher.pure.plan_document import plan_json
+from clusterctl.launcher.pure.render import SlurmFacts
+from clusterctl.launcher.login.report import report_renderables
+from clusterctl.launcher.shared.runs import RunDir
+from clusterctl.launcher.shared.straggler_actions import srun_gpu_evidence
+from clusterctl.launcher.pure.spec import (
     MAX_NODES, MAX_RANKS, JobSpec, default_runs_dir, load_spec, parse_overrides, reference_rows,
 )
-from clusterctl.launcher.status import ended_how, status_renderables
-from clusterctl.launcher.supervisor import Hooks, Supervisor
-from clusterctl.launcher.use_cases import (
+from clusterctl.launcher.login.status import ended_how, status_renderables
+from clusterctl.launcher.login.supervisor import Hooks, Supervisor
+from clusterctl.launcher.login.use_cases import (
     cancel_run, create_submission_run, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
     submit_first_attempt, wait_for_job,
 )
@@ -206,7 +207,7 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
     if detach:
         log = run.path / "supervisor.log"
         with open(log, "ab") as out:
-            child = subprocess.Popen([sys.executable, "-c", "from clusterctl.launcher.cli import main; main()", "supervise",
+            child = subprocess.Popen([sys.executable, "-c", "from clusterctl.launcher.login.cli import main; main()", "supervise",
                                       str(run.path), "--job-records", str(job_records)],
                                      stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                      start_new_session=True)

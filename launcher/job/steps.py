@@ -1,11 +1,12 @@
-"""What a generated sbatch script runs inside the job (`python -m clusterctl.launcher.in_job ...`).
+"""The steps a generated sbatch script runs inside the job (`python -m clusterctl.launcher.job ...`,
+whose argument parsing is `clusterctl/launcher/job/__main__.py`).
 
 - `plan`: rank map for SLURM_JOB_NODELIST → `<job dir>/rankmap.json`, `rankmap.idx`, `hostfile`, `nodefile`.
 - `rank`: one per rank; checks (node, local GPU) against its slot of the map, records where it
   ran, sets RANK/LOCAL_RANK/WORLD_SIZE/MASTER_* and becomes the command.
 - `node`: one per node (torchrun style); checks the node, then becomes torchrun.
 - `agent`: a job with spares: plans, runs the ranks as srun steps and recovers a failed node
-  inside the allocation (clusterctl.launcher.allocation_agent).
+  inside the allocation (`clusterctl.launcher.job.agent`).
 
 Ranks read `rankmap.idx` (the header and their own slot's line), never the whole map, so what
 a rank reads from the shared filesystem does not grow with the job.
@@ -13,7 +14,6 @@ a rank reads from the shared filesystem does not grow with the job.
 
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import sys
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.files import atomic_write
-from clusterctl.launcher.preflight import (
+from clusterctl.launcher.pure.preflight import (
     hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv, visible_gpus,
 )
 from clusterctl.records.rank_index import SlotView, rank_index_path, read_slot, write_rank_index
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 EXIT_PREFLIGHT = 86  # a rank is not where the map says: fail the job before any work
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
     print(f"clusterctl: {message}", file=sys.stderr, flush=True)
 
 
@@ -74,15 +74,15 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
     # Imported here, not at the top: every rank runs this module (the `rank` step), and on a
     # node starting 8 ranks the planner's imports (rich among them) cost more than the check.
     from clusterctl.slurm import hostlist
-    from clusterctl.launcher.placement import plan as make_plan
-    from clusterctl.launcher.plan_view import plan_json
-    from clusterctl.launcher.runs import RunDir
+    from clusterctl.launcher.pure.placement import plan as make_plan
+    from clusterctl.launcher.pure.plan_document import plan_json
+    from clusterctl.launcher.shared.runs import RunDir
     spec = RunDir(run_dir).spec()
     job_id = environ.get("SLURM_JOB_ID", "0")
     allocated = hostlist.expand(environ["SLURM_JOB_NODELIST"])
     topology, warning = job_topology(spec.placement.topology, slurm, allocated)
     if warning:
-        _say(f"warning: {warning}")
+        say(f"warning: {warning}")
     result = make_plan(spec.parallel, spec.job.gpus_per_node, topology, allocated, spec.placement.weight_map())
     summary = result.summary()
     in_map = set(result.rank_map.slots)
@@ -96,7 +96,7 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
     atomic_write(job_dir / "nodefile", "\n".join(hostfile_lines(rank_map, per_gpu=False)) + "\n")
     write_rank_index(job_dir, rank_map)
     path = write_rank_map(job_dir, rank_map)
-    _say(f"rank map for {environ['SLURM_JOB_NODELIST']}: node slots {hostlist.compress(list(rank_map.slots))} "
+    say(f"rank map for {environ['SLURM_JOB_NODELIST']}: node slots {hostlist.compress(list(rank_map.slots))} "
          f"in order {' '.join(rank_map.slots)}; leaf-crossing DP/PP groups {summary.leaf_crossing_groups} "
          f"(Slurm's order: {summary.slurm_order_leaf_crossing_groups}); {path}")
     return rank_map
@@ -135,7 +135,7 @@ def exec_rank(job_dir: Path, command: Sequence[str], environ: Mapping[str, str],
     problems = placement_problems(rank_map, rank, node, local_id, visible_gpus(environ))
     if problems:
         for problem in problems:
-            _say(f"preflight failed: {problem}")
+            say(f"preflight failed: {problem}")
         return EXIT_PREFLIGHT
     env = {**environ, **rank_environment(rank_map, rank), "CLUSTERCTL_JOB_DIR": str(job_dir)}
     _record(job_dir, rank, node, env)
@@ -149,7 +149,7 @@ def exec_node(job_dir: Path, command: Sequence[str], environ: Mapping[str, str])
     problems = node_problems(rank_map, node_rank, _node_name(environ))
     if problems:
         for problem in problems:
-            _say(f"preflight failed: {problem}")
+            say(f"preflight failed: {problem}")
         return EXIT_PREFLIGHT
     return _exec(torchrun_argv(rank_map, node_rank, sys.executable, str(job_dir), command), dict(environ))
 
@@ -158,52 +158,6 @@ def _exec(command: Sequence[str], env: Mapping[str, str]) -> int:
     try:
         os.execvpe(command[0], list(command), dict(env))
     except OSError as exc:
-        _say(f"cannot run {command[0]!r}: {exc.strerror}")
+        say(f"cannot run {command[0]!r}: {exc.strerror}")
         return 127
     return 127  # not reached
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m clusterctl.launcher.in_job", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="what", required=True)
-    p_plan = sub.add_parser("plan")
-    p_plan.add_argument("--run-dir", required=True, type=Path)
-    p_plan.add_argument("--job-dir", required=True, type=Path)
-    p_agent = sub.add_parser("agent", help="plan, run the ranks as one srun step, recover node failures "
-                                             "inside the allocation (jobs with spares)")
-    p_agent.add_argument("--run-dir", required=True, type=Path)
-    p_agent.add_argument("--job-dir", required=True, type=Path)
-    p_agent.add_argument("--resume-from", default="", help="the checkpoint this attempt resumes from ('' for none)")
-    for name in ("rank", "node"):
-        p = sub.add_parser(name)
-        p.add_argument("--job-dir", required=True, type=Path)
-        p.add_argument("--under-torchrun", action="store_true")
-        p.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args(argv)
-    try:
-        if args.what == "plan":
-            from clusterctl.slurm.commands import Slurm
-            plan_for_job(args.run_dir, args.job_dir, os.environ, Slurm())
-            return 0
-        if args.what == "agent":
-            from clusterctl.launcher.allocation_agent import Agent, default_doors
-            from clusterctl.launcher.runs import RunDir
-            agent = Agent(args.run_dir, args.job_dir, RunDir(args.run_dir).spec(), os.environ, default_doors())
-            return agent.run(args.resume_from or None)
-        command = args.command[1:] if args.command[:1] == ["--"] else args.command
-        if not command:
-            parser.error("no command after --")
-        if args.what == "rank":
-            return exec_rank(args.job_dir, command, os.environ, under_torchrun=args.under_torchrun)
-        return exec_node(args.job_dir, command, os.environ)
-    except ClusterctlError as exc:
-        _say(f"error: {exc}")
-        return 1
-    except (OSError, KeyError, ValueError) as exc:
-        _say(f"error: {type(exc).__name__}: {exc}")
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,19 +19,20 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.errors import HostlistError, SlurmCommandError
-from clusterctl.launcher.allocation_agent import node_read_interval
-from clusterctl.launcher.checkpoints import Checkpoint, resume_point
-from clusterctl.launcher.classify import (
-    NODE_FAILURE, PROGRAM_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down, not_responding,
+from clusterctl.launcher.pure.checkpoint import Checkpoint
+from clusterctl.launcher.shared.checkpoints import resume_point
+from clusterctl.launcher.pure.classify import (
+    NODE_FAILURE, PROGRAM_FAILURE, Blame, Outcome, classify, hardware_suspects, node_down, node_read_interval,
+    not_responding,
 )
-from clusterctl.launcher.render import SlurmFacts
-from clusterctl.launcher.restart_policy import AttemptState, RunState, decide, replay
-from clusterctl.launcher.runs import RunDir
-from clusterctl.launcher.shared_reads import SharedReads
-from clusterctl.launcher.spec import JobSpec
-from clusterctl.launcher.straggler_actions import GpuEvidenceReader, StragglerActions, StragglerDoors
-from clusterctl.launcher.straggler_watch import StragglerWatch
-from clusterctl.launcher.submit import gather_facts, prepare, submit_attempt
+from clusterctl.launcher.pure.render import SlurmFacts
+from clusterctl.launcher.pure.restart_policy import AttemptState, RunState, decide, replay
+from clusterctl.launcher.shared.runs import RunDir
+from clusterctl.launcher.login.shared_reads import SharedReads
+from clusterctl.launcher.pure.spec import JobSpec
+from clusterctl.launcher.shared.straggler_actions import GpuEvidenceReader, StragglerActions, StragglerDoors
+from clusterctl.launcher.pure.straggler_watch import StragglerWatch
+from clusterctl.launcher.login.submit import gather_facts, prepare, submit_attempt
 from clusterctl.records.job_health import JobHealthRecord, read_job_health
 from clusterctl.records.rank_map import read_rank_map
 from clusterctl.records.rank_progress import read_progress

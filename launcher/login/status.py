@@ -1,7 +1,7 @@
 """What `clusterctl status` shows: a run's attempts joined with what Slurm says (pure).
 
 The caller reads the run's journal and rank maps and asks Slurm (see
-`clusterctl.launcher.use_cases.gather_status`); this module only joins and renders them.
+`clusterctl.launcher.login.use_cases.gather_status`); this module only joins and renders them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from clusterctl.launcher.runs import attempts_of, log_path
+from clusterctl.launcher.shared.runs import attempts_of, log_path
 from clusterctl.records.node_step_times import NodeStepTimes
 from clusterctl.records.rank_map import JobRankMap
 from clusterctl.records.run_journal import Created, RecoveredInAllocation, RunEnded, RunEvent, StragglerFound

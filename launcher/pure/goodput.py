@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from clusterctl.launcher.checkpoints import Checkpoint
+from clusterctl.launcher.pure.checkpoint import Checkpoint
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from clusterctl.clock import utc
 from clusterctl.errors import SlurmCommandError
-from clusterctl.launcher.classify import Blame
-from clusterctl.launcher.straggler_watch import Straggler, StragglerWatch
+from clusterctl.launcher.pure.classify import Blame
+from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
 from clusterctl.records.actions import Action
 from clusterctl.records.drain_reason import DrainReason
 from clusterctl.records.gpu_evidence import GpuEvidence
@@ -41,8 +41,8 @@ def srun_gpu_evidence(python: str) -> GpuEvidenceReader:
     named by the environment's SLURM_JOB_ID (--overlap: beside the training step, on the resources it
     holds; srun attaches to that allocation from its batch script and from a login node alike)."""
     def read(node: str, env: Mapping[str, str]) -> GpuEvidence | str:
-        argv = ["srun", "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--quiet", python, "-c",
-                "from clusterctl.healthd.cli import main; main()", "evidence", "--json"]
+        argv = ["srun", "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--quiet", python, "-m",
+                "clusterctl.healthd", "evidence", "--json"]
         step_env = {k: v for k, v in env.items() if k not in ("SLURM_HOSTFILE", "SLURM_DISTRIBUTION")}
         try:
             done = subprocess.run(argv, env=step_env, capture_output=True, timeout=GPU_EVIDENCE_TIMEOUT,

@@ -13,9 +13,9 @@ from pathlib import Path
 
 from clusterctl import __version__
 from clusterctl.errors import SpecError
-from clusterctl.launcher.parallel import DIMS, FRAMEWORK_ORDERS
-from clusterctl.launcher.shell import comment, quote, words
-from clusterctl.launcher.spec import JobSpec
+from clusterctl.launcher.pure.parallel import DIMS, FRAMEWORK_ORDERS
+from clusterctl.launcher.pure.shell import comment, quote, words
+from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.topology import Topology
 from clusterctl.slurm.version import SlurmVersion

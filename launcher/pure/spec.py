@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.slurm import hostlist
-from clusterctl.launcher.cost import DEFAULT_WEIGHTS
+from clusterctl.launcher.pure.cost import DEFAULT_WEIGHTS
 from clusterctl.errors import HostlistError, LayoutError, SpecError
-from clusterctl.launcher.parallel import DIMS, ParallelLayout, layout_from_mapping, validate_for_cluster
-from clusterctl.launcher.straggler_watch import StragglerPolicy
+from clusterctl.launcher.pure.parallel import DIMS, ParallelLayout, layout_from_mapping, validate_for_cluster
+from clusterctl.launcher.pure.straggler_watch import StragglerPolicy
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any
 
 from clusterctl.errors import ClusterctlError, OutputError, RunError
 from clusterctl.files import atomic_write
-from clusterctl.launcher.spec import JobSpec, spec_from_dict
+from clusterctl.launcher.pure.spec import JobSpec, spec_from_dict
 from clusterctl.records.rank_map import JobRankMap, read_rank_map
 from clusterctl.records.versioned import RecordError, check_header, header
 from clusterctl.records.run_journal import Created, RunEvent, RunJournal, Submitted, append_run_event, read_run_journal

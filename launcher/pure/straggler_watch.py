@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from clusterctl.launcher.hang_watch import ranks_text
+from clusterctl.launcher.pure.hang_watch import ranks_text
 from clusterctl.records.rank_progress import RankProgress
 
 ACTIONS = ("off", "report", "exclude", "swap")

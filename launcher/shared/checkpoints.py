@@ -19,27 +19,9 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A complete checkpoint: where, which step, which validator accepted it, what it cost to write."""
-
-    path: str
-    step: int
-    validator: str
-    written_at: float | None = None
-    save_seconds: float | None = None
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A candidate that did not validate, and why."""
-
-    path: str
-    why: str
+from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
 
 
 def _step_of(name: str) -> int | None:

@@ -1,5 +1,5 @@
 """Per-rank truth inside a job: the environment a rank gets and the check that it runs where
-the rank map says (pure functions; `clusterctl.launcher.in_job` applies them).
+the rank map says (pure functions; `clusterctl.launcher.job.steps` applies them).
 
 The check exists because the usual ways of getting this wrong are silent: `srun -w`
 re-sorts nodes, `SLURM_NODEID` does not follow a hostfile, c10d ranks nodes by FQDN.
@@ -123,4 +123,4 @@ def torchrun_argv(rank_map: PlacedRanks, node_rank: int, python: str, job_dir: s
     return ["torchrun", f"--nnodes={rank_map.node_count}", f"--nproc-per-node={rank_map.gpus_per_node}",
             f"--node-rank={node_rank}", "--rdzv-backend=static", f"--master-addr={rank_map.master_addr}",
             f"--master-port={rank_map.master_port}", "--no-python",
-            python, "-m", "clusterctl.launcher.in_job", "rank", "--under-torchrun", "--job-dir", job_dir, "--", *command]
+            python, "-m", "clusterctl.launcher.job", "rank", "--under-torchrun", "--job-dir", job_dir, "--", *command]

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import ne
 
-from clusterctl.launcher.parallel import DIMS, ParallelLayout
+from clusterctl.launcher.pure.parallel import DIMS, ParallelLayout
 from clusterctl.slurm.topology import Topology
 
 DEFAULT_WEIGHTS: Mapping[str, float] = {"tp": 8.0, "cp": 4.0, "ep": 2.0, "dp": 1.0, "pp": 1.0}

@@ -1,7 +1,7 @@
 """`clusterctl report RUN`: attempts, blame with evidence, checkpoints and goodput (pure).
 
 The caller reads the journal and lists the checkpoints (see
-`clusterctl.launcher.use_cases.gather_report`); this module only accounts and renders.
+`clusterctl.launcher.login.use_cases.gather_report`); this module only accounts and renders.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from clusterctl.launcher.checkpoints import Checkpoint, Skipped
-from clusterctl.launcher.goodput import AttemptTimes, InAllocationRestart, account
-from clusterctl.launcher.restart_policy import replay
-from clusterctl.launcher.status import stragglers_of
+from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
+from clusterctl.launcher.pure.goodput import AttemptTimes, InAllocationRestart, account
+from clusterctl.launcher.pure.restart_policy import replay
+from clusterctl.launcher.login.status import stragglers_of
 from clusterctl.records.run_journal import OutcomeKind, RecoveredInAllocation, RunEvent
 
 

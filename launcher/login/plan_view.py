@@ -3,47 +3,18 @@
 from __future__ import annotations
 
 from html import escape
-from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from clusterctl.launcher.cost import CostReport
-from clusterctl.launcher.placement import Plan
+from clusterctl.launcher.pure.placement import Plan
 from clusterctl.slurm.topology import Topology
 
 COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
            "#bab0ac")
 RICH_COLOURS = ("blue", "dark_orange", "green", "red", "cyan", "yellow", "magenta", "pink1", "tan", "grey62")
-
-
-def _cost_json(report: CostReport) -> dict[str, Any]:
-    return {
-        "objective": round(report.objective, 6),
-        "leaf_crossing_dp_pp_groups": report.leaf_crossing_groups(),
-        "groups": {kind: {level: vars(cost) for level, cost in levels.items()}
-                   for kind, levels in report.table.items()},
-    }
-
-
-def plan_json(plan: Plan, topology: Topology) -> dict[str, Any]:
-    """The plan as a JSON-ready dict (deterministic: sort keys when dumping)."""
-    rm = plan.rank_map
-    layout = plan.layout
-    gpn = rm.gpus_per_node
-    return {
-        "layout": {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "cp": layout.cp, "ep": layout.ep,
-                   "order": layout.order, "world_size": layout.world_size},
-        "gpus_per_node": gpn,
-        "strategy": plan.strategy,
-        "nodes": [{"slot": s, "node": node, "leaf": topology.leaf_of[node], "ranks": [s * gpn, s * gpn + gpn - 1],
-                   "coords": plan.slot_coordinates(s)} for s, node in enumerate(rm.slots)],
-        "cost": _cost_json(plan.cost),
-        "baselines": {name: _cost_json(report) for name, report in plan.baselines.items()},
-        "explanation": list(plan.explanation),
-    }
 
 
 def _improvement(ours: float, theirs: float) -> str:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from clusterctl.launcher.classify import Outcome
-from clusterctl.launcher.spec import RestartSection
+from clusterctl.launcher.pure.classify import Outcome
+from clusterctl.launcher.pure.spec import RestartSection
 from clusterctl.records.run_journal import (
     BlamedNode, Decided, DecisionAction, Ending, OutcomeKind, RecoveredInAllocation, RunEnded, RunEvent,
     StragglerFound, Submitted,

@@ -1,0 +1,67 @@
+"""`python -m clusterctl.launcher.job {plan,rank,node,agent}`: what a generated sbatch script runs
+inside the job (sbatch_templates/*.sbatch name this module; tests/unit/test_architecture.py checks
+that every module named in a template or an argv exists and runs inside the job).
+
+Argument parsing only: the steps are `clusterctl.launcher.job.steps`, the in-allocation agent
+`clusterctl.launcher.job.agent`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from clusterctl.errors import ClusterctlError
+from clusterctl.launcher.job.steps import exec_node, exec_rank, plan_for_job, say
+from clusterctl.launcher.job import steps
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clusterctl.launcher.job", description=steps.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    p_plan = sub.add_parser("plan")
+    p_plan.add_argument("--run-dir", required=True, type=Path)
+    p_plan.add_argument("--job-dir", required=True, type=Path)
+    p_agent = sub.add_parser("agent", help="plan, run the ranks as one srun step, recover node failures "
+                                             "inside the allocation (jobs with spares)")
+    p_agent.add_argument("--run-dir", required=True, type=Path)
+    p_agent.add_argument("--job-dir", required=True, type=Path)
+    p_agent.add_argument("--resume-from", default="", help="the checkpoint this attempt resumes from ('' for none)")
+    for name in ("rank", "node"):
+        p = sub.add_parser(name)
+        p.add_argument("--job-dir", required=True, type=Path)
+        p.add_argument("--under-torchrun", action="store_true")
+        p.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    try:
+        if args.what == "plan":
+            from clusterctl.slurm.commands import Slurm
+            plan_for_job(args.run_dir, args.job_dir, os.environ, Slurm())
+            return 0
+        if args.what == "agent":
+            from clusterctl.launcher.job.agent import Agent, default_doors
+            from clusterctl.launcher.shared.runs import RunDir
+            agent = Agent(args.run_dir, args.job_dir, RunDir(args.run_dir).spec(), os.environ, default_doors())
+            return agent.run(args.resume_from or None)
+        command = args.command[1:] if args.command[:1] == ["--"] else args.command
+        if not command:
+            parser.error("no command after --")
+        if args.what == "rank":
+            return exec_rank(args.job_dir, command, os.environ, under_torchrun=args.under_torchrun)
+        return exec_node(args.job_dir, command, os.environ)
+    except ClusterctlError as exc:
+        say(f"error: {exc}")
+        return 1
+    except (OSError, KeyError, ValueError) as exc:
+        say(f"error: {type(exc).__name__}: {exc}")
+        return 1
+
+
+
+
+if __name__ == "__main__":
+    sys.exit(main())

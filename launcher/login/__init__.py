@@ -1,0 +1,1 @@
+"""On the login node: the `clusterctl` command, submit, the supervisor, status and report."""
