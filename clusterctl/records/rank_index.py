@@ -3,7 +3,7 @@
 The map of a 100,000-rank job lists 12,500 nodes; if every rank read all of it, the shared
 filesystem would serve 100,000 × the whole map at every start.  Written once per job, next to
 rankmap.json, by `python -m clusterctl.launcher.job plan`; read by every rank's preflight
-(`in_job rank` / `in_job node`), which reads the header and the one line of its own slot —
+(`python -m clusterctl.launcher.job rank` / `node`), which reads the header and the one line of its own slot —
 a few hundred bytes, whatever the size of the job.
 
 The file is text a person can read (`sed -n 2p` shows slot 0):
