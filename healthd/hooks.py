@@ -105,7 +105,7 @@ def _drain(hook: str, config: HealthdConfig, node: str, reason: DrainReason,
     if decision.result == "breaker-open":
         return DrainOutcome(f"breaker open, not draining: {decision.detail}", False)
     if decision.result != "dry-run":
-        return DrainOutcome(f"not drained: {done.describe()}", False)
+        return DrainOutcome(done.describe(), False)
     return DrainOutcome(f"dry run: would drain: {action.reason}", False)
 
 
