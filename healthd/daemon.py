@@ -57,6 +57,7 @@ from clusterctl.records.healthd_xid_history import (
     XidSighting, append_xid_sighting, read_xid_history, rewrite_xid_history, xid_history_path,
 )
 from clusterctl.records.versioned import RecordError
+from clusterctl.slurm import drains
 from clusterctl.slurm.nodes import NodeState, SlurmNode
 
 log = logging.getLogger("healthd")
@@ -410,27 +411,17 @@ class Daemon:
             spread = size * self.config.breaker_spread_per_node
             if spread > 0 and self.stop.wait(self.jitter(0.0, spread)):
                 raise SlurmCommandError(["healthd"], None, "stopping before the drain was decided")
-            node = self.slurm.state()
-            partition = engine.breaker_partition(self.settings, action, node)
-        would_drain = engine.decide_apply(self.settings, action, node, None, self.clock.now()).call == "drain"
-        with self.ledger_lock:
-            taken = self.breaker.share_before_drain(partition, action.reason, would_drain=would_drain,
-                                                    partition_size=size)
-            decision = engine.decide_apply(self.settings, action, node, taken.share, self.clock.now())
-            self.applied_node = node  # just read: the engine's view is fresh whatever was decided
-            drained = False
+            node = self.slurm.state()  # it may have been drained meanwhile: the door decides on this read
+        with self.ledger_lock:  # the drain door: decide, claim the breaker's share, make the call
             try:
-                if decision.call == "drain":
-                    self.slurm.drain(action.reason)
-                    drained = True
-                    self.applied_node = replace(node, flags=(*node.flags, "DRAIN"), reason=action.reason)
+                done = drains.apply(self.slurm, engine.drain_rules(self.settings),
+                                    engine.drain_request(self.settings, action), self.breaker, node=node,
+                                    partition_size=size)
             finally:
-                self.breaker.after_drain(taken, drained)
                 self.ledger_settled_at = self.clock.monotonic()
+        self.applied_node = done.after  # just read (and changed by the call): fresh whatever was decided
+        decision = engine.apply_decision(action, done.verdict, self.clock.now())
         if decision.call == "resume":
-            self.slurm.resume()
-            self.applied_node = replace(node, flags=tuple(f for f in node.flags if f != "DRAIN"), reason="",
-                                        state="idle" if node.state in ("drained", "drain") else node.state)
             self.breaker.release(node_partition(self.config.partition, node))
         elif decision.result == "dry-run":
             log.warning("dry run: would %s %s: %s", action.op, self.node, action.reason)

@@ -25,6 +25,8 @@ from clusterctl.records.healthd_actions import PlannedAction
 from clusterctl.records.healthd_job_start import JobStart
 from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding
 from clusterctl.records.healthd_xid_history import XidSighting
+from clusterctl.records.drain_reason import HEALTHD
+from clusterctl.slurm import drains
 from clusterctl.slurm.nodes import NodeState, PartitionShare
 
 RECENT_EVENTS = 50
@@ -187,7 +189,7 @@ def resume_allowed(reason: str, boot_time: float) -> bool:
     A reason we cannot read is not ours to lift.
     """
     drain = parse_drain_reason(reason)
-    if drain is None or drain.action is Action.DRAIN_RMA:
+    if drain is None or drain.owner is not HEALTHD or drain.action is Action.DRAIN_RMA:
         return False
     if drain.action is Action.DRAIN_REBOOT:
         return boot_time > drain.at_seconds
@@ -351,40 +353,44 @@ def _acknowledge_if_back_in_service(state: EngineState, now: float) -> EngineSta
 class ApplyDecision:
     """What to do in Slurm for a planned action, and what to journal as its outcome."""
 
-    result: str  # "drained", "resumed", "already-drained", "kept-other-drain", "not-ours", "breaker-open", "dry-run"
+    result: str  # drains.DrainVerdict's: "drained", "resumed", "already-drained", "kept-other-drain", "not-ours",
+    # "breaker-open", "dry-run" (and "bad-node-name", "not-owners-reason", which healthd's own actions never meet)
     call: str | None = None  # "drain" or "resume": the Slurm call to make; None: nothing
     alert: Alert | None = None
 
 
+def drain_rules(settings: EngineSettings) -> drains.DrainRules:
+    """healthd's rules at the drain door (clusterctl/slurm/drains.py): its `healthd:` reasons, its breaker's
+    share of the partition, and a node Slurm took down may still be drained for a fault found on it."""
+    return drains.DrainRules(HEALTHD, settings.breaker_max_share, settings.partition, settings.dry_run,
+                             over_down=True)
+
+
+def drain_request(settings: EngineSettings, action: PlannedAction) -> drains.DrainRequest:
+    """A planned action as the drain door's request for this node."""
+    return drains.DrainRequest(settings.node, "resume" if action.op == "resume" else "drain", action.reason)
+
+
 def breaker_partition(settings: EngineSettings, action: PlannedAction, node: NodeState) -> str | None:
     """The partition whose drained share the breaker must see before this action (None: no need to ask)."""
-    if action.op != "drain" or node.draining or settings.breaker_max_share >= 1:
-        return None
-    return settings.partition or (node.partitions[0] if node.partitions else "") or None
+    return drains.cap_partition(drain_rules(settings), drain_request(settings, action), node)
+
+
+def apply_decision(action: PlannedAction, verdict: drains.DrainVerdict, now: float) -> ApplyDecision:
+    """The drain door's verdict as healthd journals it (a refusal by the breaker raises an alert)."""
+    alert = Alert(utc(now), "breaker-open", action.reason, verdict.detail) if verdict.result == "breaker-open" else None
+    return ApplyDecision(verdict.result, verdict.call, alert)
 
 
 def decide_apply(settings: EngineSettings, action: PlannedAction, node: NodeState,
                  share: PartitionShare | None, now: float) -> ApplyDecision:
-    """Apply `action` to `node` as Slurm shows it now?  Never overwrites another drain; never
-    lifts one that is not ours; refuses (and alerts) rather than drain more than the breaker's
+    """Apply `action` to `node` as Slurm shows it now?  The drain door's rules (drains.decide) for
+    healthd: never overwrites another drain (an admin's, another tool's, a straggler verdict's); never
+    lifts one that is not healthd's; refuses (and alerts) rather than drain more than the breaker's
     share of the partition (`share`: that partition, as asked for by `breaker_partition`).
     """
-    if action.op == "resume":
-        if not node.drained_by_us:
-            return ApplyDecision("not-ours")
-        return ApplyDecision("dry-run") if settings.dry_run else ApplyDecision("resumed", "resume")
-    if node.drained_by_someone_else:
-        return ApplyDecision("kept-other-drain")  # never overwrite an admin's (or another tool's) reason
-    if node.drained_by_us:
-        return ApplyDecision("already-drained")
-    partition = breaker_partition(settings, action, node)
-    if partition and share is not None and share.nodes:
-        # This node is not drained (checked above): every drained one counted is another node.
-        if (share.drained_by_us + 1) / share.nodes > settings.breaker_max_share:
-            detail = (f"{share.drained_by_us} of {share.nodes} nodes in {partition} already drained by healthd; "
-                      f"draining {settings.node} would exceed {settings.breaker_max_share:.0%}")
-            return ApplyDecision("breaker-open", None, Alert(utc(now), "breaker-open", action.reason, detail))
-    return ApplyDecision("dry-run") if settings.dry_run else ApplyDecision("drained", "drain")
+    verdict = drains.decide(drain_rules(settings), drain_request(settings, action), node, share)
+    return apply_decision(action, verdict, now)
 
 
 def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, now: float,

@@ -20,7 +20,7 @@ from clusterctl.clock import parse_utc, utc
 from clusterctl.errors import ClusterctlError, SlurmCommandError
 from clusterctl.healthd.breaker import Breaker
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
-from clusterctl.healthd.engine import EngineSettings, breaker_partition, decide_apply
+from clusterctl.healthd.engine import EngineSettings, drain_request, drain_rules
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, read_state, state_is_fresh
 from clusterctl.healthd.kmsg import RecordReader, parse_gpu_event
@@ -32,6 +32,7 @@ from clusterctl.records.healthd_state import Alert, HealthdState
 from clusterctl.records.healthd_node_record import NodeRecordEntry, append_node_record
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord, write_job_health
 from clusterctl.records.versioned import RecordError
+from clusterctl.slurm import drains
 from clusterctl.slurm.nodes import SlurmNode
 
 
@@ -76,9 +77,10 @@ class DrainOutcome:
 
 def _drain(hook: str, config: HealthdConfig, node: str, reason: DrainReason,
            slurm_factory: Callable[[str], SlurmNode]) -> DrainOutcome:
-    """Drain through the daemon's own rules (engine.decide_apply): never over another drain, and never
-    past the breaker's share of the partition, so a fault seen on every node at once (a driver
-    update, a forged line) cannot take the whole partition out through the hooks either.
+    """Drain through the drain door with the daemon's own rules (clusterctl/slurm/drains.py, engine.drain_rules):
+    never over another drain, and never past the breaker's share of the partition, so a fault seen
+    on every node at once (a driver update, a forged line) cannot take the whole partition out
+    through the hooks either.
 
     When the running healthd found the breaker open less than breaker_retry ago, that verdict
     stands and Slurm is not asked: in such an event every job start on every node would
@@ -92,26 +94,18 @@ def _drain(hook: str, config: HealthdConfig, node: str, reason: DrainReason,
     slurm = slurm_factory(node)
     breaker = Breaker(slurm, node, config.breaker_dir, config.breaker_max_share)
     try:
-        state = slurm.state()
-        partition = breaker_partition(settings, action, state)
-        would_drain = decide_apply(settings, action, state, None, now).call == "drain"
-        taken = breaker.share_before_drain(partition, action.reason, would_drain=would_drain)
-        decision = decide_apply(settings, action, state, taken.share, now)
-        drained = False
-        try:
-            if decision.call == "drain":
-                slurm.drain(action.reason)
-                drained = True
-        finally:
-            breaker.after_drain(taken, drained)
+        done = drains.apply(slurm, drain_rules(settings), drain_request(settings, action), breaker)
     except SlurmCommandError as exc:
         return DrainOutcome(f"could not drain ({exc})", False)
+    decision, state = done.verdict, done.node
     if decision.result == "drained":
         return DrainOutcome(f"drained: {action.reason}", True)
-    if decision.result in ("already-drained", "kept-other-drain"):
+    if decision.result in ("already-drained", "kept-other-drain") and state is not None:
         return DrainOutcome(f"already drained ({state.reason})", True)
-    if decision.alert is not None:
-        return DrainOutcome(f"breaker open, not draining: {decision.alert.detail}", False)
+    if decision.result == "breaker-open":
+        return DrainOutcome(f"breaker open, not draining: {decision.detail}", False)
+    if decision.result != "dry-run":
+        return DrainOutcome(done.describe(), False)
     return DrainOutcome(f"dry run: would drain: {action.reason}", False)
 
 

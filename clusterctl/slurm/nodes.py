@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusterctl.errors import HostlistError, SlurmCommandError
-from clusterctl.records.drain_reason import REASON_PREFIX
+from clusterctl.records.drain_reason import HEALTHD, DrainOwner, owner_of
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Runner, ask_version, run_checked, subprocess_runner
 from clusterctl.slurm.version import SlurmVersion, SlurmVersionError
@@ -61,14 +61,28 @@ class NodeState:
         return "DRAIN" in self.flags or self.state in ("drained", "draining", "drain")
 
     @property
+    def down(self) -> bool:
+        """Slurm took the node out of service itself (base state DOWN, or FAIL)."""
+        return self.state.startswith("down") or "FAIL" in self.flags
+
+    @property
+    def drain_owner(self) -> DrainOwner | None:
+        """Whose drain this is, by its reason's prefix (None: not drained, or an admin's / another tool's)."""
+        return owner_of(self.reason) if self.draining else None
+
+    def drained_by(self, owner: DrainOwner) -> bool:
+        """Drained with `owner`'s reason prefix: that owner (and only it) may resume it."""
+        return self.draining and owner_of(self.reason) == owner
+
+    @property
     def drained_by_us(self) -> bool:
-        """Drained with healthd's reason prefix: healthd may resume it."""
-        return self.draining and self.reason.startswith(REASON_PREFIX)
+        """Drained with healthd's reason prefix: healthd may resume it (never a straggler verdict's drain)."""
+        return self.drained_by(HEALTHD)
 
     @property
     def drained_by_someone_else(self) -> bool:
-        """Drained by an admin or another tool: never ours to resume."""
-        return self.draining and not self.reason.startswith(REASON_PREFIX)
+        """Drained by an admin, another tool or another owner (a straggler verdict): never healthd's to resume."""
+        return self.draining and not self.drained_by(HEALTHD)
 
 
 class _Shape:
@@ -302,17 +316,18 @@ def parse_one_node_text(text: str, node: str, command: Sequence[str] | None = No
 
 @dataclass(frozen=True)
 class PartitionShare:
-    """How many nodes a partition has, and how many of them are drained with healthd's reason."""
+    """How many nodes a partition has, and how many of them are drained with one owner's reason
+    (healthd's unless said otherwise: each owner's share cap counts its own drains only)."""
 
     partition: str
     nodes: int
     drained_by_us: int
 
     @classmethod
-    def of(cls, partition: str, nodes: Sequence[NodeState]) -> PartitionShare:
+    def of(cls, partition: str, nodes: Sequence[NodeState], owner: DrainOwner = HEALTHD) -> PartitionShare:
         """The share of a list of nodes (e.g. parse_nodes_json's), those in `partition` only."""
         mine = [node for node in nodes if partition in node.partitions]
-        return cls(partition, len(mine), sum(node.drained_by_us for node in mine))
+        return cls(partition, len(mine), sum(node.drained_by(owner) for node in mine))
 
 
 def partition_share_argv(partition: str) -> list[str]:
@@ -321,8 +336,8 @@ def partition_share_argv(partition: str) -> list[str]:
 
 
 def parse_partition_share(text: str, partition: str, command: Sequence[str] | None = None,
-                          release: SlurmVersion | None = None) -> PartitionShare:
-    """`sinfo -h -p P -o %D|%T|%E` → the partition's size and its nodes drained by healthd.
+                          release: SlurmVersion | None = None, owner: DrainOwner = HEALTHD) -> PartitionShare:
+    """`sinfo -h -p P -o %D|%T|%E` → the partition's size and its nodes drained by `owner` (healthd).
 
     Each line is a count, a state (`drained`, `draining`, `drain`, `idle*`, ...) and the reason
     its nodes share (the reason comes last: it may itself contain `|`).
@@ -339,7 +354,7 @@ def parse_partition_share(text: str, partition: str, command: Sequence[str] | No
             raise shape.error(f"line {number}", f"is {line[:60]!r}, expected COUNT|STATE|REASON")
         nodes += int(count)
         if state.strip().rstrip(_STATE_MARKS).lower() in ("drain", "drained", "draining") \
-                and reason.strip().startswith(REASON_PREFIX):
+                and owner_of(reason.strip()) == owner:
             ours += int(count)
     return PartitionShare(partition, nodes, ours)
 
@@ -400,10 +415,10 @@ class SlurmNode:
         argv = all_nodes_argv(release)
         return [node for node in parse_nodes_json(self._run(argv), argv, release) if partition in node.partitions]
 
-    def partition_share(self, partition: str) -> PartitionShare:
-        """The partition's size and its nodes drained by healthd: one whole-table RPC, a few lines of text."""
+    def partition_share(self, partition: str, owner: DrainOwner = HEALTHD) -> PartitionShare:
+        """The partition's size and its nodes drained by `owner` (healthd): one whole-table RPC, a few lines of text."""
         argv = partition_share_argv(partition)
-        return parse_partition_share(self._run(argv), partition, argv, self._known_release)
+        return parse_partition_share(self._run(argv), partition, argv, self._known_release, owner)
 
     def partition_size(self, partition: str) -> int:
         """How many nodes the partition has (REQUEST_PARTITION_INFO: no node is read)."""

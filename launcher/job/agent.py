@@ -35,7 +35,9 @@ from clusterctl.launcher.shared.checkpoints import resume_point
 from clusterctl.launcher.pure.classify import Blame, exit_request, hardware_suspects, node_read_interval, not_responding
 from clusterctl.launcher.pure.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
 from clusterctl.launcher.pure.spec import JobSpec
-from clusterctl.launcher.shared.straggler_actions import StragglerActions, StragglerDoors, srun_gpu_evidence
+from clusterctl.launcher.shared.straggler_actions import (
+    StragglerActions, StragglerDoors, StragglerDrain, srun_gpu_evidence,
+)
 from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
 from clusterctl.records.gpu_evidence import GpuEvidence
 from clusterctl.records.rank_map import RankMap
@@ -43,6 +45,7 @@ from clusterctl.records.rank_progress import read_progress
 from clusterctl.records.run_journal import RecoveredInAllocation, append_run_event
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.drains import SlurmDrains
 from clusterctl.slurm.nodes import NodeState, SlurmNode
 
 STEP_POLL_SECONDS = 0.2
@@ -197,8 +200,8 @@ class AgentDoors:
                                                                        file=sys.stderr, flush=True))
     gpu_evidence: Callable[[str, Mapping[str, str]], GpuEvidence | str] | None = None
     """What a node's GPUs say now (healthd evidence, run there), or why that could not be read."""
-    drain: Callable[[str, str], None] | None = None
-    """Drain a node with a reason (raises SlurmCommandError when Slurm refuses, e.g. not an operator)."""
+    drain: StragglerDrain | None = None
+    """The drain door for straggler verdicts (None: never drain; SlurmCommandError when Slurm refuses)."""
 
 
 def default_doors(python: str = sys.executable) -> AgentDoors:
@@ -206,7 +209,7 @@ def default_doors(python: str = sys.executable) -> AgentDoors:
     slurm = Slurm()
     return AgentDoors(slurm, lambda name: SlurmNode(name, slurm.runner, slurm.timeout).state(), Step,
                       gpu_evidence=srun_gpu_evidence(python),
-                      drain=lambda name, reason: SlurmNode(name, slurm.runner, slurm.timeout).drain(reason))
+                      drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain)
 
 
 # ---- the loop --------------------------------------------------------------------------------------

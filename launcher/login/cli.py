@@ -46,7 +46,7 @@ from clusterctl.launcher.login.use_cases import (
 from clusterctl.records.versioned import indented_json
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
-from clusterctl.slurm.nodes import SlurmNode
+from clusterctl.slurm.drains import SlurmDrains
 
 DEFAULT_JOB_RECORDS = "/var/spool/clusterctl/job-health"
 DETACH_GRACE = 2.0
@@ -233,7 +233,7 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
 
     notifier = webhook_notifier(spec.restart.webhook, say)
     hooks = Hooks(say=say, notify=notifier, gpu_evidence=srun_gpu_evidence(sys.executable),
-                  drain=lambda name, reason: SlurmNode(name, slurm.runner, slurm.timeout).drain(reason))
+                  drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain)
     # `facts`: already asked of Slurm by `submit`; None makes the supervisor ask.
     supervisor = Supervisor(run, slurm, sys.executable, job_records, hooks, facts=facts)
     if not console.is_terminal:

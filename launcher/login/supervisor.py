@@ -30,7 +30,9 @@ from clusterctl.launcher.pure.restart_policy import AttemptState, RunState, deci
 from clusterctl.launcher.shared.runs import RunDir
 from clusterctl.launcher.login.shared_reads import SharedReads
 from clusterctl.launcher.pure.spec import JobSpec
-from clusterctl.launcher.shared.straggler_actions import GpuEvidenceReader, StragglerActions, StragglerDoors
+from clusterctl.launcher.shared.straggler_actions import (
+    GpuEvidenceReader, StragglerActions, StragglerDoors, StragglerDrain,
+)
 from clusterctl.launcher.pure.straggler_watch import StragglerWatch
 from clusterctl.launcher.login.submit import gather_facts, prepare, submit_attempt
 from clusterctl.records.job_health import JobHealthRecord, read_job_health
@@ -93,8 +95,8 @@ class Hooks:
     show: Callable[[dict[str, Any]], None] = lambda snapshot: None
     gpu_evidence: GpuEvidenceReader | None = None
     """What a slow node's GPUs say, asked as a step of the job (None: not asked)."""
-    drain: Callable[[str, str], None] | None = None
-    """Drain a node with a reason (None: never drain; SlurmCommandError when Slurm refuses)."""
+    drain: StragglerDrain | None = None
+    """The drain door for straggler verdicts (None: never drain; SlurmCommandError when Slurm refuses)."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from clusterctl.records.drain_reason import parse_drain_reason
+from clusterctl.records.drain_reason import STRAGGLER
 from clusterctl.records.job_health import JobHealthRecord
 from clusterctl.records.run_journal import BlamedNode, OutcomeKind
 from clusterctl.slurm.jobs import JobReport
@@ -129,8 +129,7 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
 
 
 def _straggler_drain(state: NodeState) -> bool:
-    parsed = parse_drain_reason(state.reason) if state.draining else None
-    return parsed is not None and parsed.kind == "straggler"
+    return state.drain_owner is STRAGGLER  # `clusterctl straggler: ...` (or the old `healthd: straggler ...`)
 
 
 def _failure_drain(state: NodeState) -> bool:

@@ -3,8 +3,11 @@ agent (jobs with spares, on the batch host) and the supervisor (every other job,
 
 Per node found slow (once per job): ask its GPUs why (`healthd evidence --json`, run on the node as a
 one-off `srun --overlap` step of the job), journal a `straggler` event with the evidence, and drain the
-node with a `healthd: straggler` reason only when it is evicted (`exclude`, `swap`) and its GPUs'
-own evidence explains the slowdown.  Also keeps `<job_dir>/step_times.json`, the per-node table that
+node only when it is evicted (`exclude`, `swap`) and its GPUs' own evidence explains the slowdown.
+The drain goes through the core's drain door (clusterctl/slurm/drains.py) as the straggler owner: a
+`clusterctl straggler:` reason, never over another drain, within the straggler verdicts' own share
+of the partition (never a slot of healthd's breaker).  A node name read from the progress files
+that is not one never reaches srun or scontrol.  Also keeps `<job_dir>/step_times.json`, the per-node table that
 `clusterctl status` and `report` show.  Excluding (the journal's blame, honoured at the next
 submission) and swapping (the agent's restart on a spare) are the callers' business.
 """
@@ -21,11 +24,13 @@ from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.pure.classify import Blame
 from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
 from clusterctl.records.actions import Action
-from clusterctl.records.drain_reason import DrainReason
+from clusterctl.records.drain_reason import STRAGGLER, DrainReason
 from clusterctl.records.gpu_evidence import GpuEvidence
 from clusterctl.records.node_step_times import NodeStepTime, NodeStepTimes, write_node_step_times
 from clusterctl.records.run_journal import StragglerFound, append_run_event
 from clusterctl.records.versioned import RecordError, parse_json_record
+from clusterctl.slurm.drains import DrainApplied
+from clusterctl.slurm.names import node_name_problem
 
 STRAGGLER_REASON = "straggler: its ranks computed persistently slower than the job's"
 """The `reason` of a Blame for a node evicted for slowness."""
@@ -34,6 +39,9 @@ GPU_EVIDENCE_TIMEOUT = 60.0
 
 GpuEvidenceReader = Callable[[str, Mapping[str, str]], "GpuEvidence | str"]
 """What a node's GPUs say now, asked with a job's environment (SLURM_JOB_ID), or why that could not be read."""
+StragglerDrain = Callable[[str, DrainReason], DrainApplied]
+"""The drain door for a straggler verdict (`clusterctl.slurm.drains.SlurmDrains().drain`): drain a node with a
+straggler reason if the door's rules allow; raises SlurmCommandError when Slurm refuses (e.g. not an operator)."""
 
 
 def srun_gpu_evidence(python: str) -> GpuEvidenceReader:
@@ -41,6 +49,9 @@ def srun_gpu_evidence(python: str) -> GpuEvidenceReader:
     named by the environment's SLURM_JOB_ID (--overlap: beside the training step, on the resources it
     holds; srun attaches to that allocation from its batch script and from a login node alike)."""
     def read(node: str, env: Mapping[str, str]) -> GpuEvidence | str:
+        problem = node_name_problem(node)
+        if problem is not None:  # never an option or a hostlist of srun
+            return f"not asked: {problem}"
         argv = ["srun", "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--quiet", python, "-m",
                 "clusterctl.healthd", "evidence", "--json"]
         step_env = {k: v for k, v in env.items() if k not in ("SLURM_HOSTFILE", "SLURM_DISTRIBUTION")}
@@ -69,8 +80,8 @@ class StragglerDoors:
     now: Callable[[], float]
     say: Callable[[str], None]
     gpu_evidence: GpuEvidenceReader | None = None
-    drain: Callable[[str, str], None] | None = None
-    """Drain a node with a reason (raises SlurmCommandError when Slurm refuses, e.g. not an operator)."""
+    drain: StragglerDrain | None = None
+    """The drain door (None: never drain)."""
 
 
 class StragglerActions:
@@ -112,6 +123,10 @@ class StragglerActions:
         if found.node in self.seen:
             return None
         self.seen.add(found.node)
+        problem = node_name_problem(found.node)
+        if problem is not None:  # read from a progress file: neither asked, drained, blamed nor excluded
+            self.doors.say(f"straggler ignored: {problem}")
+            return None
         action = self.action
         notes: list[str] = []
         if action == "swap" and no_swap:
@@ -125,10 +140,9 @@ class StragglerActions:
         blame = Blame(found.node, STRAGGLER_REASON, (found.evidence, *hardware, *notes))
         drain = ""
         if evicted and hardware and self.doors.drain is not None:
-            reason = DrainReason(kind="straggler", action=Action.DRAIN_RESET, at=utc(self.doors.now())).render()
+            reason = DrainReason(kind="slow-gpus", action=Action.DRAIN_RESET, at=utc(self.doors.now()), owner=STRAGGLER)
             try:
-                self.doors.drain(found.node, reason)
-                drain = f"drained: {reason}"
+                drain = self.doors.drain(found.node, reason).describe()
             except SlurmCommandError as exc:
                 drain = f"not drained: Slurm refused ({exc}); healthd's own clock-events check is the admins' path"
         elif evicted:

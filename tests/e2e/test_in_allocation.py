@@ -276,9 +276,9 @@ def test_a_thermally_throttled_gpu_makes_its_node_a_straggler_swapped_for_the_sp
     # read (2 s, 20 normal steps) earlier.
     assert throttled_at - 21 <= event.since_step <= throttled_at + 15, event
     assert any("GPU 3" in line and "thermal" in line.lower() for line in event.hardware), event
-    assert event.drain.startswith("drained: healthd: straggler"), event
+    assert event.drain.startswith("drained: clusterctl straggler: slow-gpus "), event
     reason = cluster.run_on("ctl", ["sinfo", "-h", "-n", slow, "-o", "%E"]).stdout.strip()
-    assert reason.startswith("healthd: straggler"), reason
+    assert reason.startswith("clusterctl straggler: slow-gpus "), reason
     recovered = _events(run_dir, "recovered-in-allocation")[0]
     assert [b.node for b in recovered.blame] == [slow] and slow not in recovered.nodes, out
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text())["step"] == steps, out
@@ -309,9 +309,9 @@ def test_without_spares_the_supervisor_finds_the_straggler_drains_it_and_exclude
     assert event.node == slow and event.action == "excluded" and 2.0 <= event.ratio <= 3.2, event
     assert [b.node for b in event.blame] == [slow], event
     assert any("GPU 3" in line and "thermal" in line.lower() for line in event.hardware), event
-    assert event.drain.startswith("drained: healthd: straggler"), event
+    assert event.drain.startswith("drained: clusterctl straggler: slow-gpus "), event
     reason = cluster.run_on("ctl", ["sinfo", "-h", "-n", slow, "-o", "%E"]).stdout.strip()
-    assert reason.startswith("healthd: straggler"), reason
+    assert reason.startswith("clusterctl straggler: slow-gpus "), reason
     assert f"straggler {slow}" in out, out
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text())["step"] == steps, out
     assert len(_events(run_dir, "submitted")) == 1, out

@@ -19,6 +19,8 @@ from clusterctl.launcher.pure.spec import load_spec
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
 from clusterctl.records.run_journal import RecoveredInAllocation, read_run_journal
 from clusterctl.slurm.nodes import NodeState
+from clusterctl.slurm.drains import SlurmDrains
+from tests.fake_node_table import FakeNodeTable
 
 SPEC = """
 [job]
@@ -337,10 +339,11 @@ def straggler_agent(tmp_path, action: str, evidence: GpuEvidence = THROTTLED):
         clock[0] += seconds
     shell.doors.sleep, shell.doors.monotonic = sleep, lambda: clock[0]
     shell.doors.now = lambda: 1795305600.0 + clock[0]
-    asked, drained = [], []
+    asked: list[str] = []
+    table = FakeNodeTable(["node1", "node2", "node3"])
     shell.doors.gpu_evidence = lambda node, env: asked.append(node) or evidence
-    shell.doors.drain = lambda node, reason: drained.append((node, reason))
-    return shell, cluster, asked, drained
+    shell.doors.drain = SlurmDrains(runner=table).drain  # the drain door, on Slurm's node table
+    return shell, cluster, asked, table.drains
 
 
 def _stragglers(shell):
@@ -356,9 +359,10 @@ def test_a_straggler_is_swapped_for_the_spare_and_drained_when_its_gpus_agree(tm
     assert (event.node, event.action, event.ranks, event.hardware) == \
         ("node2", "swapped", (11,), ("GPU 3: clock event reasons SW thermal slowdown, HW thermal slowdown (0x60); "
                                      "SM clock 792/1980 MHz (40%); 88 °C",))
-    assert event.ratio == 2.5 and event.steps >= 30 and event.drain.startswith("drained: healthd: straggler drain-reset")
-    assert [(node, reason.split(" ")[:3]) for node, reason in drained] == [("node2", ["healthd:", "straggler",
-                                                                                      "drain-reset"])]
+    assert event.ratio == 2.5 and event.steps >= 30 and \
+        event.drain.startswith("drained: clusterctl straggler: slow-gpus drain-reset")
+    assert [(node, reason.split(" ")[:4]) for node, reason in drained] == [
+        ("node2", ["clusterctl", "straggler:", "slow-gpus", "drain-reset"])]
     recovered = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
                      if isinstance(e, RecoveredInAllocation))
     assert [b.node for b in recovered.blame] == ["node2"] and "straggler" in recovered.blame[0].reason

@@ -17,6 +17,8 @@ from clusterctl.records.rank_progress import RankProgress, write_rank_progress
 from clusterctl.records.run_journal import StragglerFound, append_run_event
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.drains import SlurmDrains
+from tests.fake_node_table import FakeNodeTable
 from tests.conftest import REPO
 from tests.unit.test_supervisor_loop import Clock, ScriptedSlurm
 
@@ -37,10 +39,11 @@ def _run(tmp_path, action: str, journaled_before: bool = False):
     slurm.nodes["node5"] = {"state": "idle", "flags": [], "reason": ""}  # enough left without node2 and node3
     said: list[str] = []
     asked: list[tuple[str, str | None]] = []
-    drained: list[tuple[str, str]] = []
+    table = FakeNodeTable(["node1", "node2", "node3", "node5"])
+    drained = table.drains
     hooks = Hooks(clock=clock.time, sleep=clock.sleep, say=said.append,
                   gpu_evidence=lambda node, env: asked.append((node, env.get("SLURM_JOB_ID"))) or THROTTLED,
-                  drain=lambda node, reason: drained.append((node, reason)))
+                  drain=SlurmDrains(runner=table).drain)
     steps = [0]
 
     def script() -> None:
@@ -77,7 +80,7 @@ def test_exclude_a_straggler_found_by_the_supervisor_is_drained_with_its_gpus_ev
     assert (event.node, event.action, event.job_id, event.ranks) == ("node2", "excluded", "1", tuple(range(8, 16)))
     assert event.ratio == pytest.approx(3.0, rel=0.05)
     assert asked == [("node2", "1")]  # asked as a step of job 1
-    assert [n for n, _ in drained] == ["node2"] and drained[0][1].startswith("healthd: straggler")
+    assert [n for n, _ in drained] == ["node2"] and drained[0][1].startswith("clusterctl straggler: slow-gpus ")
     assert _excluded(slurm) == ["node2", "node3"]
     table = read_node_step_times(run.path / "jobs" / "1")
     assert table is not None and {line.node: line.state for line in table.nodes}["node2"] == "straggler"
