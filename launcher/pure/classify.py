@@ -133,7 +133,7 @@ def _straggler_drain(state: NodeState) -> bool:
 
 
 def _failure_drain(state: NodeState) -> bool:
-    """Drained by healthd's rules for a fault.  A `healthd: straggler` drain is not one: the node is
+    """Drained by healthd's rules for a fault.  A straggler drain (`clusterctl straggler: ...`) is not one: the node is
     slow, not failed, and the straggler watch that drained it already chose what the job does
     (reported, or excluded from the next submission), so it neither ends a running attempt nor
     takes the blame for a job that later fails by itself."""
