@@ -84,6 +84,20 @@ def record_trusted(info: os.stat_result, writer: int) -> bool:
             and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
+@dataclass(frozen=True)
+class WatchSnapshot:
+    """What the supervisor shows of the attempt it watches, each poll (`Hooks.show`)."""
+
+    attempt: int
+    job_id: str | None
+    state: str
+    """Slurm's state of the job, "?" while Slurm does not report it."""
+    nodes: str
+    blamed: tuple[tuple[str, str], ...]
+    """(node, reason) of each node still blamed."""
+    checkpoint_step: int | None
+
+
 @dataclass
 class Hooks:
     """The supervisor's side effects, swappable in tests."""
@@ -92,7 +106,7 @@ class Hooks:
     sleep: Callable[[float], None] = time.sleep
     say: Callable[[str], None] = print
     notify: Callable[[str, dict[str, Any]], None] = lambda event, payload: None
-    show: Callable[[dict[str, Any]], None] = lambda snapshot: None
+    show: Callable[[WatchSnapshot], None] = lambda snapshot: None
     gpu_evidence: GpuEvidenceReader | None = None
     """What a slow node's GPUs say, asked as a step of the job (None: not asked)."""
     drain: StragglerDrain | None = None
@@ -506,7 +520,8 @@ class Supervisor:
             return ""
 
     def _show(self, attempt: AttemptState, state: RunState, report: JobReport | None) -> None:
-        self.hooks.show({"attempt": attempt.number, "job_id": attempt.job_id,
-                         "state": report.state if report else "?", "nodes": report.nodes if report else "",
-                         "blamed": {n: r for n, (u, r) in state.blamed.items() if u > self.hooks.clock()},
-                         "checkpoint_step": state.best_step})
+        now = self.hooks.clock()
+        self.hooks.show(WatchSnapshot(attempt.number, attempt.job_id, report.state if report else "?",
+                                      report.nodes if report else "",
+                                      tuple((n, r) for n, (u, r) in state.blamed.items() if u > now),
+                                      state.best_step))
