@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.errors import HostlistError, SlurmCommandError
+from clusterctl.files import check_owned
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
 from clusterctl.launcher.pure.classify import (
@@ -75,13 +75,6 @@ def job_nodes(report: JobReport) -> list[str]:
     """The job's nodes as Slurm names them; a name that could not go into an argv (`--exclude=`) is no
     node to blame."""
     return [name for name in (hostlist.expand(report.nodes) if report.nodes else []) if is_node_name(name)]
-
-
-def record_trusted(info: os.stat_result, writer: int) -> bool:
-    """An epilog record is a regular file of root or of `writer` (the records directory's owner) that
-    nobody else may write."""
-    return (stat.S_ISREG(info.st_mode) and info.st_uid in (0, writer)
-            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
 @dataclass(frozen=True)
@@ -488,13 +481,13 @@ class Supervisor:
         for path in sorted((self.records_dir / job_id).glob("*.json")):
             try:
                 info = os.lstat(path)
-                if not record_trusted(info, writer):
-                    # Users can often write to the records directory: a record is evidence against a
-                    # node only when the epilog's identity (root, or the directory's owner) wrote it.
+                # Users can often write to the records directory: a record is evidence against a
+                # node only when the epilog's identity (root, or the directory's owner) wrote it.
+                problem = check_owned(info, uid=writer, kind="file", root_may_own=True)
+                if problem is not None:
                     if path not in self._unreadable_records:
                         self._unreadable_records.add(path)
-                        self.hooks.say(f"note: skipping an epilog record not written by the epilog: {path} is owned "
-                                       f"by uid {info.st_uid} (mode {stat.S_IMODE(info.st_mode):o})")
+                        self.hooks.say(f"note: skipping an epilog record not written by the epilog: {path}: {problem}")
                     continue
                 if info.st_mtime < since - JOB_ID_REUSE_SLACK:
                     continue  # a record of an older job with the same id
