@@ -13,7 +13,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from clusterctl.errors import ClusterctlError
 
@@ -115,6 +115,41 @@ def _writable_by_others(st: os.stat_result) -> bool:
     return bool(st.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
 
 
+def check_owned(target: Path | os.stat_result, *, uid: int, kind: Literal["file", "directory"],
+                root_may_own: bool = False, private: bool = False) -> str | None:
+    """Why `target` cannot be trusted as written only by user `uid`; None when it can.
+
+    The one rule for a file or directory whose content clusterctl acts on although others could
+    reach the place it lies in (a shared runs directory, the epilog's records, the breaker's
+    directory on shared storage):
+
+    - it is what the caller expects, a regular file or a real directory, and never a symlink
+      (a Path is read with lstat; pass `os.fstat` of an fd opened with O_NOFOLLOW instead);
+    - its owner is `uid`, or root when `root_may_own` (a record root wrote is as good as one of
+      `uid`'s: root can write anything anyway);
+    - neither its group nor others may write it;
+    - with `private`, its group and others have no access at all (a directory made 0700).
+
+    The answer is the first rule broken, as a phrase to put after the path and a colon; callers
+    turn it into their own error (or skip what it is about).  OSError from lstat is the caller's.
+    """
+    info = os.lstat(target) if isinstance(target, Path) else target
+    mode = stat.S_IMODE(info.st_mode)
+    if stat.S_ISLNK(info.st_mode):
+        return "a symlink, not a real " + kind
+    if kind == "file" and not stat.S_ISREG(info.st_mode):
+        return "not a regular file"
+    if kind == "directory" and not stat.S_ISDIR(info.st_mode):
+        return "not a directory"
+    if info.st_uid != uid and not (root_may_own and info.st_uid == 0):
+        return f"owned by uid {info.st_uid} (mode {mode:o}), not by uid {uid}{' or root' if root_may_own else ''}"
+    if _writable_by_others(info):
+        return f"writable by group or others (mode {mode:o})"
+    if private and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        return f"open to group or others (mode {mode:o}), not private to its owner"
+    return None
+
+
 def check_entry_name(name: str) -> str:
     """`name` if it is one plain directory entry (no `/`, not `.`/`..`, no NUL); else UnsafePathError."""
     if not name or name in (".", "..") or "/" in name or "\0" in name or len(name) > 255:
@@ -158,12 +193,11 @@ def open_owned_subdir(dir_fd: int, name: str, *, where: str, mode: int = 0o755) 
     except OSError as exc:  # ELOOP (a symlink), ENOTDIR (a file)
         raise UnsafePathError(f"{where}/{name}: not a real directory ({exc.strerror}); refusing to write "
                               "into it (planted by someone else?)") from None
-    st, parent = os.fstat(fd), os.fstat(dir_fd)
-    if st.st_uid != parent.st_uid or _writable_by_others(st):
+    problem = check_owned(os.fstat(fd), uid=os.fstat(dir_fd).st_uid, kind="directory")
+    if problem is not None:
         os.close(fd)
-        raise UnsafePathError(f"{where}/{name}: owned by uid {st.st_uid} (mode {stat.S_IMODE(st.st_mode):o}), "
-                              f"not by the directory's owner uid {parent.st_uid} with no write for others; "
-                              "refusing to write into it (planted by someone else?)")
+        raise UnsafePathError(f"{where}/{name}: {problem}; it must belong to the owner of {where} with no write for "
+                              "others: refusing to write into it (planted by someone else?)")
     return fd
 
 

@@ -21,13 +21,12 @@ import json
 import math
 import os
 import random
-import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterctl.files import UnsafePathError, check_entry_name, open_owned_subdir
+from clusterctl.files import UnsafePathError, check_entry_name, check_owned, open_owned_subdir
 from clusterctl.records.healthd_breaker_slot import BreakerSlot, holder_name, slot_name
 from clusterctl.records.versioned import RecordError
 
@@ -66,11 +65,10 @@ class BreakerLedger:
             raise UnsafePathError(f"{self.root}: cannot open the breaker directory ({exc.strerror}); it must be "
                                   "a real directory, not a symlink") from None
         try:
-            st = os.fstat(root)
-            if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise UnsafePathError(f"{self.root}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}; "
-                                      f"the breaker directory must belong to uid {os.geteuid()} with no write for "
-                                      "group or others (chown root; chmod 0755)")
+            problem = check_owned(os.fstat(root), uid=os.geteuid(), kind="directory")
+            if problem is not None:
+                raise UnsafePathError(f"{self.root}: {problem}; the breaker directory must belong to uid "
+                                      f"{os.geteuid()} with no write for group or others (chown root; chmod 0755)")
             fd = open_owned_subdir(root, partition, where=str(self.root))
         finally:
             os.close(root)

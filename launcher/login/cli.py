@@ -38,7 +38,7 @@ from clusterctl.launcher.pure.spec import (
     MAX_NODES, MAX_RANKS, JobSpec, default_runs_dir, load_spec, parse_overrides, reference_rows,
 )
 from clusterctl.launcher.login.status import ended_how, status_renderables
-from clusterctl.launcher.login.supervisor import Hooks, Supervisor
+from clusterctl.launcher.login.supervisor import Hooks, Supervisor, WatchSnapshot
 from clusterctl.launcher.login.use_cases import (
     cancel_run, create_submission_run, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
     submit_first_attempt, wait_for_job,
@@ -242,10 +242,10 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
         finally:
             notifier.drain()  # the last events (done, stopped) go out before the process ends
     with Live(console=console, auto_refresh=False, transient=True) as live:
-        def show(snapshot: dict[str, Any]) -> None:
-            blamed = "; ".join(f"{n}: {r}" for n, r in snapshot["blamed"].items()) or "none"
-            live.update(Text(f"attempt {snapshot['attempt']} job {snapshot['job_id']} {snapshot['state']} on "
-                             f"{snapshot['nodes'] or '-'} | checkpoint step {snapshot['checkpoint_step']} | "
+        def show(snapshot: WatchSnapshot) -> None:
+            blamed = "; ".join(f"{n}: {r}" for n, r in snapshot.blamed) or "none"
+            live.update(Text(f"attempt {snapshot.attempt} job {snapshot.job_id} {snapshot.state} on "
+                             f"{snapshot.nodes or '-'} | checkpoint step {snapshot.checkpoint_step} | "
                              f"blamed: {blamed}"), refresh=True)
         hooks.say = lambda message: live.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}",
                                                       highlight=False, soft_wrap=True)
@@ -287,7 +287,7 @@ def report(run_dir: Path, as_json: bool) -> None:
         raise RunError(f"{run_dir} is not a clusterctl run directory (no spec.json)")
     document = gather_report(run, time.time())
     if as_json:
-        click.echo(json.dumps(document, indent=2, sort_keys=True))
+        click.echo(json.dumps(document.to_json(), indent=2, sort_keys=True))
     else:
         Console().print(report_renderables(document))
 
@@ -309,7 +309,8 @@ def status(target: str | None, as_json: bool) -> None:
     statuses = gather_status(runs, Slurm(), lambda note: click.echo(f"clusterctl: {note}", err=True),
                              skip_damaged=target is None)
     if as_json:
-        click.echo(json.dumps(statuses if target is None else statuses[0], indent=2, sort_keys=True))
+        shown = [s.to_json() for s in statuses] if target is None else statuses[0].to_json()
+        click.echo(json.dumps(shown, indent=2, sort_keys=True))
         return
     if not statuses:
         click.echo(f"no runs under {default_runs_dir()}")

@@ -1,12 +1,14 @@
 """`clusterctl report RUN`: attempts, blame with evidence, checkpoints and goodput (pure).
 
 The caller reads the journal and lists the checkpoints (see
-`clusterctl.launcher.login.use_cases.gather_report`); this module only accounts and renders.
+`clusterctl.launcher.login.use_cases.gather_report`); this module accounts them into a `RunReport`
+and renders it.  `RunReport.to_json()` is what `clusterctl report --json` prints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,12 @@ from rich.table import Table
 from rich.text import Text
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
-from clusterctl.launcher.pure.goodput import AttemptTimes, InAllocationRestart, account
+from clusterctl.launcher.pure.goodput import AttemptTimes, Goodput, InAllocationRestart, account
 from clusterctl.launcher.pure.restart_policy import replay
-from clusterctl.launcher.login.status import stragglers_of
-from clusterctl.records.run_journal import OutcomeKind, RecoveredInAllocation, RunEvent
+from clusterctl.launcher.login.status import straggler_json, stragglers_of
+from clusterctl.records.run_journal import (
+    BlamedNode, DecisionAction, OutcomeKind, RecoveredInAllocation, RunEvent, StragglerFound,
+)
 
 
 def _duration(seconds: float | None) -> str:
@@ -31,11 +35,69 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
+@dataclass(frozen=True)
+class AttemptReport:
+    """One attempt as the report shows it: what the supervisor decided when its job ended (every
+    decision field None, `state` "running", while the attempt has not ended)."""
+
+    attempt: int
+    job_id: str | None
+    state: str
+    outcome: OutcomeKind | None
+    message: str | None
+    blame: tuple[BlamedNode, ...]
+    checkpoint_step: int | None
+    action: DecisionAction | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "job_id": self.job_id, "state": self.state,
+                "outcome": str(self.outcome) if self.outcome is not None else None, "message": self.message,
+                "blame": [b.to_json() for b in self.blame], "checkpoint_step": self.checkpoint_step,
+                "action": str(self.action) if self.action is not None else None}
+
+
+def recovery_report_json(recovered: RecoveredInAllocation) -> dict[str, Any]:
+    """A restart inside an allocation as `report --json` shows it."""
+    return {"job_id": recovered.job_id, "restart": recovered.restart, "blame": [b.to_json() for b in recovered.blame],
+            "given_back": list(recovered.given_back), "nodes": list(recovered.nodes),
+            "checkpoint_step": recovered.checkpoint_step, "phases": dict(recovered.phases),
+            "reason": recovered.reason}
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What `clusterctl report` shows of one run; `to_json()` is its `--json`."""
+
+    run: Path
+    state: str
+    """The run's end (done, stopped, cancelled), or "running"."""
+    message: str
+    attempts: tuple[AttemptReport, ...]
+    excluded_now: tuple[str, ...]
+    """Nodes still blamed now: the next submission excludes them."""
+    in_allocation: tuple[RecoveredInAllocation, ...]
+    stragglers: tuple[StragglerFound, ...]
+    checkpoints: tuple[Checkpoint, ...]
+    """The complete checkpoints, oldest first."""
+    skipped: tuple[Skipped, ...]
+    goodput: Goodput
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": str(self.run), "state": self.state, "message": self.message,
+                "attempts": [a.to_json() for a in self.attempts], "excluded_now": list(self.excluded_now),
+                "in_allocation": [recovery_report_json(r) for r in self.in_allocation],
+                "stragglers": [straggler_json(s) for s in self.stragglers],
+                "checkpoints": {"complete": len(self.checkpoints),
+                                "latest_step": self.checkpoints[-1].step if self.checkpoints else None,
+                                "skipped": [{"path": s.path, "why": s.why} for s in self.skipped]},
+                "goodput": self.goodput.to_json()}
+
+
 def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint],
-               skipped: Sequence[Skipped], now: float, slow_node_seconds: float = 0.0) -> dict[str, Any]:
-    """The report of the run at `run_path` as a JSON-ready dict, from its journal's `events`, the
-    complete `checkpoints` (oldest first) and `skipped` ones found in its checkpoint directory, and
-    the seconds its jobs lost to slow nodes (their step-time tables)."""
+               skipped: Sequence[Skipped], now: float, slow_node_seconds: float = 0.0) -> RunReport:
+    """The report of the run at `run_path` from its journal's `events`, the complete `checkpoints`
+    (oldest first) and `skipped` ones found in its checkpoint directory, and the seconds its jobs
+    lost to slow nodes (their step-time tables)."""
     state = replay(events)
     times = []
     attempts = []
@@ -47,73 +109,67 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                                   (t.start if t else None) or 0.0, (t.end if t else None) or 0.0,
                                   d is not None and d.outcome != OutcomeKind.COMPLETED,
                                   d is not None and d.outcome == OutcomeKind.NODE_FAILURE))
-        attempts.append({"attempt": a.number, "job_id": a.job_id, "state": d.state if d else "running",
-                         "outcome": str(d.outcome) if d else None, "message": d.message if d else None,
-                         "blame": [b.to_json() for b in d.blame] if d else [],
-                         "checkpoint_step": d.checkpoint_step if d else None,
-                         "action": str(d.action) if d else None})
-    recoveries = [e for e in events if isinstance(e, RecoveredInAllocation)]
+        attempts.append(AttemptReport(attempt=a.number, job_id=a.job_id, state=d.state if d else "running",
+                                      outcome=d.outcome if d else None, message=d.message if d else None,
+                                      blame=d.blame if d else (), checkpoint_step=d.checkpoint_step if d else None,
+                                      action=d.action if d else None))
+    recoveries = tuple(e for e in events if isinstance(e, RecoveredInAllocation))
     goodput = account(times, list(checkpoints), now,
                       [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases)) for e in recoveries],
                       slow_node_seconds)
-    return {"run": str(run_path), "state": str(state.ended.kind) if state.ended else "running",
-            "message": state.ended.message if state.ended else "",
-            "attempts": attempts, "excluded_now": state.excluded(now),
-            "in_allocation": [{"job_id": e.job_id, "restart": e.restart, "blame": [b.to_json() for b in e.blame],
-                               "given_back": list(e.given_back), "nodes": list(e.nodes),
-                               "checkpoint_step": e.checkpoint_step, "phases": dict(e.phases), "reason": e.reason}
-                              for e in recoveries],
-            "stragglers": stragglers_of(events),
-            "checkpoints": {"complete": len(checkpoints), "latest_step": checkpoints[-1].step if checkpoints else None,
-                            "skipped": [{"path": s.path, "why": s.why} for s in skipped]},
-            "goodput": goodput.to_json()}
+    return RunReport(run=run_path, state=str(state.ended.kind) if state.ended else "running",
+                     message=state.ended.message if state.ended else "", attempts=tuple(attempts),
+                     excluded_now=tuple(state.excluded(now)), in_allocation=recoveries,
+                     stragglers=stragglers_of(events), checkpoints=tuple(checkpoints), skipped=tuple(skipped),
+                     goodput=goodput)
 
 
-def report_renderables(report: dict[str, Any]) -> Group:
+def report_renderables(report: RunReport) -> Group:
     """The report for a terminal."""
-    g = report["goodput"]
-    parts: list[RenderableType] = [Text.assemble(("run ", "bold"), report["run"], "  ", (report["state"], "bold"),
-                                 f"  {report['message']}" if report["message"] else "")]
+    g = report.goodput
+    parts: list[RenderableType] = [Text.assemble(("run ", "bold"), str(report.run), "  ", (report.state, "bold"),
+                                 f"  {report.message}" if report.message else "")]
     table = Table(box=None, pad_edge=False)
     for column in ("attempt", "job", "ended", "outcome", "checkpoint", "decision"):
         table.add_column(column)
-    for a in report["attempts"]:
-        table.add_row(str(a["attempt"]), str(a["job_id"]), a["state"], a["outcome"] or "-",
-                      str(a["checkpoint_step"]) if a["checkpoint_step"] is not None else "-", a["action"] or "-")
+    for a in report.attempts:
+        table.add_row(str(a.attempt), str(a.job_id), a.state, str(a.outcome) if a.outcome is not None else "-",
+                      str(a.checkpoint_step) if a.checkpoint_step is not None else "-",
+                      str(a.action) if a.action is not None else "-")
     parts.append(table)
-    for a in report["attempts"]:
-        for b in a["blame"]:
-            parts.append(Text(f"attempt {a['attempt']}: blamed {b['node']}: {b['reason']}"))
-            parts += [Text(f"    {line}", style="dim") for line in b["evidence"]]
-    for r in report.get("in_allocation", []):
-        took = sum(r["phases"].values())
-        step = r["checkpoint_step"] if r["checkpoint_step"] is not None else "the start"
-        parts.append(Text(f"job {r['job_id']}: restart {r['restart']} inside the allocation in {_duration(took)}, "
-                          f"from step {step} on {' '.join(r['nodes'])} (no queue wait)"))
-        if not r["blame"] and r.get("reason"):
-            parts.append(Text(f"    {r['reason']}"))
-        for b in r["blame"]:
-            given = "given back to Slurm" if b["node"] in r["given_back"] else "kept in the job"
-            parts.append(Text(f"    blamed {b['node']} ({given}): {b['reason']}"))
-            parts += [Text(f"        {line}", style="dim") for line in b["evidence"]]
-    for s in report.get("stragglers", []):
-        parts.append(Text(f"job {s['job_id']}: straggler {s['node']} ({s['action']}): {s['ratio']:.2f}x the job's "
-                          f"compute time for {s['steps']} steps from step {s['since_step']}, "
-                          f"{_duration(s['lost_s'])} lost when found"))
-        parts += [Text(f"    {line}", style="dim") for line in (*s["evidence"], *s["hardware"])]
-        if s["drain"]:
-            parts.append(Text(f"    {s['drain']}", style="dim"))
-    share = f"{g['goodput'] * 100:.1f}%" if g["goodput"] is not None else "-"
+    for a in report.attempts:
+        for b in a.blame:
+            parts.append(Text(f"attempt {a.attempt}: blamed {b.node}: {b.reason}"))
+            parts += [Text(f"    {line}", style="dim") for line in b.evidence]
+    for r in report.in_allocation:
+        took = sum(dict(r.phases).values())
+        step = r.checkpoint_step if r.checkpoint_step is not None else "the start"
+        parts.append(Text(f"job {r.job_id}: restart {r.restart} inside the allocation in {_duration(took)}, "
+                          f"from step {step} on {' '.join(r.nodes)} (no queue wait)"))
+        if not r.blame and r.reason:
+            parts.append(Text(f"    {r.reason}"))
+        for b in r.blame:
+            given = "given back to Slurm" if b.node in r.given_back else "kept in the job"
+            parts.append(Text(f"    blamed {b.node} ({given}): {b.reason}"))
+            parts += [Text(f"        {line}", style="dim") for line in b.evidence]
+    for s in report.stragglers:
+        parts.append(Text(f"job {s.job_id}: straggler {s.node} ({s.action}): {s.ratio:.2f}x the job's "
+                          f"compute time for {s.steps} steps from step {s.since_step}, "
+                          f"{_duration(s.lost_s)} lost when found"))
+        parts += [Text(f"    {line}", style="dim") for line in (*s.evidence, *s.hardware)]
+        if s.drain:
+            parts.append(Text(f"    {s.drain}", style="dim"))
+    share = f"{g.goodput * 100:.1f}%" if g.goodput is not None else "-"
     parts.append(Text(
-        f"goodput {share}: productive {_duration(g['productive_seconds'])} of {_duration(g['wall_seconds'])}; "
-        f"lost: redone work {_duration(g['redone_seconds'])}, queue {_duration(g['queue_seconds'])}, "
-        f"restart overhead {_duration(g['restart_overhead_seconds'])}, slow nodes {_duration(g['slow_node_seconds'])}; "
-        f"node failures {g['node_failures']}"))
-    if g["advised_interval_seconds"] is not None:
+        f"goodput {share}: productive {_duration(g.productive_seconds)} of {_duration(g.wall_seconds)}; "
+        f"lost: redone work {_duration(g.redone_seconds)}, queue {_duration(g.queue_seconds)}, "
+        f"restart overhead {_duration(g.restart_overhead_seconds)}, slow nodes {_duration(g.slow_node_seconds)}; "
+        f"node failures {g.node_failures}"))
+    if g.advised_interval_seconds is not None:
         parts.append(Text(
-            f"checkpoint every {_duration(g['checkpoint_interval_seconds'])} now; Young/Daly advises "
-            f"{_duration(g['advised_interval_seconds'])} (cost {_duration(g['checkpoint_cost_seconds'])}, "
-            f"MTBF {_duration(g['mtbf_seconds'])})"))
+            f"checkpoint every {_duration(g.checkpoint_interval_seconds)} now; Young/Daly advises "
+            f"{_duration(g.advised_interval_seconds)} (cost {_duration(g.checkpoint_cost_seconds)}, "
+            f"MTBF {_duration(g.mtbf_seconds)})"))
     else:
         parts.append(Text("checkpoint-interval advice needs a measured checkpoint cost and at least one node failure",
                           style="dim"))

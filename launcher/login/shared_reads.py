@@ -18,36 +18,30 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import stat
 from collections.abc import Callable
 from pathlib import Path
 
 from clusterctl.errors import RunError
+from clusterctl.files import check_owned
 from clusterctl.records.slurm_cache import CachedAnswer, cache_path, read_cached_answer, write_cached_answer
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm.commands import Slurm
 from clusterctl.slurm.jobs import JobReport
 
 
-def owned_privately(info: os.stat_result, uid: int) -> bool:
-    """A file or directory this user owns that nobody else may write (group or others)."""
-    return info.st_uid == uid and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-
-
 def user_cache_dir(runs_root: Path, uid: int) -> Path | None:
     """This user's cache directory under a runs directory (made 0700); None when it cannot be trusted.
 
-    Not trusted: a symlink, a file, or a directory another user made or others can write.
+    Not trusted: a symlink, a file, or a directory another user made or that its group or others
+    may reach (`check_owned` with `private`).
     """
     path = runs_root / f".clusterctl-{uid}"
     try:
         path.mkdir(mode=0o700, exist_ok=True)
-        info = os.lstat(path)
+        problem = check_owned(path, uid=uid, kind="directory", private=True)
     except OSError:
         return None
-    if not stat.S_ISDIR(info.st_mode) or not owned_privately(info, uid) or info.st_mode & stat.S_IRWXO:
-        return None
-    return path
+    return path if problem is None else None
 
 
 class SharedReads:
@@ -92,8 +86,7 @@ class SharedReads:
 
     def _fresh(self, directory: Path, command: str) -> str | None:
         try:
-            info = os.lstat(cache_path(directory, command))
-            if not stat.S_ISREG(info.st_mode) or not owned_privately(info, self.uid):
+            if check_owned(cache_path(directory, command), uid=self.uid, kind="file") is not None:
                 return None  # planted or loosened by someone else: never trust it
             cached = read_cached_answer(directory, command)
         except (OSError, RecordError):

@@ -1,12 +1,14 @@
 """What `clusterctl status` shows: a run's attempts joined with what Slurm says (pure).
 
 The caller reads the run's journal and rank maps and asks Slurm (see
-`clusterctl.launcher.login.use_cases.gather_status`); this module only joins and renders them.
+`clusterctl.launcher.login.use_cases.gather_status`); this module joins them into a `RunStatus`
+and renders it.  `RunStatus.to_json()` is what `clusterctl status --json` prints.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +18,95 @@ from rich.text import Text
 
 from clusterctl.launcher.shared.runs import attempts_of, log_path
 from clusterctl.records.node_step_times import NodeStepTimes
-from clusterctl.records.rank_map import JobRankMap
+from clusterctl.records.rank_map import JobRankMap, PlanSummary
 from clusterctl.records.run_journal import Created, RecoveredInAllocation, RunEnded, RunEvent, StragglerFound
 from clusterctl.slurm.jobs import JobReport
 
 
-def rank_map_summary(rank_map: JobRankMap) -> dict[str, Any]:
-    """The part of a job's rank map status shows: its slots and how many DP/PP groups cross a leaf."""
-    summary = rank_map.summary.to_json() if rank_map.summary is not None else {
-        "strategy": None, "leaf_crossing_groups": None, "slurm_order_leaf_crossing_groups": None,
-        "dfs_order_leaf_crossing_groups": None}
-    return {"slots": list(rank_map.slots), **summary}
+@dataclass(frozen=True)
+class RankMapStatus:
+    """The part of a job's rank map status shows: its slots and how many DP/PP groups cross a leaf
+    (`summary`: None for a map written without the planner's summary)."""
+
+    slots: tuple[str, ...]
+    summary: PlanSummary | None
+
+    @classmethod
+    def of(cls, rank_map: JobRankMap) -> RankMapStatus:
+        return cls(tuple(rank_map.slots), rank_map.summary)
+
+    def to_json(self) -> dict[str, Any]:
+        """The slots with the summary's fields beside them (each None without a summary)."""
+        summary = self.summary.to_json() if self.summary is not None else {
+            "strategy": None, "leaf_crossing_groups": None, "slurm_order_leaf_crossing_groups": None,
+            "dfs_order_leaf_crossing_groups": None}
+        return {"slots": list(self.slots), **summary}
+
+
+@dataclass(frozen=True)
+class AttemptStatus:
+    """One attempt as status shows it: the journal's submission joined with Slurm's report of its job.
+
+    Without a report (Slurm knows the job no more) `state` is UNKNOWN and Slurm's fields are empty.
+    """
+
+    attempt: int
+    job_id: str
+    state: str
+    reason: str
+    nodes: str
+    exit_code: int | None
+    signal: int | None
+    ended: str
+    """How a finished job ended ("exit 3", "signal 9"); empty while it runs."""
+    resume_from: str | None
+    exclude: str | None
+    log: Path
+    rank_map: RankMapStatus | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempt": self.attempt, "job_id": self.job_id, "state": self.state, "reason": self.reason,
+                "nodes": self.nodes, "exit_code": self.exit_code, "signal": self.signal, "ended": self.ended,
+                "resume_from": self.resume_from, "exclude": self.exclude, "log": str(self.log),
+                "rank_map": self.rank_map.to_json() if self.rank_map is not None else None}
+
+
+def straggler_json(found: StragglerFound) -> dict[str, Any]:
+    """A straggler as `status --json` and `report --json` show it (the journal's event without its blame)."""
+    return {"job_id": found.job_id, "node": found.node, "ranks": list(found.ranks), "ratio": found.ratio,
+            "seconds": found.seconds, "reference": found.reference, "steps": found.steps,
+            "since_step": found.since_step, "lost_s": found.lost_s, "action": found.action,
+            "hardware": list(found.hardware), "drain": found.drain, "evidence": list(found.evidence)}
+
+
+def recovery_status_json(recovered: RecoveredInAllocation) -> dict[str, Any]:
+    """A restart inside an allocation as `status --json` shows it."""
+    return {"job_id": recovered.job_id, "restart": recovered.restart, "blamed": [b.node for b in recovered.blame],
+            "reasons": [b.reason for b in recovered.blame], "nodes": list(recovered.nodes),
+            "checkpoint_step": recovered.checkpoint_step, "reason": recovered.reason}
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """What `clusterctl status` shows of one run; `to_json()` is its `--json`."""
+
+    run: Path
+    name: str
+    state: str
+    """The run's end (done, stopped, cancelled), else its latest job's Slurm state, else "not submitted"."""
+    message: str
+    attempts: tuple[AttemptStatus, ...]
+    in_allocation: tuple[RecoveredInAllocation, ...]
+    stragglers: tuple[StragglerFound, ...]
+    step_times: NodeStepTimes | None
+    """The latest job's per-node step times (None: none written)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run": str(self.run), "name": self.name, "state": self.state, "message": self.message,
+                "attempts": [a.to_json() for a in self.attempts],
+                "in_allocation": [recovery_status_json(r) for r in self.in_allocation],
+                "stragglers": [straggler_json(s) for s in self.stragglers],
+                "step_times": self.step_times.to_json() if self.step_times is not None else None}
 
 
 def best_report(job_id: str, queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> JobReport | None:
@@ -49,101 +129,95 @@ STEP_TIME_ROWS = 8
 """Nodes the terminal's step-time table lists (the slowest first); --json has them all."""
 
 
-def stragglers_of(events: Sequence[RunEvent]) -> list[dict[str, Any]]:
-    """The run's stragglers as the journal has them, JSON-ready."""
-    return [{"job_id": e.job_id, "node": e.node, "ranks": list(e.ranks), "ratio": e.ratio, "seconds": e.seconds,
-             "reference": e.reference, "steps": e.steps, "since_step": e.since_step, "lost_s": e.lost_s,
-             "action": e.action, "hardware": list(e.hardware), "drain": e.drain, "evidence": list(e.evidence)}
-            for e in events if isinstance(e, StragglerFound)]
+def stragglers_of(events: Sequence[RunEvent]) -> tuple[StragglerFound, ...]:
+    """The run's stragglers as the journal has them, oldest first."""
+    return tuple(e for e in events if isinstance(e, StragglerFound))
 
 
 def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[str, JobRankMap],
                queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport],
-               step_times: NodeStepTimes | None = None) -> dict[str, Any]:
-    """A JSON-ready status of the run at `run_path` from its journal's `events`, the `rank_maps` its
-    jobs wrote (by job id), Slurm's `queue` and `accounting`, and the latest job's per-node step times."""
-    attempts: list[dict[str, Any]] = []
+               step_times: NodeStepTimes | None = None) -> RunStatus:
+    """The status of the run at `run_path` from its journal's `events`, the `rank_maps` its jobs wrote
+    (by job id), Slurm's `queue` and `accounting`, and the latest job's per-node step times."""
+    attempts: list[AttemptStatus] = []
     for attempt in attempts_of(events):
         report = best_report(attempt.job_id, queue, accounting)
         rank_map = rank_maps.get(attempt.job_id)
-        attempts.append({
-            "attempt": attempt.number, "job_id": attempt.job_id,
-            "state": report.state if report else "UNKNOWN", "reason": report.reason if report else "",
-            "nodes": report.nodes if report else "", "exit_code": report.exit_code if report else None,
-            "signal": report.signal if report else None, "ended": ended_how(report).strip(" ()") if report else "",
-            "resume_from": attempt.resume_from, "exclude": attempt.exclude,
-            "log": str(log_path(run_path, attempt.job_id)),
-            "rank_map": rank_map_summary(rank_map) if rank_map is not None else None,
-        })
+        attempts.append(AttemptStatus(
+            attempt=attempt.number, job_id=attempt.job_id,
+            state=report.state if report else "UNKNOWN", reason=report.reason if report else "",
+            nodes=report.nodes if report else "", exit_code=report.exit_code if report else None,
+            signal=report.signal if report else None, ended=ended_how(report).strip(" ()") if report else "",
+            resume_from=attempt.resume_from, exclude=attempt.exclude, log=log_path(run_path, attempt.job_id),
+            rank_map=RankMapStatus.of(rank_map) if rank_map is not None else None))
     ended = [e for e in events if isinstance(e, RunEnded)]
     if ended:
         state = str(ended[-1].kind)
     elif attempts:
-        state = str(attempts[-1]["state"])
+        state = attempts[-1].state
     else:
         state = "not submitted"
     created = next((e for e in events if isinstance(e, Created)), None)
-    recoveries = [{"job_id": e.job_id, "restart": e.restart, "blamed": [b.node for b in e.blame],
-                   "reasons": [b.reason for b in e.blame], "nodes": list(e.nodes), "checkpoint_step": e.checkpoint_step,
-                   "reason": e.reason}
-                  for e in events if isinstance(e, RecoveredInAllocation)]
-    return {"run": str(run_path), "name": created.name if created else run_path.name, "state": state,
-            "message": ended[-1].message if ended else "", "attempts": attempts, "in_allocation": recoveries,
-            "stragglers": stragglers_of(events),
-            "step_times": step_times.to_json() if step_times is not None else None}
+    return RunStatus(run=run_path, name=created.name if created else run_path.name, state=state,
+                     message=ended[-1].message if ended else "", attempts=tuple(attempts),
+                     in_allocation=tuple(e for e in events if isinstance(e, RecoveredInAllocation)),
+                     stragglers=stragglers_of(events), step_times=step_times)
 
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
 
-def step_time_table(step_times: Mapping[str, Any]) -> Group:
+def step_time_table(step_times: NodeStepTimes) -> Group:
     """Per-node compute time per step, the slowest first (at most STEP_TIME_ROWS nodes)."""
-    nodes = sorted(step_times["nodes"], key=lambda n: -(n["ratio"] or 0.0))
-    title = Text(f"compute time per step, job {step_times['job_id']} at step {step_times['step']}: the job's "
-                 f"{_seconds(step_times['reference'])} s; lost to slow nodes {step_times['lost_s']:.1f} s")
+    nodes = sorted(step_times.nodes, key=lambda n: -(n.ratio or 0.0))
+    title = Text(f"compute time per step, job {step_times.job_id} at step {step_times.step}: the job's "
+                 f"{_seconds(step_times.reference)} s; lost to slow nodes {step_times.lost_s:.1f} s")
     table = Table(box=None, pad_edge=False)
     for column in ("node", "ranks", "s/step", "x job", "state", "lost s"):
         table.add_column(column, justify="right" if column in ("s/step", "x job", "lost s") else "left")
     for n in nodes[:STEP_TIME_ROWS]:
-        ranks = n["ranks"]
+        ranks = n.ranks
         ranks_text = f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]) if ranks else "-"
-        ratio = f"{n['ratio']:.2f}" if n["ratio"] is not None else "-"
-        table.add_row(n["node"], ranks_text, _seconds(n["seconds"]), ratio, n["state"], f"{n['lost_s']:.1f}")
+        ratio = f"{n.ratio:.2f}" if n.ratio is not None else "-"
+        table.add_row(n.node, ranks_text, _seconds(n.seconds), ratio, n.state, f"{n.lost_s:.1f}")
     parts: list[RenderableType] = [title, table]
     if len(nodes) > STEP_TIME_ROWS:
         parts.append(Text(f"... and {len(nodes) - STEP_TIME_ROWS} more nodes (--json lists them all)"))
     return Group(*parts)
 
 
-def status_renderables(status: dict[str, Any]) -> Group:
+def status_renderables(status: RunStatus) -> Group:
     """The status for a terminal."""
-    title = Text.assemble((status["name"], "bold"), f"  {status['state']}", f"  {status['run']}")
+    title = Text.assemble((status.name, "bold"), f"  {status.state}", f"  {status.run}")
     parts: list[RenderableType] = [title]
-    if status.get("message"):
-        parts.append(Text(status["message"]))
+    if status.message:
+        parts.append(Text(status.message))
     table = Table(box=None, pad_edge=False)
     for column in ("attempt", "job", "state", "nodes", "cross-leaf groups (map / Slurm order)"):
         table.add_column(column)
     table.add_column("log", overflow="fold")
-    for a in status["attempts"]:
-        rm = a["rank_map"]
-        cost = (f"{rm['leaf_crossing_groups']} / {rm['slurm_order_leaf_crossing_groups']}" if rm else "-")
-        state = a["state"] + (f" ({a['reason']})" if a["reason"] not in ("", "None") else "") + (
-            f" {a['ended']}" if a.get("ended") else "")
-        table.add_row(str(a["attempt"]), a["job_id"], state, a["nodes"] or "-", cost, a["log"])
+    for a in status.attempts:
+        rm = a.rank_map
+        # A map without the planner's summary shows "None / None", as it always has.
+        summary = rm.summary if rm else None
+        cost = (f"{summary.leaf_crossing_groups if summary else None} / "
+                f"{summary.slurm_order_leaf_crossing_groups if summary else None}" if rm else "-")
+        state = a.state + (f" ({a.reason})" if a.reason not in ("", "None") else "") + (
+            f" {a.ended}" if a.ended else "")
+        table.add_row(str(a.attempt), a.job_id, state, a.nodes or "-", cost, str(a.log))
     parts.append(table)
-    for r in status.get("in_allocation", []):
-        step = r["checkpoint_step"] if r["checkpoint_step"] is not None else "the start"
-        why = (f"{', '.join(f'{n} ({reason})' for n, reason in zip(r['blamed'], r['reasons']))} given back"
-               if r["blamed"] else r.get("reason") or "no node blamed")
-        parts.append(Text(f"job {r['job_id']}: restarted inside the allocation ({r['restart']}): {why}; "
-                          f"new step on {' '.join(r['nodes'])} from step {step}"))
-    for s in status.get("stragglers", []):
-        hardware = "; ".join(s["hardware"]) or "its GPUs say nothing that explains it"
-        parts.append(Text(f"job {s['job_id']}: straggler {s['node']}: {s['ratio']:.2f}x the job's compute time for "
-                          f"{s['steps']} steps from step {s['since_step']}, {s['lost_s']:.1f} s lost; {s['action']}; "
-                          f"GPUs: {hardware}" + (f"; {s['drain']}" if s["drain"] else "")))
-    if status.get("step_times"):
-        parts.append(step_time_table(status["step_times"]))
+    for r in status.in_allocation:
+        step = r.checkpoint_step if r.checkpoint_step is not None else "the start"
+        why = (f"{', '.join(f'{b.node} ({b.reason})' for b in r.blame)} given back"
+               if r.blame else r.reason or "no node blamed")
+        parts.append(Text(f"job {r.job_id}: restarted inside the allocation ({r.restart}): {why}; "
+                          f"new step on {' '.join(r.nodes)} from step {step}"))
+    for s in status.stragglers:
+        hardware = "; ".join(s.hardware) or "its GPUs say nothing that explains it"
+        parts.append(Text(f"job {s.job_id}: straggler {s.node}: {s.ratio:.2f}x the job's compute time for "
+                          f"{s.steps} steps from step {s.since_step}, {s.lost_s:.1f} s lost; {s.action}; "
+                          f"GPUs: {hardware}" + (f"; {s.drain}" if s.drain else "")))
+    if status.step_times:
+        parts.append(step_time_table(status.step_times))
     return Group(*parts)

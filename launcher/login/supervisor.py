@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.errors import HostlistError, SlurmCommandError
+from clusterctl.files import check_owned
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
 from clusterctl.launcher.pure.classify import (
@@ -77,11 +77,18 @@ def job_nodes(report: JobReport) -> list[str]:
     return [name for name in (hostlist.expand(report.nodes) if report.nodes else []) if is_node_name(name)]
 
 
-def record_trusted(info: os.stat_result, writer: int) -> bool:
-    """An epilog record is a regular file of root or of `writer` (the records directory's owner) that
-    nobody else may write."""
-    return (stat.S_ISREG(info.st_mode) and info.st_uid in (0, writer)
-            and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH))
+@dataclass(frozen=True)
+class WatchSnapshot:
+    """What the supervisor shows of the attempt it watches, each poll (`Hooks.show`)."""
+
+    attempt: int
+    job_id: str | None
+    state: str
+    """Slurm's state of the job, "?" while Slurm does not report it."""
+    nodes: str
+    blamed: tuple[tuple[str, str], ...]
+    """(node, reason) of each node still blamed."""
+    checkpoint_step: int | None
 
 
 @dataclass
@@ -92,7 +99,7 @@ class Hooks:
     sleep: Callable[[float], None] = time.sleep
     say: Callable[[str], None] = print
     notify: Callable[[str, dict[str, Any]], None] = lambda event, payload: None
-    show: Callable[[dict[str, Any]], None] = lambda snapshot: None
+    show: Callable[[WatchSnapshot], None] = lambda snapshot: None
     gpu_evidence: GpuEvidenceReader | None = None
     """What a slow node's GPUs say, asked as a step of the job (None: not asked)."""
     drain: StragglerDrain | None = None
@@ -474,13 +481,13 @@ class Supervisor:
         for path in sorted((self.records_dir / job_id).glob("*.json")):
             try:
                 info = os.lstat(path)
-                if not record_trusted(info, writer):
-                    # Users can often write to the records directory: a record is evidence against a
-                    # node only when the epilog's identity (root, or the directory's owner) wrote it.
+                # Users can often write to the records directory: a record is evidence against a
+                # node only when the epilog's identity (root, or the directory's owner) wrote it.
+                problem = check_owned(info, uid=writer, kind="file", root_may_own=True)
+                if problem is not None:
                     if path not in self._unreadable_records:
                         self._unreadable_records.add(path)
-                        self.hooks.say(f"note: skipping an epilog record not written by the epilog: {path} is owned "
-                                       f"by uid {info.st_uid} (mode {stat.S_IMODE(info.st_mode):o})")
+                        self.hooks.say(f"note: skipping an epilog record not written by the epilog: {path}: {problem}")
                     continue
                 if info.st_mtime < since - JOB_ID_REUSE_SLACK:
                     continue  # a record of an older job with the same id
@@ -506,7 +513,8 @@ class Supervisor:
             return ""
 
     def _show(self, attempt: AttemptState, state: RunState, report: JobReport | None) -> None:
-        self.hooks.show({"attempt": attempt.number, "job_id": attempt.job_id,
-                         "state": report.state if report else "?", "nodes": report.nodes if report else "",
-                         "blamed": {n: r for n, (u, r) in state.blamed.items() if u > self.hooks.clock()},
-                         "checkpoint_step": state.best_step})
+        now = self.hooks.clock()
+        self.hooks.show(WatchSnapshot(attempt.number, attempt.job_id, report.state if report else "?",
+                                      report.nodes if report else "",
+                                      tuple((n, r) for n, (u, r) in state.blamed.items() if u > now),
+                                      state.best_step))

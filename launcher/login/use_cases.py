@@ -11,18 +11,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from clusterctl.errors import LayoutError, RunError
 from clusterctl.launcher.shared.checkpoints import find_checkpoints
 from clusterctl.launcher.pure.parallel import ParallelLayout, layout_from_mapping
 from clusterctl.launcher.pure.render import SlurmFacts, SubmitRequest
-from clusterctl.launcher.login.report import run_report
+from clusterctl.launcher.login.report import RunReport, run_report
 from clusterctl.launcher.shared.runs import (
     RunDir, attempts_of, check_new_run_path, create_run, find_run_of_job, list_runs, unique_run_path,
 )
 from clusterctl.launcher.pure.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
-from clusterctl.launcher.login.status import run_status
+from clusterctl.launcher.login.status import RunStatus, run_status
 from clusterctl.launcher.login.submit import gather_facts, prepare, submit_attempt
 from clusterctl.records.node_step_times import read_node_step_times
 from clusterctl.records.run_journal import EventKind, RunEnded
@@ -136,7 +135,7 @@ def cancel_run(run: RunDir, slurm: Slurm) -> list[str]:
 
 
 def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], None],
-                  skip_damaged: bool = False) -> list[dict[str, Any]]:
+                  skip_damaged: bool = False) -> list[RunStatus]:
     """The status of each run: its journal and rank maps joined with one squeue (and sacct for the rest).
 
     A rank map this clusterctl cannot read is shown as missing, with a note through `say`.  With
@@ -174,7 +173,7 @@ def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], Non
     return statuses
 
 
-def gather_report(run: RunDir, now: float) -> dict[str, Any]:
+def gather_report(run: RunDir, now: float) -> RunReport:
     """The report of a run: its journal and the checkpoints in its checkpoint directory."""
     spec = run.spec()
     directory = spec.checkpoint_dir(str(run.path))

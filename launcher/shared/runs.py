@@ -14,15 +14,14 @@ import fcntl
 import json
 import os
 import re
-import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from clusterctl.errors import ClusterctlError, OutputError, RunError
-from clusterctl.files import atomic_write
+from clusterctl.files import atomic_write, check_owned
 from clusterctl.launcher.pure.spec import JobSpec, spec_from_dict
 from clusterctl.records.rank_map import JobRankMap, read_rank_map
 from clusterctl.records.versioned import RecordError, check_header, header
@@ -122,16 +121,16 @@ class RunDir:
         directory it must not act on a run, or a journal, that another user could have written.
         """
         uid = os.getuid() if uid is None else uid
-        for path in (self.path, self.path / "spec.json", self.journal_path):
+        expected: tuple[tuple[Path, Literal["file", "directory"]], ...] = (
+            (self.path, "directory"), (self.path / "spec.json", "file"), (self.journal_path, "file"))
+        for path, kind in expected:
             try:
-                info = os.lstat(path)
+                problem = check_owned(path, uid=uid, kind=kind)
             except FileNotFoundError:
                 continue
-            if stat.S_ISLNK(info.st_mode) or info.st_uid != uid or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                raise RunError(f"{path} is owned by uid {info.st_uid} with mode {stat.S_IMODE(info.st_mode):o}"
-                               f"{' (a symlink)' if stat.S_ISLNK(info.st_mode) else ''}; only its owner "
-                               f"(not uid {uid}) may supervise this run, and nobody else may write it "
-                               f"(its owner can fix the mode: chmod go-w {path})")
+            if problem is not None:
+                raise RunError(f"{path}: {problem}; only its owner may supervise this run (uid {uid} asked), and "
+                               f"nobody else may write it (its owner can fix the mode: chmod go-w {path})")
 
     def lock(self) -> int:
         """Hold the run's lock (one supervisor per run) until the process exits; the fd."""

@@ -147,7 +147,7 @@ def test_listing_runs_skips_a_damaged_one_with_a_note(tmp_path):
         return Completed(0, json.dumps({"jobs": []}), "")
     notes: list[str] = []
     statuses = gather_status(list_runs(tmp_path), Slurm(runner), notes.append, skip_damaged=True)
-    assert [Path(s["run"]).name for s in statuses] == ["good"]
+    assert [s.run.name for s in statuses] == ["good"]
     assert len(notes) == 1 and "skipping a run" in notes[0] and "damaged/journal.jsonl" in notes[0]
 
 

@@ -16,7 +16,7 @@ from clusterctl.launcher.login.shared_reads import SharedReads
 from clusterctl.slurm.commands import Completed, Slurm
 from clusterctl.slurm.jobs import job_line_argv
 from clusterctl.launcher.pure.spec import load_spec
-from clusterctl.launcher.login.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks, Supervisor
+from clusterctl.launcher.login.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks, Supervisor, WatchSnapshot
 from clusterctl.records.actions import Action
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord, job_health_path, write_job_health
 from clusterctl.records.run_journal import Submitting
@@ -321,3 +321,23 @@ def test_a_supervised_run_polls_its_own_job_and_nodes_never_the_whole_queue_or_t
     assert len(polls) == 11 and len(exits) == 1
     assert sleeps[:5] == [2.0, 4.0, 8.0, 8.0, 8.0]  # a job running steadily is looked at less often
     assert job_line_argv("1") in asked
+
+
+def test_the_live_line_sees_each_attempt_its_job_and_the_nodes_still_blamed(world):
+    run, slurm, clock, said, hooks = world
+    shown: list[WatchSnapshot] = []
+    hooks.show = shown.append
+
+    def script() -> None:
+        jobs = list(slurm.jobs)
+        if jobs == ["1"] and slurm.jobs["1"]["job_state"] == "RUNNING":
+            slurm.nodes["node2"].update(flags=["DRAIN"], reason="healthd: xid 79 gpu3 (GPU-x) drain-reboot")
+        elif jobs == ["1", "2"] and len([s for s in shown if s.job_id == "2"]) >= 2:
+            slurm.end("2", "COMPLETED")
+    slurm.on_poll = script
+    assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
+
+    first, last = shown[0], [s for s in shown if s.job_id == "2"][-1]
+    assert (first.attempt, first.job_id, first.state, first.blamed) == (1, "1", "RUNNING", ())
+    assert (last.attempt, last.state, last.nodes) == (2, "RUNNING", "node1,node3,node4")
+    assert [node for node, _ in last.blamed] == ["node2"] and "xid 79" in last.blamed[0][1]
