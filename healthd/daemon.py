@@ -47,7 +47,7 @@ from clusterctl.healthd import engine, sdnotify
 from clusterctl.healthd.applier import Applied, Applier
 from clusterctl.healthd.checks import HostSample, Sustained, check_host
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
-from clusterctl.healthd.findings import Action, Finding
+from clusterctl.healthd.findings import Action, Finding, FindingKind
 from clusterctl.healthd.journal import Journal, PlannedAction
 from clusterctl.healthd.kmsg import KernelLog, KernelRecord, parse_gpu_event, read_boot_id
 from clusterctl.healthd.metrics import Metrics
@@ -65,7 +65,7 @@ from clusterctl.slurm.nodes import NodeState, SlurmNode
 
 log = logging.getLogger("healthd")
 
-EVENT_KINDS = {
+EVENT_KINDS: dict[int, FindingKind] = {
     pynvml.nvmlEventTypeXidCriticalError: "xid",
     pynvml.nvmlEventTypeDoubleBitEccError: "ecc-dbe",
     getattr(pynvml, "nvmlEventTypeGpuUnavailableError", -1): "gpu-lost",
