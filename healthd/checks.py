@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from clusterctl.healthd.findings import Finding
+from clusterctl.healthd.findings import Finding, FindingKind
 
 # NVML clock event reasons (nvmlClocksEventReason*): hardware slowdowns worth a warning.
 # A software power cap (0x4) is a site's own setting and never a fault.
@@ -84,7 +84,7 @@ class Sustained:
 
 def check_gpu(sample: GpuSample, limits: CheckLimits, sustained: Sustained, now: float) -> list[Finding]:
     """Findings for one GPU sample."""
-    def finding(kind: str, value: object = None, detail: str = "") -> Finding:
+    def finding(kind: FindingKind, value: object = None, detail: str = "") -> Finding:
         return Finding(kind, "periodic", now, gpu=sample.index, uuid=sample.uuid, value=value, detail=detail)  # type: ignore[arg-type]
 
     if sample.lost:
@@ -142,7 +142,7 @@ def check_host(sample: HostSample, limits: CheckLimits, now: float, drain_paths:
         out.append(Finding("host-memory", "host", now, value=round(sample.memory_available_fraction, 4)))
     for path, free in sorted(sample.disk_free_fraction.items()):
         if free < limits.disk_min_free:
-            kind = "host-disk-full" if path in drain_paths else "host-disk"
+            kind: FindingKind = "host-disk-full" if path in drain_paths else "host-disk"
             out.append(Finding(kind, "host", now, value=path, detail=f"{path} {free:.1%} free"))
     for path in sample.readonly_paths:
         out.append(Finding("host-readonly", "host", now, value=path, detail=f"{path} is read-only"))

@@ -17,7 +17,7 @@ from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import POLICY_VERSION, policy_rows
 
-EXIT_CONFIG = 78  # EX_CONFIG
+EXIT_CONFIG = ConfigError.exit_code  # 78, EX_CONFIG
 EXIT_NO_STATE = 3
 EXIT_NO_NVML = 4
 
@@ -39,6 +39,8 @@ def cli() -> None:
     healthd breaker   who holds the breaker's drain slots (with breaker_dir)
     healthd evidence  what the GPUs say now: clocks, slowdown reasons, temperature, ECC
     Config: /etc/clusterctl/healthd.toml (see healthd/healthd.example.toml).
+    Exit codes: 78 a bad config (EX_CONFIG); 3 no fresh state (status) or no breaker_dir (breaker);
+    4 NVML unusable (evidence).
     """
 
 

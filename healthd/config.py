@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import PolicyConfig
@@ -15,8 +16,14 @@ from clusterctl.healthd.policy import PolicyConfig
 DEFAULT_PATH = Path("/etc/clusterctl/healthd.toml")
 
 
-class ConfigError(Exception):
-    """A healthd.toml value that is missing or wrong; the message names file and key."""
+class ConfigError(ClusterctlError):
+    """A healthd.toml value that is missing or wrong; the message names file and key.
+
+    `healthd` exits with EX_CONFIG (sysexits.h) on it; the hooks say it and go on with the defaults,
+    a running daemon keeps its config.
+    """
+
+    exit_code = 78  # EX_CONFIG
 
 
 @dataclass(frozen=True)

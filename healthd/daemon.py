@@ -6,9 +6,13 @@ Threads and what they move:
   periodic  every check_interval: GPU and host samples (sampler.py) → inbox; Slurm's view of the node
             only every node_refresh_interval (jittered), or every drained_refresh_interval while
             it decides something (drained, events waiting for the node to be back in service)
-  applier   applies journaled actions one at a time (retrying while slurmctld is away) → inbox
+  applier   applies journaled actions one at a time (retrying while slurmctld is away) → inbox;
+            its state and loop are `Applier` (applier.py)
   main      the only owner of the engine state: steps it, journals planned actions before
             handing them to the applier, writes the state file, feeds the watchdog
+
+NVML (nvml.py) is shared by the events, kmsg, periodic and main threads: its handles and identities
+are snapshots replaced whole under its own lock, never changed under a reader.
 
 The doors are passed in (Slurm node, NVML, clock, host sampler, boot time, metrics, random), so
 a test drives the daemon with fakes.
@@ -40,10 +44,10 @@ import pynvml
 from clusterctl.clock import SYSTEM_CLOCK, Clock
 from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd import engine, sdnotify
-from clusterctl.healthd.breaker import Breaker, node_partition
+from clusterctl.healthd.applier import Applied, Applier
 from clusterctl.healthd.checks import HostSample, Sustained, check_host
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
-from clusterctl.healthd.findings import Action, Finding
+from clusterctl.healthd.findings import Action, Finding, FindingKind
 from clusterctl.healthd.journal import Journal, PlannedAction
 from clusterctl.healthd.kmsg import KernelLog, KernelRecord, parse_gpu_event, read_boot_id
 from clusterctl.healthd.metrics import Metrics
@@ -57,12 +61,11 @@ from clusterctl.records.healthd_xid_history import (
     XidSighting, append_xid_sighting, read_xid_history, rewrite_xid_history, xid_history_path,
 )
 from clusterctl.records.versioned import RecordError
-from clusterctl.slurm import drains
 from clusterctl.slurm.nodes import NodeState, SlurmNode
 
 log = logging.getLogger("healthd")
 
-EVENT_KINDS = {
+EVENT_KINDS: dict[int, FindingKind] = {
     pynvml.nvmlEventTypeXidCriticalError: "xid",
     pynvml.nvmlEventTypeDoubleBitEccError: "ecc-dbe",
     getattr(pynvml, "nvmlEventTypeGpuUnavailableError", -1): "gpu-lost",
@@ -87,16 +90,6 @@ class Observed:
     gpu_count: int | None = None
 
 
-@dataclass(frozen=True)
-class Applied:
-    """The applier's outcome for one planned action."""
-
-    action: PlannedAction
-    decision: engine.ApplyDecision
-    node: NodeState | None = None
-    """The node as the applied call left it (None: unchanged, or not known)."""
-
-
 class Daemon:
     """One healthd process on one node."""
 
@@ -114,11 +107,8 @@ class Daemon:
         self.host_sampler, self.boot_time, self.jitter = host_sampler, boot_time, jitter
         self.node_due = clock.monotonic()  # the first periodic check reads the node
         self.node_read_at = clock.monotonic()
-        self.applied_node: NodeState | None = None
-        self.refusals = 0  # breaker refusals in a row: each doubles the wait before the next try
         self.nvml_ready = False
         self.inbox: queue.Queue[Observed | Applied] = queue.Queue()
-        self.actions: queue.Queue[PlannedAction] = queue.Queue()
         config.journal_dir.mkdir(parents=True, exist_ok=True)
         self.journal = Journal(config.journal_dir / "actions.jsonl")
         try:
@@ -134,9 +124,23 @@ class Daemon:
         self.gpu_count = 0
         self.sustained = Sustained()
         self.started = clock.now()
-        self.breaker = Breaker(self.slurm, self.node, config.breaker_dir, config.breaker_max_share, now=clock.now)
-        self.ledger_lock = threading.Lock()
-        self.ledger_settled_at = float("-inf")  # monotonic time the last drain attempt's slot was settled
+        self.applier = Applier(config, self.settings, slurm=self.slurm, journal=self.journal, metrics=self.metrics,
+                               clock=clock, jitter=jitter, stop=self.stop, beat=lambda: self._beat("applier"),
+                               report=self.inbox.put)
+
+    @property
+    def actions(self) -> queue.Queue[PlannedAction]:
+        """Planned actions handed to the applier, not yet applied (the applier's queue)."""
+        return self.applier.actions
+
+    @property
+    def applied_node(self) -> NodeState | None:
+        """The node as the applier's last call left it (None: not known)."""
+        return self.applier.applied_node
+
+    def apply(self, action: PlannedAction) -> engine.ApplyDecision:
+        """Apply one planned action now, on the calling thread (Applier.apply)."""
+        return self.applier.apply(action)
 
     def _xid_history(self) -> tuple[XidSighting, ...]:
         try:
@@ -161,10 +165,8 @@ class Daemon:
         """Step the engine with one input and carry out its effects (journal first, then hand over)."""
         now = self.clock.now()
         if isinstance(item, Applied):
-            self.refusals = self.refusals + 1 if item.decision.result == "breaker-open" else 0
-            retry = min(self.settings.breaker_retry * 2 ** (self.refusals - 1), 8 * self.settings.breaker_retry)
             outcome = engine.applied(self.state, item.action, item.decision, now,
-                                     retry_after=retry * self.jitter(0.8, 1.2), node=item.node)
+                                     retry_after=self.applier.retry_after(item.decision), node=item.node)
         else:
             if item.gpu_count is not None:
                 self.gpu_count = item.gpu_count
@@ -185,7 +187,7 @@ class Daemon:
                 append_xid_sighting(self.config.journal_dir, effect.sighting)
             elif isinstance(effect, (engine.Drain, engine.Resume)):
                 self.journal.plan(effect.planned)  # durable before anything is attempted
-                self.actions.put(effect.planned)
+                self.applier.actions.put(effect.planned)
             elif isinstance(effect, engine.RaiseAlert):
                 self.metrics.breaker_open.set(1)
                 log.error("breaker open: not draining %s: %s", self.node, effect.alert.detail)
@@ -259,17 +261,18 @@ class Daemon:
 
     def _report_lost_gpus(self, source: str) -> None:
         lost = []
-        for index, handle in list(self.nvml.handles.items()):
+        for index, handle in self.nvml.handles.items():  # a snapshot: forgetting a handle does not change it
             try:
                 self.calls("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle)
             except pynvml.NVMLError_GpuIsLost:
                 lost.append(index)
-                del self.nvml.handles[index]
+                self.nvml.forget_handle(index)
             except (pynvml.NVMLError, NvmlHang):
                 pass
         now = self.clock.now()
-        found = tuple(Finding("gpu-lost", source, now, gpu=i, uuid=self.nvml.identities[i].uuid
-                              if i in self.nvml.identities else "", detail="NVML_ERROR_GPU_IS_LOST") for i in lost)
+        identities = self.nvml.identities
+        found = tuple(Finding("gpu-lost", source, now, gpu=i, uuid=identities[i].uuid
+                              if i in identities else "", detail="NVML_ERROR_GPU_IS_LOST") for i in lost)
         if found:
             self.inbox.put(Observed(source, found))
 
@@ -310,7 +313,7 @@ class Daemon:
 
     def _kernel_findings(self, batch: Sequence[KernelRecord]) -> tuple[Finding, ...]:
         """The driver's Xid lines about this node's own GPUs in `batch` (forged or foreign lines are not)."""
-        own = {identity.pci_bus: identity for identity in list(self.nvml.identities.values())}
+        own = {identity.pci_bus: identity for identity in self.nvml.identities.values()}
         found = []
         for record in batch:
             event = parse_gpu_event(record, own)
@@ -354,78 +357,12 @@ class Daemon:
             except SlurmCommandError as exc:
                 log.info("slurm unreachable for node state: %s", exc)
             if node is not None:
-                with self.ledger_lock:  # a read begun before a drain finished cannot give its slot back
-                    if read_from > self.ledger_settled_at:
-                        self.breaker.reconcile(node, node_partition(self.config.partition, node))
+                self.applier.give_back_slot(node, read_from)
             self.node_read_at = self.clock.monotonic()
             interval = self.config.node_refresh_interval
             self.node_due = self.clock.monotonic() + (interval * self.jitter(0.8, 1.2) if node else
                                                       min(interval, 4 * self.config.check_interval))
         return Observed("periodic", tuple(findings), node, node_at, count)
-
-    # ---- the applier: data out to Slurm --------------------------------------------------------
-    def _applier_loop(self) -> None:
-        backoff = 0.2
-        for action in self.journal.pending():  # decided before a restart: apply now, exactly once
-            self.actions.put(action)
-        while not self.stop.is_set():
-            self._beat("applier")
-            try:
-                action = self.actions.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            while not self.stop.is_set():
-                try:
-                    decision = self.apply(action)
-                    break
-                except SlurmCommandError as exc:
-                    self._beat("applier")
-                    log.warning("slurm unreachable, will retry %s: %s", action.op, exc)
-                    self.stop.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-            else:
-                return
-            backoff = 0.2
-            self.journal.done(action.id, decision.result)
-            self.metrics.drain_actions.labels(action.op, decision.result).inc()
-            log.info("%s node %s: %s (%s)", action.op, self.node, decision.result, action.reason)
-            self.inbox.put(Applied(action, decision, self.applied_node))
-
-    def apply(self, action: PlannedAction) -> engine.ApplyDecision:
-        """Ask Slurm about this node, let the engine decide, make the Slurm call it chose.
-
-        With `breaker_dir` set, a drain claims one of the partition's slots in the shared ledger
-        (healthd/breaker.py) and reads no node table.  Without it, a drain first waits a random
-        time that grows with the partition (breaker_spread_per_node) when the breaker must count
-        it, then reads this node again (it may have been drained meanwhile) and the partition's
-        share.  Sets `applied_node` to the node as the call left it.
-        Raises SlurmCommandError while Slurm cannot be reached (the applier retries).
-        """
-        self.applied_node = None
-        node = self.slurm.state()
-        partition = engine.breaker_partition(self.settings, action, node)
-        size = None
-        # The spread only staggers the whole-table counts; a ledger claim reads no table.
-        if partition and self.config.breaker_spread_per_node > 0 and self.config.breaker_dir is None:
-            size = self.slurm.partition_size(partition)
-            spread = size * self.config.breaker_spread_per_node
-            if spread > 0 and self.stop.wait(self.jitter(0.0, spread)):
-                raise SlurmCommandError(["healthd"], None, "stopping before the drain was decided")
-            node = self.slurm.state()  # it may have been drained meanwhile: the door decides on this read
-        with self.ledger_lock:  # the drain door: decide, claim the breaker's share, make the call
-            try:
-                done = drains.apply(self.slurm, engine.drain_rules(self.settings),
-                                    engine.drain_request(self.settings, action), self.breaker, node=node,
-                                    partition_size=size)
-            finally:
-                self.ledger_settled_at = self.clock.monotonic()
-        self.applied_node = done.after  # just read (and changed by the call): fresh whatever was decided
-        decision = engine.apply_decision(action, done.verdict, self.clock.now())
-        if decision.call == "resume":
-            self.breaker.release(node_partition(self.config.partition, node))
-        elif decision.result == "dry-run":
-            log.warning("dry run: would %s %s: %s", action.op, self.node, action.reason)
-        return decision
 
     # ---- state file, watchdog, signals ---------------------------------------------------------
     def state_view(self) -> HealthdState:
@@ -473,6 +410,7 @@ class Daemon:
             return False
         self.config = fresh
         self.settings = engine.EngineSettings.from_config(fresh, self.node)
+        self.applier.reconfigure(fresh, self.settings)
         if isinstance(self.calls, TimedCalls):
             self.calls.timeout = fresh.nvml_timeout
         log.info("configuration reloaded from %s", self.config_path)
@@ -491,7 +429,7 @@ class Daemon:
         log.info("healthd on %s: %d GPUs, policy %s%s", self.node, len(self.nvml.identities), POLICY_VERSION,
                  " (dry run)" if self.config.dry_run else "")
         for name, target in (("events", self._events_loop), ("kmsg", self._kmsg_loop),
-                             ("periodic", self._periodic_loop), ("applier", self._applier_loop)):
+                             ("periodic", self._periodic_loop), ("applier", self.applier.run)):
             self._beat(name)
             threading.Thread(target=target, name=name, daemon=True).start()
         self.write_state()

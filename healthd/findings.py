@@ -5,21 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from clusterctl.records.actions import Action
+from clusterctl.records.finding_kind import FINDING_KINDS, FindingKind
 
-__all__ = ["Action", "Finding", "Verdict"]
+__all__ = ["FINDING_KINDS", "Action", "Finding", "FindingKind", "Verdict"]
 
 
 @dataclass(frozen=True)
 class Finding:
     """One observation about a GPU or the host.
 
-    `kind` is what was seen: "xid", "gpu-lost", "ecc-dbe", "remap-failure", "remap-pending",
-    "remap-uncorrectable", "retired-pages", "retired-pending", "gpu-missing", "nvlink-down",
-    "thermal", "clock-events", "recovery-action", "nvml-hang", "nvml-error", "host-memory",
-    "host-disk", "host-readonly".
+    `kind` is what was seen, one of the closed vocabulary `FindingKind`
+    (clusterctl/records/finding_kind.py): "xid", "gpu-lost", "ecc-dbe", "thermal", ...
     """
 
-    kind: str
+    kind: FindingKind
     source: str  # "nvml-event", "kmsg", "periodic", "host"
     at: float
     gpu: int | None = None

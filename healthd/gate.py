@@ -15,7 +15,7 @@ from pathlib import Path
 from clusterctl.healthd.checks import Sustained, check_host
 from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.engine import blocking_in_state, blocks_new_work, gate_verdict
-from clusterctl.healthd.findings import Action, Finding, Verdict
+from clusterctl.healthd.findings import Action, Finding, FindingKind, Verdict
 from clusterctl.records.healthd_state import HealthdState, read_healthd_state
 from clusterctl.records.versioned import RecordError
 
@@ -118,7 +118,7 @@ def direct_check(config: HealthdConfig, gpus: list[int] | None, *, nvml_timeout:
         except pynvml.NVMLError as exc:
             # NVML that cannot be loaded or initialised (no library, no driver, no permission) looks the
             # same on every node at once: it says nothing about this node's GPUs ("cannot judge").
-            kind = "nvml-unavailable" if not nvml.initialised else "nvml-error"
+            kind: FindingKind = "nvml-unavailable" if not nvml.initialised else "nvml-error"
             findings.append(Finding(kind, "prolog", now, detail=f"NVML: {exc}"))
     except ImportError as exc:  # pragma: no cover - a broken install
         report.notes.append(f"pynvml unavailable: {exc}")

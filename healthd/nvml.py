@@ -7,6 +7,12 @@ rest of the daemon keeps running).  Facts relied on (shared/notes/emulated-nvml.
 `nvmlEventSetWait` raises NVMLError_Timeout rather than returning None; registering
 unsupported event types registers nothing; handles are unhashable ctypes pointers and
 on a lost GPU even nvmlDeviceGetIndex fails, so events are mapped by handle address.
+
+Several daemon threads share one `Nvml`: the periodic check discovers GPUs (when NVML comes up
+late) and samples them, the event thread registers them and gives up the handles of lost ones,
+the main thread and the kernel-log follower read their identities.  So `handles` and
+`identities` are snapshots that never change under their reader: `discover` and `forget_handle`
+replace them whole, under one lock.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import pynvml
@@ -101,14 +108,27 @@ def handle_address(handle: Any) -> int:
 
 
 class Nvml:
-    """The NVML calls healthd makes, each through `TimedCalls`."""
+    """The NVML calls healthd makes, each through `TimedCalls`; safe to share between threads."""
 
     def __init__(self, calls: TimedCalls) -> None:
         self.call = calls
-        self.handles: dict[int, Any] = {}
-        self.identities: dict[int, GpuIdentity] = {}
+        self._lock = threading.Lock()
+        self._handles: Mapping[int, Any] = MappingProxyType({})
+        self._identities: Mapping[int, GpuIdentity] = MappingProxyType({})
         self.initialised = False
         """nvmlInit succeeded (before it, an NVMLError means NVML cannot be used at all)."""
+
+    @property
+    def handles(self) -> Mapping[int, Any]:
+        """Device handles by GPU index, as of now: a read-only snapshot that a later change replaces
+        instead of changing (iterate it while NVML calls run, another thread cannot disturb it)."""
+        return self._handles
+
+    @property
+    def identities(self) -> Mapping[int, GpuIdentity]:
+        """Identities by GPU index, as of now: a read-only snapshot, like `handles`.  A GPU whose handle
+        was given up (`forget_handle`) keeps its identity, so what is said about it names its UUID."""
+        return self._identities
 
     def init(self) -> None:
         self.call("nvmlInit", pynvml.nvmlInit)
@@ -124,7 +144,11 @@ class Nvml:
         return int(self.call("nvmlDeviceGetCount", pynvml.nvmlDeviceGetCount))
 
     def discover(self) -> list[GpuIdentity]:
-        """Handles and identities of every GPU; lost ones are skipped here (samples report them lost)."""
+        """Handles and identities of every GPU; lost ones are skipped here (samples report them lost).
+
+        Each GPU is published as soon as it is identified, so a discovery that fails part-way keeps
+        the GPUs identified before the failure.
+        """
         for index in range(self.count()):
             try:
                 handle = self.call("nvmlDeviceGetHandleByIndex", pynvml.nvmlDeviceGetHandleByIndex, index)
@@ -132,9 +156,17 @@ class Nvml:
                 pci = self.call("nvmlDeviceGetPciInfo", pynvml.nvmlDeviceGetPciInfo, handle).busId
             except pynvml.NVMLError_GpuIsLost:
                 continue
-            self.handles[index] = handle
-            self.identities[index] = GpuIdentity(index, uuid, normalise_pci(pci))
-        return [self.identities[i] for i in sorted(self.identities)]
+            identity = GpuIdentity(index, uuid, normalise_pci(pci))
+            with self._lock:
+                self._handles = MappingProxyType({**self._handles, index: handle})
+                self._identities = MappingProxyType({**self._identities, index: identity})
+        identities = self._identities
+        return [identities[i] for i in sorted(identities)]
+
+    def forget_handle(self, index: int) -> None:
+        """Give up GPU `index`'s handle (the GPU is lost: every call on it fails); its identity stays."""
+        with self._lock:
+            self._handles = MappingProxyType({i: h for i, h in self._handles.items() if i != index})
 
     def sample(self, index: int) -> GpuSample:
         """Read every health counter of one GPU (a lost GPU gives `lost=True`)."""

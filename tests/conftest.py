@@ -2,6 +2,10 @@
 
 The test testbed lives in its own directory and namespaces (`/tmp/ctb-test`, `ctbt-*`),
 so a test run never touches a testbed a developer has up at /tmp/ctb.
+
+The testbed package (`clusterctl_testbed`, development only) is imported only where the
+end-to-end fixtures and names need it (TEST_LAYOUT and TEST_SLURM are made on first use), so
+the unit tests run without it; `import_testbed()` skips a test that needs it when it is missing.
 """
 
 from __future__ import annotations
@@ -11,17 +15,17 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from functools import cache
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
-from clusterctl_testbed.cluster import Testbed
-from clusterctl_testbed.compose import ComposeTestbed, compose_layout
-from clusterctl_testbed.gpu_faults import Fault, inject
-from clusterctl_testbed.layout import Layout
-from clusterctl_testbed.system import is_alive
-from clusterctl_testbed.versions import RELEASES
+if TYPE_CHECKING:
+    from clusterctl_testbed.cluster import Testbed
+    from clusterctl_testbed.layout import Layout
 
 # Speed is measured by bench/, never by a test: hypothesis' per-example deadline (200 ms) only
 # turns a loaded CI machine into failures.
@@ -30,11 +34,22 @@ settings.load_profile("clusterctl")
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+def import_testbed(module: str = "") -> ModuleType:
+    """`clusterctl_testbed` (or its `module`), or skip the test asking for it when it is not installed."""
+    name = f"clusterctl_testbed.{module}" if module else "clusterctl_testbed"
+    return pytest.importorskip(name, reason="needs the testbed package: pip install -e ./testbed")
+
+
 BACKEND = os.environ.get("CLUSTERCTL_TEST_BACKEND", "namespace")
 """Which testbed the end-to-end tests run on: `namespace` (default) or `compose` (docker-compose services)."""
 
 
+@cache
 def _test_layout() -> Layout:
+    from clusterctl_testbed.compose import compose_layout
+    from clusterctl_testbed.layout import Layout
+
     # CLUSTERCTL_TEST_TESTBED=<short name> gives a test run a testbed of its own (/tmp/ctb-<name>,
     # namespaces ct<name>-*), so two runs on one machine do not share daemons.
     name = os.environ.get("CLUSTERCTL_TEST_TESTBED", "test")
@@ -47,17 +62,18 @@ def _test_layout() -> Layout:
     return Layout(root=Path(f"/tmp/ctb-{name}"), namespace_prefix=f"ct{name}-")
 
 
-TEST_LAYOUT = _test_layout()
-
-
 def side_layout(tag: str, **changes: object) -> Layout:
     """A second testbed of this session's own beside the session one (`/tmp/ctb-<name><tag>`,
     namespaces `ct<name><tag>-*`), so tests that bring up their own never collide with another run's."""
-    return replace(TEST_LAYOUT, root=Path(f"{TEST_LAYOUT.root}{tag}"),
-                   namespace_prefix=f"{TEST_LAYOUT.namespace_prefix.rstrip('-')}{tag}-", **changes)
+    layout = _test_layout()
+    return replace(layout, root=Path(f"{layout.root}{tag}"),
+                   namespace_prefix=f"{layout.namespace_prefix.rstrip('-')}{tag}-", **changes)
 
 
+@cache
 def _test_release() -> str:
+    from clusterctl_testbed.versions import RELEASES
+
     # One Slurm release per pytest session: CLUSTERCTL_TEST_SLURM=22.05|24.11|26.05 runs the whole
     # suite on that release's testbed (scripts/test-matrix.sh runs every one).  The default stays this
     # machine's own 22.05 (`host`) until the Slurm door reads the newer releases; then it becomes the
@@ -68,19 +84,29 @@ def _test_release() -> str:
     return name
 
 
-TEST_SLURM = _test_release()
-"""The Slurm release (clusterctl_testbed.versions.RELEASES) every end-to-end test of this session runs on."""
+
+def __getattr__(name: str) -> Any:
+    # TEST_LAYOUT: the testbed of this session's end-to-end tests.  TEST_SLURM: the Slurm release
+    # (clusterctl_testbed.versions.RELEASES) every end-to-end test of this session runs on.
+    if name == "TEST_LAYOUT":
+        return _test_layout()
+    if name == "TEST_SLURM":
+        return _test_release()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @pytest.fixture(scope="session")
 def testbed_session() -> Iterator[Testbed]:
     """The real Slurm testbed, up once for the whole session and torn down at its end."""
+    from clusterctl_testbed.cluster import Testbed
+    from clusterctl_testbed.compose import ComposeTestbed
+
     if os.geteuid() != 0:
         pytest.fail("end-to-end tests need root (namespaces, Slurm daemons): run the README's test command as root")
-    tb = (ComposeTestbed if BACKEND == "compose" else Testbed)(TEST_LAYOUT)
-    if tb.is_up() and tb.running().release != TEST_SLURM:
+    tb = (ComposeTestbed if BACKEND == "compose" else Testbed)(_test_layout())
+    if tb.is_up() and tb.running().release != _test_release():
         tb.down(quiet=True)  # left up by an earlier session on another release
-    tb.up(timeout=90, slurm=TEST_SLURM)
+    tb.up(timeout=90, slurm=_test_release())
     try:
         yield tb
     finally:
@@ -91,6 +117,9 @@ def testbed_session() -> Iterator[Testbed]:
 def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
     """The session testbed, restored after each test: controller and healthd running, jobs
     cancelled, nodes booted, links up, GPUs healthy, every drain resumed."""
+    from clusterctl_testbed.gpu_faults import Fault, inject
+    from clusterctl_testbed.system import is_alive
+
     yield testbed_session
     tb = testbed_session
     pids = tb._pids()

@@ -16,6 +16,7 @@ from typing import Any
 from clusterctl.clock import utc
 from clusterctl.files import atomic_write
 from clusterctl.records.actions import Action
+from clusterctl.records.finding_kind import FindingKind, finding_kind
 from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
 from clusterctl.slurm.nodes import NodeState
 
@@ -54,7 +55,7 @@ class StateFinding:
     or the breaker or an admin's drain decided), so the prolog leaves it to Slurm's node state.
     """
 
-    kind: str  # "xid", "gpu-lost", "ecc-dbe", "nvml-hang", ...
+    kind: FindingKind  # "xid", "gpu-lost", "ecc-dbe", "nvml-hang", ...
     action: Action
     reason: str
     source: str  # "nvml-event", "kmsg", "periodic", "host", "watchdog"
@@ -90,7 +91,7 @@ class StateFinding:
         """Parse one finding; RecordError naming the field that is wrong."""
         if not isinstance(data, Mapping):
             raise RecordError(where, "a finding is not a JSON object")
-        return cls(kind=field(data, "kind", str, where), action=_action(data, "action", where),
+        return cls(kind=finding_kind(field(data, "kind", str, where), where), action=_action(data, "action", where),
                    reason=field(data, "reason", str, where), source=field(data, "source", str, where),
                    at_ts=_number(data, "at_ts", where), xid=field(data, "xid", _OPTIONAL_INT, where),
                    gpu=field(data, "gpu", _OPTIONAL_INT, where), uuid=field(data, "uuid", str, where),

@@ -17,6 +17,7 @@ from typing import Any
 
 from clusterctl.files import atomic_write_at, check_entry_name, open_checked_dir, open_owned_subdir
 from clusterctl.records.actions import Action
+from clusterctl.records.finding_kind import FindingKind, finding_kind
 from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
 
 KIND = "job-health"
@@ -27,7 +28,7 @@ VERSION = 1
 class HealthFinding:
     """One thing seen on the node during the job, with the policy's verdict."""
 
-    kind: str  # "xid", "gpu-lost", "ecc-dbe", ...
+    kind: FindingKind  # "xid", "gpu-lost", "ecc-dbe", ...
     action: Action
     reason: str
     source: str  # "healthd", "kernel log", "epilog check"
@@ -56,7 +57,7 @@ class HealthFinding:
             action = Action.from_label(field(data, "action", str, where))
         except ValueError as exc:
             raise RecordError(where, str(exc)) from None
-        return cls(kind=field(data, "kind", str, where), action=action, reason=field(data, "reason", str, where),
+        return cls(kind=finding_kind(field(data, "kind", str, where), where), action=action, reason=field(data, "reason", str, where),
                    source=field(data, "source", str, where), at=field(data, "at", (str, type(None)), where),
                    xid=field(data, "xid", (int, type(None)), where), gpu=field(data, "gpu", (int, type(None)), where),
                    uuid=field(data, "uuid", str, where), detail=field(data, "detail", str, where))

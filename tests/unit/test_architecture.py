@@ -362,14 +362,14 @@ def test_the_rules_catch_planted_violations(tmp_path):
 
 def test_the_rules_catch_a_stale_module_name_and_a_template_running_login_code(tmp_path):
     _plant(tmp_path, {
-        "launcher/job/agent.py": 'ARGV = ["python", "-m", "clusterctl.launcher.in_job", "rank"]\n',
+        "launcher/job/agent.py": 'ARGV = ["python", "-m", "clusterctl.launcher.job.steps", "rank"]\n',
         "sbatch_templates/srun.sbatch": '"$python" -m clusterctl.launcher.login.cli status\n'
                                         '"$python" -m clusterctl.launcher.job plan\n',
         "launcher/login/cli.py": "",
     })
 
     assert unknown_module_names(tmp_path) == [
-        "clusterctl/launcher/job/agent.py:1: names clusterctl.launcher.in_job, which is no module of clusterctl",
+        "clusterctl/launcher/job/agent.py:1: names clusterctl.launcher.job.steps, which is no module of clusterctl",
     ]
     assert template_violations(tmp_path) == [
         "sbatch_templates/srun.sbatch:1: runs clusterctl.launcher.login.cli (launcher.login); a job script runs only "

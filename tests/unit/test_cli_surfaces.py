@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from clusterctl.healthd.cli import cli as healthd_cli
 from clusterctl.launcher.login.cli import cli as clusterctl_cli
-from clusterctl_testbed.cli import cli as bed_cli
+from tests.conftest import import_testbed
 
 BIN = Path(sys.executable).parent
 
@@ -34,6 +34,7 @@ def test_healthd_status_without_a_daemon_and_a_bad_config(tmp_path):
 
 
 def test_inject_rejects_an_unknown_fault_kind():
+    bed_cli = import_testbed("cli").cli
     result = CliRunner().invoke(bed_cli, ["inject", "node3", "xid-storm"])
     assert result.exit_code == 2
     assert "unknown fault 'xid-storm'" in result.output
@@ -41,12 +42,14 @@ def test_inject_rejects_an_unknown_fault_kind():
 
 
 def test_inject_needs_a_number_where_one_is_expected():
+    bed_cli = import_testbed("cli").cli
     result = CliRunner().invoke(bed_cli, ["inject", "node3", "xid", "seventy-nine"])
     assert result.exit_code == 2
     assert "'seventy-nine' is not a number" in result.output
 
 
 def test_installed_commands_exit_cleanly_with_a_message_on_a_wrong_node(tmp_path):
+    import_testbed()  # its console script
     # Through the console script: TestbedError becomes one line and exit code 2, no traceback.
     env = {"CLUSTERCTL_TESTBED_DIR": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     out = subprocess.run([str(BIN / "clusterctl-testbed"), "inject", "node9", "xid", "79"], capture_output=True,
@@ -56,6 +59,7 @@ def test_installed_commands_exit_cleanly_with_a_message_on_a_wrong_node(tmp_path
 
 
 def test_on_a_host_that_is_not_up_says_what_to_do(tmp_path):
+    import_testbed()  # its console script
     env = {"CLUSTERCTL_TESTBED_DIR": str(tmp_path), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     out = subprocess.run([str(BIN / "clusterctl-testbed"), "on", "node1", "true"], capture_output=True, text=True,
                          env=env, timeout=30)

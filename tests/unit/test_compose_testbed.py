@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clusterctl_testbed.compose import DATABASE, Images, compose_file, compose_layout, image_tag, to_yaml
-from clusterctl_testbed.versions import RELEASES
-from tests.golden import assert_golden
+import pytest
+
+pytest.importorskip("clusterctl_testbed", reason="tests the testbed package: pip install -e ./testbed")
+
+from clusterctl_testbed.compose import DATABASE, Images, compose_file, compose_layout, image_tag, to_yaml  # noqa: E402
+from clusterctl_testbed.versions import RELEASES  # noqa: E402
+from tests.golden import assert_golden  # noqa: E402
 
 LAYOUT = compose_layout("ctd")
 IMAGES = Images("ctd-slurm:26.05-abc", "ctd-slurm:22.05-def", base="debian:sid-slim")

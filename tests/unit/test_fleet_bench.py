@@ -2,7 +2,11 @@
 
 from pathlib import Path
 
-from clusterctl_testbed.fleet import FleetShape, RpcStat, hosts_file, parse_sdiag, slurm_conf
+import pytest
+
+pytest.importorskip("clusterctl_testbed", reason="tests the testbed package: pip install -e ./testbed")
+
+from clusterctl_testbed.fleet import FleetShape, RpcStat, hosts_file, parse_sdiag, slurm_conf  # noqa: E402
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "slurm"
 

@@ -6,7 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, apply_fault, inject, parse_state, render_state
+pytest.importorskip("clusterctl_testbed", reason="tests the testbed package: pip install -e ./testbed")
+
+from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, apply_fault, inject, parse_state, render_state  # noqa: E402
 
 
 def test_xid_79_is_an_event_then_a_lost_gpu():

@@ -17,6 +17,7 @@ from clusterctl.healthd.findings import Action, Finding
 from clusterctl.records.healthd_state import read_healthd_state
 from clusterctl.records.healthd_xid_history import read_xid_history
 from clusterctl.slurm.nodes import NodeState, PartitionShare
+from tests.conftest import import_testbed
 
 T0 = 1795305600.0
 
@@ -237,7 +238,7 @@ sys.exit(Daemon(config, slurm=Slurm()).run())
 @pytest.fixture(scope="module")
 def emulated_gpus(tmp_path_factory) -> Path:
     """The testbed's emulated libnvidia-ml.so.1 (eight GPUs, GPU 0 at PCI 0000:18:00, GPU 1 at 0000:2a:00)."""
-    from clusterctl_testbed.cluster import build_nvml
+    build_nvml = import_testbed("cluster").build_nvml
 
     lib = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
     build_nvml(lib)

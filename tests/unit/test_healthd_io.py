@@ -65,6 +65,19 @@ def test_config_errors_name_file_and_key(tmp_path):
         load_config(path)
 
 
+def test_a_config_error_is_one_of_the_families_clusterctl_reports_with_its_own_exit_code():
+    from click.testing import CliRunner
+
+    from clusterctl.errors import ClusterctlError
+    from clusterctl.healthd.cli import cli
+
+    with pytest.raises(ClusterctlError) as raised:
+        config_from_mapping({"check_interval": "often"})
+    assert isinstance(raised.value, ConfigError) and raised.value.exit_code == 78  # EX_CONFIG, as before
+    result = CliRunner().invoke(cli, ["status", "--config", "/nonexistent/healthd.toml"])
+    assert result.exit_code == 78 and "healthd: error: /nonexistent/healthd.toml: cannot read" in result.output
+
+
 def test_a_valid_config_sets_what_it_says():
     config = config_from_mapping({"dry_run": True, "checks": {"expected_gpus": 4},
                                   "policy": {"promote_xids": {"999": "drain-reset"}}})

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl_testbed.cluster import build_nvml
-from clusterctl_testbed.gpu_faults import Fault, inject
+pytest.importorskip("clusterctl_testbed", reason="tests the testbed package: pip install -e ./testbed")
+
+from clusterctl_testbed.cluster import build_nvml  # noqa: E402
+from clusterctl_testbed.gpu_faults import Fault, inject  # noqa: E402
 
 
 @pytest.fixture(scope="module")

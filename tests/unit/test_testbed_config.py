@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl_testbed import rootfs, slurm_config, versions
-from clusterctl_testbed.layout import Layout
-from tests.golden import assert_golden
+pytest.importorskip("clusterctl_testbed", reason="tests the testbed package: pip install -e ./testbed")
+
+from clusterctl_testbed import rootfs, slurm_config, versions  # noqa: E402
+from clusterctl_testbed.layout import Layout  # noqa: E402
+from tests.golden import assert_golden  # noqa: E402
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden" / "testbed"
 LAYOUT = Layout(root=Path("/tmp/ctb"))

@@ -13,6 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import import_testbed
+
 TRAINER = Path(__file__).resolve().parents[2] / "examples" / "toy_trainer.py"
 spec = importlib.util.spec_from_file_location("toy_trainer", TRAINER)
 toy = importlib.util.module_from_spec(spec)
@@ -138,7 +140,7 @@ def test_missing_rank_variables_are_a_clear_error(tmp_path, monkeypatch):
 @pytest.fixture(scope="module")
 def nvml_lib(tmp_path_factory) -> Path:
     """The testbed's emulated libnvidia-ml.so.1, which the trainer loads by soname like the real driver."""
-    from clusterctl_testbed.cluster import build_nvml
+    build_nvml = import_testbed("cluster").build_nvml
 
     lib = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
     build_nvml(lib)
