@@ -11,10 +11,14 @@ failed node's place where the map costs least; tensor-parallel groups stay insid
 starts a new step from the last complete checkpoint, without going through the queue.  Each such
 restart is a `recovered-in-allocation` event in the run's journal, with its evidence and timings.
 
-It exits with the step's exit code when the failure is not a node's (the supervisor outside the
-job judges it as for any attempt) or when no spare is left (the failed node stays in the job, so
-the supervisor blames it and resubmits without it).  The agent runs on the job's batch host:
-losing that node ends the job, and the supervisor's resubmission is the fallback.
+What follows a step is not decided here: the agent gathers what happened (the step's exit code,
+the nodes that failed under it, hung ranks, what the program asked for with its exit code, the last
+checkpoint, the run's restart budget replayed from the journal) and asks `recovery.judge`, the
+function the supervisor asks too.  It exits with the step's exit code when the judge leaves the
+attempt to the supervisor: the program's own failure, no spare left (the failed node stays in the
+job, so the supervisor blames it and resubmits without it), a failed batch host (the agent runs
+there: losing it ends the job, and the supervisor's resubmission is the fallback), or the run's
+restart budget spent.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from pathlib import Path
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
-from clusterctl.launcher.pure.classify import Blame, exit_request, hardware_suspects, node_read_interval, not_responding
+from clusterctl.launcher.pure.classify import Blame, hardware_suspects, node_read_interval, not_responding, step_outcome
 from clusterctl.launcher.pure.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
+from clusterctl.launcher.pure.recovery import Act, Allocation, Happened, Recovery, RestartBudget, judge
+from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.launcher.shared.straggler_actions import (
     StragglerActions, StragglerDoors, StragglerDrain, srun_gpu_evidence,
@@ -42,7 +48,8 @@ from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
 from clusterctl.records.gpu_evidence import GpuEvidence
 from clusterctl.records.rank_map import RankMap
 from clusterctl.records.rank_progress import read_progress
-from clusterctl.records.run_journal import RecoveredInAllocation, append_run_event
+from clusterctl.records.run_journal import OutcomeKind, RecoveredInAllocation, append_run_event, read_run_journal
+from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
 from clusterctl.slurm.drains import SlurmDrains
@@ -54,49 +61,11 @@ STEP_POLL_SECONDS = 0.2
 
 STOP_GRACE_SECONDS = 15.0
 """How long an interrupted step may take to end before srun is killed."""
-IN_PLACE_RESTARTS = 1
-"""How often a step in which every rank stopped at once is started again on the same nodes."""
 EVIDENCE_GRACE_SECONDS = 5.0
 """After a step failed with no node to blame yet: how long healthd's drain may take to show in Slurm."""
 
 
-# ---- pure: what the agent decides ------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class NextStep:
-    """After a step ended: stop with `exit_code`, or start a new step on `nodes` without `blamed`."""
-
-    exit_code: int | None
-    blamed: tuple[Blame, ...] = ()
-    nodes: tuple[str, ...] = ()
-    message: str = ""
-
-    @property
-    def restart(self) -> bool:
-        """A new step in this allocation."""
-        return self.exit_code is None
-
-
-def after_step(exit_code: int, suspects: Sequence[Blame], healthy: Sequence[str], needed: int) -> NextStep:
-    """What follows a step that ended with `exit_code` while `suspects` failed under it.
-
-    `healthy`: the allocation's nodes still in use before this failure, in allocation order.
-    """
-    if not suspects:
-        if exit_code == 0:
-            return NextStep(0, message="the step completed")
-        return NextStep(exit_code, message=f"the step exited {exit_code} with every node healthy: the supervisor "
-                                           "judges it")
-    blamed = {b.node for b in suspects}
-    remaining = tuple(n for n in healthy if n not in blamed)
-    if len(remaining) < needed:
-        return NextStep(exit_code or 1, tuple(suspects),
-                        message=f"{', '.join(sorted(blamed))} failed and {len(remaining)} nodes remain for "
-                                f"{needed}: no spare left; ending the job for the supervisor to resubmit")
-    return NextStep(None, tuple(suspects), remaining,
-                    message=f"{', '.join(sorted(blamed))} failed; {len(remaining) - needed} spare(s) left after "
-                            "this restart")
-
+# ---- pure: what the agent computes ----------------------------------------------------------------
 
 def resized_environment(environ: Mapping[str, str], nodes: Sequence[str]) -> dict[str, str]:
     """The job's environment as after a resize to `nodes` (what Slurm's resize script would set),
@@ -326,12 +295,14 @@ class Agent:
         return Launched(self.doors.start_step(argv, env), job_dir, rank_map.rank_map, started_at, offset)
 
     def run(self, resume_from: str | None) -> int:
-        """Steps until one completes, fails on its own, or no spare is left; the job's exit code."""
-        in_use, restart, in_place, hung = self.allocated, 0, 0, 0
+        """Steps until one completes, fails on its own, or the judge sends the job back to the supervisor
+        (no spare left, the batch host failed, the restart budget spent); the job's exit code."""
+        in_use, restart, hang_restarts = self.allocated, 0, 0
         doors = self.doors
         self.straggler_actions = StragglerActions(
             self.run_dir, self.job_dir, self.job_id, self.spec.stragglers.action, self.spec.restart.blame_hours,
             StragglerDoors(doors.now, doors.say, doors.gpu_evidence, doors.drain))
+        self.budget = self._budget(RestartBudget())
         launched = self._launch(self.job_dir, in_use, resume_from)
         while True:
             watched = self._watch(launched, len(in_use) - self.spec.job.nodes)
@@ -346,82 +317,72 @@ class Agent:
                 suspects = self._evidence_after(launched.slots)
                 seen = self.doors.monotonic()
             ended = self.doors.monotonic()
-            request = None
+            log = ""
             if code != 0 and not suspects and watched.hang is None and self.spec.restart.exit_actions:
                 lines, _ = self.doors.read_log(self.log_path, launched.log_offset)
-                request = exit_request("\n".join(lines) + "\n", self.spec.restart.exit_actions)
-            if request is not None and request.action == "stop":
-                self.doors.say(f"the program asked to stop (exit {request.code}): ending the job")
-                return code
-            if request is not None and request.action == "exclude-node":
-                suspects = [Blame(n, f"the program asked to exclude it (exit {request.code})",
-                                  (f"srun: {n}: ranks exited with code {request.code}",)) for n in request.nodes]
-            if request is not None and request.action == "restart":
-                in_place += 1
-                if in_place > self.spec.restart.max_restarts:
-                    self.doors.say(f"restart.max_restarts = {self.spec.restart.max_restarts} in-place restarts: "
-                                   "ending the job for the supervisor")
-                    return code
-                decision = NextStep(None, (), in_use, message=f"the program asked for a restart (exit "
-                                                              f"{request.code}): starting the step again")
-            elif watched.hang is not None and (watched.hang.whole_job
-                                               or any(b.node == self.batch_host for b in suspects)):
-                # Every rank stopped at once: no node to tell apart (a filesystem or network stall, or
-                # a hang too quick to see who went first); or ranks hung on this agent's own host,
-                # which cannot be given back.  Start again on the same nodes, once.
-                hung += 1
-                if hung > IN_PLACE_RESTARTS:
-                    self.doors.say(f"the whole step hung again ({' '.join(watched.hang.evidence)}); "
-                                   "ending the job for the supervisor")
-                    return code or 1
-                decision = NextStep(None, (), in_use, message="every rank stopped progressing at once: "
-                                                              "starting the step again on the same nodes"
-                                    if watched.hang.whole_job else
-                                    f"ranks hung on the batch host {self.batch_host} (where this agent runs): "
-                                    "starting the step again on the same nodes")
-            elif any(b.node == self.batch_host for b in suspects):
-                # This agent runs there: giving it back would leave the job's steps without their driver.
-                self.doors.say(f"the batch host {self.batch_host} failed ({'; '.join(b.reason for b in suspects)}); "
-                               "ending the job for the supervisor to resubmit without it")
-                return code or 1
-            else:
-                decision = after_step(code, suspects, in_use, self.spec.job.nodes)
+                log = "\n".join(lines) + "\n"
+            outcome = step_outcome(code, suspects, watched.hang.evidence if watched.hang else None, log,
+                                   self.spec.restart.exit_actions)
+            checkpoint = self._checkpoint() if outcome.kind != OutcomeKind.COMPLETED else None
+            self.budget = self._budget(self.budget)
+            decision = judge(Happened(outcome, checkpoint.step if checkpoint else None,
+                                      Allocation(in_use, self.spec.job.nodes, self.batch_host, hang_restarts),
+                                      hung=watched.hang is not None), self.budget, self.spec.restart)
             self.doors.say(decision.message)
-            if not decision.restart:
-                return decision.exit_code if decision.exit_code is not None else 1
-            blamed = [b.node for b in decision.blamed]
-            given_back: tuple[str, ...] = ()
-            if blamed:
-                try:
-                    # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: ours, not the user's.
-                    with contextlib.chdir(self.job_dir):
-                        self.doors.slurm.shrink_job(self.job_id, decision.nodes)
-                    given_back = tuple(blamed)
-                except SlurmCommandError as exc:  # recover all the same; the node stays in the job until it ends
-                    self.doors.say(f"could not give {', '.join(blamed)} back to Slurm: {exc}")
-            shrunk = self.doors.monotonic()
-            checkpoint = self._checkpoint()
+            if not decision.act.in_allocation:
+                return 0 if decision.act == Act.DONE else code or 1
+            if decision.act == Act.RESTART_IN_PLACE and watched.hang is not None:
+                hang_restarts += 1
             restart += 1
-            job_dir = self.job_dir / f"restart-{restart}"
+            launched = self._restart(decision, restart, checkpoint, resume_from, seen, ended)
             resume_from = checkpoint.path if checkpoint else resume_from
-            slots: tuple[str, ...] = ()
-            try:
-                launched = self._launch(job_dir, decision.nodes, resume_from)
-                slots = launched.slots
-            finally:  # the blame is journaled even when the new step cannot start: a resubmission avoids it
-                done = self.doors.monotonic()
-                until = self.doors.now() + self.spec.restart.blame_hours * 3600
-                append_run_event(self.run_dir / "journal.jsonl", RecoveredInAllocation(
-                    at=self.doors.now(), job_id=self.job_id, restart=restart,
-                    blame=tuple(b.to_journal(until) for b in decision.blamed), nodes=slots, given_back=given_back,
-                    checkpoint_step=checkpoint.step if checkpoint else None,
-                    checkpoint=checkpoint.path if checkpoint else None,
-                    phases=(("end_step", round(ended - seen, 3)), ("give_back", round(shrunk - ended, 3)),
-                            ("plan_and_launch", round(done - shrunk, 3))),
-                    reason=decision.message if not decision.blamed else ""))
-            self.doors.say(f"restart {restart}: a new step on {' '.join(slots)} from "
-                           f"{resume_from or 'the start'} (no queue wait)")
+            self.budget = decision.budget
             in_use = decision.nodes
+
+    def _budget(self, counted: RestartBudget) -> RestartBudget:
+        """The run's restart budget as its journal says (`counted`, what this agent last knew, when the
+        journal cannot be read): the supervisor's resubmissions and every restart inside this job."""
+        try:
+            return replay(read_run_journal(self.run_dir / "journal.jsonl").events).budget
+        except (OSError, RecordError) as exc:
+            self.doors.say(f"cannot read the run's journal ({exc}); judging with the restarts counted here")
+            return counted
+
+    def _restart(self, decision: Recovery, restart: int, checkpoint: Checkpoint | None, resume_from: str | None,
+                 seen: float, ended: float) -> Launched:
+        """Act on a restart inside the allocation: give the blamed nodes back, start step `restart` on
+        `decision.nodes` from `checkpoint`, and journal it (one restart of the run's budget)."""
+        blamed = [b.node for b in decision.blame]
+        given_back: tuple[str, ...] = ()
+        if blamed:
+            try:
+                # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: ours, not the user's.
+                with contextlib.chdir(self.job_dir):
+                    self.doors.slurm.shrink_job(self.job_id, decision.nodes)
+                given_back = tuple(blamed)
+            except SlurmCommandError as exc:  # recover all the same; the node stays in the job until it ends
+                self.doors.say(f"could not give {', '.join(blamed)} back to Slurm: {exc}")
+        shrunk = self.doors.monotonic()
+        job_dir = self.job_dir / f"restart-{restart}"
+        resume_from = checkpoint.path if checkpoint else resume_from
+        slots: tuple[str, ...] = ()
+        try:
+            launched = self._launch(job_dir, decision.nodes, resume_from)
+            slots = launched.slots
+        finally:  # the blame is journaled even when the new step cannot start: a resubmission avoids it
+            done = self.doors.monotonic()
+            until = self.doors.now() + self.spec.restart.blame_hours * 3600
+            append_run_event(self.run_dir / "journal.jsonl", RecoveredInAllocation(
+                at=self.doors.now(), job_id=self.job_id, restart=restart,
+                blame=tuple(b.to_journal(until) for b in decision.blame), nodes=slots, given_back=given_back,
+                checkpoint_step=checkpoint.step if checkpoint else None,
+                checkpoint=checkpoint.path if checkpoint else None,
+                phases=(("end_step", round(ended - seen, 3)), ("give_back", round(shrunk - ended, 3)),
+                        ("plan_and_launch", round(done - shrunk, 3))),
+                reason=decision.message if not decision.blame else ""))
+        self.doors.say(f"restart {restart}: a new step on {' '.join(slots)} from "
+                       f"{resume_from or 'the start'} (no queue wait)")
+        return launched
 
     def _checkpoint(self) -> Checkpoint | None:
         return resume_point(self.spec.checkpoint_dir(str(self.run_dir)), self.spec.checkpoint.validator, self.doors.say)

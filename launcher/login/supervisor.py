@@ -26,7 +26,8 @@ from clusterctl.launcher.pure.classify import (
     not_responding,
 )
 from clusterctl.launcher.pure.render import SlurmFacts
-from clusterctl.launcher.pure.restart_policy import AttemptState, RunState, decide, replay
+from clusterctl.launcher.pure.recovery import Happened, judge
+from clusterctl.launcher.pure.restart_policy import AttemptState, RunState, replay
 from clusterctl.launcher.shared.runs import RunDir
 from clusterctl.launcher.login.shared_reads import SharedReads
 from clusterctl.launcher.pure.spec import JobSpec
@@ -434,7 +435,8 @@ class Supervisor:
                 self.hooks.sleep(0.5)
                 outcome = self._evidence(attempt, report)
         checkpoint = self._checkpoint()
-        decision = decide(outcome, state, self.spec.restart, checkpoint.step if checkpoint else None)
+        decision = judge(Happened(outcome, checkpoint.step if checkpoint else None), state.budget, self.spec.restart)
+        action = decision.act.decision()
         until = self.hooks.clock() + self.spec.restart.blame_hours * 3600
         blame = tuple(b.to_journal(until) for b in outcome.blame)
         times = SlurmTimes(report.submit_time, report.start_time, report.end_time) if report else None
@@ -443,11 +445,11 @@ class Supervisor:
                                 exit_code=report.exit_code if report else None, outcome=outcome.kind,
                                 message=decision.message, blame=blame,
                                 checkpoint_step=checkpoint.step if checkpoint else None,
-                                checkpoint=checkpoint.path if checkpoint else None, action=decision.action,
+                                checkpoint=checkpoint.path if checkpoint else None, action=action,
                                 delay=decision.delay, times=times))
         self.hooks.say(f"attempt {attempt.number} (job {attempt.job_id}) ended "
                        f"{report.state if report else 'LOST'}: {outcome.kind}: {decision.message}"
-                       + (f"; next attempt in {decision.delay:.1f} s" if decision.action == DecisionAction.RESUBMIT
+                       + (f"; next attempt in {decision.delay:.1f} s" if action == DecisionAction.RESUBMIT
                           else ""))
         for b in outcome.blame:
             self.hooks.say(f"  blamed {b.node} for {self.spec.restart.blame_hours:g} h: {b.reason}")
@@ -456,9 +458,9 @@ class Supervisor:
         if blame:
             self.hooks.notify("blame", {"run": str(self.run.path), "attempt": attempt.number,
                                         "blame": [b.to_json() for b in blame]})
-        if decision.action == DecisionAction.DONE:
+        if action == DecisionAction.DONE:
             self._end(EventKind.DONE, decision.message)
-        elif decision.action == DecisionAction.STOP:
+        elif action == DecisionAction.STOP:
             self._end(EventKind.STOPPED, decision.message)
 
     def _end(self, kind: EventKind, message: str) -> None:
@@ -517,4 +519,4 @@ class Supervisor:
         self.hooks.show(WatchSnapshot(attempt.number, attempt.job_id, report.state if report else "?",
                                       report.nodes if report else "",
                                       tuple((n, r) for n, (u, r) in state.blamed.items() if u > now),
-                                      state.best_step))
+                                      state.budget.best_step))

@@ -207,17 +207,40 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
         return Outcome(NODE_FAILURE, f"{state} but no node of the job is down now; resubmitting without exclusions")
     request = exit_request(log_tail, exit_actions)
     if request is not None:
-        asked = f"the program asked to {request.action} (exit {request.code} on {', '.join(request.nodes)}; " \
-                "restart.exit_actions)"
-        if request.action == "stop":
-            return Outcome(OutcomeKind.PROGRAM_ASKED_STOP, f"{asked}: stopping")
-        if request.action == "exclude-node":
-            blame = tuple(Blame(n, f"the program asked to exclude it (exit {request.code})",
-                                (f"srun: {n}: ranks exited with code {request.code}",)) for n in request.nodes)
-            return Outcome(NODE_FAILURE, f"{asked}; blamed {', '.join(request.nodes)}", blame)
-        return Outcome(RESUBMIT, f"{asked}: resubmitting from the last checkpoint")
+        return asked_outcome(request, "resubmitting from the last checkpoint")
     return Outcome(PROGRAM_FAILURE, f"{state}{exit_note} with every node of the job healthy: the program's own "
                                     "failure")
+
+
+def asked_outcome(request: ExitRequest, restarting: str) -> Outcome:
+    """What a program's exit code asked for (restart.exit_actions), as an outcome: stop, a node failure of
+    the nodes whose ranks exited so, or a restart (`restarting` says how) that is no failure of the program."""
+    asked = f"the program asked to {request.action} (exit {request.code} on {', '.join(request.nodes)}; " \
+            "restart.exit_actions)"
+    if request.action == "stop":
+        return Outcome(OutcomeKind.PROGRAM_ASKED_STOP, f"{asked}: stopping")
+    if request.action == "exclude-node":
+        blame = tuple(Blame(n, f"the program asked to exclude it (exit {request.code})",
+                            (f"srun: {n}: ranks exited with code {request.code}",)) for n in request.nodes)
+        return Outcome(NODE_FAILURE, f"{asked}; blamed {', '.join(request.nodes)}", blame)
+    return Outcome(RESUBMIT, f"{asked}: {restarting}")
+
+
+def step_outcome(exit_code: int, suspects: Sequence[Blame], hang_evidence: Sequence[str] | None = None,
+                 log_tail: str = "", exit_actions: Sequence[tuple[int, str]] = ()) -> Outcome:
+    """How a step of the in-allocation agent ended: `exit_code` (srun's), the nodes that failed under it
+    (`suspects`: hardware, or ranks that stopped progressing first), `hang_evidence` when the step was
+    ended because its ranks stopped progressing (None: it was not), and the step's log (its exit codes)."""
+    if suspects:
+        return Outcome(NODE_FAILURE, "; ".join(f"{b.node}: {b.reason}" for b in suspects), tuple(suspects))
+    if hang_evidence is not None:  # every rank stopped at once: no node to blame, start again
+        return Outcome(RESUBMIT, " ".join(hang_evidence) or "every rank stopped progressing at once")
+    if exit_code == 0:
+        return Outcome(COMPLETED, "the step completed")
+    request = exit_request(log_tail, exit_actions)
+    if request is not None:
+        return asked_outcome(request, "starting the step again")
+    return Outcome(PROGRAM_FAILURE, f"the step exited {exit_code} with every node healthy")
 
 
 def node_read_interval(nodes: int) -> float:

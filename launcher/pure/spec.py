@@ -122,12 +122,13 @@ FIELDS: tuple[Field, ...] = (
           "'{path}' becomes the checkpoint, e.g. ['--resume', '{path}'].", ()),
     Field("checkpoint", "resume_env", "str", "Environment variable that carries the checkpoint to resume "
           "from.", DEFAULT_RESUME_ENV),
-    Field("restart", "max_restarts", "int", "Resubmissions allowed in total before the supervisor stops.",
-          10, minimum=0, maximum=10_000),
+    Field("restart", "max_restarts", "int", "Restarts allowed in the whole run before it stops: each recovery "
+          "uses one, whether through the queue (a resubmission) or inside the allocation (a spare swapped in, "
+          "the step started again in place).", 10, minimum=0, maximum=10_000),
     Field("restart", "max_program_failures", "int", "Failures with no node to blame (the program's own) "
           "retried before stopping.", 1, minimum=0, maximum=10_000),
-    Field("restart", "retry_budget", "int", "Restarts allowed without the checkpoint advancing; the "
-          "budget refills whenever it advances.", 3, minimum=1, maximum=10_000),
+    Field("restart", "retry_budget", "int", "Restarts (resubmissions or inside the allocation) allowed in a row "
+          "without the checkpoint advancing; the budget refills whenever it advances.", 3, minimum=1, maximum=10_000),
     Field("restart", "backoff_seconds", "float", "Wait before the first resubmission; doubles each time "
           "without progress.", 2.0, minimum=0, maximum=DAY),
     Field("restart", "backoff_max_seconds", "float", "Longest wait between resubmissions.", 300.0, minimum=0,

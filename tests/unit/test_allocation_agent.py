@@ -7,17 +7,15 @@ import hashlib
 import json
 from pathlib import Path
 
-from hypothesis import given
-from hypothesis import strategies as st
-
 from clusterctl.errors import SlurmCommandError
-from clusterctl.launcher.job.agent import Agent, AgentDoors, after_step, resized_environment
-from clusterctl.launcher.pure.classify import Blame
+from clusterctl.launcher.job.agent import Agent, AgentDoors, resized_environment
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.shared.runs import create_run
 from clusterctl.launcher.pure.spec import load_spec
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
-from clusterctl.records.run_journal import RecoveredInAllocation, read_run_journal
+from clusterctl.records.run_journal import (
+    Decided, DecisionAction, OutcomeKind, RecoveredInAllocation, Submitted, append_run_event, read_run_journal,
+)
 from clusterctl.slurm.nodes import NodeState
 from clusterctl.slurm.drains import SlurmDrains
 from tests.fake_node_table import FakeNodeTable
@@ -91,6 +89,7 @@ class FakeSlurm:
 
 
 def agent(tmp_path: Path, cluster: Cluster) -> Agent:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     spec_path = tmp_path / "toy.toml"
     spec_path.write_text(SPEC)
     spec = load_spec(spec_path)
@@ -134,25 +133,6 @@ def test_with_no_spare_left_the_job_ends_with_the_node_still_in_it_for_the_super
     shell = agent(tmp_path, cluster)
     assert shell.run(None) == 143
     assert len(cluster.steps) == 2 and cluster.shrinks == [("42", ("node1", "node3"))]  # node3 stays: blamed by the supervisor
-
-
-def test_a_step_that_fails_with_every_node_healthy_is_left_to_the_supervisor():
-    assert after_step(3, [], ["node1", "node2", "node3"], 2).exit_code == 3
-    assert after_step(0, [], ["node1", "node2"], 2).exit_code == 0
-
-
-@given(st.integers(1, 64), st.integers(0, 8), st.integers(0, 8))
-def test_a_restart_happens_exactly_when_enough_nodes_remain(needed, spares, failed):
-    nodes = [f"n{i}" for i in range(needed + spares)]
-    failed = min(failed, len(nodes))
-    suspects = [Blame(n, "drained", ()) for n in nodes[:failed]]
-    decision = after_step(143, suspects, nodes, needed)
-    if failed == 0:
-        assert decision.exit_code == 143
-    else:
-        assert decision.restart == (failed <= spares)
-        if decision.restart:
-            assert len(decision.nodes) == needed + spares - failed and not set(decision.nodes) & set(nodes[:failed])
 
 
 def test_the_resized_environment_names_only_the_nodes_kept():
@@ -284,6 +264,49 @@ def test_exit_codes_the_spec_maps_restart_exclude_or_stop_inside_the_allocation(
     assert shell.run(None) == 0 and cluster.shrinks == [] and len(cluster.steps) == 2
     shell, cluster = asking_agent(tmp_path / "c", 77)
     assert shell.run(None) == 1 and len(cluster.steps) == 1
+
+
+def test_a_step_that_fails_with_every_node_healthy_is_left_to_the_supervisor(tmp_path):
+    shell, cluster = asking_agent(tmp_path / "a", 3)  # an exit code restart.exit_actions does not map
+    assert shell.run(None) == 1 and len(cluster.steps) == 1 and cluster.shrinks == []
+
+
+def _spend_restarts_by_resubmission(shell: Agent, count: int) -> None:
+    """The run's journal as after `count` resubmissions by the supervisor."""
+    journal = shell.run_dir / "journal.jsonl"
+    for attempt in range(1, count + 1):
+        append_run_event(journal, Submitted(at=float(attempt), attempt=attempt, job_id=str(attempt)))
+        append_run_event(journal, Decided(at=float(attempt), attempt=attempt, job_id=str(attempt), state="FAILED",
+                                          exit_code=1, outcome=OutcomeKind.NODE_FAILURE, message="node", blame=(),
+                                          checkpoint_step=attempt * 10, checkpoint=None,
+                                          action=DecisionAction.RESUBMIT))
+
+
+def test_restarts_inside_the_job_and_resubmissions_share_one_budget(tmp_path):
+    # max_restarts = 3, two used by resubmissions: one swap is left, the second failure ends the job.
+    cluster = Cluster(fail=["node2"])
+    shell = agent(tmp_path / "a", cluster)
+    from dataclasses import replace
+    shell.spec = replace(shell.spec, restart=replace(shell.spec.restart, max_restarts=3))
+    _spend_restarts_by_resubmission(shell, 2)
+    assert shell.run(None) == 0 and cluster.shrinks == [("42", ("node1", "node3"))]
+    assert replay(read_run_journal(shell.run_dir / "journal.jsonl").events).budget.restarts == 3
+    # All three used: the failed node stays in the job and the supervisor judges the attempt.
+    cluster = Cluster(fail=["node2"])
+    shell = agent(tmp_path / "b", cluster)
+    shell.spec = replace(shell.spec, restart=replace(shell.spec.restart, max_restarts=3))
+    _spend_restarts_by_resubmission(shell, 3)
+    assert shell.run(None) == 143 and cluster.shrinks == [] and len(cluster.steps) == 1
+    assert not any(isinstance(e, RecoveredInAllocation)
+                   for e in read_run_journal(shell.run_dir / "journal.jsonl").events)
+
+
+def test_a_program_asking_for_restarts_gets_no_more_than_max_restarts_in_the_whole_run(tmp_path):
+    shell, cluster = asking_agent(tmp_path / "a", 75)
+    from dataclasses import replace
+    shell.spec = replace(shell.spec, restart=replace(shell.spec.restart, max_restarts=1))
+    _spend_restarts_by_resubmission(shell, 1)
+    assert shell.run(None) == 1 and len(cluster.steps) == 1  # the one restart went to the resubmission
 
 
 def test_a_failed_batch_host_is_never_given_back_the_job_ends_for_the_supervisor(tmp_path):

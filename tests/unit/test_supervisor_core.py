@@ -20,7 +20,8 @@ from clusterctl.launcher.pure.classify import (
     hardware_suspects,
 )
 from clusterctl.launcher.pure.goodput import AttemptTimes, account, young_daly
-from clusterctl.launcher.pure.restart_policy import RunState, decide, replay
+from clusterctl.launcher.pure.recovery import Happened, RestartBudget, judge
+from clusterctl.launcher.pure.restart_policy import RunState, replay
 from clusterctl.launcher.pure.spec import RestartSection
 from clusterctl.records.actions import Action
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord
@@ -203,13 +204,14 @@ def _journal(outcomes: list[tuple[Outcome, int | None]]) -> list[RunEvent]:
     events: list[RunEvent] = [Created(at=0.0, name="toy")]
     for number, (outcome, step) in enumerate(outcomes, 1):
         events.append(Submitted(at=float(number), attempt=number, job_id=str(number)))
-        decision = decide(outcome, replay(events), POLICY, step)
+        decision = judge(Happened(outcome, step), replay(events).budget, POLICY)
+        action = decision.act.decision()
         events.append(Decided(at=float(number), attempt=number, job_id=str(number), state="FAILED", exit_code=1,
                               outcome=outcome.kind, message=decision.message,
                               blame=tuple(b.to_journal(1000.0) for b in outcome.blame), checkpoint_step=step,
-                              checkpoint=None, action=decision.action, delay=decision.delay))
-        if decision.action != DecisionAction.RESUBMIT:
-            kind = EventKind.DONE if decision.action == DecisionAction.DONE else EventKind.STOPPED
+                              checkpoint=None, action=action, delay=decision.delay))
+        if action != DecisionAction.RESUBMIT:
+            kind = EventKind.DONE if action == DecisionAction.DONE else EventKind.STOPPED
             events.append(RunEnded(kind=kind, at=float(number), message=decision.message))
             break
     return events
@@ -324,11 +326,11 @@ def test_a_program_asking_to_stop_is_not_restarted_and_one_asking_to_restart_is_
     stop = classify(_report("FAILED", 143), ["node1"], {}, {}, "srun: error: node1: task 0: Exited with exit code 77\n",
                     (), ACTIONS)
     assert stop.kind == "program-asked-stop"
-    assert decide(stop, replay([]), RestartSection(), 20).action == "stop"
+    assert judge(Happened(stop, 20), RestartBudget(), RestartSection()).act == "stop"
     again = classify(_report("FAILED", 75), ["node1"], {}, {}, "srun: error: node1: task 0: Exited with exit code 75\n",
                      (), ACTIONS)
-    assert again.kind == "resubmit" and decide(again, replay([]), RestartSection(max_program_failures=0), 20).action \
-        == "resubmit"
+    assert again.kind == "resubmit" and judge(Happened(again, 20), RestartBudget(),
+                                              RestartSection(max_program_failures=0)).act == "resubmit"
     unmapped = classify(_report("FAILED", 3), ["node1"], {}, {}, "srun: error: node1: task 0: Exited with exit code 3\n",
                         (), ACTIONS)
     assert unmapped.kind == "program-failure"
