@@ -81,6 +81,9 @@ class RunReport:
     """The complete checkpoints, oldest first."""
     skipped: tuple[Skipped, ...]
     goodput: Goodput
+    restarts_used: int = 0
+    """Recoveries so far, in place, on a spare or by resubmission: each uses one of restart.max_restarts."""
+    max_restarts: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "state": self.state, "message": self.message,
@@ -90,14 +93,16 @@ class RunReport:
                 "checkpoints": {"complete": len(self.checkpoints),
                                 "latest_step": self.checkpoints[-1].step if self.checkpoints else None,
                                 "skipped": [{"path": s.path, "why": s.why} for s in self.skipped]},
-                "goodput": self.goodput.to_json()}
+                "goodput": self.goodput.to_json(),
+                "restarts": {"used": self.restarts_used, "max": self.max_restarts}}
 
 
 def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint],
-               skipped: Sequence[Skipped], now: float, slow_node_seconds: float = 0.0) -> RunReport:
+               skipped: Sequence[Skipped], now: float, slow_node_seconds: float = 0.0,
+               max_restarts: int | None = None) -> RunReport:
     """The report of the run at `run_path` from its journal's `events`, the complete `checkpoints`
-    (oldest first) and `skipped` ones found in its checkpoint directory, and the seconds its jobs
-    lost to slow nodes (their step-time tables)."""
+    (oldest first) and `skipped` ones found in its checkpoint directory, the seconds its jobs
+    lost to slow nodes (their step-time tables), and its spec's restart.max_restarts."""
     state = replay(events)
     times = []
     attempts = []
@@ -121,7 +126,7 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                      message=state.ended.message if state.ended else "", attempts=tuple(attempts),
                      excluded_now=tuple(state.excluded(now)), in_allocation=recoveries,
                      stragglers=stragglers_of(events), checkpoints=tuple(checkpoints), skipped=tuple(skipped),
-                     goodput=goodput)
+                     goodput=goodput, restarts_used=state.budget.restarts, max_restarts=max_restarts)
 
 
 def report_renderables(report: RunReport) -> Group:
@@ -159,6 +164,9 @@ def report_renderables(report: RunReport) -> Group:
         parts += [Text(f"    {line}", style="dim") for line in (*s.evidence, *s.hardware)]
         if s.drain:
             parts.append(Text(f"    {s.drain}", style="dim"))
+    limit = f" of {report.max_restarts}" if report.max_restarts is not None else ""
+    parts.append(Text(f"restarts used: {report.restarts_used}{limit} (restart.max_restarts; in place, on a spare "
+                      f"or by resubmission, each counts one)"))
     share = f"{g.goodput * 100:.1f}%" if g.goodput is not None else "-"
     parts.append(Text(
         f"goodput {share}: productive {_duration(g.productive_seconds)} of {_duration(g.wall_seconds)}; "
