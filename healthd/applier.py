@@ -29,7 +29,7 @@ from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.journal import Journal, PlannedAction
 from clusterctl.healthd.metrics import Metrics
 from clusterctl.slurm import drains
-from clusterctl.slurm.nodes import NodeState, SlurmNode
+from clusterctl.slurm.nodes import NodeSlurm, NodeState
 
 log = logging.getLogger("healthd")
 
@@ -47,7 +47,7 @@ class Applied:
 class Applier:
     """Applies planned actions to this node in Slurm, exactly once each (the journal says which are done)."""
 
-    def __init__(self, config: HealthdConfig, settings: engine.EngineSettings, *, slurm: SlurmNode,
+    def __init__(self, config: HealthdConfig, settings: engine.EngineSettings, *, slurm: NodeSlurm,
                  journal: Journal, metrics: Metrics, clock: Clock, jitter: Callable[[float, float], float],
                  stop: threading.Event, beat: Callable[[], None], report: Callable[[Applied], None]) -> None:
         self.config, self.settings = config, settings

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.breaker_ledger import LEDGER_ERRORS, BreakerLedger, Claim, breaker_cap
-from clusterctl.slurm.nodes import NodeState, PartitionShare, SlurmNode
+from clusterctl.slurm.nodes import NodeSlurm, NodeState, PartitionShare
 
 log = logging.getLogger("healthd")
 
@@ -33,7 +33,7 @@ class DrainShare:
 class Breaker:
     """The breaker's reads for one node: the ledger under `breaker_dir` first, Slurm's count as fallback."""
 
-    def __init__(self, slurm: SlurmNode, node: str, breaker_dir: Path | None, max_share: float, *,
+    def __init__(self, slurm: NodeSlurm, node: str, breaker_dir: Path | None, max_share: float, *,
                  now: Callable[[], float] = time.time) -> None:
         self.slurm, self.max_share = slurm, max_share
         self.ledger = BreakerLedger(breaker_dir, node, now=now) if breaker_dir is not None else None

@@ -15,7 +15,8 @@ NVML (nvml.py) is shared by the events, kmsg, periodic and main threads: its han
 are snapshots replaced whole under its own lock, never changed under a reader.
 
 The doors are passed in (Slurm node, NVML, clock, host sampler, boot time, metrics, random), so
-a test drives the daemon with fakes.
+a test drives the daemon with fakes; the Slurm node and NVML doors are Protocols (`NodeSlurm` in
+clusterctl/slurm/nodes.py, `NvmlDoor` in nvml.py), implemented for tests in tests/fakes.py.
 
 What it asks of slurmctld (bench/fleet_bench.py, README "Fleet scale"): nothing per periodic
 check; its own node with one single-node query every node_refresh_interval, every
@@ -51,7 +52,7 @@ from clusterctl.healthd.findings import Action, Finding, FindingKind
 from clusterctl.healthd.journal import Journal, PlannedAction
 from clusterctl.healthd.kmsg import KernelLog, KernelRecord, parse_gpu_event, read_boot_id
 from clusterctl.healthd.metrics import Metrics
-from clusterctl.healthd.nvml import EventWatcher, Nvml, NvmlHang, TimedCalls
+from clusterctl.healthd.nvml import EventWatcher, Nvml, NvmlCalls, NvmlDoor, NvmlHang, TimedCalls
 from clusterctl.healthd.policy import POLICY_VERSION
 from clusterctl.healthd.sampler import sample_host, scan_gpus
 from clusterctl.records.healthd_kmsg_cursor import KmsgCursor, read_kmsg_cursor, write_kmsg_cursor
@@ -61,7 +62,7 @@ from clusterctl.records.healthd_xid_history import (
     XidSighting, append_xid_sighting, read_xid_history, rewrite_xid_history, xid_history_path,
 )
 from clusterctl.records.versioned import RecordError
-from clusterctl.slurm.nodes import NodeState, SlurmNode
+from clusterctl.slurm.nodes import NodeSlurm, NodeState, SlurmNode
 
 log = logging.getLogger("healthd")
 
@@ -93,8 +94,8 @@ class Observed:
 class Daemon:
     """One healthd process on one node."""
 
-    def __init__(self, config: HealthdConfig, *, config_path: Path | None = None, slurm: SlurmNode | None = None,
-                 nvml: Nvml | None = None, clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None,
+    def __init__(self, config: HealthdConfig, *, config_path: Path | None = None, slurm: NodeSlurm | None = None,
+                 nvml: NvmlDoor | None = None, clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None,
                  host_sampler: Callable[[Sequence[str]], HostSample] = sample_host,
                  boot_time: Callable[[], float] = psutil.boot_time,
                  jitter: Callable[[float, float], float] = random.uniform) -> None:
@@ -102,8 +103,8 @@ class Daemon:
         self.node = config.node_name
         self.slurm = slurm or SlurmNode(self.node)
         self.metrics = metrics or Metrics()
-        self.calls = nvml.call if nvml is not None else TimedCalls(config.nvml_timeout, self.metrics.observe_call)
-        self.nvml = nvml or Nvml(self.calls)
+        self.calls: NvmlCalls = nvml.call if nvml is not None else TimedCalls(config.nvml_timeout, self.metrics.observe_call)
+        self.nvml: NvmlDoor = nvml or Nvml(self.calls)
         self.host_sampler, self.boot_time, self.jitter = host_sampler, boot_time, jitter
         self.node_due = clock.monotonic()  # the first periodic check reads the node
         self.node_read_at = clock.monotonic()

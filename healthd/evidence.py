@@ -2,7 +2,7 @@
 
 `gpu_evidence` (pure) joins NVML samples with healthd's current findings into a
 clusterctl.records.gpu_evidence record; `sample_gpus` reads the samples through the NVML door it
-is given (healthd.nvml.Nvml, every call under a timeout) and `read_evidence` adds healthd's state
+is given (an `NvmlReader`: healthd.nvml.Nvml, every call under a timeout) and `read_evidence` adds healthd's state
 file.  It only reads: the job's user runs it, as a step on the node.
 """
 
@@ -17,7 +17,7 @@ from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
 from clusterctl.records.healthd_state import HealthdState
 
 if TYPE_CHECKING:
-    from clusterctl.healthd.nvml import Nvml
+    from clusterctl.healthd.nvml import NvmlReader
 
 
 def gpu_evidence(node: str, at: float, samples: Sequence[GpuSample], state: HealthdState | None,
@@ -45,7 +45,7 @@ def current_state(state: HealthdState | None, at: float, max_age: float) -> tupl
                   f"its findings are left out")
 
 
-def sample_gpus(nvml: Nvml, gpus: Collection[int] | None = None) -> tuple[list[GpuSample], list[str]]:
+def sample_gpus(nvml: NvmlReader, gpus: Collection[int] | None = None) -> tuple[list[GpuSample], list[str]]:
     """Sample every GPU NVML counts (or those of `gpus`) through `nvml`, and one problem line per GPU
     that could not be read or is not there.
 
@@ -93,7 +93,7 @@ def _indexes(indexes: Sequence[int]) -> str:
     return ",".join(map(str, indexes))
 
 
-def read_evidence(nvml: Nvml, config: HealthdConfig, at: float, gpus: Collection[int] | None = None) -> GpuEvidence:
+def read_evidence(nvml: NvmlReader, config: HealthdConfig, at: float, gpus: Collection[int] | None = None) -> GpuEvidence:
     """This node's GPUs (all, or `gpus`) read through `nvml` now, joined with healthd's state file.
 
     Raises pynvml.NVMLError / NvmlHang when NVML cannot be used at all; a GPU or a state file that

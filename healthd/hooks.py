@@ -33,7 +33,7 @@ from clusterctl.records.healthd_node_record import NodeRecordEntry, append_node_
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord, write_job_health
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import drains
-from clusterctl.slurm.nodes import SlurmNode
+from clusterctl.slurm.nodes import NodeSlurm, SlurmNode
 
 
 def _say(hook: str, message: str) -> None:
@@ -76,7 +76,7 @@ class DrainOutcome:
 
 
 def _drain(hook: str, config: HealthdConfig, node: str, reason: DrainReason,
-           slurm_factory: Callable[[str], SlurmNode]) -> DrainOutcome:
+           slurm_factory: Callable[[str], NodeSlurm]) -> DrainOutcome:
     """Drain through the drain door with the daemon's own rules (clusterctl/slurm/drains.py, engine.drain_rules):
     never over another drain, and never past the breaker's share of the partition, so a fault seen
     on every node at once (a driver update, a forged line) cannot take the whole partition out
@@ -144,7 +144,7 @@ def _job_uid(environ: Mapping[str, str]) -> int | None:
     return int(uid) if uid.isascii() and uid.isdigit() and len(uid) <= 10 else None
 
 
-def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode] = SlurmNode,
+def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] = SlurmNode,
                config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node) -> int:
     """0 lets the job start; 1 refuses it (Slurm drains the node and requeues the job).
 
@@ -157,7 +157,7 @@ def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode
         return _prolog(environ, slurm_factory, config, node_check)
 
 
-def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig,
+def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], config: HealthdConfig,
             node_check: Callable[..., GateReport]) -> int:
     job = _job_id(environ) or "unknown"
     node = _node_name(environ, config)
@@ -234,7 +234,7 @@ def _kernel_findings(config: HealthdConfig, start: float, end: float, identities
     return found
 
 
-def run_epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode] = SlurmNode,
+def run_epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] = SlurmNode,
                config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node) -> int:
     """Record what broke on this node during the job; drain for hardware faults. Always 0.
 
@@ -259,7 +259,7 @@ def _job_start(config: HealthdConfig, job: str, end: float) -> float:
     return record.start if record is not None else end - 24 * 3600  # no prolog record: look back a day
 
 
-def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig,
+def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], config: HealthdConfig,
             node_check: Callable[..., GateReport]) -> None:
     job = _job_id(environ)
     if job is None:
@@ -387,7 +387,7 @@ def kill_strays(job: str, uid: int | None, *, proc: Path = Path("/proc"),
     return killed
 
 
-def run_health_check(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode] = SlurmNode,
+def run_health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] = SlurmNode,
                      config: HealthdConfig | None = None) -> int:
     """Slurm's HealthCheckProgram: healthd's cached verdicts (milliseconds), else a quick direct check."""
     config = _setup("healthcheck", config)
@@ -395,7 +395,7 @@ def run_health_check(environ: dict[str, str], slurm_factory: Callable[[str], Slu
         return _health_check(environ, slurm_factory, config)
 
 
-def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], SlurmNode], config: HealthdConfig) -> int:
+def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], config: HealthdConfig) -> int:
     node = _node_name(environ, config)
     state, unusable = read_state(config)
     if unusable:

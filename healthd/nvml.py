@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import pynvml
 
@@ -59,6 +59,14 @@ class _Worker:
             except BaseException as exc:  # handed to the caller
                 self.result, self.error = None, exc
             self.done.set()
+
+
+class NvmlCalls(Protocol):
+    """The one door every NVML call goes through: `call(name, fn, *args)` runs `fn(*args)` (a pynvml
+    function) and answers for it; `TimedCalls` is the real one, tests/fakes.py's `FakeNvmlDriver`
+    answers NVML's part itself."""
+
+    def __call__(self, name: str, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any: ...
 
 
 class TimedCalls:
@@ -107,10 +115,41 @@ def handle_address(handle: Any) -> int:
     return ctypes.cast(handle, ctypes.c_void_p).value or 0
 
 
+class NvmlReader(Protocol):
+    """What reading this node's GPUs once asks of NVML (`healthd evidence`, the periodic scan): `Nvml`
+    is the real one, tests/fakes.py's `FakeNvml` answers from a table."""
+
+    def init(self) -> None: ...
+
+    def count(self) -> int: ...
+
+    def discover(self) -> list[GpuIdentity]: ...
+
+    def sample(self, index: int) -> GpuSample: ...
+
+    def shutdown(self) -> None: ...
+
+
+class NvmlDoor(NvmlReader, Protocol):
+    """What healthd's daemon and its event watcher ask of NVML besides reading: the snapshots of handles
+    and identities, giving up a lost GPU's handle, and the call door (`Nvml` is the real one)."""
+
+    @property
+    def call(self) -> NvmlCalls: ...
+
+    @property
+    def handles(self) -> Mapping[int, Any]: ...
+
+    @property
+    def identities(self) -> Mapping[int, GpuIdentity]: ...
+
+    def forget_handle(self, index: int) -> None: ...
+
+
 class Nvml:
     """The NVML calls healthd makes, each through `TimedCalls`; safe to share between threads."""
 
-    def __init__(self, calls: TimedCalls) -> None:
+    def __init__(self, calls: NvmlCalls) -> None:
         self.call = calls
         self._lock = threading.Lock()
         self._handles: Mapping[int, Any] = MappingProxyType({})
@@ -244,7 +283,7 @@ class GpuEvent:
 class EventWatcher:
     """An NVML event set over every healthy GPU, rebuilt when a GPU is lost."""
 
-    def __init__(self, nvml: Nvml) -> None:
+    def __init__(self, nvml: NvmlDoor) -> None:
         self.nvml = nvml
         self.event_set: Any = None
         self.by_address: dict[int, int] = {}

@@ -18,7 +18,7 @@ from clusterctl.healthd.checks import CheckLimits, HostSample, Sustained, check_
 from clusterctl.healthd.findings import Finding
 
 if TYPE_CHECKING:
-    from clusterctl.healthd.nvml import Nvml
+    from clusterctl.healthd.nvml import NvmlReader
 
 
 def sample_host(paths: Sequence[str]) -> HostSample:
@@ -50,9 +50,9 @@ class GpuScan:
     count: int | None = None
 
 
-def scan_gpus(nvml: Nvml, limits: CheckLimits, sustained: Sustained, now: float, *, source: str,
+def scan_gpus(nvml: NvmlReader, limits: CheckLimits, sustained: Sustained, now: float, *, source: str,
               gpus: Sequence[int] | None = None) -> GpuScan:
-    """Sample `gpus` (None: every enumerated GPU) through `nvml` (healthd.nvml.Nvml) and check them.
+    """Sample `gpus` (None: every enumerated GPU) through `nvml` (an `NvmlReader`: healthd.nvml.Nvml) and check them.
 
     A GPU the caller names that NVML does not enumerate is missing; an NVML call that hangs
     or fails is itself a finding (for that GPU, or for the node when the count fails).

@@ -129,7 +129,7 @@ def decide(rules: DrainRules, request: DrainRequest, node: NodeState, share: Par
 # ---- the effect -------------------------------------------------------------------------------
 
 class NodeDoor(Protocol):
-    """One node's Slurm calls the door makes (`SlurmNode`, or a test's fake)."""
+    """One node's Slurm calls the door makes (part of `nodes.NodeSlurm`: `SlurmNode`, or tests/fakes.py's fake)."""
 
     def state(self) -> NodeState: ...
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from clusterctl.errors import HostlistError, SlurmCommandError
 from clusterctl.records.drain_reason import HEALTHD, DrainOwner, owner_of
@@ -376,6 +376,24 @@ def parse_partition_size(text: str, partition: str, command: Sequence[str] | Non
 def all_nodes_argv(release: SlurmVersion) -> list[str]:
     """The command that shows every node with its own reason on this release."""
     return ["scontrol", "show", "node", "--json"] if release.scontrol_node_json else ["sinfo", "--json"]
+
+
+class NodeSlurm(Protocol):
+    """One node's Slurm as healthd's daemon, its applier and breaker, and its hooks (prolog, epilog,
+    HealthCheckProgram) ask it: `SlurmNode` is the real one, tests/fakes.py's `FakePartition` gives
+    the tests' one.  The drain door itself asks only part of it (`drains.NodeDoor`)."""
+
+    def state(self) -> NodeState: ...
+
+    def drain(self, reason: str) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def partition_share(self, partition: str, owner: DrainOwner = ...) -> PartitionShare: ...
+
+    def partition_size(self, partition: str) -> int: ...
+
+    def jobs_here(self) -> tuple[str, ...]: ...
 
 
 class SlurmNode:

@@ -16,36 +16,23 @@ from clusterctl.healthd.config import ConfigError, HealthdConfig, config_from_ma
 from clusterctl.healthd.daemon import Applied, Daemon, Observed
 from clusterctl.healthd.findings import Finding
 from clusterctl.records.healthd_breaker_slot import BreakerSlot
-from clusterctl.slurm.nodes import NodeState
+from clusterctl.records.drain_reason import HEALTHD
+from tests.fakes import FakeNodeSlurm, FakePartition
 
 T0 = 1795305600.0
 PARTITION_NODES = 20  # breaker_max_share 0.1 → 2 slots
 
 
-class PartitionOfNodes:
-    """Slurm as one node's healthd sees it: its own node, the partition's size; never the whole table."""
+class NoTableReads(FakeNodeSlurm):
+    """One node's Slurm whose table read fails the test: with a breaker_dir, no node reads the node table."""
 
-    def __init__(self, name: str, drained: dict[str, str]) -> None:
-        self.name, self.drained = name, drained
-
-    def state(self) -> NodeState:
-        reason = self.drained.get(self.name, "")
-        return NodeState(self.name, "idle", ("DRAIN",) if reason else (), reason, ("gpu",))
-
-    def partition_size(self, partition):
-        return PARTITION_NODES
-
-    def partition_share(self, partition):
+    def partition_share(self, partition, owner=HEALTHD):
         raise AssertionError("with a breaker_dir, no node reads the node table")
 
-    def drain(self, reason):
-        self.drained[self.name] = reason
 
-    def resume(self):
-        self.drained.pop(self.name, None)
-
-    def jobs_here(self):
-        return ()
+def partition(drained: dict[str, str] | None = None) -> FakePartition:
+    """node0 .. node19, in partition gpu."""
+    return FakePartition([f"node{i}" for i in range(PARTITION_NODES)], drained=drained)
 
 
 @pytest.fixture()
@@ -55,10 +42,10 @@ def ledger_dir(tmp_path):
     return path
 
 
-def node_daemon(tmp_path, ledger_dir, name, drained, now=lambda: T0) -> Daemon:
+def node_daemon(tmp_path, ledger_dir, name, slurm: FakePartition, now=lambda: T0) -> Daemon:
     config = HealthdConfig(node=name, state_dir=tmp_path / name / "run", journal_dir=tmp_path / name / "lib",
                            metrics="", breaker_dir=ledger_dir, disk_paths=())
-    return Daemon(config, slurm=PartitionOfNodes(name, drained), clock=Clock(now=now),  # type: ignore[arg-type]
+    return Daemon(config, slurm=NoTableReads(slurm, name), clock=Clock(now=now),
                   boot_time=lambda: T0 - 3600)
 
 
@@ -76,8 +63,8 @@ def a_gpu_falls_off(shell: Daemon, index: int, at: float = T0):
 
 
 def test_a_fault_on_every_node_at_once_drains_at_most_the_cap_without_a_table_read(tmp_path, ledger_dir):
-    drained: dict[str, str] = {}
-    daemons = [node_daemon(tmp_path, ledger_dir, f"node{i}", drained) for i in range(PARTITION_NODES)]
+    slurm = partition()
+    daemons = [node_daemon(tmp_path, ledger_dir, f"node{i}", slurm) for i in range(PARTITION_NODES)]
     results: list[str] = []
 
     def fault(shell: Daemon, index: int) -> None:
@@ -88,22 +75,22 @@ def test_a_fault_on_every_node_at_once_drains_at_most_the_cap_without_a_table_re
         t.start()
     for t in threads:
         t.join()
-    assert sorted(results).count("drained") == 2 == len(drained)
+    assert sorted(results).count("drained") == 2 == len(slurm.reasons)
     assert sorted(results).count("breaker-open") == PARTITION_NODES - 2
     slots, problems = BreakerLedger(ledger_dir, "node0", now=lambda: T0).slots("gpu")
-    assert sorted(s.node for s in slots) == sorted(drained) and problems == []
+    assert sorted(s.node for s in slots) == sorted(slurm.reasons) and problems == []
 
 
 def test_a_resumed_node_gives_its_slot_back_and_another_node_may_drain(tmp_path, ledger_dir, monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent")  # no NVML: the periodic check still reads the node
     now = [T0]
-    drained: dict[str, str] = {}
-    first, second, third = (node_daemon(tmp_path, ledger_dir, f"node{i}", drained, lambda: now[0]) for i in range(3))
+    slurm = partition()
+    first, second, third = (node_daemon(tmp_path, ledger_dir, f"node{i}", slurm, lambda: now[0]) for i in range(3))
     for index, shell in enumerate((first, second)):
         assert a_gpu_falls_off(shell, index).result == "drained"
     refused = a_gpu_falls_off(third, 2)
     assert refused.result == "breaker-open" and "2 of 20 nodes in gpu" in refused.alert.detail
-    drained.pop("node0")  # an admin repaired node0 and resumed it
+    slurm.reasons.pop("node0")  # an admin repaired node0 and resumed it
     first.node_due = 0.0  # its next periodic check reads the node
     first.periodic_check()
     assert not BreakerLedger(ledger_dir, "node0", now=lambda: T0).holds("gpu")
@@ -126,14 +113,9 @@ def test_a_breaker_directory_others_can_write_is_refused_and_slurm_counts_instea
     with pytest.raises(UnsafePathError, match="no write for group or others"):
         BreakerLedger(ledger_dir, "node1", now=lambda: T0).claim("gpu", 2, "x")
 
-    class Counted(PartitionOfNodes):
-        def partition_share(self, partition):
-            from clusterctl.slurm.nodes import PartitionShare
-            return PartitionShare(partition, PARTITION_NODES, 0)
-
     config = HealthdConfig(node="node1", state_dir=tmp_path / "run", journal_dir=tmp_path / "lib", metrics="",
                            breaker_dir=ledger_dir)
-    shell = Daemon(config, slurm=Counted("node1", {}), clock=Clock(now=lambda: T0),  # type: ignore[arg-type]
+    shell = Daemon(config, slurm=partition()("node1"), clock=Clock(now=lambda: T0),  # Slurm counts: 0 of 20 drained
                    boot_time=lambda: T0 - 3600)
     assert a_gpu_falls_off(shell, 1).result == "drained"
 
@@ -175,7 +157,7 @@ def test_a_node_healthd_drained_before_the_ledger_existed_takes_a_slot_at_its_ne
                                                                                        monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent")
     drained = {"node5": "healthd: xid 79 gpu3 (GPU-5) drain-reboot 2026-11-22T03:00:00Z"}
-    shell = node_daemon(tmp_path, ledger_dir, "node5", drained)
+    shell = node_daemon(tmp_path, ledger_dir, "node5", partition(drained))
     shell.periodic_check()  # the first check reads the node
     slots, _ = BreakerLedger(ledger_dir, "node0", now=lambda: T0).slots("gpu")
     assert [(s.node, s.reason) for s in slots] == [("node5", drained["node5"])]

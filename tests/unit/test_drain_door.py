@@ -1,5 +1,5 @@
 """The one drain door (clusterctl/slurm/drains.py): its rules as properties over every owner, node and
-share, and the stories of issue 22 on a Slurm node table (tests/fake_node_table.py)."""
+share, and the stories of issue 22 on a Slurm node table (tests/fakes.py's FakeNodeTable)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from clusterctl.slurm.drains import (
     STRAGGLER_RULES, DrainRequest, DrainRules, SlurmDrains, decide,
 )
 from clusterctl.slurm.nodes import NodeState, PartitionShare, SlurmNode, parse_partition_share
-from tests.fake_node_table import FakeNodeTable
+from tests.fakes import FakeNodeTable
 
 T0 = 1795305600.0
 AT = "2026-11-22T00:00:00Z"

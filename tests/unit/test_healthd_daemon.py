@@ -16,46 +16,10 @@ from clusterctl.healthd.daemon import Applied, Daemon, Observed
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.records.healthd_state import read_healthd_state
 from clusterctl.records.healthd_xid_history import read_xid_history
-from clusterctl.slurm.nodes import NodeState, PartitionShare
 from tests.conftest import import_testbed
+from tests.fakes import FakePartition
 
 T0 = 1795305600.0
-
-
-class FakeSlurm:
-    """This node and its partition, as Slurm would report them; records drains."""
-
-    def __init__(self, up: bool = True) -> None:
-        self.reason, self.up, self.drains = "", up, []
-
-    def check_up(self):
-        if not self.up:
-            raise SlurmCommandError(["sinfo"], 1, "Unable to contact slurm controller")
-
-    def state(self) -> NodeState:
-        self.check_up()
-        return NodeState("node3", "idle", ("DRAIN",) if self.reason else (), self.reason, ("gpu",))
-
-    def partition_nodes(self, partition):
-        self.check_up()
-        return [NodeState(f"n{i}", "idle", (), "", ("gpu",)) for i in range(9)] + [self.state()]
-
-    def partition_share(self, partition):
-        return PartitionShare.of(partition, self.partition_nodes(partition))
-
-    def partition_size(self, partition):
-        return len(self.partition_nodes(partition))
-
-    def drain(self, reason):
-        self.check_up()
-        self.drains.append(reason)
-        self.reason = reason
-
-    def resume(self):
-        self.reason = ""
-
-    def jobs_here(self):
-        return ("4242",)
 
 
 @pytest.fixture()
@@ -63,15 +27,16 @@ def config(tmp_path):
     return HealthdConfig(node="node3", state_dir=tmp_path / "run", journal_dir=tmp_path / "lib", metrics="")
 
 
-def daemon(config, slurm) -> Daemon:
-    return Daemon(config, slurm=slurm, clock=Clock(now=lambda: T0), boot_time=lambda: T0 - 3600)  # type: ignore[arg-type]
+def daemon(config, slurm: FakePartition) -> Daemon:
+    """node3's daemon in `slurm`'s partition."""
+    return Daemon(config, slurm=slurm("node3"), clock=Clock(now=lambda: T0), boot_time=lambda: T0 - 3600)
 
 
 LOST = Finding("gpu-lost", "nvml-event", T0, gpu=3, uuid="GPU-3")
 
 
 def test_a_drain_decided_while_slurm_is_away_is_applied_once_after_a_restart(config):
-    slurm = FakeSlurm(up=False)
+    slurm = FakePartition(up=False)
     first = daemon(config, slurm)
     first.handle(Observed("nvml-event", (LOST,)))
     planned = first.actions.get_nowait()
@@ -86,7 +51,7 @@ def test_a_drain_decided_while_slurm_is_away_is_applied_once_after_a_restart(con
 
 
 def test_the_state_file_shows_what_the_engine_holds(config):
-    shell = daemon(config, FakeSlurm())
+    shell = daemon(config, FakePartition())
     shell.handle(Observed("nvml-event", (LOST,)))
     shell.write_state()
     state = read_healthd_state(config.state_dir)
@@ -95,7 +60,7 @@ def test_the_state_file_shows_what_the_engine_holds(config):
 
 
 def test_an_app_xid_is_remembered_with_the_job_it_happened_in(config):
-    shell = daemon(config, FakeSlurm())
+    shell = daemon(config, FakePartition(jobs=("4242",)))
     shell.handle(Observed("nvml-event", (Finding("xid", "nvml-event", T0, gpu=1, xid=13),)))
     assert [(s.xid, s.gpu, s.job_ids) for s in read_xid_history(config.journal_dir)] == [(13, 1, ("4242",))]
 
@@ -104,7 +69,7 @@ def test_a_good_config_edit_is_applied_on_reload(tmp_path):
     path = tmp_path / "healthd.toml"
     base = f'node = "node3"\nstate_dir = "{tmp_path}/run"\njournal_dir = "{tmp_path}/lib"\nmetrics = ""\n'
     path.write_text(base + "check_interval = 15\n")
-    shell = Daemon(load_config(path), config_path=path, slurm=FakeSlurm())  # type: ignore[arg-type]
+    shell = Daemon(load_config(path), config_path=path, slurm=FakePartition()("node3"))
     path.write_text(base + "check_interval = 5\nresume_when_clean = true\n")
     assert shell.reload_config()
     assert shell.config.check_interval == 5 and shell.settings.resume_when_clean
@@ -114,47 +79,26 @@ def test_a_bad_config_edit_keeps_the_running_config(tmp_path):
     path = tmp_path / "healthd.toml"
     base = f'node = "node3"\nstate_dir = "{tmp_path}/run"\njournal_dir = "{tmp_path}/lib"\nmetrics = ""\n'
     path.write_text(base + "check_interval = 5\n")
-    shell = Daemon(load_config(path), config_path=path, slurm=FakeSlurm())  # type: ignore[arg-type]
+    shell = Daemon(load_config(path), config_path=path, slurm=FakePartition()("node3"))
     path.write_text(base + "check_interval = 'soon'\n")
     assert not shell.reload_config()
     assert shell.config.check_interval == 5  # a bad edit never takes a running daemon down
 
 
 def test_a_dry_run_daemon_changes_nothing_in_slurm(config):
-    slurm = FakeSlurm()
+    slurm = FakePartition()
     shell = daemon(replace(config, dry_run=True), slurm)
     shell.handle(Observed("nvml-event", (LOST,)))
     assert shell.apply(shell.actions.get_nowait()).result == "dry-run" and slurm.drains == []
-
-
-class CountingSlurm(FakeSlurm):
-    """FakeSlurm counting reads; `drained_others` nodes of its ten-node partition are drained by healthd."""
-
-    def __init__(self, drained_others: int = 0) -> None:
-        super().__init__()
-        self.reads: list[str] = []
-        self.drained_others = drained_others
-
-    def state(self) -> NodeState:
-        self.reads.append("node")
-        return super().state()
-
-    def partition_share(self, partition):
-        self.reads.append("share")
-        return PartitionShare(partition, 10, self.drained_others)
-
-    def partition_size(self, partition):
-        self.reads.append("size")
-        return 10
 
 
 def test_periodic_checks_ask_slurm_nothing_between_node_refreshes(config, monkeypatch):
     import threading
 
     monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent")  # no NVML: each check still runs
-    slurm = CountingSlurm()
+    slurm = FakePartition()
     shell = Daemon(replace(config, check_interval=0.1, disk_paths=(), kmsg=config.state_dir / "kmsg"),
-                   slurm=slurm)  # type: ignore[arg-type]
+                   slurm=slurm("node3"))
     threading.Timer(1.5, shell.stop.set).start()
     assert shell.run() == 0
     assert slurm.reads == ["node"]  # once at start; the next read is node_refresh_interval away
@@ -164,8 +108,8 @@ def test_periodic_checks_ask_slurm_nothing_between_node_refreshes(config, monkey
 
 def test_after_the_breaker_refused_a_fault_that_stays_is_tried_again_only_after_breaker_retry(config):
     now = [T0]
-    slurm = CountingSlurm(drained_others=1)
-    shell = Daemon(replace(config, breaker_retry=600.0), slurm=slurm,  # type: ignore[arg-type]
+    slurm = FakePartition(drained_by_healthd=1)  # 1 of its 10 nodes drained by healthd
+    shell = Daemon(replace(config, breaker_retry=600.0), slurm=slurm("node3"),
                    clock=Clock(now=lambda: now[0]), boot_time=lambda: T0 - 3600, jitter=lambda low, high: low)
 
     def check(*findings: Finding) -> list:
@@ -191,7 +135,7 @@ def test_after_the_breaker_refused_a_fault_that_stays_is_tried_again_only_after_
 
 
 def test_a_drain_leaves_healthd_knowing_the_node_is_drained_without_asking_again(config):
-    slurm = CountingSlurm()
+    slurm = FakePartition()
     shell = daemon(config, slurm)
     shell.handle(Observed("nvml-event", (LOST,)))
     action = shell.actions.get_nowait()
@@ -207,31 +151,13 @@ import os, signal, sys, threading
 from pathlib import Path
 from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.daemon import Daemon
-from clusterctl.slurm.nodes import NodeState, PartitionShare
-
-class Slurm:
-    reason = ""
-    def state(self):
-        return NodeState("node3", "idle", ("DRAIN",) if self.reason else (), self.reason, ("gpu",))
-    def partition_nodes(self, partition):
-        return [self.state()] + [NodeState(f"n{i}", "idle", (), "", ("gpu",)) for i in range(20)]
-
-    def partition_share(self, partition):
-        return PartitionShare.of(partition, self.partition_nodes(partition))
-
-    def partition_size(self, partition):
-        return len(self.partition_nodes(partition))
-
-    def drain(self, reason):
-        self.reason = reason
-    def jobs_here(self):
-        return ()
+from tests.fakes import FakePartition
 
 here = Path(sys.argv[1])
 config = HealthdConfig(node="node3", state_dir=here / "run", journal_dir=here / "lib", kmsg=here / "kmsg",
                        boot_id=here / "boot_id", metrics="", check_interval=0.5, disk_paths=("/",))
 threading.Timer(2.0, lambda: os.kill(os.getpid(), signal.SIGTERM)).start()
-sys.exit(Daemon(config, slurm=Slurm()).run())
+sys.exit(Daemon(config, slurm=FakePartition(21)("node3")).run())
 """
 
 
@@ -256,7 +182,7 @@ def run_daemon(tmp_path, lib: Path, kmsg: str):
     env = {**os.environ, "LD_LIBRARY_PATH": str(lib.parent), "NVML_EMU_DIR": str(tmp_path / "gpus")}
     env.pop("NVML_EMU_ROOT", None)
     done = subprocess.run([sys.executable, "-c", RUN_DAEMON, str(tmp_path)], capture_output=True, text=True,
-                          timeout=30, env=env)
+                          timeout=30, env=env, cwd=Path(__file__).parents[2])  # the checkout: for tests.fakes
     assert done.returncode == 0, done.stderr
 
 
@@ -296,7 +222,7 @@ def test_a_journal_from_another_healthd_version_is_set_aside_not_half_applied(co
     path = config.journal_dir / "actions.jsonl"
     config.journal_dir.mkdir(parents=True)
     path.write_text('{"planned": {"id": "a1", "op": "drain", "reason": "healthd: x", "at": 1.0, "finding": {}}}\n')
-    shell = daemon(config, FakeSlurm())
+    shell = daemon(config, FakePartition())
     assert shell.journal.pending() == ()
     [aside] = config.journal_dir.glob("actions.jsonl.unreadable-*")
     assert '"id": "a1"' in aside.read_text()

@@ -6,6 +6,7 @@ from clusterctl.healthd.checks import GpuSample
 from clusterctl.healthd.evidence import current_state, gpu_evidence, sample_gpus
 from clusterctl.records.actions import Action
 from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding
+from tests.fakes import FakeNvml
 
 
 def test_healthds_findings_join_the_gpu_they_are_about_and_acknowledged_ones_are_left_out():
@@ -42,35 +43,6 @@ def test_a_pending_row_remap_is_carried_and_a_stale_state_is_left_out():
     evidence = gpu_evidence("node4", 200.0, [GpuSample(0, "GPU-0", remap_pending=True)], state, [why])
     assert evidence.gpus[0].remapped_pending and evidence.gpus[0].findings == ()
     assert evidence.slowdown_reasons() == ()
-
-
-class FakeNvml:
-    """The calls `sample_gpus` makes of healthd.nvml.Nvml, answering from a table (no pynvml library)."""
-
-    def __init__(self, count: int, samples: dict[int, GpuSample | Exception], discover: Exception | None = None):
-        self.gpus, self.samples, self.discover_error = count, samples, discover
-        self.calls: list[str] = []
-
-    def init(self) -> None:
-        self.calls.append("init")
-
-    def count(self) -> int:
-        return self.gpus
-
-    def discover(self) -> list:
-        if self.discover_error:
-            raise self.discover_error
-        return []
-
-    def sample(self, index: int) -> GpuSample:
-        self.calls.append(f"sample {index}")
-        answer = self.samples[index]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    def shutdown(self) -> None:
-        self.calls.append("shutdown")
 
 
 def test_every_counted_gpu_is_sampled_and_what_cannot_be_read_is_a_problem_line():

@@ -25,35 +25,10 @@ from clusterctl.records.healthd_job_start import JobStart, read_job_start, write
 from clusterctl.records.healthd_node_record import read_node_record
 from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding, write_healthd_state
 from clusterctl.records.job_health import job_health_path, read_job_health
-from clusterctl.slurm.nodes import NodeState, PartitionShare
+from tests.fakes import FakeNodeSlurm, FakePartition
 
 
-class FakeSlurm:
-    def __init__(self, reason: str = "", drained_by_healthd: int = 0) -> None:
-        self.reason = reason
-        self.drains: list[str] = []
-        self.drained_by_healthd = drained_by_healthd  # other nodes of the partition
-
-    def __call__(self, node):
-        return self
-
-    def state(self):
-        return NodeState("node3", "idle", ("DRAIN",) if self.reason else (), self.reason, ("gpu",))
-
-    def partition_nodes(self, partition):
-        others = [NodeState(f"n{i}", "idle", ("DRAIN",), "healthd: ecc-dbe gpu0 drain-reset 2026-11-22T00:00:00Z",
-                            ("gpu",)) for i in range(self.drained_by_healthd)]
-        return others + [NodeState(f"m{i}", "idle", (), "", ("gpu",)) for i in range(19 - len(others))] + [self.state()]
-
-    def partition_share(self, partition):
-        return PartitionShare.of(partition, self.partition_nodes(partition))
-
-    def partition_size(self, partition):
-        return len(self.partition_nodes(partition))
-
-    def drain(self, reason):
-        self.drains.append(reason)
-        self.reason = reason
+NODES = 20  # node3's partition
 
 
 @pytest.fixture()
@@ -119,14 +94,14 @@ def lost_gpu(*args, **kwargs) -> GateReport:
 
 
 def test_prolog_refuses_a_lost_gpu_and_drains_with_an_owned_reason(config, capsys):
-    slurm = FakeSlurm()
+    slurm = FakePartition(NODES)
     assert run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, slurm, config, node_check=lost_gpu) == 1
     assert slurm.drains and slurm.drains[0].startswith("healthd: gpu-lost gpu1 ")
     assert "job 7 refused on node3: gpu1 gpu-lost" in capsys.readouterr().err
 
 
 def test_while_healthd_holds_the_breaker_open_a_prolog_lets_the_job_in_without_asking_slurm(config, capsys):
-    class Unreachable(FakeSlurm):
+    class Unreachable(FakeNodeSlurm):  # this test's own: any read of the node fails the test
         def state(self):
             raise AssertionError("the prolog asked Slurm")
 
@@ -134,9 +109,13 @@ def test_while_healthd_holds_the_breaker_open_a_prolog_lets_the_job_in_without_a
     alert = Alert(utc(now - 60), "breaker-open", "healthd: gpu-lost gpu1 drain-reboot",
                   "3 of 20 nodes in gpu already drained by healthd; draining node3 would exceed 10%")
     write_state(config, replace(state(now, {}), alerts=(alert,)))
-    assert run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, Unreachable(), config, node_check=lost_gpu) == 0
+
+    def unreachable(node: str) -> FakeNodeSlurm:
+        return Unreachable(FakePartition(NODES), node)
+
+    assert run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, unreachable, config, node_check=lost_gpu) == 0
     assert "breaker open (healthd, " in capsys.readouterr().err
-    slurm = FakeSlurm(drained_by_healthd=3)  # an hour later the partition is read again
+    slurm = FakePartition(NODES, drained_by_healthd=3)  # an hour later the partition is read again
     write_state(config, replace(state(now, {}), alerts=(replace(alert, at=utc(now - 3600)),)))
     assert run_prolog({"SLURM_JOB_ID": "8", "SLURM_JOB_GPUS": "0,1"}, slurm, config, node_check=lost_gpu) == 0
     assert slurm.drains == [] and "3 of 20 nodes in gpu" in capsys.readouterr().err
@@ -144,14 +123,14 @@ def test_while_healthd_holds_the_breaker_open_a_prolog_lets_the_job_in_without_a
 
 def test_a_prolog_that_cannot_load_nvml_lets_the_job_in_and_drains_nothing(config, capsys):
     # "library not found" is the same on every node at once: it cannot judge a GPU, so it drains no node.
-    slurm = FakeSlurm()
+    slurm = FakePartition(NODES)
     assert run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, slurm, config) == 0
     assert slurm.drains == [] and read_node_record(config.journal_dir) == ()
     assert "nvml-unavailable" in capsys.readouterr().err
 
 
 def test_a_refused_job_is_recorded_on_the_node(config):
-    run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, FakeSlurm(), config, node_check=lost_gpu)
+    run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, FakePartition(NODES), config, node_check=lost_gpu)
     [entry] = read_node_record(config.journal_dir)
     assert (entry.hook, entry.job_id, entry.node) == ("prolog", "7", "node3")
     assert entry.outcome.startswith("drained: healthd: gpu-lost ")
@@ -159,13 +138,13 @@ def test_a_refused_job_is_recorded_on_the_node(config):
 
 def test_the_prolog_notes_when_the_job_started_for_its_epilog(config):
     before = time.time()
-    run_prolog({"SLURM_JOB_ID": "11", "SLURM_JOB_GPUS": "0,1"}, FakeSlurm(), config)
+    run_prolog({"SLURM_JOB_ID": "11", "SLURM_JOB_GPUS": "0,1"}, FakePartition(NODES), config)
     start = read_job_start(config.journal_dir, "11")
     assert start is not None and start.gpus == (0, 1) and before <= start.start <= time.time()
 
 
 def test_prolog_never_relabels_an_existing_drain(config):
-    slurm = FakeSlurm(reason="admin: bad fan")
+    slurm = FakePartition(NODES, drained={"node3": "admin: bad fan"})
     assert run_prolog({"SLURM_JOB_ID": "8"}, slurm, config, node_check=lost_gpu) == 1
     assert slurm.drains == []
 
@@ -175,7 +154,7 @@ def test_epilog_names_the_node_and_gpu_that_broke_the_job(config):
     write_job_start(config.journal_dir, JobStart("42", now - 30))
     write_state(config, state(now, {3: [finding("xid", Action.DRAIN_REBOOT, now - 10, xid=79, handled=True)],
                                     6: [finding("xid", Action.APP_FAULT, now - 5, xid=13)]}))
-    slurm = FakeSlurm()
+    slurm = FakePartition(NODES)
     assert run_epilog({"SLURM_JOB_ID": "42", "SLURMD_NODENAME": "node3"}, slurm, config) == 0
     record = read_job_health(job_health_path(config.job_records_dir, "42", "node3"))
     assert {(f.what, f.gpu, f.action) for f in record.findings} >= {("xid 79", 3, Action.DRAIN_REBOOT),
@@ -189,7 +168,7 @@ def test_epilog_does_not_blame_a_job_for_a_kernel_xid_from_before_it(config):
     write_job_start(config.journal_dir, JobStart("44", now - 30))
     boot_usec = int((time.monotonic() - 3600) * 1e6)  # logged an hour ago
     config.kmsg.write_text(f"3,1,{boot_usec},-;NVRM: Xid (PCI:0000:1b:00): 48, pid=1, old\n")
-    run_epilog({"SLURM_JOB_ID": "44", "SLURMD_NODENAME": "node3"}, FakeSlurm(), config,
+    run_epilog({"SLURM_JOB_ID": "44", "SLURMD_NODENAME": "node3"}, FakePartition(NODES), config,
                node_check=lambda *args, **kwargs: GateReport())
     record = read_job_health(job_health_path(config.job_records_dir, "44", "node3"))
     assert record.findings == ()
@@ -197,7 +176,7 @@ def test_epilog_does_not_blame_a_job_for_a_kernel_xid_from_before_it(config):
 
 def test_epilog_forgets_the_job_start_once_its_record_is_written(config):
     write_job_start(config.journal_dir, JobStart("45", time.time() - 30))
-    run_epilog({"SLURM_JOB_ID": "45", "SLURMD_NODENAME": "node3"}, FakeSlurm(), config,
+    run_epilog({"SLURM_JOB_ID": "45", "SLURMD_NODENAME": "node3"}, FakePartition(NODES), config,
                node_check=lambda *args, **kwargs: GateReport())
     assert read_job_start(config.journal_dir, "45") is None
 
@@ -206,7 +185,7 @@ def test_epilog_with_an_app_fault_only_keeps_the_node(config):
     now = time.time()
     write_state(config, state(now, {1: [finding("xid", Action.APP_FAULT, now - 1, xid=13)]}))
     config = replace(config, kmsg=config.kmsg.parent / "none")
-    slurm = FakeSlurm()
+    slurm = FakePartition(NODES)
     # With NVML absent here the direct check would blame the driver: pass a healthy node's check.
     run_epilog({"SLURM_JOB_ID": "43", "SLURMD_NODENAME": "node3"}, slurm, config,
                node_check=lambda *args, **kwargs: GateReport())
@@ -220,14 +199,14 @@ def test_an_epilog_drain_says_the_action_it_drains_for(config):
         finding = Finding("nvml-hang", "prolog", time.time(), value="nvmlDeviceGetCount")
         return GateReport(problems=[Problem(finding, gate_verdict(finding, PolicyConfig()))])
 
-    slurm = FakeSlurm()
+    slurm = FakePartition(NODES)
     run_epilog({"SLURM_JOB_ID": "46", "SLURMD_NODENAME": "node3"}, slurm, config, node_check=driver_hung)
     assert slurm.drains and slurm.drains[0].startswith("healthd: nvml-hang drain-reset ")
 
 
 def test_health_check_answers_from_fresh_state(config, capsys):
     write_state(config, state(time.time(), {0: []}))
-    slurm = FakeSlurm()
+    slurm = FakePartition(NODES)
     assert run_health_check({}, slurm, config) == 0
     assert "node3 healthy (healthd state)" in capsys.readouterr().out and slurm.drains == []
 
@@ -235,7 +214,7 @@ def test_health_check_answers_from_fresh_state(config, capsys):
 def test_health_check_drains_for_a_blocking_verdict_in_fresh_state(config):
     now = time.time()
     write_state(config, state(now, {5: [finding("ecc-dbe", Action.DRAIN_RESET, now, current=True)]}))
-    slurm = FakeSlurm()
+    slurm = FakePartition(NODES)
     run_health_check({}, slurm, config)
     assert slurm.drains and slurm.drains[0].startswith("healthd: ecc-dbe gpu5 ")
 
@@ -246,7 +225,7 @@ def test_a_state_from_a_newer_healthd_is_not_trusted(config, capsys):
     write_state(config, state(time.time(), {0: []}))
     path = config.state_dir / "state.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "version": 99}))
-    run_health_check({}, FakeSlurm(), config)
+    run_health_check({}, FakePartition(NODES), config)
     err = capsys.readouterr().err
     assert "healthd-state record version 99 is newer than this clusterctl understands" in err
     assert "checking NVML directly" in err
@@ -268,7 +247,7 @@ def test_an_epilog_interrupted_while_writing_leaves_no_record_to_half_read_and_s
         raise OSError("power cut")
 
     monkeypatch.setattr(os, "fsync", power_cut)
-    assert run_epilog({"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "node3"}, FakeSlurm(), config,
+    assert run_epilog({"SLURM_JOB_ID": "9", "SLURMD_NODENAME": "node3"}, FakePartition(NODES), config,
                       node_check=lambda *args, **kwargs: GateReport()) == 0
     monkeypatch.undo()
     assert list((config.job_records_dir / "9").iterdir()) == []
@@ -278,7 +257,7 @@ def test_an_epilog_interrupted_while_writing_leaves_no_record_to_half_read_and_s
 def test_a_hook_leaves_no_alarm_armed(config):
     import signal
 
-    run_prolog({"SLURM_JOB_ID": "10"}, FakeSlurm(), config)
+    run_prolog({"SLURM_JOB_ID": "10"}, FakePartition(NODES), config)
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 

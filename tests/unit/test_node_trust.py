@@ -29,9 +29,10 @@ from clusterctl.records.healthd_job_start import JobStart, write_job_start
 from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding, write_healthd_state
 from clusterctl.records.healthd_xid_history import XidSighting, append_xid_sighting, read_xid_history
 from clusterctl.records.job_health import JobHealthRecord, job_health_path, read_job_health, write_job_health
-from clusterctl.slurm.nodes import NodeState, PartitionShare
+from tests.fakes import FakePartition
 
 T0 = 1795305600.0
+NODES = 20  # node3's partition
 OWN = {"0000:18:00", "0000:2a:00"}
 
 
@@ -52,37 +53,6 @@ def test_a_forged_or_foreign_kernel_line_is_no_xid(line):
 def test_the_drivers_own_line_about_this_nodes_gpu_is_an_xid():
     event = parse_gpu_event(parse_record("3,5,1,-;NVRM: Xid (PCI:0000:2a:00): 48, pid=1, dbe"), OWN)
     assert event is not None and (event.pci_bus, event.xid) == ("0000:2a:00", 48)
-
-
-class FakeSlurm:
-    def __init__(self, drained_by_healthd: int = 0, jobs: tuple[str, ...] = ()) -> None:
-        self.drains: list[str] = []
-        self.reason = ""
-        self.drained_by_healthd, self.jobs = drained_by_healthd, jobs
-
-    def __call__(self, node):
-        return self
-
-    def state(self):
-        return NodeState("node3", "idle", ("DRAIN",) if self.reason else (), self.reason, ("gpu",))
-
-    def partition_nodes(self, partition):
-        others = [NodeState(f"n{i}", "idle", ("DRAIN",), "healthd: ecc-dbe gpu0 drain-reset 2026-11-22T00:00:00Z",
-                            ("gpu",)) for i in range(self.drained_by_healthd)]
-        return others + [NodeState(f"m{i}", "idle", (), "", ("gpu",)) for i in range(19 - len(others))] + [self.state()]
-
-    def partition_share(self, partition):
-        return PartitionShare.of(partition, self.partition_nodes(partition))
-
-    def partition_size(self, partition):
-        return len(self.partition_nodes(partition))
-
-    def drain(self, reason):
-        self.drains.append(reason)
-        self.reason = reason
-
-    def jobs_here(self):
-        return self.jobs
 
 
 @pytest.fixture()
@@ -106,7 +76,7 @@ def test_the_epilog_does_not_blame_the_node_for_a_forged_kernel_line(config):
     now_usec = int(time.monotonic() * 1e6)
     config.kmsg.write_text(f"14,1,{now_usec},-;NVRM: Xid (PCI:0000:18:00): 79, pid=1, forged by a user\n"
                            f'3,2,{now_usec},-;overlayfs: bad option "NVRM: Xid (PCI:0000:2a:00): 79, pid=1"\n')
-    slurm = FakeSlurm()
+    slurm = FakePartition(NODES)
     assert run_epilog({"SLURM_JOB_ID": "51", "SLURMD_NODENAME": "node3"}, slurm, config, node_check=healthy) == 0
     record = read_job_health(job_health_path(config.job_records_dir, "51", "node3"))
     assert record.findings == () and slurm.drains == []
@@ -132,7 +102,7 @@ def test_one_app_xid_on_a_shared_node_is_the_one_jobs_and_drains_nothing(config)
     now = [T0]
     write_job_start(config.journal_dir, JobStart("101", T0 - 60, (0,), uid=1000))
     write_job_start(config.journal_dir, JobStart("102", T0 - 60, (1,), uid=1001))
-    shell = Daemon(config, slurm=FakeSlurm(jobs=("101", "102")), clock=Clock(now=lambda: now[0]))  # type: ignore[arg-type]
+    shell = Daemon(config, slurm=FakePartition(NODES, jobs=("101", "102"))("node3"), clock=Clock(now=lambda: now[0]))
     shell.handle(xid13(1, T0))
     assert shell.actions.empty(), "one Xid in one job is no repeat across jobs"
     assert [(s.job_ids, s.users) for s in read_xid_history(config.journal_dir)] == [(("102",), ("1001",))]
@@ -140,8 +110,8 @@ def test_one_app_xid_on_a_shared_node_is_the_one_jobs_and_drains_nothing(config)
 
 def test_a_users_own_jobs_repeating_an_app_xid_drain_nothing_another_users_do(config):
     now = [T0]
-    slurm = FakeSlurm()
-    shell = Daemon(config, slurm=slurm, clock=Clock(now=lambda: now[0]))  # type: ignore[arg-type]
+    slurm = FakePartition(NODES)
+    shell = Daemon(config, slurm=slurm("node3"), clock=Clock(now=lambda: now[0]))
     for job, uid in (("201", 1000), ("202", 1000), ("203", 2000)):
         write_job_start(config.journal_dir, JobStart(job, now[0], (1,), uid=uid))
         slurm.jobs = (job,)
@@ -182,7 +152,7 @@ def healthd_stand_in():
 
 
 def test_no_hook_drains_past_the_breaker(config, capsys, healthd_stand_in):
-    slurm = FakeSlurm(drained_by_healthd=3)  # 3 of 20 already drained by healthd; the share is 10%
+    slurm = FakePartition(NODES, drained_by_healthd=3)  # 3 of 20 already drained by healthd; the share is 10%
     assert run_prolog({"SLURM_JOB_ID": "61", "SLURM_JOB_GPUS": "1"}, slurm, config, node_check=lost_gpu) == 0
     assert run_epilog({"SLURM_JOB_ID": "61", "SLURMD_NODENAME": "node3"}, slurm, config, node_check=lost_gpu) == 0
     lost = StateFinding("gpu-lost", Action.DRAIN_REBOOT, "lost", "periodic", time.time(), gpu=1, current=True)
@@ -246,11 +216,11 @@ def test_a_records_directory_anyone_can_rename_in_is_refused(tmp_path):
 def test_the_epilog_exits_0_when_its_record_path_is_planted_or_unwritable(config, capsys):
     config.job_records_dir.mkdir()
     (config.job_records_dir / "74").symlink_to(config.journal_dir)
-    assert run_epilog({"SLURM_JOB_ID": "74", "SLURMD_NODENAME": "node3"}, FakeSlurm(), config,
+    assert run_epilog({"SLURM_JOB_ID": "74", "SLURMD_NODENAME": "node3"}, FakePartition(NODES), config,
                       node_check=healthy) == 0
     blocked = replace(config, job_records_dir=config.kmsg)  # a file, not a directory
     config.kmsg.write_text("")
-    assert run_epilog({"SLURM_JOB_ID": "75", "SLURMD_NODENAME": "node3"}, FakeSlurm(), blocked,
+    assert run_epilog({"SLURM_JOB_ID": "75", "SLURMD_NODENAME": "node3"}, FakePartition(NODES), blocked,
                       node_check=healthy) == 0
     err = capsys.readouterr().err
     assert err.count("record NOT written") == 2 and "Traceback" not in err
@@ -271,7 +241,7 @@ def test_a_starting_daemon_keeps_only_the_xid_history_that_can_still_count(confi
     config.journal_dir.mkdir(parents=True)
     for day in range(30):
         append_xid_sighting(config.journal_dir, XidSighting(T0 - day * 86400 - 10, 13, "kmsg", 1, "", ("1",)))
-    Daemon(config, slurm=FakeSlurm(), clock=Clock(now=lambda: T0))  # type: ignore[arg-type]
+    Daemon(config, slurm=FakePartition(NODES)("node3"), clock=Clock(now=lambda: T0))
     assert [s.at for s in read_xid_history(config.journal_dir)] == [T0 - 10]
 
 
@@ -304,6 +274,6 @@ def test_nonsense_or_undecodable_healthd_config_is_one_clear_error(tmp_path):
 
 
 def test_a_health_check_that_cannot_load_nvml_drains_nothing(config, capsys):
-    slurm = FakeSlurm()
+    slurm = FakePartition(NODES)
     assert run_health_check({}, slurm, replace(config, checks=CheckLimits(expected_gpus=8))) == 0
     assert slurm.drains == [] and "nvml-unavailable" in capsys.readouterr().err

@@ -1,0 +1,238 @@
+"""The tests' doors: one fake per door Protocol, shared by every test that needs that door.
+
+- `FakePartition` — one Slurm partition as healthd sees it, node by node: calling it with a node's name
+  gives that node's `NodeSlurm` (clusterctl/slurm/nodes.py), so it is also a hooks' `slurm_factory`.
+- `FakeNodeTable` — Slurm's node table one level lower, as a `Runner` (clusterctl/slurm/commands.py):
+  it answers the argv `SlurmNode` really runs, in the shapes Slurm 22.05 prints them.
+- `FakeNvmlDriver` — NVML's answers at the one call door (`NvmlCalls`, healthd/nvml.py), below `Nvml`.
+- `FakeNvml` — `NvmlReader` (healthd/nvml.py) answering from a table of samples, with no NVML library.
+
+`_fakes_satisfy_the_doors` at the end is checked by mypy (scripts/lint.sh): a fake that drifts from
+its Protocol fails the lint, not a test far away.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+
+from clusterctl.errors import SlurmCommandError
+from clusterctl.healthd.checks import GpuSample
+from clusterctl.healthd.nvml import GpuIdentity, NvmlCalls, NvmlReader, handle_address
+from clusterctl.records.drain_reason import HEALTHD, DrainOwner
+from clusterctl.slurm.commands import Completed, Runner
+from clusterctl.slurm.nodes import NodeSlurm, NodeState, PartitionShare
+
+HEALTHD_FAULT = "healthd: ecc-dbe gpu0 drain-reset 2026-11-22T00:00:00Z"
+"""The reason of the nodes `FakePartition(drained_by_healthd=n)` starts drained."""
+
+
+# ---- Slurm, one node at a time (NodeSlurm) -----------------------------------------------------
+
+class FakePartition:
+    """A partition of `size` idle nodes `node1`..`node<size>` (or the names given), as Slurm would report them.
+
+    `drained_by_healthd`: that many nodes (the last ones) start drained with healthd's reason;
+    `drained`: more nodes' reasons by name.  `reasons` is the live table (node → drain reason), shared by
+    every node's door, so several daemons or hooks can drain in the same partition.  What the doors did
+    is kept: `drains` (every drain's reason, in order) and `reads` ("node", "share", "size": each Slurm
+    read).  `jobs`: what `jobs_here` answers on every node.  With `up` false every call raises
+    SlurmCommandError, as when slurmctld cannot be reached.
+    """
+
+    def __init__(self, size: int | Sequence[str] = 10, *, name: str = "gpu", drained_by_healthd: int = 0,
+                 drained: Mapping[str, str] | None = None, jobs: tuple[str, ...] = (), up: bool = True) -> None:
+        self.nodes = [f"node{i}" for i in range(1, size + 1)] if isinstance(size, int) else list(size)
+        self.name, self.jobs, self.up = name, jobs, up
+        by_healthd = self.nodes[len(self.nodes) - drained_by_healthd:] if drained_by_healthd else []
+        self.reasons: dict[str, str] = {node: HEALTHD_FAULT for node in by_healthd}
+        self.reasons.update(drained or {})
+        self.drains: list[str] = []
+        self.reads: list[str] = []
+
+    def __call__(self, node: str) -> FakeNodeSlurm:
+        """Node `node`'s door (a hooks' `slurm_factory`)."""
+        return FakeNodeSlurm(self, node)
+
+    def check_up(self) -> None:
+        if not self.up:
+            raise SlurmCommandError(["sinfo"], 1, "Unable to contact slurm controller")
+
+    def node_state(self, node: str) -> NodeState:
+        """`node` as Slurm shows it now (no read is counted)."""
+        if node not in self.nodes:
+            raise SlurmCommandError(["sinfo", "-n", node], 0, f"node {node} not known to Slurm")
+        reason = self.reasons.get(node, "")
+        return NodeState(node, "idle", ("DRAIN",) if reason else (), reason, (self.name,))
+
+    def share(self, partition: str, owner: DrainOwner = HEALTHD) -> PartitionShare:
+        """The partition's size and its nodes drained by `owner` (no read is counted)."""
+        return PartitionShare.of(partition, [self.node_state(node) for node in self.nodes], owner)
+
+
+class FakeNodeSlurm:
+    """One node's `NodeSlurm` in a `FakePartition`: what it does lands in the partition's table and records."""
+
+    def __init__(self, partition: FakePartition, node: str) -> None:
+        self.partition, self.node = partition, node
+
+    def state(self) -> NodeState:
+        self.partition.check_up()
+        self.partition.reads.append("node")
+        return self.partition.node_state(self.node)
+
+    def partition_share(self, partition: str, owner: DrainOwner = HEALTHD) -> PartitionShare:
+        self.partition.check_up()
+        self.partition.reads.append("share")
+        return self.partition.share(partition, owner)
+
+    def partition_size(self, partition: str) -> int:
+        self.partition.check_up()
+        self.partition.reads.append("size")
+        return len(self.partition.nodes)
+
+    def drain(self, reason: str) -> None:
+        self.partition.check_up()
+        self.partition.drains.append(reason)
+        self.partition.reasons[self.node] = reason
+
+    def resume(self) -> None:
+        self.partition.check_up()
+        self.partition.reasons.pop(self.node, None)
+
+    def jobs_here(self) -> tuple[str, ...]:
+        self.partition.check_up()
+        return self.partition.jobs
+
+
+# ---- Slurm's node table, as a Runner ------------------------------------------------------------
+
+class FakeNodeTable:
+    """A partition of nodes, each idle or drained with a reason (`drained`: node → reason), answering
+    `sinfo -h -n N -o %N|%T|%P|%E`, `sinfo -h -p P -o %D|%T|%E` and `scontrol update NodeName=...` as
+    Slurm 22.05 prints them; every argv it was given is kept (`calls`)."""
+
+    def __init__(self, nodes: Sequence[str], drained: dict[str, str] | None = None, partition: str = "gpu",
+                 down: Sequence[str] = ()) -> None:
+        self.nodes, self.partition = list(nodes), partition
+        self.reasons = dict(drained or {})
+        self.down = set(down)
+        self.calls: list[list[str]] = []
+        self.drains: list[tuple[str, str]] = []
+        """(node, reason) of every drain made."""
+
+    def _state(self, node: str) -> str:
+        if node in self.reasons:
+            return "drained" if node not in self.down else "down+drain"
+        return "down*" if node in self.down else "idle"
+
+    def updates(self) -> list[list[str]]:
+        """Every `scontrol update` given."""
+        return [argv for argv in self.calls if argv[:2] == ["scontrol", "update"]]
+
+    def __call__(self, argv: Sequence[str], timeout: float) -> Completed:
+        argv = list(argv)
+        self.calls.append(argv)
+        if argv[:3] == ["sinfo", "-h", "-n"]:
+            node = argv[3]
+            if node not in self.nodes:
+                return Completed(0, "", "")
+            reason = self.reasons.get(node, "not responding" if node in self.down else "none")
+            return Completed(0, f"{node}|{self._state(node)}|{self.partition}*|{reason}\n", "")
+        if argv[:3] == ["sinfo", "-h", "-p"]:
+            groups: dict[tuple[str, str], int] = {}
+            for node in self.nodes:
+                key = (self._state(node), self.reasons.get(node, "none"))
+                groups[key] = groups.get(key, 0) + 1
+            return Completed(0, "".join(f"{count}|{state}|{reason}\n" for (state, reason), count in groups.items()), "")
+        if argv[:2] == ["scontrol", "update"]:
+            fields = dict(arg.split("=", 1) for arg in argv[2:])
+            if fields.get("State") == "DRAIN":
+                self.reasons[fields["NodeName"]] = fields["Reason"]
+                self.drains.append((fields["NodeName"], fields["Reason"]))
+            elif fields.get("State") == "RESUME":
+                self.reasons.pop(fields["NodeName"], None)
+            return Completed(0, "", "")
+        return Completed(1, "", f"unexpected command {argv}")
+
+
+# ---- NVML --------------------------------------------------------------------------------------
+
+DRIVER_HANDLE_BASE = 0x1000
+"""GPU i's handle from `FakeNvmlDriver` is the pointer DRIVER_HANDLE_BASE + i."""
+
+
+class FakeNvmlDriver:
+    """NVML's answers at the call door (`NvmlCalls`) for `count` GPUs, GPU i at PCI 0000:1i:00; GPUs in
+    `lost` answer NVML_ERROR_GPU_IS_LOST.  `before[name]` runs once, just before that call: where another
+    thread could run while this one waits on the driver, so a test interleaves two threads deterministically."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.lost: set[int] = set()
+        self.before: dict[str, Callable[[], None]] = {}
+
+    def __call__(self, name: str, fn: Callable[..., Any], *args: Any, timeout: float | None = None) -> Any:
+        hook = self.before.pop(name, None)
+        if hook is not None:
+            hook()
+        if name == "nvmlDeviceGetCount":
+            return self.count
+        if name == "nvmlDeviceGetHandleByIndex":
+            return ctypes.c_void_p(DRIVER_HANDLE_BASE + args[0])
+        if name in ("nvmlEventSetCreate", "nvmlEventSetFree"):
+            return object()
+        index = handle_address(args[0]) - DRIVER_HANDLE_BASE
+        if index in self.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        answers = {"nvmlDeviceGetUUID": f"GPU-{index}",
+                   "nvmlDeviceGetPciInfo": SimpleNamespace(busId=f"0000:1{index}:00.0"),
+                   "nvmlDeviceGetSupportedEventTypes": pynvml.nvmlEventTypeXidCriticalError,
+                   "nvmlDeviceRegisterEvents": None}
+        return answers[name]
+
+
+class FakeNvml:
+    """`NvmlReader` answering from a table: `count` GPUs, `samples[i]` GPU i's sample or the error reading
+    it raises; `discover` raises `discover` when given.  `calls` keeps init, each sample and shutdown."""
+
+    def __init__(self, count: int, samples: Mapping[int, GpuSample | Exception],
+                 discover: Exception | None = None) -> None:
+        self.gpus, self.samples, self.discover_error = count, dict(samples), discover
+        self.calls: list[str] = []
+
+    def init(self) -> None:
+        self.calls.append("init")
+
+    def count(self) -> int:
+        return self.gpus
+
+    def discover(self) -> list[GpuIdentity]:
+        if self.discover_error:
+            raise self.discover_error
+        return []
+
+    def sample(self, index: int) -> GpuSample:
+        self.calls.append(f"sample {index}")
+        answer = self.samples[index]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
+
+def _fakes_satisfy_the_doors() -> None:
+    """Never called: mypy checks each fake against its door's Protocol (scripts/lint.sh)."""
+    partition = FakePartition()
+    node: NodeSlurm = partition("node3")
+    factory: Callable[[str], NodeSlurm] = partition
+    runner: Runner = FakeNodeTable(["node1"])
+    calls: NvmlCalls = FakeNvmlDriver(1)
+    reader: NvmlReader = FakeNvml(1, {})
+    del node, factory, runner, calls, reader
