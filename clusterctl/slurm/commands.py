@@ -7,6 +7,7 @@ import subprocess
 import weakref
 from dataclasses import replace
 from collections.abc import Callable, Sequence
+from typing import Protocol
 from dataclasses import dataclass
 
 from clusterctl.errors import SlurmCommandError
@@ -93,6 +94,19 @@ def parse_exit_code(text: str) -> tuple[int | None, int | None]:
     if match is None:
         return None, None
     return int(match[1]), int(match[2]) or None
+
+
+class TopologySource(Protocol):
+    """What a job's plan step asks of Slurm: the switch topology (`scontrol show topology`)."""
+
+    def show_topology(self) -> str: ...
+
+
+class AllocationSlurm(TopologySource, Protocol):
+    """What the in-allocation agent asks of Slurm (`Slurm`, or a test's fake): the topology for each
+    step's plan, and giving failed nodes back to Slurm while the job runs on."""
+
+    def shrink_job(self, job_id: str, keep: Sequence[str]) -> None: ...
 
 
 class Slurm:

@@ -51,7 +51,7 @@ from clusterctl.records.rank_progress import read_progress
 from clusterctl.records.run_journal import OutcomeKind, RecoveredInAllocation, append_run_event, read_run_journal
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
-from clusterctl.slurm.commands import Slurm
+from clusterctl.slurm.commands import AllocationSlurm, Slurm
 from clusterctl.slurm.drains import SlurmDrains
 from clusterctl.slurm.nodes import NodeState, SlurmNode
 
@@ -158,7 +158,7 @@ class Step:
 class AgentDoors:
     """Side effects, passed in so tests can swap them."""
 
-    slurm: Slurm
+    slurm: AllocationSlurm
     node_state: Callable[[str], NodeState]
     start_step: Callable[[Sequence[str], Mapping[str, str]], Step]
     monotonic: Callable[[], float] = time.monotonic

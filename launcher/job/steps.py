@@ -32,7 +32,7 @@ from clusterctl.records.rank_map import JobRankMap, write_rank_map
 from clusterctl.records.rank_record import RankRecord, write_rank_record
 
 if TYPE_CHECKING:
-    from clusterctl.slurm.commands import Slurm
+    from clusterctl.slurm.commands import TopologySource
     from clusterctl.slurm.topology import Topology
 
 EXIT_PREFLIGHT = 86  # a rank is not where the map says: fail the job before any work
@@ -48,7 +48,7 @@ def flat_topology(nodes: Sequence[str]) -> Topology:
     return Topology({"(flat)": None}, {n: "(flat)" for n in nodes}, source="no topology")
 
 
-def job_topology(spec_topology: str | None, slurm: Slurm, nodes: Sequence[str]) -> tuple[Topology, str | None]:
+def job_topology(spec_topology: str | None, slurm: TopologySource, nodes: Sequence[str]) -> tuple[Topology, str | None]:
     """The spec's topology file, else Slurm's; a flat one (with a warning) when Slurm has none."""
     from clusterctl.slurm.topology import load_topology, parse_scontrol_topology
     if spec_topology:
@@ -69,7 +69,7 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm: Slurm) -> JobRankMap:
+def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm: TopologySource) -> JobRankMap:
     """Compute and write the job's rank map; returns it."""
     # Imported here, not at the top: every rank runs this module (the `rank` step), and on a
     # node starting 8 ranks the planner's imports (rich among them) cost more than the check.

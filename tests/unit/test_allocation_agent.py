@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from clusterctl.errors import SlurmCommandError
@@ -18,7 +19,7 @@ from clusterctl.records.run_journal import (
 )
 from clusterctl.slurm.nodes import NodeState
 from clusterctl.slurm.drains import SlurmDrains
-from tests.fake_node_table import FakeNodeTable
+from tests.fakes import FakeNodeTable
 
 SPEC = """
 [job]
@@ -78,13 +79,15 @@ class Cluster:
 
 
 class FakeSlurm:
-    def __init__(self, cluster):
+    """The agent's Slurm (clusterctl.slurm.commands.AllocationSlurm): no topology; shrinks recorded."""
+
+    def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
 
-    def show_topology(self):
+    def show_topology(self) -> str:
         return ""
 
-    def shrink_job(self, job_id, keep):
+    def shrink_job(self, job_id: str, keep: Sequence[str]) -> None:
         self.cluster.shrinks.append((job_id, tuple(keep)))
 
 
@@ -105,7 +108,7 @@ def agent(tmp_path: Path, cluster: Cluster) -> Agent:
     def sleep(seconds):
         clock[0] += seconds
 
-    doors = AgentDoors(FakeSlurm(cluster), lambda name: cluster.states[name], cluster.start,  # type: ignore[arg-type]
+    doors = AgentDoors(FakeSlurm(cluster), lambda name: cluster.states[name], cluster.start,
                        monotonic=lambda: clock[0], now=lambda: 1795305600.0 + clock[0], sleep=sleep,
                        say=lambda message: None)
     return Agent(run.path, run.path / "jobs" / "42", spec, environ, doors, python="/venv/bin/python")

@@ -18,7 +18,7 @@ from clusterctl.records.run_journal import StragglerFound, append_run_event
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
 from clusterctl.slurm.drains import SlurmDrains
-from tests.fake_node_table import FakeNodeTable
+from tests.fakes import FakeNodeTable
 from tests.conftest import REPO
 from tests.unit.test_supervisor_loop import Clock, ScriptedSlurm
 
