@@ -293,7 +293,7 @@ def report(run_dir: Path, as_json: bool) -> None:
 
 
 def _resolve_target(target: str | None) -> list[RunDir]:
-    return resolve_runs(target, Path(default_runs_dir()))
+    return resolve_runs(target, Path(default_runs_dir()), lambda note: click.echo(f"clusterctl: {note}", err=True))
 
 
 @cli.command()

@@ -106,10 +106,17 @@ def wait_for_job(slurm: Slurm, job_id: str, sleep: Callable[[float], None] = tim
 
 
 # ---- runs: find, cancel, status, report ---------------------------------------------------------
-def resolve_runs(target: str | None, runs_root: Path) -> list[RunDir]:
-    """The runs a command means: RUN (a directory), JOB (a job id one of them submitted), or the newest."""
+def resolve_runs(target: str | None, runs_root: Path,
+                 say: Callable[[str], None] = lambda note: None) -> list[RunDir]:
+    """The runs a command means: RUN (a directory), JOB (a job id one of this user's runs submitted),
+    or this user's newest runs.
+
+    Runs of other users in a shared runs directory are never looked up by job id or listed (notes
+    through `say` name what was skipped); a RUN given by its path is taken as given (`cancel` then
+    checks its owner).
+    """
     if target is None:
-        return list_runs(runs_root)
+        return list_runs(runs_root, say=say)
     candidate = Path(target)
     if candidate.is_dir():
         run = RunDir(candidate.absolute())
@@ -117,15 +124,20 @@ def resolve_runs(target: str | None, runs_root: Path) -> list[RunDir]:
             raise RunError(f"{candidate} is not a clusterctl run directory (no spec.json)")
         return [run]
     if is_job_id(target):
-        found = find_run_of_job(runs_root, target)
+        found = find_run_of_job(runs_root, target, say=say)
         if found is None:
-            raise RunError(f"no run under {runs_root} submitted job {target}; pass the run directory instead")
+            raise RunError(f"no run of yours under {runs_root} submitted job {target}; pass the run directory instead")
         return [found]
     raise RunError(f"{target!r} is neither a run directory nor a job id")
 
 
 def cancel_run(run: RunDir, slurm: Slurm) -> list[str]:
-    """Journal the cancellation (its supervisor stops), then scancel the run's live jobs; their ids."""
+    """Journal the cancellation (its supervisor stops), then scancel the run's live jobs; their ids.
+
+    Only the run's owner cancels through it (RunError otherwise): the jobs it cancels are the ones
+    its journal lists, and a journal another user wrote could list any of this user's jobs.
+    """
+    run.check_owned()
     ids = [a.job_id for a in run.attempts()]
     queue = slurm.queue(ids) if ids else {}
     live = [job_id for job_id in ids if job_id in queue and not queue[job_id].terminal]

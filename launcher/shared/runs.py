@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,9 @@ from clusterctl.files import atomic_write, check_owned
 from clusterctl.launcher.pure.spec import JobSpec, spec_from_dict
 from clusterctl.records.rank_map import JobRankMap, read_rank_map
 from clusterctl.records.versioned import RecordError, check_header, header
-from clusterctl.records.run_journal import Created, RunEvent, RunJournal, Submitted, append_run_event, read_run_journal
+from clusterctl.records.run_journal import (
+    Created, RunEvent, RunJournal, Submitted, append_run_event, event_from_json, read_run_journal,
+)
 
 
 @dataclass(frozen=True)
@@ -114,11 +117,12 @@ class RunDir:
                 continue
         return maps
 
-    def check_owned(self, uid: int | None = None) -> None:
-        """RunError unless this user owns the run directory, its spec and journal, and nobody else can write them.
+    def ownership_problem(self, uid: int | None = None) -> str | None:
+        """Why this run is not `uid`'s alone (`<path>: <rule broken>`); None when it is.
 
-        A supervisor acts on what these files say (cancel, resubmit, blame): in a shared runs
-        directory it must not act on a run, or a journal, that another user could have written.
+        The run directory, its spec and its journal must be real, owned by `uid` (default: this
+        user) and writable by nobody else (`clusterctl.files.check_owned`); a missing spec or
+        journal is no objection (a run being made).
         """
         uid = os.getuid() if uid is None else uid
         expected: tuple[tuple[Path, Literal["file", "directory"]], ...] = (
@@ -129,8 +133,21 @@ class RunDir:
             except FileNotFoundError:
                 continue
             if problem is not None:
-                raise RunError(f"{path}: {problem}; only its owner may supervise this run (uid {uid} asked), and "
-                               f"nobody else may write it (its owner can fix the mode: chmod go-w {path})")
+                return f"{path}: {problem}"
+        return None
+
+    def check_owned(self, uid: int | None = None) -> None:
+        """RunError unless this user owns the run directory, its spec and journal, and nobody else can write them.
+
+        A supervisor (and `cancel`) acts on what these files say (cancel, resubmit, blame): in a
+        shared runs directory it must not act on a run, or a journal, that another user could have written.
+        """
+        uid = os.getuid() if uid is None else uid
+        problem = self.ownership_problem(uid)
+        if problem is not None:
+            path = problem.split(": ", 1)[0]
+            raise RunError(f"{problem}; only its owner may supervise or cancel this run (uid {uid} asked), and "
+                           f"nobody else may write it (its owner can fix the mode: chmod go-w {path})")
 
     def lock(self) -> int:
         """Hold the run's lock (one supervisor per run) until the process exits; the fd."""
@@ -246,23 +263,94 @@ def unique_run_path(root: Path, name: str, now: float) -> Path:
     return candidate
 
 
-def find_run_of_job(runs_root: Path, job_id: str) -> RunDir | None:
-    """The newest run under `runs_root` that submitted `job_id` (ids restart on a fresh cluster)."""
+FOREIGN_JOURNAL_MAX_BYTES = 16 << 20
+"""Another user's journal is read (to name it when it lists the job asked about) only up to this size."""
+
+
+def _foreign_run_lists_job(run: RunDir, job_id: str) -> bool:
+    """Whether another user's run journals a submission of `job_id`: read without following a
+    symlink, without blocking on a FIFO and only up to FOREIGN_JOURNAL_MAX_BYTES (it is never acted on)."""
+    try:
+        fd = os.open(run.journal_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > FOREIGN_JOURNAL_MAX_BYTES:
+            return False
+        with os.fdopen(os.dup(fd), "rb") as journal:
+            data = journal.read(FOREIGN_JOURNAL_MAX_BYTES + 1)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    for line in data.splitlines():
+        try:
+            event = event_from_json(json.loads(line.decode("utf-8")), str(run.journal_path))
+        except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError, RecursionError, RecordError):
+            continue  # another user's text: whatever it holds, it only fails to name the job
+        if isinstance(event, Submitted) and event.job_id == job_id:
+            return True
+    return False
+
+
+def _run_dirs(runs_root: Path, marker: str) -> list[RunDir]:
+    """The directories under `runs_root` holding `marker` (symlinked ones too: ownership is checked by lstat)."""
+    return sorted((RunDir(entry.parent) for entry in runs_root.glob(f"*/{marker}")), key=lambda run: run.path)
+
+
+def find_run_of_job(runs_root: Path, job_id: str, *, uid: int | None = None,
+                    say: Callable[[str], None] = lambda note: None) -> RunDir | None:
+    """The newest run of user `uid` (default: this user) under `runs_root` that submitted `job_id`
+    (ids restart on a fresh cluster).
+
+    Only runs the user owns count (`RunDir.ownership_problem`, the one rule): in a shared runs
+    directory another user can plant a run whose journal lists this user's job ids, and `cancel`
+    would then cancel the jobs it lists, as this user.  Such a run that lists `job_id` is named
+    through `say` and skipped; a damaged run of the user's is skipped too (it must not hide the others).
+    """
+    uid = os.getuid() if uid is None else uid
     found: list[tuple[float, RunDir]] = []
-    for journal in runs_root.glob("*/journal.jsonl"):
-        run = RunDir(journal.parent)
+    for run in _run_dirs(runs_root, "journal.jsonl"):
+        try:
+            problem = run.ownership_problem(uid)
+        except OSError:
+            continue  # gone, or a place this user cannot look into
+        if problem is not None:
+            if _foreign_run_lists_job(run, job_id):
+                say(f"note: {run.path} lists job {job_id} but is not this user's run ({problem}): skipped; "
+                    f"only runs owned by uid {uid} and writable by nobody else are looked up")
+            continue
         try:
             attempts = run.attempts()
         except (RecordError, OSError):
-            continue  # a damaged or foreign run must not hide every other run's jobs
+            continue  # a damaged run must not hide every other run's jobs
         for attempt in attempts:
             if attempt.job_id == job_id:
                 found.append((attempt.submitted_at, run))
     return max(found, key=lambda item: item[0])[1] if found else None
 
 
-def list_runs(runs_root: Path, limit: int = 20) -> list[RunDir]:
-    """The newest runs under `runs_root`."""
-    runs = [RunDir(p.parent) for p in runs_root.glob("*/spec.json")]
+def list_runs(runs_root: Path, limit: int = 20, *, uid: int | None = None,
+              say: Callable[[str], None] = lambda note: None) -> list[RunDir]:
+    """The newest runs of user `uid` (default: this user) under `runs_root`.
+
+    Runs of other users (or that others may write) are left out, with one note through `say`
+    counting them: their journals are not this user's to read or act on.
+    """
+    uid = os.getuid() if uid is None else uid
+    runs, others = [], 0
+    for run in _run_dirs(runs_root, "spec.json"):
+        try:
+            problem = run.ownership_problem(uid)
+        except OSError:
+            problem = "cannot be looked into"
+        if problem is None:
+            runs.append(run)
+        else:
+            others += 1
+    if others:
+        say(f"note: {others} run(s) under {runs_root} are not this user's (another owner, or writable by others): "
+            "not shown")
     runs.sort(key=lambda r: r.journal_path.stat().st_mtime if r.journal_path.exists() else 0, reverse=True)
     return runs[:limit]

@@ -238,3 +238,87 @@ def test_squeue_names_each_jobs_user_and_sacct_keeps_its_state_flags() -> None:
     assert {job.user_id for job in jobs.values()} == {0}
     for report in parse_sacct_json((DATA / "sacct.json").read_text()).values():
         assert report.user_id is None and isinstance(report.state_flags, tuple)
+
+
+def _job(slurm: Any, job_id: str) -> None:
+    slurm.jobs[job_id] = {"job_id": int(job_id), "name": "toy", "job_state": "RUNNING", "state_reason": "None",
+                          "nodes": "node1", "exit_code": 0, "submit_time": 1, "start_time": 1, "end_time": 0,
+                          "comment": "", "user_id": 0}
+
+
+def _plant_run(runs: Path, name: str, job_ids: list[str], at: float, owner: int) -> Path:
+    """A run directory as another user would make it (their own files, readable by all)."""
+    from clusterctl.launcher.pure.spec import load_spec
+    from clusterctl.launcher.shared.runs import create_run
+    from clusterctl.records.run_journal import Submitted
+    from tests.conftest import REPO
+
+    run = create_run(runs / name, load_spec(REPO / "examples" / "toy_trainer.toml"), "")
+    for attempt, job_id in enumerate(job_ids, start=1):
+        run.record(Submitted(at=at + attempt, attempt=attempt, job_id=job_id))
+    for path in (run.path, run.path / "spec.json", run.journal_path):
+        os.chown(path, owner, owner)
+    run.path.chmod(0o755)
+    return run.path
+
+
+def test_cancel_by_job_id_never_acts_on_a_run_another_user_planted(shared_runs: Path) -> None:
+    from clusterctl.launcher.login.use_cases import cancel_run, resolve_runs
+    from tests.unit.test_supervisor_loop import Clock, ScriptedSlurm
+
+    mine = _plant_run(shared_runs, "mine", ["100"], 1000.0, os.getuid())
+    mine_too = _plant_run(shared_runs, "mine-too", ["101"], 1000.0, os.getuid())
+    # Newer than mine, listing my job 100 and the job of my other run: before, `cancel 100` took it.
+    planted = _plant_run(shared_runs, "planted", ["100", "101"], 5000.0, 1000)
+    slurm = ScriptedSlurm(Clock())
+    for job_id in ("100", "101"):
+        _job(slurm, job_id)
+    notes: list[str] = []
+    runs = resolve_runs("100", shared_runs, notes.append)
+    assert [run.path for run in runs] == [mine]
+    assert any(str(planted) in note and "not this user's run" in note and "owned by uid 1000" in note
+               for note in notes), notes
+    assert cancel_run(runs[0], Slurm(slurm)) == ["100"]
+    assert slurm.jobs["101"]["job_state"] == "RUNNING"  # the other run's job lives on
+    assert [e.event for e in RunDir(mine_too).events()][-1] == "submitted"  # and its supervisor is not stopped
+    assert [e.event for e in RunDir(planted).events()][-1] == "submitted"
+
+
+def test_a_job_only_another_users_run_lists_is_not_found_and_that_run_is_named(shared_runs: Path) -> None:
+    from clusterctl.launcher.login.use_cases import cancel_run, resolve_runs
+    from tests.unit.test_supervisor_loop import Clock, ScriptedSlurm
+
+    planted = _plant_run(shared_runs, "planted", ["102"], 5000.0, 1000)
+    notes: list[str] = []
+    with pytest.raises(RunError, match="no run of yours .* submitted job 102"):
+        resolve_runs("102", shared_runs, notes.append)
+    assert len(notes) == 1 and str(planted) in notes[0] and "skipped" in notes[0]
+    notes.clear()
+    assert resolve_runs(None, shared_runs, notes.append) == []  # `status` lists only this user's runs
+    assert notes and "not shown" in notes[0]
+    slurm = ScriptedSlurm(Clock())
+    _job(slurm, "102")
+    with pytest.raises(RunError, match="only its owner may supervise or cancel"):
+        cancel_run(RunDir(planted), Slurm(slurm))  # named by its path: still not this user's to cancel through
+    assert slurm.jobs["102"]["job_state"] == "RUNNING"
+
+
+def test_a_run_symlinked_into_the_runs_directory_is_not_looked_up(shared_runs: Path, tmp_path: Path) -> None:
+    from clusterctl.launcher.login.use_cases import resolve_runs
+
+    elsewhere = _plant_run(tmp_path, "elsewhere", ["103"], 1000.0, os.getuid())
+    (shared_runs / "link").symlink_to(elsewhere)  # another user's name for one of my runs
+    notes: list[str] = []
+    with pytest.raises(RunError, match="no run of yours"):
+        resolve_runs("103", shared_runs, notes.append)
+    assert any("a symlink" in note for note in notes), notes
+
+
+def test_a_fifo_journal_in_another_users_run_does_not_hang_the_lookup(shared_runs: Path) -> None:
+    from clusterctl.launcher.login.use_cases import resolve_runs
+
+    planted = _plant_run(shared_runs, "planted", [], 5000.0, 1000)
+    os.unlink(planted / "journal.jsonl")
+    os.mkfifo(planted / "journal.jsonl")
+    with pytest.raises(RunError, match="no run of yours"):
+        resolve_runs("104", shared_runs)
