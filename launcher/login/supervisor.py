@@ -476,11 +476,21 @@ class Supervisor:
         if self.records_dir is None:
             return {}
         records = {}
+        job_dir = self.records_dir / job_id
         try:
             writer = os.stat(self.records_dir).st_uid  # the epilog writes as the records directory's owner
+            # With the sticky bit users may make `<job>/` before the job ends: the epilog then writes
+            # nothing there, and nothing found there is its record.
+            problem = check_owned(job_dir, uid=writer, kind="directory", root_may_own=True)
         except OSError:
             return {}
-        for path in sorted((self.records_dir / job_id).glob("*.json")):
+        if problem is not None:
+            if job_dir not in self._unreadable_records:
+                self._unreadable_records.add(job_dir)
+                self.hooks.say(f"note: skipping epilog records in a directory the epilog did not make: {job_dir}: "
+                               f"{problem}; no evidence from it")
+            return {}
+        for path in sorted(job_dir.glob("*.json")):
             try:
                 info = os.lstat(path)
                 # Users can often write to the records directory: a record is evidence against a
@@ -501,6 +511,13 @@ class Supervisor:
                 if path not in self._unreadable_records:
                     self._unreadable_records.add(path)
                     self.hooks.say(f"note: skipping an epilog record: {exc}")
+                continue
+            if record.job_id != job_id:
+                # A record stands for the job it names: one of another job under this job's id is no evidence.
+                if path not in self._unreadable_records:
+                    self._unreadable_records.add(path)
+                    self.hooks.say(f"note: skipping an epilog record of another job: {path} names job "
+                                   f"{record.job_id!r}, not {job_id}; no evidence from it")
                 continue
             records[record.node] = record
         return records

@@ -322,3 +322,78 @@ def test_a_fifo_journal_in_another_users_run_does_not_hang_the_lookup(shared_run
     os.mkfifo(planted / "journal.jsonl")
     with pytest.raises(RunError, match="no run of yours"):
         resolve_runs("104", shared_runs)
+
+
+def _supervise_with_records(tmp_path: Path, plant: Callable[[Path], None]) -> tuple[str, list[str]]:
+    """Supervise a run whose job 1 fails after `plant(records)` ran; the first decision's outcome and the notes."""
+    from clusterctl.launcher.login.supervisor import EXIT_DONE, Hooks, Supervisor
+    from clusterctl.launcher.pure.spec import load_spec
+    from clusterctl.launcher.shared.runs import create_run
+    from tests.conftest import REPO
+    from tests.unit.test_supervisor_loop import Clock, ScriptedSlurm
+
+    run = create_run(tmp_path / "run", load_spec(REPO / "examples" / "toy_trainer.toml"), "")
+    clock = Clock()
+    slurm = ScriptedSlurm(clock)
+    records = Path(tempfile.mkdtemp(prefix="clusterctl-records-", dir="/tmp"))  # other users can reach it
+    records.chmod(0o755)
+
+    def script() -> None:
+        if list(slurm.jobs) == ["1"] and slurm.jobs["1"]["job_state"] == "RUNNING":
+            plant(records)
+            slurm.end("1", "FAILED", 1 << 8)
+        elif list(slurm.jobs) == ["1", "2"]:
+            slurm.end("2", "COMPLETED")
+    slurm.on_poll = script
+    said: list[str] = []
+    hooks = Hooks(clock=clock.time, sleep=clock.sleep, say=said.append)
+    supervisor = Supervisor(RunDir(run.path), Slurm(slurm), "/py", records, hooks, evidence_grace=0.0, uid=0)
+    try:
+        assert supervisor.supervise() == EXIT_DONE
+    finally:
+        shutil.rmtree(records)
+    return [e for e in run.events() if e.event == "decided"][0].outcome, said
+
+
+def _drain_record(job_id: str) -> Any:
+    from clusterctl.records.actions import Action
+    from clusterctl.records.job_health import HealthFinding, JobHealthRecord
+
+    return JobHealthRecord(job_id=job_id, node="node2", window_start="2026-11-22T15:00:00Z",
+                           window_end="2026-11-22T15:05:00Z", written_at="2026-11-22T15:05:01Z",
+                           findings=(HealthFinding(kind="xid", action=Action.DRAIN_RESET, reason="GPU fell off the bus",
+                                                   source="healthd", xid=79, gpu=3),))
+
+
+def test_an_epilog_record_of_another_job_under_this_jobs_id_is_no_evidence(tmp_path: Path) -> None:
+    from clusterctl.records.job_health import write_job_health
+
+    def plant(records: Path) -> None:
+        # The epilog's own record, of job 7 (a real drain there), found under job 1's directory.
+        path = write_job_health(records, _drain_record("7"))
+        (records / "1").mkdir()
+        os.rename(path, records / "1" / "node2.json")
+    outcome, said = _supervise_with_records(tmp_path, plant)
+    assert outcome == "program-failure"  # before: node2 blamed for job 7's fault
+    assert any("record of another job" in line and "'7'" in line for line in said), said
+
+
+def test_a_future_jobs_directory_a_user_made_in_a_sticky_records_directory_gets_no_record_and_gives_no_evidence(
+        tmp_path: Path) -> None:
+    from clusterctl.files import UnsafePathError
+    from clusterctl.records.job_health import job_health_path, write_job_health
+
+    def plant(records: Path) -> None:
+        records.chmod(0o1777)  # every user may create entries: only the sticky bit protects root's
+        assert as_user(VICTIM, lambda: (records / "1").mkdir(mode=0o755)) == ("ok", None)  # before job 1 ends
+        with pytest.raises(UnsafePathError, match=f"owned by uid {VICTIM}"):
+            write_job_health(records, _drain_record("1"))  # the epilog writes nothing into it
+        assert list((records / "1").iterdir()) == []
+        # A record file owned by the epilog's identity that gets in there anyway (a hard link where
+        # fs.protected_hardlinks is off, an older epilog) is still no evidence: the directory is the user's.
+        staging = tmp_path / "staging"
+        staging.mkdir()
+        os.rename(write_job_health(staging, _drain_record("1")), job_health_path(records, "1", "node2"))
+    outcome, said = _supervise_with_records(tmp_path, plant)
+    assert outcome == "program-failure"  # before: node2 blamed on a record in a user's directory
+    assert any("directory the epilog did not make" in line and f"owned by uid {VICTIM}" in line for line in said), said
