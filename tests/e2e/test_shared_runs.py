@@ -113,3 +113,49 @@ poll_seconds = 0.5
         if held:
             cluster.run_on("ctl", ["scancel", held], check=False)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_cancel_by_job_id_skips_a_run_another_user_planted_listing_our_jobs(cluster):
+    """Issue 27: `nobody` plants a newer run whose journal lists two of root's jobs; root's
+    `clusterctl cancel JOB` cancels only that job, through root's own run, and names the planted one."""
+    from clusterctl.launcher.pure.spec import load_spec
+    from clusterctl.launcher.shared.runs import create_run
+    from clusterctl.records.run_journal import Submitted
+
+    shared = Path(tempfile.mkdtemp(prefix="clusterctl-shared-runs-", dir="/tmp"))
+    shared.chmod(0o1777)
+    jobs: list[str] = []
+    try:
+        for _ in range(2):  # root's two jobs, held so they stay queued until cancelled
+            held = cluster.run_on("ctl", ["sbatch", "--parsable", "--hold", "--output=/dev/null", "--wrap", "true"])
+            jobs.append(held.stdout.strip().split(";")[0])
+        mine, other = jobs
+        spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+        for name, job_id in (("mine", mine), ("mine-too", other)):
+            run = create_run(shared / name, spec, "")
+            run.record(Submitted(at=run.now(), attempt=1, job_id=job_id))
+        lines = "\n".join(json.dumps({"kind": "run-event", "version": 1, "event": "submitted", "at": time.time() + 3600,
+                                      "attempt": n, "job_id": job_id}) for n, job_id in enumerate(jobs, start=1))
+        planted = as_other_user(cluster, ["sh", "-c", f"""
+            mkdir -m 755 {shared}/planted && printf '{{}}' > {shared}/planted/spec.json &&
+            printf '%s\\n' '{lines}' > {shared}/planted/journal.jsonl"""])
+        assert planted.returncode == 0, planted.stderr
+        assert (shared / "planted").stat().st_uid == int(OTHER)
+
+        env = {**os.environ, "CLUSTERCTL_RUNS": str(shared)}
+        cli = [str(cluster.python), "-c", "from clusterctl.launcher.login.cli import main; main()"]
+        status = cluster.run_on("ctl", [*cli, "status", mine], env=env, cwd=str(REPO), check=False)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert f"{shared}/planted lists job {mine}" in status.stderr and f"owned by uid {OTHER}" in status.stderr
+        done = cluster.run_on("ctl", [*cli, "cancel", mine], env=env, cwd=str(REPO), check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"cancelled {mine}; run {shared / 'mine'}" in done.stdout  # before: run .../planted, both jobs
+        assert f"{shared}/planted lists job {mine}" in done.stderr
+        queued = cluster.run_on("ctl", ["squeue", "-h", "-j", other, "-o", "%T"], check=False).stdout.strip()
+        assert queued == "PENDING", f"root's other job {other} was cancelled through the planted run"
+        assert [e.event for e in read_run_journal(shared / "mine-too" / "journal.jsonl").events][-1] == "submitted"
+        assert [e.event for e in read_run_journal(shared / "mine" / "journal.jsonl").events][-1] == "cancelled"
+    finally:
+        if jobs:
+            cluster.run_on("ctl", ["scancel", *jobs], check=False)
+        shutil.rmtree(shared, ignore_errors=True)
