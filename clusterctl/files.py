@@ -8,6 +8,7 @@ torn last line, which the reader skips and reports).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -51,14 +52,83 @@ def atomic_write(path: Path, text: str, *, mode: int = 0o644) -> Path:
 
 
 def append_json_line(path: Path, record: dict[str, Any], *, mode: int = 0o644) -> None:
-    """Append one JSON record as a line and make it durable before returning (a journal)."""
+    """Append one JSON record as a line and make it durable before returning (a journal).
+
+    After a torn last line (a crash mid-append) the record starts on a line of its own: glued
+    to the torn one, it would be lost with it.
+    """
     line = json.dumps(record, sort_keys=True) + "\n"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, mode)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, mode)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = "\n" + line
         os.write(fd, line.encode())
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class UnreadableFileError(OSError):
+    """A file to read that is not one clusterctl can read safely: not a regular file, or too large.
+
+    An OSError (callers that handle a file they cannot read handle this one too); `reason` is the
+    phrase after the path, which readers of records turn into their RecordError.
+    """
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(errno.EINVAL, reason, str(path))
+        self.path, self.reason = path, reason
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"
+
+
+def read_regular_file(path: Path, *, limit: int, follow_symlinks: bool = True) -> bytes:
+    """The bytes of the regular file at `path`, never more than `limit` of them.
+
+    Opened with O_NONBLOCK (a FIFO planted where a file should be must not block the reader),
+    and refused with UnreadableFileError when it is not a regular file (a directory, a FIFO, a
+    device) or holds more than `limit` bytes (checked while reading too: a file growing under
+    the reader is not read past it).  Without `follow_symlinks`, a symlink is refused (O_NOFOLLOW).
+    FileNotFoundError for a missing file; other OSErrors become UnreadableFileError.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:
+            raise UnreadableFileError(path, "a symlink, not a regular file; refusing to follow it") from None
+        raise UnreadableFileError(path, f"cannot read: {exc.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            what = "a directory" if stat.S_ISDIR(info.st_mode) else "a FIFO" if stat.S_ISFIFO(info.st_mode) \
+                else "not a regular file"
+            raise UnreadableFileError(path, f"{what}, where clusterctl expects a regular file; move it away")
+        if info.st_size > limit:
+            raise UnreadableFileError(path, f"{info.st_size} bytes, more than the {limit} this reader accepts; "
+                                            "it is not a file clusterctl wrote (move it away)")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise UnreadableFileError(path, f"grew past the {limit} bytes this reader accepts while being read")
+        return b"".join(chunks)
+    except UnreadableFileError:
+        raise
+    except OSError as exc:
+        raise UnreadableFileError(path, f"cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+JOURNAL_LIMIT = 256 << 20
+"""The largest journal read (bytes): years of a run's events, far from what a reader can hold."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +138,8 @@ class JsonLines:
     records: tuple[dict[str, Any], ...]
     unreadable_lines: tuple[int, ...] = ()
     line_count: int = 0
+    unreadable_text: tuple[bytes, ...] = ()
+    """The bytes of each unreadable line (in `unreadable_lines` order), to say what was lost."""
 
     @property
     def torn_tail(self) -> bool:
@@ -75,14 +147,15 @@ class JsonLines:
         return len(self.unreadable_lines) == 1 and self.unreadable_lines[0] == self.line_count
 
 
-def read_json_lines(path: Path) -> JsonLines:
+def read_json_lines(path: Path, *, limit: int = JOURNAL_LIMIT) -> JsonLines:
     """Every readable record of a journal (objects only); unreadable lines are skipped and counted.
 
     A missing file is an empty journal.  Bytes that are not UTF-8 make that line unreadable,
-    not the whole file.
+    not the whole file.  UnreadableFileError for a directory, FIFO or device at `path`, or a file
+    larger than `limit`.
     """
     try:
-        data = path.read_bytes()
+        data = read_regular_file(path, limit=limit)
     except FileNotFoundError:
         return JsonLines(())
     records: list[dict[str, Any]] = []
@@ -100,7 +173,7 @@ def read_json_lines(path: Path) -> JsonLines:
             records.append(record)
         else:
             bad.append(number)
-    return JsonLines(tuple(records), tuple(bad), len(lines))
+    return JsonLines(tuple(records), tuple(bad), len(lines), tuple(lines[n - 1] for n in bad))
 
 
 # ---- writing into a directory other users may reach (root's records on shared storage) -----------

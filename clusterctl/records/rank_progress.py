@@ -17,12 +17,15 @@ still read, with neither.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
 from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
+from clusterctl.slurm.names import node_name_problem
 
 KIND = "rank-progress"
 VERSION = 2
@@ -62,17 +65,34 @@ class RankProgress:
         phase = field(body, "phase", str, where)
         if phase not in PHASES:
             raise RecordError(where, f"phase {phase!r} is not one of {', '.join(PHASES)}")
+        node = field(body, "node", str, where)
+        problem = node_name_problem(node)
+        if problem:
+            raise RecordError(where, f"field `node`: {problem}")
         compute_s, compute_steps, alive_at = 0.0, 0, 0.0
         if not older:
-            compute_s = float(field(body, "compute_s", (int, float), where))
-            compute_steps = field(body, "compute_steps", int, where)
-            alive_at = float(field(body, "alive_at", (int, float), where))
-            if compute_s < 0 or compute_steps < 0 or compute_s != compute_s or compute_s == float("inf"):
-                raise RecordError(where, "compute_s and compute_steps must be finite and not negative")
-        return cls(rank=field(body, "rank", int, where), node=field(body, "node", str, where),
-                   step=field(body, "step", int, where), phase=phase,
-                   at=float(field(body, "at", (int, float), where)), pid=field(body, "pid", int, where),
+            compute_s = _seconds(body, "compute_s", where)
+            compute_steps = _count(body, "compute_steps", where)
+            alive_at = _seconds(body, "alive_at", where)
+        return cls(rank=_count(body, "rank", where), node=node, step=_count(body, "step", where), phase=phase,
+                   at=_seconds(body, "at", where), pid=_count(body, "pid", where),
                    compute_s=compute_s, compute_steps=compute_steps, alive_at=alive_at)
+
+
+def _seconds(body: Mapping[str, Any], key: str, where: str) -> float:
+    # JSON as Python reads it admits NaN and Infinity: a NaN time compares false with everything
+    # and an infinite one outlasts every other rank's, so either would steer the watches.
+    value = float(field(body, key, (int, float), where))
+    if not math.isfinite(value) or value < 0:
+        raise RecordError(where, f"field `{key}` is {value!r}: it must be a finite number of seconds, not negative")
+    return value
+
+
+def _count(body: Mapping[str, Any], key: str, where: str) -> int:
+    value: int = field(body, key, int, where)
+    if value < 0:
+        raise RecordError(where, f"field `{key}` is {value}: it must not be negative")
+    return value
 
 
 def progress_dir(job_dir: Path) -> Path:
@@ -90,23 +110,44 @@ def write_rank_progress(job_dir: Path, record: RankProgress) -> Path:
     return atomic_write(rank_progress_path(job_dir, record.rank), json.dumps(record.to_json(), sort_keys=True) + "\n")
 
 
-def read_rank_progress(path: Path) -> RankProgress:
-    """One rank's report; RecordError when it is missing, damaged, foreign or from a newer clusterctl."""
+PROGRESS_LIMIT = 64 << 10
+"""The largest progress file read (bytes): a report is about 250 bytes."""
+
+FUTURE_TOLERANCE = 60.0
+"""How far (seconds) a report's times may lie ahead of the reader's clock: the hosts' clocks agree
+much better than that (Slurm and munge need it), so a report from further ahead is refused."""
+
+
+def read_rank_progress(path: Path, now: float | None = None) -> RankProgress:
+    """One rank's report; RecordError when it is missing, damaged, foreign or from a newer clusterctl.
+
+    Read like a file others could plant: never through a symlink, never from a FIFO or a device
+    (O_NONBLOCK|O_NOFOLLOW, regular files only), at most PROGRESS_LIMIT bytes.  Its times must be
+    finite and not negative, and with `now` (the reader's clock, epoch s) not more than
+    FUTURE_TOLERANCE ahead of it: a time from the future would make every other rank look silent.
+    """
     try:
-        data = read_json_record(path)
+        data = read_json_record(path, limit=PROGRESS_LIMIT, follow_symlinks=False)
     except FileNotFoundError:
         raise RecordError(str(path), "missing") from None
     record = RankProgress.from_json(data, str(path))
     if path.name != f"{record.rank}.json":
         raise RecordError(str(path), f"holds rank {record.rank}, not the rank its name says")
+    if now is not None:
+        ahead = max(record.at, record.alive_at) - now
+        if ahead > FUTURE_TOLERANCE:
+            raise RecordError(str(path), f"dated {ahead:.0f} s ahead of this host's clock (a clock out of step, or "
+                                         "a forged time): ignored, so it cannot make the other ranks look silent")
     return record
 
 
-def read_progress(job_dir: Path) -> tuple[tuple[RankProgress, ...], tuple[str, ...]]:
+def read_progress(job_dir: Path, now: float | None = None) -> tuple[tuple[RankProgress, ...], tuple[str, ...]]:
     """Every rank's report (by rank), and one problem line per file that could not be read; never raises.
 
     A rank that has not reported yet has no file.  A damaged file is a problem, not an error: the
-    watch judges the ranks it can read, and the caller shows the problems.
+    watch judges the ranks it can read, and the caller shows the problems.  A refused report is
+    that rank's alone: the other ranks' reports are still read (see `read_rank_progress`; pass the
+    reader's clock as `now`).
     """
     try:
         paths = sorted(path for path in progress_dir(job_dir).iterdir() if path.name.endswith(".json"))
@@ -118,7 +159,7 @@ def read_progress(job_dir: Path) -> tuple[tuple[RankProgress, ...], tuple[str, .
     problems: list[str] = []
     for path in paths:
         try:
-            records.append(read_rank_progress(path))
+            records.append(read_rank_progress(path, now))
         except RecordError as exc:
             problems.append(str(exc))
     return tuple(sorted(records, key=lambda record: record.rank)), tuple(problems)

@@ -12,18 +12,21 @@ decision replayed from a half-understood journal could submit a job twice.
 Journals written before events carried a kind and version (clusterctl 0.x, no `kind` key)
 hold the same fields and are read as version 1: old run directories stay readable.
 
-A torn last line (a crash mid-append) is skipped and reported by `read_run_journal`.
+A damaged line (a torn last line after a crash mid-append, or a line damaged in the middle) is
+skipped and reported by `read_run_journal`, with what losing it may cost: the views and the
+supervisor show it as a warning.
 """
 
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from clusterctl.files import append_json_line, read_json_lines
+from clusterctl.files import UnreadableFileError, append_json_line, read_json_lines
 from clusterctl.records.versioned import RecordError, check_header, field, header
 from clusterctl.slurm.names import job_id_problem, node_name_problem
 
@@ -504,21 +507,97 @@ def event_from_json(data: object, where: str) -> RunEvent:
     return _PARSERS[kind](at, body, where)
 
 
+_LOST_COST = {
+    EventKind.CREATED: "only the run's name and spec file are unknown to the views",
+    EventKind.WAITING: "a wait before a resubmission is not shown",
+    EventKind.SUBMITTING: "a submission in flight is unknown: a job it made may be missed (look for the run's "
+                          "jobs with squeue)",
+    EventKind.SUBMITTED: "a job of this run is unknown: it is not watched, counted, or cancelled by `clusterctl "
+                         "cancel` (look for the run's jobs with squeue)",
+    EventKind.SUBMIT_LOST: "a submission that left no job is not counted",
+    EventKind.ENDING: "an attempt the supervisor was ending may be judged again",
+    EventKind.RECOVERED: "a restart inside the allocation is not counted: restarts used and blame may be short",
+    EventKind.STRAGGLER: "a straggler found is not shown and may be reported again",
+    EventKind.DECIDED: "an attempt's end is unknown: attempts and restarts may be counted wrong, and a node "
+                       "blamed then may not be excluded",
+    EventKind.DONE: "the run's end is lost: it may look live",
+    EventKind.STOPPED: "the run's end is lost: it may look live",
+    EventKind.CANCELLED: "the run's cancellation is lost: it may look live",
+}
+_EVENT_NAME = re.compile(rb'"event"\s*:\s*"([a-z-]{1,40})"')
+
+
+@dataclass(frozen=True)
+class DamagedLine:
+    """A journal line that could not be read: where it is, what it seems to have held, what losing it may cost."""
+
+    line: int
+    """1-based line number."""
+    excerpt: str
+    """The line's first characters, quoted in ASCII (control characters and the rest escaped)."""
+    event: EventKind | None
+    """The event the damaged text still names, if any."""
+    last: bool
+    """The journal's last line: most likely cut short by a crash while it was written."""
+
+    @property
+    def cost(self) -> str:
+        """What the views and the supervisor may get wrong without this line."""
+        if self.event is None:
+            return "an event of unknown kind is lost: attempts, restarts and blame may be counted wrong"
+        return f"a `{self.event}` event is lost: {_LOST_COST[self.event]}"
+
+    @property
+    def warning(self) -> str:
+        """One line for a user: where, what was skipped, what it may have cost."""
+        how = "cut short (a crash while it was written?)" if self.last else "damaged"
+        return f"journal line {self.line} is {how} and was skipped ({self.excerpt}); {self.cost}"
+
+
+def _damaged_line(number: int, raw: bytes, last: bool) -> DamagedLine:
+    found = _EVENT_NAME.search(raw)
+    event = None
+    if found is not None:
+        try:
+            event = EventKind(found.group(1).decode())
+        except ValueError:
+            event = None
+    text = raw[:80].decode("utf-8", errors="replace")
+    excerpt = ascii(text) + ("..." if len(raw) > 80 else "")
+    return DamagedLine(number, excerpt, event, last)
+
+
 @dataclass(frozen=True)
 class RunJournal:
     """A run journal's events in order, and the lines that could not be read (a torn last line is normal)."""
 
     events: tuple[RunEvent, ...]
     unreadable_lines: tuple[int, ...] = ()
+    damaged: tuple[DamagedLine, ...] = ()
+    """What each unreadable line seems to have held and what losing it may cost (see `warnings`)."""
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """One line per damaged line, prefixed with the journal's path by the caller when needed."""
+        return tuple(damage.warning for damage in self.damaged)
 
 
 def read_run_journal(path: Path) -> RunJournal:
-    """Every event of the journal at `path` (missing: none); RecordError for a line this clusterctl cannot trust."""
-    lines = read_json_lines(path)
+    """Every event of the journal at `path` (missing: none), and what its damaged lines may have cost.
+
+    RecordError for a line this clusterctl cannot trust (a known kind with a wrong field, a newer
+    version), and for a journal that is not a regular file (a directory, a FIFO) or is too large.
+    """
+    try:
+        lines = read_json_lines(path)
+    except UnreadableFileError as exc:
+        raise RecordError(str(path), f"not a readable run journal: {exc.reason}") from None
     unreadable = set(lines.unreadable_lines)
     numbers = (n for n in range(1, lines.line_count + 1) if n not in unreadable)
     events = tuple(event_from_json(record, f"{path}:{number}") for record, number in zip(lines.records, numbers))
-    return RunJournal(events, lines.unreadable_lines)
+    damaged = tuple(_damaged_line(number, raw, number == lines.line_count)
+                    for number, raw in zip(lines.unreadable_lines, lines.unreadable_text))
+    return RunJournal(events, lines.unreadable_lines, damaged)
 
 
 def append_run_event(path: Path, event: RunEvent) -> None:

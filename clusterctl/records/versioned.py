@@ -9,6 +9,7 @@ from itertools import islice
 from typing import Any
 
 from clusterctl.errors import ClusterctlError
+from clusterctl.files import UnreadableFileError, read_regular_file
 
 
 class RecordError(ClusterctlError):
@@ -77,15 +78,22 @@ def parse_json_record(raw: bytes, where: str) -> Any:
         raise RecordError(where, f"not a readable JSON record ({exc.__class__.__name__})") from None
 
 
-def read_json_record(path: Path, *, missing_ok: bool = False) -> Any:
+RECORD_LIMIT = 256 << 20
+"""The largest record file read (bytes): far above any record clusterctl writes (a 100,000-node rank
+map is tens of MB), far below what would exhaust a reader's memory."""
+
+
+def read_json_record(path: Path, *, missing_ok: bool = False, limit: int = RECORD_LIMIT,
+                     follow_symlinks: bool = True) -> Any:
     """A record file as JSON: None for a missing file when `missing_ok` (else FileNotFoundError);
-    RecordError for a file that cannot be read or is not UTF-8 JSON."""
+    RecordError for a file that cannot be read, is not a regular file (a directory, a FIFO: never
+    waited on), is larger than `limit` bytes, or is not UTF-8 JSON."""
     try:
-        raw = path.read_bytes()
+        raw = read_regular_file(path, limit=limit, follow_symlinks=follow_symlinks)
     except FileNotFoundError:
         if missing_ok:
             return None
         raise
-    except OSError as exc:
-        raise RecordError(str(path), f"cannot read: {exc.strerror}") from None
+    except UnreadableFileError as exc:
+        raise RecordError(str(path), exc.reason) from None
     return parse_json_record(raw, str(path))

@@ -243,7 +243,7 @@ class Agent:
             suspects = hardware_suspects(nodes, states, {n: now - t for n, t in silent_since.items()}, grace)
             if suspects:
                 return Watched(None, suspects, now, lost_s=stragglers.lost_s)
-            records, _ = read_progress(launched.job_dir)
+            records, _ = read_progress(launched.job_dir, self.doors.now())
             hangs = hangs.observe(records)
             if self.spec.stragglers.action != "off":
                 stragglers = stragglers.observe(records)

@@ -5,6 +5,7 @@ never printed whole: messages name only its scheme and host.  POSTs go out from 
 background thread in event order, so the supervisor's decisions never wait on a slow or dead
 endpoint; `drain()` waits (boundedly) for the last ones before the process exits.  Redirects
 are not followed (a redirect could carry the payload elsewhere), and plain http is warned about.
+Only the answer's status line and headers are read, never its body (whatever its size).
 """
 
 from __future__ import annotations
@@ -63,12 +64,18 @@ class WebhookNotifier:
 
     def _send(self, event: str, payload: dict[str, Any]) -> None:
         try:
+            # stream=True: the answer's body is not read with its headers, and never after: only the
+            # status is used.  Read whole, an answer of 300 MB would cost this process twice that, and
+            # one dripping a byte at a time would hold the notifier (the timeout is per read).
             response = self.post(self.url, json={"event": event, **payload}, timeout=self.timeout,
-                                 allow_redirects=False)
+                                 allow_redirects=False, stream=True)
         except requests.RequestException as exc:
             # The exception's text carries the URL: say only what kind of failure it was.
             self.say(f"webhook {self.shown} failed for {event}: {type(exc).__name__}")
             return
+        close = getattr(response, "close", None)
+        if close is not None:
+            close()  # drops the connection, the body unread (each POST has a connection of its own)
         status = int(getattr(response, "status_code", 0))
         if 300 <= status < 400:
             self.say(f"webhook {self.shown} answered {status} to {event}: redirects are not followed; "

@@ -84,6 +84,8 @@ class RunReport:
     restarts_used: int = 0
     """Recoveries so far, in place, on a spare or by resubmission: each uses one of restart.max_restarts."""
     max_restarts: int | None = None
+    journal_warnings: tuple[str, ...] = ()
+    """Damaged journal lines that were skipped, each with what it may have cost (the counts above may be off)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "state": self.state, "message": self.message,
@@ -94,15 +96,17 @@ class RunReport:
                                 "latest_step": self.checkpoints[-1].step if self.checkpoints else None,
                                 "skipped": [{"path": s.path, "why": s.why} for s in self.skipped]},
                 "goodput": self.goodput.to_json(),
-                "restarts": {"used": self.restarts_used, "max": self.max_restarts}}
+                "restarts": {"used": self.restarts_used, "max": self.max_restarts},
+                "journal_warnings": list(self.journal_warnings)}
 
 
 def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint],
                skipped: Sequence[Skipped], now: float, slow_node_seconds: float = 0.0,
-               max_restarts: int | None = None) -> RunReport:
+               max_restarts: int | None = None, journal_warnings: Sequence[str] = ()) -> RunReport:
     """The report of the run at `run_path` from its journal's `events`, the complete `checkpoints`
     (oldest first) and `skipped` ones found in its checkpoint directory, the seconds its jobs
-    lost to slow nodes (their step-time tables), and its spec's restart.max_restarts."""
+    lost to slow nodes (their step-time tables), its spec's restart.max_restarts, and the warnings
+    of the journal's damaged lines (shown first: every count below may be off by what they held)."""
     state = replay(events)
     times = []
     attempts = []
@@ -126,7 +130,8 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                      message=state.ended.message if state.ended else "", attempts=tuple(attempts),
                      excluded_now=tuple(state.excluded(now)), in_allocation=recoveries,
                      stragglers=stragglers_of(events), checkpoints=tuple(checkpoints), skipped=tuple(skipped),
-                     goodput=goodput, restarts_used=state.budget.restarts, max_restarts=max_restarts)
+                     goodput=goodput, restarts_used=state.budget.restarts, max_restarts=max_restarts,
+                     journal_warnings=tuple(journal_warnings))
 
 
 def report_renderables(report: RunReport) -> Group:
@@ -134,6 +139,7 @@ def report_renderables(report: RunReport) -> Group:
     g = report.goodput
     parts: list[RenderableType] = [Text.assemble(("run ", "bold"), str(report.run), "  ", (report.state, "bold"),
                                  f"  {report.message}" if report.message else "")]
+    parts += [Text(f"warning: {warning}", style="yellow") for warning in report.journal_warnings]
     table = Table(box=None, pad_edge=False)
     for column in ("attempt", "job", "ended", "outcome", "checkpoint", "decision"):
         table.add_column(column)

@@ -40,7 +40,7 @@ from clusterctl.records.job_health import JobHealthRecord, read_job_health
 from clusterctl.records.rank_map import read_rank_map
 from clusterctl.records.rank_progress import read_progress
 from clusterctl.records.run_journal import (
-    Decided, DecisionAction, Ending, EventKind, RunEnded, SlurmTimes, StragglerFound, Submitted, Submitting,
+    Decided, DecisionAction, Ending, EventKind, RunEnded, RunJournal, SlurmTimes, StragglerFound, Submitted, Submitting,
     SubmitLost, Waiting,
 )
 from clusterctl.records.versioned import RecordError
@@ -130,6 +130,7 @@ class Supervisor:
         self.run = RunDir(self.run.path, clock=self.hooks.clock)  # the journal keeps the supervisor's time
         self.spec: JobSpec = self.run.spec()
         self._unreadable_records: set[Path] = set()
+        self._damaged_lines_said: set[int] = set()
         self._missing = 0
         self._slurm_errors = 0
         self._last_wait_message = ""
@@ -152,7 +153,9 @@ class Supervisor:
         lock = self.run.lock()
         try:
             while True:
-                state = replay(self.run.events())
+                journal = self.run.journal()
+                self._warn_damaged(journal)
+                state = replay(journal.events)
                 if state.ended is not None:
                     return self._finish(state.ended)
                 try:
@@ -168,6 +171,13 @@ class Supervisor:
                     self.hooks.sleep(delay)
         finally:
             os.close(lock)
+
+    def _warn_damaged(self, journal: RunJournal) -> None:
+        """Say each damaged journal line once (the replay skips it: what it held is not acted on)."""
+        for damage in journal.damaged:
+            if damage.line not in self._damaged_lines_said:
+                self._damaged_lines_said.add(damage.line)
+                self.hooks.say(f"warning: {self.run.journal_path}: {damage.warning}")
 
     def _step(self, state: RunState) -> None:
         current = state.current
@@ -370,7 +380,7 @@ class Supervisor:
             return
         self._next_progress_read = now + node_read_interval(nodes)
         job_id, watch, actions = self._stragglers
-        records, _ = read_progress(actions.job_dir)
+        records, _ = read_progress(actions.job_dir, now)
         watch = watch.observe(records)
         self._stragglers = (job_id, watch, actions)
         actions.write_table(watch)

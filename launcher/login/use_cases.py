@@ -150,18 +150,23 @@ def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], Non
                   skip_damaged: bool = False) -> list[RunStatus]:
     """The status of each run: its journal and rank maps joined with one squeue (and sacct for the rest).
 
-    A rank map this clusterctl cannot read is shown as missing, with a note through `say`.  With
+    A rank map this clusterctl cannot read is shown as missing, with a note through `say`; a
+    damaged journal line, with a warning saying what it may have cost.  With
     `skip_damaged` (listing every run), a run whose journal cannot be read is left out with a note
     instead of ending the listing; without it, its RecordError is the answer.
     """
     journals = {}
     for run in runs:
         try:
-            journals[run.path] = run.events()
+            journal = run.journal()
         except RecordError as exc:
             if not skip_damaged:
                 raise
             say(f"note: skipping a run: {exc}")
+            continue
+        journals[run.path] = journal.events
+        for warning in journal.warnings:
+            say(f"warning: {run.journal_path}: {warning}")
     runs = [run for run in runs if run.path in journals]
     attempts = {path: attempts_of(events) for path, events in journals.items()}
     every = [a.job_id for run in runs for a in attempts[run.path]]
@@ -190,7 +195,8 @@ def gather_report(run: RunDir, now: float) -> RunReport:
     spec = run.spec()
     directory = spec.checkpoint_dir(str(run.path))
     checkpoints, skipped = find_checkpoints(Path(directory), spec.checkpoint.validator) if directory else ([], [])
-    events = run.events()
+    journal = run.journal()
+    events = journal.events
     slow = 0.0
     for attempt in attempts_of(events):
         try:
@@ -198,7 +204,8 @@ def gather_report(run: RunDir, now: float) -> RunReport:
         except RecordError:
             table = None  # status names the damaged table; the report counts what it can read
         slow += table.lost_s if table is not None else 0.0
-    return run_report(run.path, events, checkpoints, skipped, now, slow, spec.restart.max_restarts)
+    return run_report(run.path, events, checkpoints, skipped, now, slow, spec.restart.max_restarts,
+                      journal_warnings=journal.warnings)
 
 
 # ---- plan ---------------------------------------------------------------------------------------

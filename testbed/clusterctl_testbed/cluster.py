@@ -28,6 +28,7 @@ from pathlib import Path
 import clusterctl
 from clusterctl_testbed import rootfs, slurm_config, versions
 from clusterctl_testbed.layout import CONTROLLER, Layout
+from clusterctl_testbed.private_root import ensure_private_root
 from clusterctl_testbed.system import (
     CommandResult, TestbedError, is_alive, kill_all, namespace_pids, namespaces, run, spawn, wait_for, with_sbin,
 )
@@ -236,6 +237,7 @@ class Testbed:
             slurm_config.check_topology(self.layout, release.version)
         except ValueError as exc:
             raise TestbedError(str(exc)) from None
+        ensure_private_root(self.layout.root)  # before anything is written into it, or removed from it
         install_packages()
         root = rootfs.ensure(release, REPO) if release.uses_rootfs else None
         self.down(quiet=True)
@@ -272,6 +274,9 @@ class Testbed:
             run(["ip", "netns", "del", ns], check=False, timeout=10)
         # Everything but the last run's logs: job ids restart at 1, so any record left behind
         # (spool, job-health records, healthd journals) would be mistaken for the new run's.
+        # Never through a root someone else planted (a symlink to /etc would empty /etc).
+        if os.path.lexists(self.layout.root):
+            ensure_private_root(self.layout.root)
         if self.layout.root.is_dir():
             for child in self.layout.root.iterdir():
                 if child.name != "log":

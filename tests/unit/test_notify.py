@@ -6,7 +6,8 @@ from __future__ import annotations
 import json
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import tracemalloc
+from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from typing import Any
 
 import requests
@@ -106,3 +107,65 @@ def test_a_webhook_that_is_not_an_http_url_is_a_spec_error():
     with pytest.raises(SpecError, match="an http"):
         parse_spec('[job]\nname = "t"\nnodes = 1\n[launch]\ncommand = ["x"]\n[restart]\nwebhook = "file:///etc/passwd"\n',
                    "job.toml")
+
+
+def test_a_huge_answer_is_never_read():
+    """An endpoint answering 300 MB: the notifier reads its status and closes, promptly and in little memory."""
+    body = 300 << 20
+    sent: list[int] = []
+    finished = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(body))
+            self.end_headers()
+            chunk = b"x" * (1 << 20)
+            total = 0
+            try:
+                while total < body:
+                    self.wfile.write(chunk)
+                    total += len(chunk)
+            except OSError:
+                pass  # the notifier hung up: what it could have read is what was sent
+            finally:
+                sent.append(total)
+                finished.set()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    said: list[str] = []
+    read: list[int] = []
+    real_post = requests.post
+
+    def post(url: str, **kwargs: Any) -> Any:
+        response = real_post(url, **kwargs)
+        real_read = response.raw.read
+
+        def counted(amt: int | None = None, *args: Any, **kw: Any) -> bytes:
+            data = real_read(amt, *args, **kw)
+            read.append(len(data))
+            return bytes(data)
+        response.raw.read = counted
+        return response
+
+    try:
+        notify = webhook_notifier(f"http://127.0.0.1:{server.server_port}/hook", said.append, post=post)
+        tracemalloc.start()
+        started = time.monotonic()
+        notify("done", {"run": "/runs/r1"})
+        assert notify.drain(5.0)
+        took = time.monotonic() - started
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert finished.wait(10)
+    finally:
+        server.shutdown()
+    assert took < 2.0 and not [line for line in said if "failed" in line or "answered" in line]
+    assert sum(read) == 0, "the answer's body is never read"
+    assert peak < 8 << 20, f"the notifier held {peak} bytes"
+    assert sent[0] < body, "the connection was closed long before 300 MB went through it"

@@ -4,19 +4,26 @@ damaged files included, without ever breaking the training program or the reader
 from __future__ import annotations
 
 import json
+import math
+import os
 import tempfile
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterctl.progress import beat
 from clusterctl.records.rank_progress import (
-    PHASES, RankProgress, rank_progress_path, read_progress, read_rank_progress, write_rank_progress)
+    FUTURE_TOLERANCE, PHASES, PROGRESS_LIMIT, RankProgress, rank_progress_path, read_progress, read_rank_progress,
+    write_rank_progress)
+from clusterctl.launcher.pure.hang_watch import HangPolicy, judge
 from clusterctl.records.versioned import RecordError
 
-REPORTS = st.builds(RankProgress, rank=st.integers(0, 100_000), node=st.text(min_size=1, max_size=20),
+REPORTS = st.builds(RankProgress, rank=st.integers(0, 100_000), node=st.from_regex(r"[a-z0-9][a-z0-9._-]{0,19}",
+                                                                                    fullmatch=True),
                     step=st.integers(0, 10**12), phase=st.sampled_from(PHASES),
                     at=st.floats(0, 4e9, allow_nan=False), pid=st.integers(1, 2**22),
                     compute_s=st.floats(0, 1e9, allow_nan=False), compute_steps=st.integers(0, 10**12),
@@ -160,3 +167,104 @@ def test_a_rank_blocked_between_steps_keeps_saying_its_process_runs(tmp_path, mo
         assert time.monotonic() < deadline, "the liveness thread never rewrote the report"
         time.sleep(0.05)
     assert (report.step, report.at, report.phase) == (3, first.at, "step")  # no progress claimed
+
+
+# ---- progress files others could plant: never a hang, never unbounded, never another node's blame ----
+def test_a_fifo_a_symlink_or_a_directory_as_a_report_is_refused_at_once(tmp_path):
+    good = RankProgress(0, "node1", 41, "step", 1000.0, 100)
+    write_rank_progress(tmp_path, good)
+    progress = tmp_path / "progress"
+    os.mkfifo(progress / "1.json")  # nobody writes it: a blocking open or read would wait forever
+    (progress / "2.json").symlink_to(progress / "0.json")
+    (progress / "3.json").mkdir()
+    started = time.monotonic()
+    records, problems = read_progress(tmp_path)
+    assert time.monotonic() - started < 5
+    assert records == (good,)
+    assert problems == (f"{progress}/1.json: a FIFO, where clusterctl expects a regular file; move it away",
+                        f"{progress}/2.json: a symlink, not a regular file; refusing to follow it",
+                        f"{progress}/3.json: a directory, where clusterctl expects a regular file; move it away")
+
+
+def test_a_huge_report_is_refused_without_being_read(tmp_path):
+    path = rank_progress_path(tmp_path, 0)
+    path.parent.mkdir()
+    with path.open("wb") as out:
+        out.truncate(2 << 30)  # sparse: 2 GiB that would be read whole before
+    tracemalloc.start()
+    try:
+        with pytest.raises(RecordError, match=f"more than the {PROGRESS_LIMIT}"):
+            read_rank_progress(path)
+        assert tracemalloc.get_traced_memory()[1] < 1 << 20
+    finally:
+        tracemalloc.stop()
+
+
+GOOD = RankProgress(0, "node1", 41, "step", 1000.0, 100, 2.5, 10, 1000.0).to_json()
+
+
+@pytest.mark.parametrize("key, value", [
+    ("at", float("nan")), ("at", float("inf")), ("at", -1.0), ("alive_at", float("nan")),
+    ("alive_at", float("-inf")), ("compute_s", float("inf")), ("step", -3), ("rank", -1), ("pid", -5),
+])
+def test_a_time_or_count_that_is_not_finite_and_positive_refuses_the_record(tmp_path, key, value):
+    path = rank_progress_path(tmp_path, 0)
+    path.parent.mkdir()
+    # Python's json writes (and reads) NaN and Infinity: a rank's program can produce them.
+    path.write_text(json.dumps({**GOOD, key: value, "rank": -1 if key == "rank" else 0}))
+    if key == "rank":
+        path = path.rename(path.with_name("-1.json"))
+    with pytest.raises(RecordError, match=f"field `{key}` is"):
+        read_rank_progress(path)
+
+
+def test_a_node_name_that_is_not_one_refuses_the_record(tmp_path):
+    path = rank_progress_path(tmp_path, 0)
+    path.parent.mkdir()
+    path.write_text(json.dumps({**GOOD, "node": "--nodelist=node9"}))
+    with pytest.raises(RecordError, match="is not a node name"):
+        read_rank_progress(path)
+
+
+def test_a_report_from_the_future_is_refused_and_cannot_make_other_nodes_look_hung(tmp_path):
+    now = 10_000.0
+    # Every rank went silent 700 s ago (past the start-up timeout, 600 s) ...
+    honest = [RankProgress(rank, f"node{rank + 1}", 50, "step", now - 700, 100 + rank) for rank in range(3)]
+    for report in honest:
+        write_rank_progress(tmp_path, report)
+    # ... but rank 3 on node4 forges a report a day ahead: read, it would look like the one rank
+    # still stepping, and nodes 1-3 the ones holding it up.
+    write_rank_progress(tmp_path, RankProgress(3, "node4", 51, "step", now + 86_400, 103))
+    records, problems = read_progress(tmp_path, now)
+    assert records == tuple(honest)
+    assert len(problems) == 1 and "3.json: dated 86400 s ahead of this host's clock" in problems[0]
+    verdict = judge(records, HangPolicy(), now, started_at=now - 1000,
+                    expected_ranks={rank: f"node{rank + 1}" for rank in range(4)})
+    assert [s.node for s in verdict.suspects] == ["node4"]  # the rank without a report it can read
+    # A clock a little ahead is not a forgery.
+    write_rank_progress(tmp_path, RankProgress(3, "node4", 51, "step", now + FUTURE_TOLERANCE / 2, 103))
+    assert len(read_progress(tmp_path, now)[0]) == 4
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(
+    st.binary(max_size=300),
+    st.dictionaries(st.sampled_from(sorted(GOOD)), st.one_of(
+        st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(), st.text(max_size=12)), max_size=10).map(
+        lambda changes: json.dumps({**GOOD, **changes}).encode()),
+))
+def test_any_progress_bytes_read_or_are_refused_clearly(data: bytes) -> None:
+    with tempfile.TemporaryDirectory() as job_dir:
+        path = rank_progress_path(Path(job_dir), 0)
+        path.parent.mkdir()
+        path.write_bytes(data)
+        try:
+            record = read_rank_progress(path, now=2000.0)
+        except RecordError as exc:
+            assert str(exc).startswith(str(path))
+            return
+        for seconds in (record.at, record.alive_at, record.compute_s):
+            assert math.isfinite(seconds) and 0 <= seconds
+        assert min(record.rank, record.step, record.pid, record.compute_steps) >= 0
+        assert max(record.at, record.alive_at) <= 2000.0 + FUTURE_TOLERANCE
+        assert read_progress(Path(job_dir), 2000.0) == ((record,), ())
