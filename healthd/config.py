@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 import socket
 import tomllib
 from dataclasses import dataclass, field, fields
@@ -12,6 +14,7 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import PolicyConfig
+from clusterctl.slurm.names import is_node_name
 
 DEFAULT_PATH = Path("/etc/clusterctl/healthd.toml")
 
@@ -87,13 +90,17 @@ class HealthdConfig:
 
 
 def load_config(path: Path | None) -> HealthdConfig:
-    """Read healthd.toml (a missing default file means all defaults)."""
+    """Read healthd.toml (a missing default file means all defaults).
+
+    Every caller (run, status, check, evidence, breaker, the prolog and the epilog) comes here, so
+    a value is checked the same way for each: its type, its range, never NaN or infinity."""
     if path is None:
         if not DEFAULT_PATH.exists():
             return HealthdConfig()
         path = DEFAULT_PATH
     try:
-        data = tomllib.loads(path.read_bytes().decode("utf-8"))
+        text = path.read_bytes().decode("utf-8")
+        data = tomllib.loads(text)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError as exc:
@@ -102,96 +109,189 @@ def load_config(path: Path | None) -> HealthdConfig:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a healthd.toml") from None
-    return config_from_mapping(data, str(path))
+    return config_from_mapping(data, str(path), text)
 
 
-# Values that make no sense below (or above) these bounds: check_interval = 0 would ask Slurm
-# many times a second; a breaker share above 1 is no breaker.
-_BOUNDS: dict[str, tuple[float, float]] = {
-    "check_interval": (1.0, 3600.0), "nvml_timeout": (0.1, 60.0), "event_wait_ms": (10, 60_000),
-    "xid_dedup_window": (0.0, 7 * 86400.0), "breaker_max_share": (0.0, 1.0), "clean_checks": (1, 1000),
-    "hook_timeout": (1.0, 3600.0), "breaker_retry": (1.0, 86400.0), "breaker_spread_per_node": (0.0, 1.0),
-    "node_refresh_interval": (1.0, 86400.0), "drained_refresh_interval": (1.0, 86400.0),
+@dataclass(frozen=True)
+class _Rule:
+    """What one key holds: its kind and, for numbers, the sensible range (inclusive)."""
+
+    kind: str  # bool, int, float, path, optional-path, paths, node, partition, address
+    low: float = 0
+    high: float = 0
+
+
+# Every key has a rule (a unit test checks): a value outside it is an error naming file, line and key.
+# The ranges keep each knob where it means something: check_interval = 0 would ask Slurm many times a
+# second, a breaker share above 1 is no breaker, expected_gpus = inf would make every node miss a GPU.
+_RULES: dict[str, _Rule] = {
+    "node": _Rule("node"), "partition": _Rule("partition"),
+    "state_dir": _Rule("path"), "journal_dir": _Rule("path"), "kmsg": _Rule("path"), "boot_id": _Rule("path"),
+    "job_records_dir": _Rule("path"), "breaker_dir": _Rule("optional-path"),
+    "disk_paths": _Rule("paths"), "disk_drain_paths": _Rule("paths"),
+    "dry_run": _Rule("bool"), "resume_when_clean": _Rule("bool"),
+    "metrics": _Rule("address"),
+    "check_interval": _Rule("float", 1.0, 3600.0), "nvml_timeout": _Rule("float", 0.1, 60.0),
+    "event_wait_ms": _Rule("int", 10, 60_000), "xid_dedup_window": _Rule("float", 0.0, 7 * 86400.0),
+    "breaker_max_share": _Rule("float", 0.0, 1.0), "breaker_retry": _Rule("float", 1.0, 86400.0),
+    "breaker_spread_per_node": _Rule("float", 0.0, 1.0), "node_refresh_interval": _Rule("float", 1.0, 86400.0),
+    "drained_refresh_interval": _Rule("float", 1.0, 86400.0), "clean_checks": _Rule("int", 1, 1000),
+    "hook_timeout": _Rule("float", 1.0, 3600.0),
+    "checks.expected_gpus": _Rule("int", 0, 1024), "checks.uncorrectable_remap_limit": _Rule("int", 0, 1_000_000),
+    "checks.retired_pages_limit": _Rule("int", 0, 1_000_000), "checks.temperature_warn_c": _Rule("int", 1, 200),
+    "checks.temperature_sustain_s": _Rule("float", 0.0, 86400.0),
+    "checks.clock_events_sustain_s": _Rule("float", 0.0, 86400.0),
+    "checks.memory_min_available": _Rule("float", 0.0, 1.0), "checks.disk_min_free": _Rule("float", 0.0, 1.0),
+    "policy.app_xid_repeat": _Rule("int", 1, 1000), "policy.app_xid_window_h": _Rule("float", 0.0, 24 * 366.0),
 }
+MAX_XID = 9999
+MAX_PATHS = 64
+_PARTITION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
 
-_OPTIONAL_PATHS = {"breaker_dir"}
-"""Path keys whose default is unset (None)."""
+class _Where:
+    """Names a key's place for an error: the file, the line when it can be found, the dotted key."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path, self.lines = path, text.splitlines()
+
+    def line(self, dotted: str) -> int | None:
+        """The line that sets `dotted` (`checks.expected_gpus` under [checks], or written dotted)."""
+        table, _, key = dotted.rpartition(".")
+        current = ""
+        for number, raw in enumerate(self.lines, 1):
+            line = raw.strip()
+            header = re.match(r"^\[\s*([A-Za-z0-9_.\"' -]+?)\s*\]", line)
+            if header:
+                current = header.group(1).replace('"', "").replace("'", "").replace(" ", "")
+                continue
+            written = re.match(r"^([A-Za-z0-9_.\"' -]+?)\s*=", line)
+            if written is None:
+                continue
+            name = written.group(1).replace('"', "").replace("'", "").replace(" ", "")
+            full = f"{current}.{name}" if current else name
+            if full == dotted or (table and full == table):  # a key inside an inline table: its table's line
+                return number
+        return None
+
+    def error(self, dotted: str, message: str, *, unknown: bool = False) -> ConfigError:
+        number = self.line(dotted)
+        what = f"unknown key `{dotted}`" if unknown else f"key `{dotted}`"
+        return ConfigError(f"{self.path}{f':{number}' if number else ''}: {what}{message}")
 
 
-def _bounded(where: str, key: str, value: Any) -> Any:
-    if key not in _BOUNDS:
-        return value
-    low, high = _BOUNDS[key]
-    if not low <= value <= high:
-        raise ConfigError(f"{where}: key `{key}` must be between {low:g} and {high:g}, found {value!r}")
-    return value
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _typed(where: str, key: str, value: Any, default: Any) -> Any:
-    if isinstance(default, bool):
+def _number(where: _Where, dotted: str, value: Any, rule: _Rule) -> int | float:
+    whole = rule.kind == "int"
+    expected = f"a {'whole ' if whole else ''}number between {rule.low:g} and {rule.high:g}"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise where.error(dotted, f" must be {expected}, found {_shown(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise where.error(dotted, f" must be {expected} (not NaN or infinity), found {_shown(value)}")
+    if not rule.low <= value <= rule.high:  # exact for huge ints too: nothing is converted before this
+        raise where.error(dotted, f" must be {expected}, found {_shown(value)}")
+    if whole:
+        if isinstance(value, float) and not value.is_integer():
+            raise where.error(dotted, f" must be {expected}, found {_shown(value)}")
+        return int(value)
+    return float(value)
+
+
+def _path(where: _Where, dotted: str, value: Any) -> Path:
+    if not isinstance(value, str) or not value:
+        raise where.error(dotted, f" must be an absolute path (a string like \"/var/lib/healthd\"), found {_shown(value)}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise where.error(dotted, f" must be a path without control characters, found {_shown(value)}")
+    if not value.startswith("/"):
+        raise where.error(dotted, f" must be an absolute path (healthd and the hooks run from any directory), "
+                                  f"found {_shown(value)}")
+    return Path(value)
+
+
+def _checked(where: _Where, dotted: str, value: Any) -> Any:  # noqa: C901 - one branch per kind
+    """`value` of key `dotted` as the config holds it, or ConfigError saying what to write."""
+    rule = _RULES[dotted]
+    if rule.kind in ("int", "float"):
+        return _number(where, dotted, value, rule)
+    if rule.kind == "bool":
         if not isinstance(value, bool):
-            raise ConfigError(f"{where}: key `{key}` must be true or false, found {value!r}")
+            raise where.error(dotted, f" must be true or false, found {_shown(value)}")
         return value
-    if isinstance(default, (int, float)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ConfigError(f"{where}: key `{key}` must be a number ≥ 0, found {value!r}")
-        return type(default)(value) if isinstance(default, float) or float(value).is_integer() else value
-    if isinstance(default, Path):
-        if not isinstance(value, str) or not value:
-            raise ConfigError(f"{where}: key `{key}` must be a path, found {value!r}")
-        return Path(value)
-    if isinstance(default, tuple):
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{where}: key `{key}` must be a list of strings, found {value!r}")
-        return tuple(value)
+    if rule.kind in ("path", "optional-path"):
+        return _path(where, dotted, value)
+    if rule.kind == "paths":
+        if not isinstance(value, list) or len(value) > MAX_PATHS:
+            raise where.error(dotted, f" must be a list of at most {MAX_PATHS} absolute paths, found {_shown(value)}")
+        return tuple(str(_path(where, dotted, item)) for item in value)
     if not isinstance(value, str):
-        raise ConfigError(f"{where}: key `{key}` must be a string, found {value!r}")
+        raise where.error(dotted, f" must be a string, found {_shown(value)}")
+    if rule.kind == "node" and value and not is_node_name(value):
+        raise where.error(dotted, f" must be this node's Slurm name (letters, digits, '.', '_', '-'), or \"\" for "
+                                  f"the host name, found {_shown(value)}")
+    if rule.kind == "partition" and value and not _PARTITION.fullmatch(value):
+        raise where.error(dotted, f" must be a Slurm partition name (letters, digits, '.', '_', '-'), or \"\" for "
+                                  f"the node's first partition, found {_shown(value)}")
+    if rule.kind == "address" and value:
+        address = _ADDRESS.fullmatch(value)
+        if address is None or not 1 <= int(address.group("port")) <= 65535:
+            raise where.error(dotted, " must be host:port (like \"127.0.0.1:9400\" or \"[::1]:9400\", port 1-65535), "
+                                      f"or \"\" to serve no metrics, found {_shown(value)}")
     return value
 
 
-def config_from_mapping(data: dict[str, Any], where: str = "healthd.toml") -> HealthdConfig:
-    base = HealthdConfig()
+def config_from_mapping(data: dict[str, Any], where: str = "healthd.toml", text: str = "") -> HealthdConfig:
+    """The config `data` (parsed TOML) sets; ConfigError naming file, line (from `text`) and key otherwise."""
+    place = _Where(where, text)
     top = {f.name for f in fields(HealthdConfig)} - {"checks", "policy"}
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key in ("checks", "policy"):
             continue
         if key not in top:
-            raise ConfigError(f"{where}: unknown key `{key}`; known: {', '.join(sorted(top | {'checks', 'policy'}))}")
-        default = Path("/") if key in _OPTIONAL_PATHS else getattr(base, key)
-        values[key] = _bounded(where, key, _typed(where, key, value, default))
-        if key in _OPTIONAL_PATHS and not values[key].is_absolute():
-            raise ConfigError(f"{where}: key `{key}` must be an absolute path, found {value!r}")
-    checks = data.get("checks", {})
-    if not isinstance(checks, dict):
-        raise ConfigError(f"{where}: `checks` must be a table")
-    limits = CheckLimits()
-    known = {f.name for f in fields(CheckLimits)}
-    for key in checks:
+            raise place.error(key, f"; known: {', '.join(sorted(top | {'checks', 'policy'}))}", unknown=True)
+        values[key] = _checked(place, key, value)
+    limits = CheckLimits(**{key: _checked(place, f"checks.{key}", value)
+                            for key, value in _table(place, data, "checks", {f.name for f in fields(CheckLimits)}).items()})
+    return HealthdConfig(**values, checks=limits, policy=_policy(place, data))
+
+
+def _table(place: _Where, data: dict[str, Any], name: str, known: set[str]) -> dict[str, Any]:
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        raise place.error(name, f" must be a table ([{name}]), found {_shown(table)}")
+    for key in table:
         if key not in known:
-            raise ConfigError(f"{where}: unknown key `checks.{key}`; known: {', '.join(sorted(known))}")
-    limits = CheckLimits(**{k: _typed(where, f"checks.{k}", v, getattr(limits, k)) for k, v in checks.items()})
-    policy = data.get("policy", {})
-    if not isinstance(policy, dict):
-        raise ConfigError(f"{where}: `policy` must be a table")
+            raise place.error(f"{name}.{key}", f"; known: {', '.join(sorted(known))}", unknown=True)
+    return table
+
+
+def _policy(place: _Where, data: dict[str, Any]) -> PolicyConfig:
+    policy = _table(place, data, "policy", {"promote_xids", "app_xid_repeat", "app_xid_window_h", "app_xid_count"})
+    promote_table = policy.get("promote_xids", {})
+    if not isinstance(promote_table, dict):
+        raise place.error("policy.promote_xids", f" must be a table like {{ \"999\" = \"drain-reset\" }}, "
+                                                 f"found {_shown(promote_table)}")
     promote: dict[int, Action] = {}
-    for xid, action in (policy.get("promote_xids") or {}).items():
+    for xid, action in promote_table.items():
+        labels = ", ".join(a.label for a in Action)
+        if not re.fullmatch(r"[0-9]{1,4}", xid) or not 1 <= int(xid) <= MAX_XID:
+            raise place.error(f"policy.promote_xids.{xid}", f" must be an Xid number from 1 to {MAX_XID} with one of "
+                                                            f"{labels}")
         try:
-            promote[int(xid)] = Action.from_label(str(action).lower().replace("_", "-"))
+            if not isinstance(action, str):
+                raise KeyError(action)
+            promote[int(xid)] = Action.from_label(action.lower().replace("_", "-"))
         except (ValueError, KeyError):
-            raise ConfigError(f"{where}: key `policy.promote_xids.{xid}`: expected an Xid number and one of "
-                              f"{', '.join(a.label for a in Action)}, found {action!r}") from None
-    unknown = set(policy) - {"promote_xids", "app_xid_repeat", "app_xid_window_h", "app_xid_count"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown key `policy.{sorted(unknown)[0]}`")
-    count = _typed(where, "policy.app_xid_count", policy.get("app_xid_count", "users"), "users")
+            raise place.error(f"policy.promote_xids.{xid}", f" must name one of {labels}, "
+                                                            f"found {_shown(action)}") from None
+    count = policy.get("app_xid_count", "users")
     if count not in ("users", "jobs"):
-        raise ConfigError(f"{where}: key `policy.app_xid_count` must be \"users\" or \"jobs\", found {count!r}")
-    repeat = int(_typed(where, "policy.app_xid_repeat", policy.get("app_xid_repeat", 2), 2))
-    if repeat < 1:
-        raise ConfigError(f"{where}: key `policy.app_xid_repeat` must be at least 1, found {repeat}")
-    policy_config = PolicyConfig(promote, repeat,
-                                 float(_typed(where, "policy.app_xid_window_h", policy.get("app_xid_window_h", 24.0),
-                                              24.0)) * 3600, count)
-    return HealthdConfig(**values, checks=limits, policy=policy_config)
+        raise place.error("policy.app_xid_count", f" must be \"users\" or \"jobs\", found {_shown(count)}")
+    repeat = _checked(place, "policy.app_xid_repeat", policy.get("app_xid_repeat", 2))
+    window_h = _checked(place, "policy.app_xid_window_h", policy.get("app_xid_window_h", 24.0))
+    return PolicyConfig(promote, repeat, window_h * 3600, count)

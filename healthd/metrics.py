@@ -34,5 +34,5 @@ class Metrics:
         """Serve /metrics on host:port (an empty address serves nothing)."""
         if not address:
             return
-        host, _, port = address.rpartition(":")
-        start_http_server(int(port), addr=host or "127.0.0.1", registry=self.registry)
+        host, _, port = address.rpartition(":")  # checked by the config: host:port, IPv6 in brackets
+        start_http_server(int(port), addr=host.strip("[]") or "127.0.0.1", registry=self.registry)

@@ -40,6 +40,8 @@ def subprocess_runner(argv: Sequence[str], timeout: float) -> Completed:
         raise SlurmCommandError(list(argv), None, f"no answer within {timeout:g} s") from None
     except FileNotFoundError:
         raise SlurmCommandError(list(argv), 127, f"{argv[0]} is not installed or not on PATH") from None
+    except OSError as exc:  # E2BIG (an argv longer than the kernel takes), EACCES...: Slurm never saw it
+        raise SlurmCommandError([*argv[:1], "..."], 126, f"cannot run {argv[0]}: {exc.strerror}") from None
     return Completed(proc.returncode, proc.stdout, proc.stderr)
 
 

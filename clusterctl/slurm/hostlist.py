@@ -11,6 +11,9 @@ Behaviour matches `scontrol show hostnames` / `scontrol show hostlist` of Slurm 
   numbers that are not ASCII digits, ranges of more than 65,536 hosts (Slurm's own limit) and
   numbers longer than 18 digits.  Sizes are counted before anything is built, so an
   expression naming billions of hosts is refused at once instead of filling memory.
+  Stricter than Slurm (which expands them silently): control characters (a DEL, an escape)
+  and an expression that names no host at all ('', ',') are refused; every place a user
+  writes a hostlist means at least one host.
 * compress: keeps the order and duplicates of its input; a name joins the previous range
   only when it has the same prefix, the next number and a compatible zero-padding width;
   adjacent ranges with the same prefix share one pair of brackets (`n[1-3,5-6,4]`).
@@ -32,7 +35,11 @@ _NUMBER = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() also accepts '٣' a
 
 
 def expand(expression: str) -> list[str]:
-    """All host names of a hostlist expression, in Slurm's order."""
+    """All host names of a hostlist expression, in Slurm's order (HostlistError when it names none)."""
+    bad = next((c for c in expression if _is_control(c)), None)
+    if bad is not None:
+        raise HostlistError(f"hostlist {expression!r}: control character {bad!r} at position "
+                            f"{expression.index(bad) + 1}; host names are letters, digits, '.', '_' and '-'")
     items = [(item, _item_groups(item, expression)) for item in _split_top_level(expression)]
     total = 0
     for _, (_, groups) in items:
@@ -44,10 +51,17 @@ def expand(expression: str) -> list[str]:
         total += size
         if total > MAX_HOSTS:
             raise HostlistError(f"hostlist {expression!r} names more than {MAX_HOSTS:,} hosts")
+    if not items:
+        raise HostlistError(f"hostlist {expression!r} names no host; give at least one, e.g. 'node[1-4]'")
     names: list[str] = []
     for _, (texts, groups) in items:
         names.extend(_product(texts, groups))
     return names
+
+
+def _is_control(char: str) -> bool:
+    """ASCII control characters (DEL too) other than the blanks that separate items."""
+    return (ord(char) < 32 and char not in "\t\n") or char == "\x7f"
 
 
 def _split_top_level(expression: str) -> Iterator[str]:
@@ -169,8 +183,8 @@ def compress(names: Iterable[str]) -> str:
     """A hostlist expression for `names`, in their order, as `scontrol show hostlist` prints it."""
     ranges: list[_Range] = []
     for name in names:
-        if not name or any(c in name for c in ",[] \t\n"):
-            raise HostlistError(f"{name!r} is not a host name (no commas, brackets or blanks)")
+        if not name or any(c in ",[] \t\n" or _is_control(c) for c in name):
+            raise HostlistError(f"{name!r} is not a host name (no commas, brackets, blanks or control characters)")
         host = _parse_name(name)
         tail = ranges[-1] if ranges else None
         if tail and tail.numbered and host.numbered and tail.prefix == host.prefix and tail.hi + 1 == host.lo:

@@ -63,6 +63,12 @@ class AsciiInt(click.IntRange):
             self.fail(f"{value!r} is not a whole number (ASCII digits)", param, ctx)
         return super().convert(value, param, ctx)
 
+    def _describe_range(self) -> str:
+        # click shows "x<=None" for a range with no maximum given: show only the bounds there are.
+        if self.min is None and self.max is None:
+            return ""
+        return super()._describe_range()
+
 
 SIZE = AsciiInt(1, MAX_RANKS)
 
@@ -232,7 +238,7 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
         console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False, soft_wrap=True)
 
     notifier = webhook_notifier(spec.restart.webhook, say)
-    hooks = Hooks(say=say, notify=notifier, gpu_evidence=srun_gpu_evidence(sys.executable),
+    hooks = Hooks(say=say, notify=notifier, gpu_evidence=srun_gpu_evidence(spec.launch.python or sys.executable),
                   drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain)
     # `facts`: already asked of Slurm by `submit`; None makes the supervisor ask.
     supervisor = Supervisor(run, slurm, sys.executable, job_records, hooks, facts=facts)
@@ -334,6 +340,8 @@ def cancel(target: str) -> None:
 def spec_command(spec_file: Path | None, markdown: bool) -> None:
     """Print the job-spec reference, or check SPEC and print it as clusterctl reads it."""
     if spec_file is not None:
+        if markdown:
+            raise click.UsageError("--markdown prints the reference, not a spec: drop SPEC or --markdown")
         click.echo(json.dumps(load_spec(spec_file).to_dict(), indent=2, sort_keys=True))
         return
     rows = reference_rows()

@@ -146,7 +146,10 @@ def _environment(spec: JobSpec, run_dir: str, resume_from: str | None) -> str:
 
 def render_script(spec: JobSpec, template: Template, *, run_dir: str, python: str, attempt: int = 1,
                   resume_from: str | None = None) -> str:
-    """The sbatch script: the template with every placeholder replaced by quoted values."""
+    """The sbatch script: the template with every placeholder replaced by quoted values.
+
+    `python` is the submitting side's interpreter; the spec's launch.python, when set, wins (the
+    job runs the plan, the ranks' checks and the agent with it, on the compute nodes)."""
     header = ["# Values are single-quoted on purpose (literal text, never expanded):",
               "# shellcheck disable=SC2016,SC1003",
               f"# Rendered by clusterctl {__version__} from {comment(spec.source or 'a job spec')} "
@@ -157,7 +160,7 @@ def render_script(spec: JobSpec, template: Template, *, run_dir: str, python: st
     values = {
         "header": "\n".join(header),
         "run_dir": quote(run_dir),
-        "python": quote(python),
+        "python": quote(spec.launch.python or python),
         "command": words(_command(spec, run_dir, resume_from)),
         "environment": _environment(spec, run_dir, resume_from),
         "nodes": str(spec.job.nodes),

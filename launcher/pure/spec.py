@@ -12,6 +12,7 @@ import math
 import os
 import re
 import tomllib
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -45,6 +46,9 @@ class Field:
 
 SLURM_TIME = re.compile(r"^(\d{1,6}-\d{1,2}(:\d{1,2}(:\d{1,2})?)?|\d{1,9}(:\d{1,2}(:\d{1,2})?)?|UNLIMITED|INFINITE)$",
                         re.ASCII)  # ASCII digits: `\d` alone also matches '١', which sbatch refuses
+MAX_JOB_NAME_BYTES = 255
+"""The longest job name (UTF-8 bytes) Slurm keeps whole everywhere (accounting's job_name column holds 255);
+a far longer one would not even fit in sbatch's argv."""
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Options clusterctl sets itself from other keys; giving them in job.sbatch_options would fight them.
 MANAGED_SBATCH = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--gpus-per-node", "--output", "-o",
@@ -371,6 +375,37 @@ def _describe(value: Any) -> str:
     return f"{kind} {shown if len(shown) <= 60 else shown[:57] + '...'}"
 
 
+def slurm_time_seconds(text: str) -> int | None:
+    """Seconds of a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); None for UNLIMITED.
+
+    ValueError says what is wrong: the shape, or a field out of range (minutes and seconds after
+    the first field up to 59, hours after a day up to 23: `1:99:99` is a typo, not 2 h 40 min)."""
+    if not isinstance(text, str) or not SLURM_TIME.fullmatch(text):
+        raise ValueError("a Slurm time like 90, 1:30:00 or 2-00:00:00")
+    if text in ("UNLIMITED", "INFINITE"):
+        return None
+    days_text, dash, clock = text.rpartition("-")
+    fields = [int(part) for part in clock.split(":")]
+    if dash:  # D-HH[:MM[:SS]]: every field after the day is bounded
+        units = ("hours", "minutes", "seconds")[:len(fields)]
+        bounded = list(zip(units, fields))
+    else:  # MM, MM:SS or HH:MM:SS: the first field is not bounded
+        units = (("minutes",), ("minutes", "seconds"), ("hours", "minutes", "seconds"))[len(fields) - 1]
+        bounded = list(zip(units, fields))[1:]
+    for unit, number in bounded:
+        limit = 23 if unit == "hours" else 59
+        if number > limit:
+            raise ValueError(f"a Slurm time with {unit} from 0 to {limit} (like 1:30:00 or 2-12:00:00)")
+    amount = dict(zip(units, fields))
+    days = int(days_text) if dash else 0
+    return ((days * 24 + amount.get("hours", 0)) * 60 + amount.get("minutes", 0)) * 60 + amount.get("seconds", 0)
+
+
+def _has_control(text: str) -> bool:
+    """Control characters: C0 (newline, tab, escape...), DEL and C1."""
+    return any(unicodedata.category(c) == "Cc" for c in text)
+
+
 def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901 - one branch per kind
     def bad(expected: str) -> SpecError:
         return where.error(f"expected {expected}, found {_describe(value)}", spec_field.section, spec_field.key)
@@ -397,10 +432,15 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
     if kind in ("str", "path", "time", "hostlist", "choice"):
         if not isinstance(value, str) or not value:
             raise bad("a non-empty string")
-        if any(ord(c) < 32 for c in value):
-            raise bad("a string without control characters (newlines, tabs)")
-        if kind == "time" and not SLURM_TIME.match(value):
-            raise bad("a Slurm time like 90, 1:30:00 or 2-00:00:00")
+        if _has_control(value):
+            raise bad("a string without control characters (newlines, tabs, DEL)")
+        if kind == "time":
+            try:
+                slurm_time_seconds(value)
+            except ValueError as exc:
+                raise bad(str(exc)) from None
+        if spec_field.dotted == "job.name" and len(value.encode()) > MAX_JOB_NAME_BYTES:
+            raise bad(f"a name of at most {MAX_JOB_NAME_BYTES} bytes (Slurm keeps no more)")
         if kind == "choice" and value not in spec_field.choices:
             close = difflib.get_close_matches(value, list(spec_field.choices), n=1, cutoff=0.6)
             hint = f"; did you mean `{close[0]}`?" if close else ""
@@ -572,6 +612,10 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
     _check_placeholders(values["launch"]["command"], COMMAND_PLACEHOLDERS, where, "launch", "command")
     _check_placeholders(values["checkpoint"]["resume_args"], RESUME_PLACEHOLDERS, where, "checkpoint", "resume_args")
     _check_placeholders([values["checkpoint"]["dir"] or ""], ("run_dir",), where, "checkpoint", "dir")
+    if values["checkpoint"]["dir"] is None and any("{checkpoint_dir}" in arg for arg in values["launch"]["command"]):
+        raise where.error("uses {checkpoint_dir}, but [checkpoint] dir is not set (it would become an empty "
+                          "argument): set checkpoint.dir, e.g. '{run_dir}/checkpoints', or drop the placeholder",
+                          "launch", "command")
     _apply_overrides(values, overrides)
 
     base = base_dir or Path(path).resolve().parent

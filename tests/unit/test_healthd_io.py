@@ -52,7 +52,7 @@ def test_a_cursor_from_another_boot_means_every_record_is_new(tmp_path):
 def test_config_errors_name_file_and_key(tmp_path):
     path = tmp_path / "healthd.toml"
     path.write_text("check_interval = -1\n")
-    with pytest.raises(ConfigError, match=r"healthd.toml: key `check_interval` must be a number"):
+    with pytest.raises(ConfigError, match=r"healthd.toml:1: key `check_interval` must be a number"):
         load_config(path)
     with pytest.raises(ConfigError, match="unknown key `chek_interval`"):
         config_from_mapping({"chek_interval": 3})

@@ -264,8 +264,8 @@ def test_nonsense_or_undecodable_healthd_config_is_one_clear_error(tmp_path):
     from clusterctl.healthd.config import ConfigError, load_config
 
     path = tmp_path / "healthd.toml"
-    for text, message in ((b"check_interval = 0\n", "`check_interval` must be between 1 and 3600"),
-                          (b"breaker_max_share = 5\n", "`breaker_max_share` must be between 0 and 1"),
+    for text, message in ((b"check_interval = 0\n", "`check_interval` must be a number between 1 and 3600"),
+                          (b"breaker_max_share = 5\n", "`breaker_max_share` must be a number between 0 and 1"),
                           (b'node = "n\xff"\n', "not UTF-8 text"),
                           (b"x = " + b"[" * 100_000 + b"]" * 100_000 + b"\n", "healthd.toml: ")):
         path.write_bytes(text)

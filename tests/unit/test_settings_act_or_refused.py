@@ -1,0 +1,201 @@
+"""Every spec key acts or is refused; names, times and hostlists that Slurm would choke on are refused
+before anything is submitted, with the key and what to write instead (issue 27)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from clusterctl.errors import HostlistError, SlurmCommandError, SpecError
+from clusterctl.launcher.login.cli import cli, main
+from clusterctl.launcher.login.submit import load_template
+from clusterctl.launcher.pure.render import SlurmFacts, prepare
+from clusterctl.launcher.pure.spec import MAX_JOB_NAME_BYTES, parse_spec, slurm_time_seconds
+from clusterctl.slurm.commands import subprocess_runner
+from clusterctl.slurm.hostlist import compress, expand
+
+SPEC = """\
+[job]
+name = "llm"
+nodes = 2
+
+[launch]
+command = ["python3", "train.py"]
+"""
+
+
+def run_main(monkeypatch, capsys, *argv: str) -> tuple[int, str]:
+    """The installed command's edge: each error family's exit code and its one-line message."""
+    monkeypatch.setattr(sys, "argv", ["clusterctl", *argv])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    return int(exited.value.code or 0), capsys.readouterr().err
+
+
+def write_spec(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def _error(text: str) -> str:
+    with pytest.raises(SpecError) as caught:
+        parse_spec(text, "job.toml", base_dir=Path("/base"))
+    return str(caught.value)
+
+
+# ---- launch.python acts -------------------------------------------------------------------------
+def test_launch_python_is_the_python_the_script_runs():
+    spec = parse_spec(SPEC.replace('command = ', 'python = "/shared/venv/bin/python3"\ncommand = '), "job.toml",
+                      base_dir=Path("/base"))
+    script = prepare(spec, load_template(spec), SlurmFacts(), run_dir="/runs/r", python="/login/python").script
+    assert "python=/shared/venv/bin/python3\n" in script and "/login/python" not in script
+
+
+def test_without_launch_python_the_script_runs_the_submitting_python():
+    spec = parse_spec(SPEC, "job.toml", base_dir=Path("/base"))
+    script = prepare(spec, load_template(spec), SlurmFacts(), run_dir="/runs/r", python="/login/python").script
+    assert "python=/login/python\n" in script
+
+
+# ---- {checkpoint_dir} needs [checkpoint] dir ----------------------------------------------------
+def test_checkpoint_dir_placeholder_without_a_checkpoint_dir_is_refused():
+    message = _error(SPEC.replace('"train.py"]', '"train.py", "--save", "{checkpoint_dir}"]'))
+    assert message.startswith("job.toml:6, key `launch.command`: uses {checkpoint_dir}, but [checkpoint] dir is not set")
+    assert "set checkpoint.dir" in message
+
+
+def test_checkpoint_dir_placeholder_with_a_checkpoint_dir_is_filled():
+    spec = parse_spec(SPEC.replace('"train.py"]', '"train.py", "--save={checkpoint_dir}"]')
+                      + '[checkpoint]\ndir = "{run_dir}/ck"\n', "job.toml", base_dir=Path("/base"))
+    script = prepare(spec, load_template(spec), SlurmFacts(), run_dir="/runs/r", python="p").script
+    assert "--save=/runs/r/ck" in script
+
+
+# ---- spec --markdown SPEC -----------------------------------------------------------------------
+def test_spec_markdown_with_a_spec_file_is_a_usage_error(tmp_path):
+    result = CliRunner().invoke(cli, ["spec", "--markdown", str(write_spec(tmp_path, SPEC))])
+    assert result.exit_code == 2 and "--markdown prints the reference, not a spec" in result.output
+
+
+def test_spec_markdown_alone_still_prints_the_reference():
+    result = CliRunner().invoke(cli, ["spec", "--markdown"])
+    assert result.exit_code == 0 and result.output.startswith("| key | type | default | meaning |")
+
+
+# ---- job names ----------------------------------------------------------------------------------
+def test_a_very_long_job_name_is_refused_by_the_dry_run(tmp_path, monkeypatch, capsys):
+    spec = write_spec(tmp_path, SPEC.replace('"llm"', '"' + "n" * 300 + '"'))
+    code, err = run_main(monkeypatch, capsys, "submit", str(spec), "--dry-run", "--run-dir", str(tmp_path / "r"))
+    assert code == 7 and f"key `job.name`: expected a name of at most {MAX_JOB_NAME_BYTES} bytes" in err
+
+
+def test_a_long_name_override_is_refused_too(tmp_path, monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, "submit", str(write_spec(tmp_path, SPEC)), "--dry-run",
+                         "--run-dir", str(tmp_path / "r"), "--name", "é" * 200)  # 400 bytes
+    assert code == 7 and "command line, key `--name`: expected a name of at most 255 bytes" in err
+
+
+def test_a_name_of_255_bytes_is_accepted():
+    assert parse_spec(SPEC.replace('"llm"', '"' + "n" * 255 + '"'), "job.toml", base_dir=Path("/")).job.name
+
+
+@pytest.mark.parametrize("char", ["\\u007f", "\\u0085", "\\u001b", "\\t"])
+def test_names_with_control_characters_are_refused(char):
+    assert "key `job.name`: expected a string without control characters" in _error(
+        SPEC.replace('"llm"', f'"ab{char}c"'))
+
+
+def test_an_argv_too_long_for_the_kernel_is_a_slurm_command_error_not_a_crash():
+    with pytest.raises(SlurmCommandError, match="Argument list too long"):
+        subprocess_runner(["true", "x" * 300_000], 5)
+
+
+# ---- times --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("text, unit", [("1:99:99", "minutes"), ("1:00:60", "seconds"), ("90:60", "seconds"),
+                                        ("2-24", "hours"), ("2-1:60", "minutes"), ("1-00:00:99", "seconds")])
+def test_times_with_a_field_out_of_range_are_refused(text, unit):
+    message = _error(SPEC.replace("nodes = 2", f'nodes = 2\ntime = "{text}"'))
+    assert f"key `job.time`: expected a Slurm time with {unit} from 0 to" in message
+
+
+@pytest.mark.parametrize("text, seconds", [("90", 5400), ("90:30", 5430), ("48:00:00", 172800), ("2-12", 216000),
+                                           ("2-12:30", 217800), ("1-00:00:01", 86401), ("0", 0),
+                                           ("UNLIMITED", None)])
+def test_times_in_every_slurm_shape_read_as_slurm_reads_them(text, seconds):
+    assert slurm_time_seconds(text) == seconds
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=20) | st.from_regex(r"[0-9]{1,3}(-[0-9]{1,3})?(:[0-9]{1,3}){0,3}", fullmatch=True))
+def test_any_text_is_a_time_or_a_clear_refusal(text):
+    try:
+        seconds = slurm_time_seconds(text)
+    except ValueError as exc:
+        assert str(exc).startswith("a Slurm time")
+        return
+    assert seconds is None or seconds >= 0
+
+
+@given(st.integers(0, 999), st.integers(0, 23), st.integers(0, 59), st.integers(0, 59))
+def test_every_valid_time_reads_back_its_seconds(days, hours, minutes, seconds):
+    total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    assert slurm_time_seconds(f"{days}-{hours:02d}:{minutes:02d}:{seconds:02d}") == total
+    assert slurm_time_seconds(f"{days * 24 + hours}:{minutes}:{seconds:02d}") == total
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=20))
+def test_any_time_in_a_spec_is_accepted_or_a_spec_error(text):
+    toml = '"' + "".join(f"\\U{ord(c):08X}" for c in text) + '"'
+    try:
+        spec = parse_spec(SPEC.replace("nodes = 2", f"nodes = 2\ntime = {toml}"), "job.toml", base_dir=Path("/"))
+    except SpecError as exc:
+        assert "key `job.time`" in str(exc)
+        return
+    assert slurm_time_seconds(spec.job.time or "") is None or spec.job.time == text
+
+
+# ---- hostlists ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("expression", ["", ",", " , ", "\n"])
+def test_hostlist_expand_of_no_host_is_refused(monkeypatch, capsys, expression):
+    code, err = run_main(monkeypatch, capsys, "hostlist", "expand", expression)
+    assert code == 3 and "names no host; give at least one" in err
+
+
+@pytest.mark.parametrize("expression", ["node\x7f1", "node[1-2],\x1b[2Jx", "n\x00"])
+def test_hostlist_expand_refuses_control_characters(monkeypatch, capsys, expression):
+    code, err = run_main(monkeypatch, capsys, "hostlist", "expand", expression)
+    assert code == 3 and "control character" in err
+
+
+def test_hostlist_compress_refuses_control_characters(monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, "hostlist", "compress", "node1", "node\x7f2")
+    assert code == 3 and "is not a host name" in err
+
+
+def test_an_exclude_naming_no_host_is_refused():
+    assert "key `job.exclude`: expected a Slurm hostlist" in _error(SPEC.replace("nodes = 2", 'nodes = 2\nexclude = ","'))
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.sampled_from("n0123456789[]-, \t\n\x7f\x00\x1b\u0663a.") | st.characters(), max_size=24))
+def test_any_text_expands_to_names_or_a_hostlist_error(expression):
+    try:
+        names = expand(expression)
+    except HostlistError as exc:
+        assert str(exc) and "\n" not in str(exc)
+        return
+    assert names and all(name and not any(c in name for c in ",[] \t\n\x7f") for name in names)
+    assert all(ord(c) >= 32 for name in names for c in name)
+    assert expand(compress(names)) == names
+
+
+def test_help_shows_no_range_without_bounds():
+    result = CliRunner().invoke(cli, ["submit", "--help"])
+    assert result.exit_code == 0 and "None" not in result.output
