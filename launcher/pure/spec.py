@@ -70,7 +70,7 @@ MAX_RANKS = MAX_NODES * 128
 DAY = 86_400.0
 
 FIELDS: tuple[Field, ...] = (
-    Field("job", "name", "str", "Job name (Slurm --job-name); also names the run directory.", required=True),
+    Field("job", "name", "str", "Job name (Slurm --job-name; at most 255 bytes, no control characters); also names the run directory.", required=True),
     Field("job", "nodes", "int", "Nodes the training runs on.", required=True, minimum=1, maximum=MAX_NODES),
     Field("job", "gpus_per_node", "int", "GPUs used on each node; one rank per GPU.", 8, minimum=1, maximum=128),
     Field("job", "spare_nodes", "int", "Extra nodes to allocate; the rank map picks the best `nodes` of "
