@@ -19,7 +19,7 @@ from pathlib import Path
 from clusterctl.clock import parse_utc, utc
 from clusterctl.errors import ClusterctlError, SlurmCommandError
 from clusterctl.healthd.breaker import Breaker
-from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
+from clusterctl.healthd.config import DEFAULT_PATH, ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.engine import EngineSettings, drain_request, drain_rules
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, read_state, state_is_fresh
@@ -33,6 +33,7 @@ from clusterctl.records.healthd_node_record import NodeRecordEntry, append_node_
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord, write_job_health
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import drains
+from clusterctl.slurm.commands import Runner, subprocess_runner, within_deadline
 from clusterctl.slurm.nodes import NodeSlurm, SlurmNode
 
 
@@ -40,23 +41,54 @@ def _say(hook: str, message: str) -> None:
     print(f"clusterctl-{hook}: {message}", file=sys.stderr, flush=True)  # slurmd puts it in its log
 
 
-def _setup(hook: str, config: HealthdConfig | None = None) -> HealthdConfig:
+def _setup(hook: str, config: HealthdConfig | None = None, config_path: Path | None = None) -> HealthdConfig:
+    """The hook's config: `config`, else healthd.toml (`config_path`, else its default path).
+
+    A config the hook cannot read or understand must not fail the hook: Slurm would drain every node
+    at once, around the breaker.  The hook runs with the defaults and says so, loudly, in slurmd's log
+    (`healthd status` and `healthd run` refuse it, saying what is wrong with it)."""
     os.environ.setdefault("PATH", HOOK_PATH)
     if config is not None:
         return config
     try:
-        return load_config(None)
+        return _load_config_within(config_path, CONFIG_READ_SECONDS)
     except ConfigError as exc:
-        _say(hook, f"{exc}; using defaults")
-        return HealthdConfig()
+        _say(hook, f"CONFIG NOT USED: {exc}; running with the defaults")
+    except Exception as exc:  # noqa: BLE001 - whatever the reader trips on, the hook must not fail for it
+        _say(hook, f"CONFIG NOT USED: {config_path or DEFAULT_PATH}: {exc.__class__.__name__}: {exc}; "
+                   "running with the defaults")
+    return HealthdConfig()
+
+
+CONFIG_READ_SECONDS = 5.0
+"""How long a hook waits for healthd.toml (a FIFO or a hung mount would block it, before its own budget is known)."""
+
+
+class _ConfigTimeout(Exception):
+    pass
+
+
+def _load_config_within(path: Path | None, seconds: float) -> HealthdConfig:
+    def expired(*_: object) -> None:
+        raise _ConfigTimeout(f"not read within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return load_config(path)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 @contextmanager
-def _bounded(hook: str, seconds: float, on_timeout_exit: int) -> Iterator[None]:
-    """Never hang: past `seconds` the hook says so and exits (SIGALRM); disarmed on the way out."""
+def _bounded(hook: str, seconds: float, on_timeout_exit: Callable[[], int]) -> Iterator[None]:
+    """Never hang: past `seconds` the hook says so and exits with `on_timeout_exit()` (SIGALRM);
+    disarmed on the way out."""
     def expired(*_: object) -> None:
-        _say(hook, f"gave up after {seconds:g} s (a hung driver or Slurm command?)")
-        os._exit(on_timeout_exit)
+        code = on_timeout_exit()
+        _say(hook, f"gave up after {seconds:g} s (a hung driver or Slurm command?); exit {code}")
+        os._exit(code)
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -144,21 +176,51 @@ def _job_uid(environ: Mapping[str, str]) -> int | None:
     return int(uid) if uid.isascii() and uid.isdigit() and len(uid) <= 10 else None
 
 
-def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] = SlurmNode,
-               config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node) -> int:
+PROLOG_RESERVE = 0.25
+"""Share of the prolog's budget (`hook_timeout`) kept back from Slurm calls: noting the refusal, the log."""
+
+
+@dataclass
+class _Refusal:
+    """Whether the prolog's drain door left the node out of service: the one case it may exit 1."""
+
+    node_drained: bool = False
+
+    def exit_code(self) -> int:
+        return 1 if self.node_drained else 0
+
+
+def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] | None = None,
+               config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node, *,
+               config_path: Path | None = None, runner: Runner = subprocess_runner,
+               clock: Callable[[], float] = time.monotonic) -> int:
     """0 lets the job start; 1 refuses it (Slurm drains the node and requeues the job).
 
-    A job is refused only when the node is (now) drained: Slurm drains a node whose prolog
-    fails, so refusing while the breaker holds the drain back, or while Slurm cannot be
-    asked, would be a drain around the breaker.  The job then starts and the reason is logged.
+    A job is refused only when the node is (now) drained by the drain door: Slurm drains a node
+    whose prolog fails, so refusing while the breaker holds the drain back, while Slurm cannot be
+    asked, at the hook's own deadline, on a config it cannot read or on a bug would be a drain
+    around the breaker (on every node at once, for a config).  The job then starts and the reason
+    is logged.  The Slurm calls of the drain path (up to four: the release, the node, the partition's
+    share, the drain) share what is left of `hook_timeout` (`runner`'s timeouts are cut to it), so
+    they end before the deadline.
     """
-    config = _setup("prolog", config)
-    with _bounded("prolog", config.hook_timeout, 1):
-        return _prolog(environ, slurm_factory, config, node_check)
+    start = clock()
+    config = _setup("prolog", config, config_path)
+    refusal = _Refusal()
+    if slurm_factory is None:
+        budgeted = within_deadline(runner, start + config.hook_timeout * (1 - PROLOG_RESERVE), clock)
+        slurm_factory = lambda node: SlurmNode(node, budgeted)  # noqa: E731
+    with _bounded("prolog", config.hook_timeout, refusal.exit_code):
+        try:
+            return _prolog(environ, slurm_factory, config, node_check, refusal)
+        except Exception as exc:  # noqa: BLE001 - a bug must not drain the node around the breaker
+            _say("prolog", f"job {environ.get('SLURM_JOB_ID', 'unknown')!r}: gave up: "
+                           f"{exc.__class__.__name__}: {exc}; exit {refusal.exit_code()}")
+            return refusal.exit_code()
 
 
 def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], config: HealthdConfig,
-            node_check: Callable[..., GateReport]) -> int:
+            node_check: Callable[..., GateReport], refusal: _Refusal) -> int:
     job = _job_id(environ) or "unknown"
     node = _node_name(environ, config)
     gpus = parse_job_gpus(environ.get("SLURM_JOB_GPUS"))
@@ -178,6 +240,7 @@ def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], 
     for problem in report.problems:
         _say("prolog", f"job {job} refused on {node}: {problem.describe()}")
     outcome = _drain("prolog", config, node, _problem_reason(report.problems[0]), slurm_factory)
+    refusal.node_drained = outcome.out_of_service
     _say("prolog", outcome.text)
     try:
         append_node_record(config.journal_dir, NodeRecordEntry(utc(time.time()), "prolog", job, node,
@@ -235,14 +298,15 @@ def _kernel_findings(config: HealthdConfig, start: float, end: float, identities
 
 
 def run_epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] = SlurmNode,
-               config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node) -> int:
+               config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node, *,
+               config_path: Path | None = None) -> int:
     """Record what broke on this node during the job; drain for hardware faults. Always 0.
 
     A failing epilog drains the node in Slurm with a reason nobody can act on, so nothing
     escapes: a record that cannot be written (unwritable, planted) is logged and skipped.
     """
-    config = _setup("epilog", config)
-    with _bounded("epilog", config.hook_timeout, 0):  # a stuck epilog must not drain the node by itself
+    config = _setup("epilog", config, config_path)
+    with _bounded("epilog", config.hook_timeout, lambda: 0):  # a stuck epilog must not drain the node by itself
         try:
             _epilog(environ, slurm_factory, config, node_check)
         except Exception as exc:  # noqa: BLE001 - the last line of defence of "always 0"
@@ -388,10 +452,10 @@ def kill_strays(job: str, uid: int | None, *, proc: Path = Path("/proc"),
 
 
 def run_health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] = SlurmNode,
-                     config: HealthdConfig | None = None) -> int:
+                     config: HealthdConfig | None = None, *, config_path: Path | None = None) -> int:
     """Slurm's HealthCheckProgram: healthd's cached verdicts (milliseconds), else a quick direct check."""
-    config = _setup("healthcheck", config)
-    with _bounded("healthcheck", min(config.hook_timeout, 50.0), 0):  # Slurm kills it at 60 s
+    config = _setup("healthcheck", config, config_path)
+    with _bounded("healthcheck", min(config.hook_timeout, 50.0), lambda: 0):  # Slurm kills it at 60 s
         return _health_check(environ, slurm_factory, config)
 
 

@@ -45,6 +45,24 @@ def subprocess_runner(argv: Sequence[str], timeout: float) -> Completed:
     return Completed(proc.returncode, proc.stdout, proc.stderr)
 
 
+MIN_CALL_SECONDS = 0.2
+"""A call with less time than this left in its caller's budget is not made (it could not be answered)."""
+
+
+def within_deadline(runner: Runner, deadline: float, clock: Callable[[], float]) -> Runner:
+    """`runner` with each call's timeout cut to what is left before `deadline` (a `clock` reading).
+
+    For a caller with a budget of its own (a Slurm hook, which slurmd kills or drains for at its
+    deadline): however many calls its path makes, they fit, and a call with no time left is not
+    made (SlurmCommandError, as for a controller that does not answer)."""
+    def run(argv: Sequence[str], timeout: float) -> Completed:
+        left = deadline - clock()
+        if left < MIN_CALL_SECONDS:
+            raise SlurmCommandError(list(argv), None, "not asked: the caller's time budget is spent")
+        return runner(argv, min(timeout, left))
+    return run
+
+
 def run_checked(runner: Runner, argv: list[str], timeout: float) -> str:
     """Run a Slurm command; its stdout, or SlurmCommandError with Slurm's own message."""
     result = runner(argv, timeout)

@@ -16,10 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from rich.text import Text
 
 from clusterctl import __version__
 from clusterctl.errors import INTERNAL_ERROR_EXIT, ClusterctlError, OutputError, RunError
@@ -39,6 +37,7 @@ from clusterctl.launcher.pure.spec import (
 )
 from clusterctl.launcher.login.status import ended_how, status_renderables
 from clusterctl.launcher.login.supervisor import Hooks, Supervisor, WatchSnapshot
+from clusterctl.launcher.login.text_view import plain, plain_row, saying, terminal
 from clusterctl.launcher.login.use_cases import (
     cancel_run, create_submission_run, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
     submit_first_attempt, wait_for_job,
@@ -200,10 +199,10 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
         click.echo(f"  status: clusterctl status {path}")
     if wait:
         final = wait_for_job(slurm, job_id)
-        console = Console(stderr=True)
-        for shown in gather_status([run], slurm, lambda note: console.print(note, highlight=False)):
+        console = terminal(stderr=True)
+        for shown in gather_status([run], slurm, lambda note: console.print(plain(note))):
             console.print(status_renderables(shown))
-        console.print(f"job {job_id} ended {final.state}{ended_how(final)}", highlight=False)
+        console.print(plain(f"job {job_id} ended {final.state}{ended_how(final)}"))
         if final.state != "COMPLETED":
             sys.exit(1)
 
@@ -231,12 +230,9 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
         click.echo(f"supervising in the background (pid {child.pid}); log {log}; "
                    f"re-attach with `clusterctl supervise {run.path}`")
         return 0
-    console = Console()
+    console = terminal()
     spec = run.spec()
-
-    def say(message: str) -> None:
-        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}", highlight=False, soft_wrap=True)
-
+    say = saying(console, lambda: time.strftime("%H:%M:%S"))
     notifier = webhook_notifier(spec.restart.webhook, say)
     hooks = Hooks(say=say, notify=notifier, gpu_evidence=srun_gpu_evidence(spec.launch.python or sys.executable),
                   drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain)
@@ -249,12 +245,8 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
             notifier.drain()  # the last events (done, stopped) go out before the process ends
     with Live(console=console, auto_refresh=False, transient=True) as live:
         def show(snapshot: WatchSnapshot) -> None:
-            blamed = "; ".join(f"{n}: {r}" for n, r in snapshot.blamed) or "none"
-            live.update(Text(f"attempt {snapshot.attempt} job {snapshot.job_id} {snapshot.state} on "
-                             f"{snapshot.nodes or '-'} | checkpoint step {snapshot.checkpoint_step} | "
-                             f"blamed: {blamed}"), refresh=True)
-        hooks.say = lambda message: live.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}",
-                                                      highlight=False, soft_wrap=True)
+            live.update(plain(snapshot.line()), refresh=True)
+        hooks.say = saying(live.console, lambda: time.strftime("%H:%M:%S"))
         hooks.show = show
         try:
             return supervisor.supervise()
@@ -295,7 +287,7 @@ def report(run_dir: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(document.to_json(), indent=2, sort_keys=True))
     else:
-        Console().print(report_renderables(document))
+        terminal().print(report_renderables(document))
 
 
 def _resolve_target(target: str | None) -> list[RunDir]:
@@ -320,7 +312,7 @@ def status(target: str | None, as_json: bool) -> None:
         return
     if not statuses:
         click.echo(f"no runs under {default_runs_dir()}")
-    console = Console()
+    console = terminal()
     for s in statuses:
         console.print(status_renderables(s))
 
@@ -357,8 +349,8 @@ def spec_command(spec_file: Path | None, markdown: bool) -> None:
     table.add_column("default", max_width=12)
     table.add_column("meaning", ratio=1)
     for row in rows:
-        table.add_row(*row)
-    Console().print(table)
+        table.add_row(*plain_row(*row))
+    terminal().print(table)
 
 
 @cli.group("hostlist")
@@ -454,7 +446,7 @@ def plan(spec: Path | None, tp: int | None, pp: int | None, dp: int | None, cp: 
     if as_json:
         click.echo(indented_json(plan_json(result, topology)))
     else:
-        Console().print(plan_renderables(result, topology, explain=explain))
+        terminal().print(plan_renderables(result, topology, explain=explain))
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
+from clusterctl.launcher.login.text_view import plain, plain_row
 from clusterctl.launcher.pure.placement import Plan
 from clusterctl.slurm.topology import Topology
 
@@ -30,7 +31,7 @@ def plan_renderables(plan: Plan, topology: Topology, *, explain: bool) -> Group:
     title = (f"Rank map: TP={layout.tp} CP={layout.cp} EP={layout.ep} DP={layout.dp} PP={layout.pp} "
              f"(order {layout.order}), {len(rm.slots)} nodes × {rm.gpus_per_node} GPUs")
     slot_of = {node: s for s, node in enumerate(rm.slots)}
-    tree = Tree(Text(title, style="bold"))
+    tree = Tree(plain(title, "bold"))
     children: dict[str | None, list[str]] = {}
     for switch, up in topology.parent.items():
         children.setdefault(up, []).append(switch)
@@ -42,14 +43,14 @@ def plan_renderables(plan: Plan, topology: Topology, *, explain: bool) -> Group:
         return bool(under.get(switch)) or any(used(c) for c in children.get(switch, []))
 
     def add(branch: Tree, switch: str) -> None:
-        sub = branch.add(Text(switch, style="bold"))
+        sub = branch.add(plain(switch, "bold"))
         for node in sorted(under.get(switch, []), key=lambda n: slot_of[n]):
             s = slot_of[node]
             coords = plan.slot_coordinates(s)
             colour = RICH_COLOURS[coords.get("pp", 0) % len(RICH_COLOURS)]
             label = " ".join(f"{k}{v}" for k, v in coords.items())
-            sub.add(Text(f"{node}  slot {s}  ranks {s * rm.gpus_per_node}-{(s + 1) * rm.gpus_per_node - 1}  {label}",
-                         style=colour))
+            sub.add(plain(f"{node}  slot {s}  ranks {s * rm.gpus_per_node}-{(s + 1) * rm.gpus_per_node - 1}  {label}",
+                          colour))
         for child in children.get(switch, []):
             if used(child):
                 add(sub, child)
@@ -70,7 +71,7 @@ def plan_renderables(plan: Plan, topology: Topology, *, explain: bool) -> Group:
             for report in (plan.cost, *plan.baselines.values()):
                 c = report.table[kind][level]
                 row.append(f"{c.spanning}/{c.groups} · {c.span_excess} · {c.max_span} · {c.crossing_edges}")
-            table.add_row(*row)
+            table.add_row(*plain_row(*row))
     summary = Text()
     summary.append(f"objective {plan.cost.objective:g}", style="bold")
     for name, report in plan.baselines.items():
@@ -81,7 +82,7 @@ def plan_renderables(plan: Plan, topology: Topology, *, explain: bool) -> Group:
     summary.append(f"\nstrategy: {plan.strategy}")
     parts: list[RenderableType] = [tree, table, summary]
     if explain:
-        parts.append(Text("\n".join(["Why:", *(f"  {line}" for line in plan.explanation)])))
+        parts.append(plain("\n".join(["Why:", *(f"  {line}" for line in plan.explanation)])))
     return Group(*parts)
 
 

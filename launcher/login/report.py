@@ -20,6 +20,7 @@ from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
 from clusterctl.launcher.pure.goodput import AttemptTimes, Goodput, InAllocationRestart, account
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.login.status import straggler_json, stragglers_of
+from clusterctl.launcher.login.text_view import plain, plain_row
 from clusterctl.records.run_journal import (
     BlamedNode, DecisionAction, OutcomeKind, RecoveredInAllocation, RunEvent, StragglerFound,
 )
@@ -137,41 +138,41 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
 def report_renderables(report: RunReport) -> Group:
     """The report for a terminal."""
     g = report.goodput
-    parts: list[RenderableType] = [Text.assemble(("run ", "bold"), str(report.run), "  ", (report.state, "bold"),
-                                 f"  {report.message}" if report.message else "")]
-    parts += [Text(f"warning: {warning}", style="yellow") for warning in report.journal_warnings]
+    parts: list[RenderableType] = [Text.assemble(("run ", "bold"), plain(report.run), "  ", plain(report.state, "bold"),
+                                                 plain(f"  {report.message}" if report.message else ""))]
+    parts += [plain(f"warning: {warning}", "yellow") for warning in report.journal_warnings]
     table = Table(box=None, pad_edge=False)
     for column in ("attempt", "job", "ended", "outcome", "checkpoint", "decision"):
         table.add_column(column)
     for a in report.attempts:
-        table.add_row(str(a.attempt), str(a.job_id), a.state, str(a.outcome) if a.outcome is not None else "-",
-                      str(a.checkpoint_step) if a.checkpoint_step is not None else "-",
-                      str(a.action) if a.action is not None else "-")
+        table.add_row(*plain_row(a.attempt, a.job_id, a.state, a.outcome if a.outcome is not None else "-",
+                                 a.checkpoint_step if a.checkpoint_step is not None else "-",
+                                 a.action if a.action is not None else "-"))
     parts.append(table)
     for a in report.attempts:
         for b in a.blame:
-            parts.append(Text(f"attempt {a.attempt}: blamed {b.node}: {b.reason}"))
-            parts += [Text(f"    {line}", style="dim") for line in b.evidence]
+            parts.append(plain(f"attempt {a.attempt}: blamed {b.node}: {b.reason}"))
+            parts += [plain(f"    {line}", "dim") for line in b.evidence]
     for r in report.in_allocation:
         took = sum(dict(r.phases).values())
         step = r.checkpoint_step if r.checkpoint_step is not None else "the start"
-        parts.append(Text(f"job {r.job_id}: restart {r.restart} inside the allocation in {_duration(took)}, "
+        parts.append(plain(f"job {r.job_id}: restart {r.restart} inside the allocation in {_duration(took)}, "
                           f"from step {step} on {' '.join(r.nodes)} (no queue wait)"))
         if not r.blame and r.reason:
-            parts.append(Text(f"    {r.reason}"))
+            parts.append(plain(f"    {r.reason}"))
         for b in r.blame:
             given = "given back to Slurm" if b.node in r.given_back else "kept in the job"
-            parts.append(Text(f"    blamed {b.node} ({given}): {b.reason}"))
-            parts += [Text(f"        {line}", style="dim") for line in b.evidence]
+            parts.append(plain(f"    blamed {b.node} ({given}): {b.reason}"))
+            parts += [plain(f"        {line}", "dim") for line in b.evidence]
     for s in report.stragglers:
-        parts.append(Text(f"job {s.job_id}: straggler {s.node} ({s.action}): {s.ratio:.2f}x the job's "
+        parts.append(plain(f"job {s.job_id}: straggler {s.node} ({s.action}): {s.ratio:.2f}x the job's "
                           f"compute time for {s.steps} steps from step {s.since_step}, "
                           f"{_duration(s.lost_s)} lost when found"))
-        parts += [Text(f"    {line}", style="dim") for line in (*s.evidence, *s.hardware)]
+        parts += [plain(f"    {line}", "dim") for line in (*s.evidence, *s.hardware)]
         if s.drain:
-            parts.append(Text(f"    {s.drain}", style="dim"))
+            parts.append(plain(f"    {s.drain}", "dim"))
     limit = f" of {report.max_restarts}" if report.max_restarts is not None else ""
-    parts.append(Text(f"restarts used: {report.restarts_used}{limit} (restart.max_restarts; in place, on a spare "
+    parts.append(plain(f"restarts used: {report.restarts_used}{limit} (restart.max_restarts; in place, on a spare "
                       f"or by resubmission, each counts one)"))
     share = f"{g.goodput * 100:.1f}%" if g.goodput is not None else "-"
     parts.append(Text(

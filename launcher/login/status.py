@@ -16,6 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from clusterctl.launcher.login.text_view import plain, plain_row
 from clusterctl.launcher.shared.runs import attempts_of, log_path
 from clusterctl.records.node_step_times import NodeStepTimes
 from clusterctl.records.rank_map import JobRankMap, PlanSummary
@@ -171,7 +172,7 @@ def _seconds(value: float | None) -> str:
 def step_time_table(step_times: NodeStepTimes) -> Group:
     """Per-node compute time per step, the slowest first (at most STEP_TIME_ROWS nodes)."""
     nodes = sorted(step_times.nodes, key=lambda n: -(n.ratio or 0.0))
-    title = Text(f"compute time per step, job {step_times.job_id} at step {step_times.step}: the job's "
+    title = plain(f"compute time per step, job {step_times.job_id} at step {step_times.step}: the job's "
                  f"{_seconds(step_times.reference)} s; lost to slow nodes {step_times.lost_s:.1f} s")
     table = Table(box=None, pad_edge=False)
     for column in ("node", "ranks", "s/step", "x job", "state", "lost s"):
@@ -180,7 +181,7 @@ def step_time_table(step_times: NodeStepTimes) -> Group:
         ranks = n.ranks
         ranks_text = f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]) if ranks else "-"
         ratio = f"{n.ratio:.2f}" if n.ratio is not None else "-"
-        table.add_row(n.node, ranks_text, _seconds(n.seconds), ratio, n.state, f"{n.lost_s:.1f}")
+        table.add_row(*plain_row(n.node, ranks_text, _seconds(n.seconds), ratio, n.state, f"{n.lost_s:.1f}"))
     parts: list[RenderableType] = [title, table]
     if len(nodes) > STEP_TIME_ROWS:
         parts.append(Text(f"... and {len(nodes) - STEP_TIME_ROWS} more nodes (--json lists them all)"))
@@ -189,10 +190,10 @@ def step_time_table(step_times: NodeStepTimes) -> Group:
 
 def status_renderables(status: RunStatus) -> Group:
     """The status for a terminal."""
-    title = Text.assemble((status.name, "bold"), f"  {status.state}", f"  {status.run}")
+    title = Text.assemble(plain(status.name, "bold"), plain(f"  {status.state}  {status.run}"))
     parts: list[RenderableType] = [title]
     if status.message:
-        parts.append(Text(status.message))
+        parts.append(plain(status.message))
     table = Table(box=None, pad_edge=False)
     for column in ("attempt", "job", "state", "nodes", "cross-leaf groups (map / Slurm order)"):
         table.add_column(column)
@@ -205,17 +206,17 @@ def status_renderables(status: RunStatus) -> Group:
                 f"{summary.slurm_order_leaf_crossing_groups if summary else None}" if rm else "-")
         state = a.state + (f" ({a.reason})" if a.reason not in ("", "None") else "") + (
             f" {a.ended}" if a.ended else "")
-        table.add_row(str(a.attempt), a.job_id, state, a.nodes or "-", cost, str(a.log))
+        table.add_row(*plain_row(a.attempt, a.job_id, state, a.nodes or "-", cost, a.log))
     parts.append(table)
     for r in status.in_allocation:
         step = r.checkpoint_step if r.checkpoint_step is not None else "the start"
         why = (f"{', '.join(f'{b.node} ({b.reason})' for b in r.blame)} given back"
                if r.blame else r.reason or "no node blamed")
-        parts.append(Text(f"job {r.job_id}: restarted inside the allocation ({r.restart}): {why}; "
+        parts.append(plain(f"job {r.job_id}: restarted inside the allocation ({r.restart}): {why}; "
                           f"new step on {' '.join(r.nodes)} from step {step}"))
     for s in status.stragglers:
         hardware = "; ".join(s.hardware) or "its GPUs say nothing that explains it"
-        parts.append(Text(f"job {s.job_id}: straggler {s.node}: {s.ratio:.2f}x the job's compute time for "
+        parts.append(plain(f"job {s.job_id}: straggler {s.node}: {s.ratio:.2f}x the job's compute time for "
                           f"{s.steps} steps from step {s.since_step}, {s.lost_s:.1f} s lost; {s.action}; "
                           f"GPUs: {hardware}" + (f"; {s.drain}" if s.drain else "")))
     if status.step_times:

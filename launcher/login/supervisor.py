@@ -91,6 +91,12 @@ class WatchSnapshot:
     """(node, reason) of each node still blamed."""
     checkpoint_step: int | None
 
+    def line(self) -> str:
+        """The live line a terminal shows (plain text: the views never read it as markup)."""
+        blamed = "; ".join(f"{n}: {r}" for n, r in self.blamed) or "none"
+        return (f"attempt {self.attempt} job {self.job_id} {self.state} on {self.nodes or '-'} | "
+                f"checkpoint step {self.checkpoint_step} | blamed: {blamed}")
+
 
 @dataclass
 class Hooks:

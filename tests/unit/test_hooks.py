@@ -302,3 +302,90 @@ def test_a_killed_healthd_lingering_as_a_zombie_is_not_alive():
     assert not healthd_alive(proc.pid)
     proc.wait()
     assert healthd_alive(HEALTHD_PID)
+
+
+# ---- a hook exits non-zero only to refuse a bad node, on purpose, through the breaker -------------
+
+def _hook_in_a_process(tmp_path: Path, body: str, timeout: float = 60) -> tuple[int, str, float]:
+    """Run a hook in its own process (its deadline ends the process): exit code, stderr, seconds taken."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "hook.py"
+    script.write_text("import sys, time\nfrom pathlib import Path\n" + body)
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "LD_LIBRARY_PATH": "/nonexistent", "PYTHONPATH": str(Path(__file__).parents[2])})
+    return done.returncode, done.stderr, time.monotonic() - started
+
+
+_CONFIG = '''
+from clusterctl.healthd.checks import CheckLimits
+from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.hooks import run_prolog
+from tests.unit.test_hooks import lost_gpu
+root = Path(sys.argv[0]).parent
+config = HealthdConfig(node="node3", state_dir=root / "run", journal_dir=root / "lib", kmsg=root / "kmsg",
+                       job_records_dir=root / "records", disk_paths=(), checks=CheckLimits(expected_gpus=0),
+                       hook_timeout=2.0)
+'''
+
+
+def test_a_prolog_past_its_deadline_lets_the_job_in(tmp_path):
+    """slurmd drains the node of a prolog that fails: the deadline is not a refusal."""
+    code, err, _ = _hook_in_a_process(tmp_path, _CONFIG + '''
+def hung(*args, **kwargs):
+    time.sleep(30)
+sys.exit(run_prolog({"SLURM_JOB_ID": "7"}, None, config, node_check=hung))
+''')
+    assert code == 0, err
+    assert "gave up after 2 s" in err and "exit 0" in err
+
+
+def test_the_prologs_drain_path_fits_its_budget_under_a_controller_that_does_not_answer(tmp_path):
+    """Up to four Slurm calls of 10 s each once ran inside a 20 s budget: the deadline, exit 1, a drain around
+    the breaker.  Each call now gets what is left of the budget."""
+    code, err, took = _hook_in_a_process(tmp_path, _CONFIG + '''
+from clusterctl.errors import SlurmCommandError
+asked = []
+def slow_controller(argv, timeout):
+    asked.append(timeout)
+    time.sleep(timeout)
+    raise SlurmCommandError(list(argv), None, f"no answer within {timeout:g} s")
+code = run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, None, config, node_check=lost_gpu,
+                  runner=slow_controller)
+print(f"asked {sum(asked):.2f}", file=sys.stderr)
+sys.exit(code)
+''')
+    assert code == 0, err
+    assert "could not drain" in err and "let in after all" in err and "gave up" not in err
+    assert took < 2.0 + 1.5  # the interpreter's start, then well inside hook_timeout
+
+
+def test_a_hook_on_a_config_it_cannot_read_runs_with_the_defaults_and_says_so(tmp_path):
+    """A FIFO (or a hung mount) at the config's path once blocked every hook until slurmd killed it."""
+    fifo = tmp_path / "healthd.toml"
+    os.mkfifo(fifo)
+    code, err, _ = _hook_in_a_process(tmp_path, f'''
+from clusterctl.healthd.hooks import run_epilog, run_prolog
+from tests.unit.test_hooks import lost_gpu
+def healthy(*args, **kwargs):
+    from clusterctl.healthd.gate import GateReport
+    return GateReport(problems=[])
+prolog = run_prolog({{"SLURM_JOB_ID": "7"}}, None, None, node_check=healthy, config_path=Path({str(fifo)!r}))
+epilog = run_epilog({{"SLURM_JOB_ID": "7"}}, None, None, node_check=healthy, config_path=Path({str(fifo)!r}))
+sys.exit(prolog * 10 + epilog)
+''', timeout=40)
+    assert code == 0, err
+    assert err.count("CONFIG NOT USED") == 2 and "running with the defaults" in err
+
+
+def test_a_hook_on_a_config_with_wrong_values_runs_with_the_defaults(config, tmp_path, capsys):
+    bad = tmp_path / "healthd.toml"
+    bad.write_text('hook_timeout = "soon"\ncheck_interval = nan\n')
+
+    def healthy(*args, **kwargs) -> GateReport:
+        return GateReport(problems=[])
+    assert run_prolog({"SLURM_JOB_ID": "7"}, FakePartition(NODES), node_check=healthy, config_path=bad) == 0
+    assert run_epilog({"SLURM_JOB_ID": "7"}, FakePartition(NODES), node_check=healthy, config_path=bad) == 0
+    assert capsys.readouterr().err.count("CONFIG NOT USED") == 2

@@ -341,3 +341,29 @@ def test_the_live_line_sees_each_attempt_its_job_and_the_nodes_still_blamed(worl
     assert (first.attempt, first.job_id, first.state, first.blamed) == (1, "1", "RUNNING", ())
     assert (last.attempt, last.state, last.nodes) == (2, "RUNNING", "node1,node3,node4")
     assert [node for node, _ in last.blamed] == ["node2"] and "xid 79" in last.blamed[0][1]
+
+
+def test_a_node_reason_that_looks_like_markup_is_said_as_written_and_the_job_still_ends(world):
+    """An admin's (or slurmd's, or a checker's) reason `GPU gone [/dev/nvidia3]` once killed the supervisor
+    between journaling "ending" and cancelling the job: its terminal read the reason as rich markup."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from clusterctl.launcher.login.text_view import saying
+
+    run, slurm, clock, said, hooks = world
+    out = StringIO()
+    # A console as rich makes it by default (markup on): the line must not depend on the console's settings.
+    hooks.say = saying(Console(file=out, width=500, color_system=None), lambda: "12:00:00")
+
+    def script() -> None:
+        jobs = list(slurm.jobs)
+        if jobs == ["1"] and slurm.jobs["1"]["job_state"] == "RUNNING":
+            slurm.nodes["node2"].update(state="down", reason="GPU gone [/dev/nvidia3] [maint]")
+        elif jobs == ["1", "2"]:
+            slurm.end("2", "COMPLETED")
+    slurm.on_poll = script
+    assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
+    assert slurm.jobs["1"]["job_state"] == "CANCELLED"
+    assert "node2: node down (GPU gone [/dev/nvidia3] [maint])" in out.getvalue()

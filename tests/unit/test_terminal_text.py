@@ -1,0 +1,106 @@
+"""Text from outside reaches the terminal as written: never as rich markup, emoji codes or terminal controls.
+
+Node reasons (an admin's, slurmd's, a health checker's), node names, Slurm's states, the journal's
+messages and healthd's findings are shown by `clusterctl status`, `clusterctl report`, the
+supervisor's say lines and live line, and `healthd status`.  Whatever they hold (`[/dev/nvidia3]`,
+`[bold]`, `:smile:`, an escape sequence), each is shown as written (control characters as a visible
+escape, `clusterctl.terminal_text.printable`) and never raises.
+"""
+
+from __future__ import annotations
+
+import time
+from io import StringIO
+from pathlib import Path
+
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rich.console import Console, RenderableType
+
+from clusterctl.healthd.cli import cli as healthd_cli
+from clusterctl.healthd.findings import Action
+from clusterctl.launcher.login.report import report_renderables, run_report
+from clusterctl.launcher.login.status import run_status, status_renderables
+from clusterctl.launcher.login.supervisor import WatchSnapshot
+from clusterctl.launcher.login.text_view import plain, saying
+from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding, write_healthd_state
+from clusterctl.records.run_journal import (
+    BlamedNode, Decided, DecisionAction, EventKind, OutcomeKind, RunEnded, SlurmTimes, Submitted,
+)
+from clusterctl.slurm.jobs import JobReport
+from clusterctl.terminal_text import printable
+
+HOSTILE = ("GPU gone [/dev/nvidia3]", "[maint]", "[bold]x[/bold]", "[/x]", "[", "]", "\\[", ":smile:",
+           "\x1b[2J\x1b]0;owned\x07", "a\tb\rc\x00\x7f\x9b", "[link=http://x]y[/link]")
+# Text as Slurm, an admin or root may write it: printable or not, markup-like or not (one line: a
+# node reason or name has no newline; a message's lines are each checked).
+external = st.one_of(st.sampled_from(HOSTILE),
+                     st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=40),
+                     st.lists(st.sampled_from(["[", "]", "/", "bold", "x", " ", "=", ":", "\x1b", "smile"]),
+                              max_size=12).map("".join))
+WIDE = 100_000  # no wrapping: each piece must appear whole
+
+
+def rendered(renderable: RenderableType) -> str:
+    """As a console rich makes by default (markup and emoji on) renders it: the views must not depend on it."""
+    out = StringIO()
+    Console(file=out, width=WIDE, color_system=None).print(renderable)
+    return out.getvalue()
+
+
+def shown_as_written(text: str, output: str) -> bool:
+    return printable(text).strip() in output
+
+
+@settings(max_examples=150, deadline=None)
+@given(reason=external, node=external, state=external, message=external)
+def test_clusterctl_status_shows_slurms_text_as_written(reason, node, state, message):
+    events = [Submitted(at=100.0, attempt=1, job_id="7"), RunEnded(kind=EventKind.STOPPED, at=200.0, message=message)]
+    queue = {"7": JobReport("7", "toy", state, reason, node, None, None, 100.0, 110.0, 0.0)}
+    output = rendered(status_renderables(run_status(Path("/runs/r"), events, {}, queue, {})))
+    for text in (reason, node, state, message):
+        assert shown_as_written(text, output), (text, output)
+
+
+@settings(max_examples=150, deadline=None)
+@given(reason=external, node=external, state=external, message=external, evidence=external)
+def test_clusterctl_report_shows_the_journals_text_as_written(reason, node, state, message, evidence):
+    blame = BlamedNode(node, reason, (evidence,), 9e12)
+    events = [Submitted(at=100.0, attempt=1, job_id="7"),
+              Decided(at=201.0, attempt=1, job_id="7", state=state, exit_code=3, outcome=OutcomeKind.NODE_FAILURE,
+                      message=message, checkpoint_step=None, checkpoint=None, action=DecisionAction.STOP,
+                      times=SlurmTimes(100.0, 110.0, 200.0), blame=(blame,)),
+              RunEnded(kind=EventKind.STOPPED, at=201.0, message=message)]
+    output = rendered(report_renderables(run_report(Path("/runs/r"), events, [], [], 300.0)))
+    for text in (reason, node, state, message, evidence):
+        assert shown_as_written(text, output), (text, output)
+
+
+@settings(max_examples=150, deadline=None)
+@given(reason=external, node=external, state=external)
+def test_the_supervisors_say_and_live_lines_show_slurms_text_as_written(reason, node, state):
+    out = StringIO()
+    say = saying(Console(file=out, width=WIDE, color_system=None), lambda: "12:00:00")
+    say(f"attempt 1: ending job 7 now: {node}: node down ({reason})")
+    assert shown_as_written(f"{node}: node down ({reason})", out.getvalue())
+    live = rendered(plain(WatchSnapshot(1, "7", state, node, ((node, reason),), None).line()))
+    for text in (reason, node, state):
+        assert shown_as_written(text, live), (text, live)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(node=external, detail=external, uuid=external, alert=external)
+def test_healthd_status_shows_roots_text_as_written(tmp_path, node, detail, uuid, alert):
+    finding = StateFinding(kind="xid", action=Action.DRAIN_RESET, reason="r", source="kmsg", at_ts=time.time(),
+                           xid=79, gpu=0, detail=detail)
+    write_healthd_state(tmp_path, HealthdState(
+        node=node, pid=999999999, policy_version="x", updated_at=time.time(), started="2026-11-22T00:00:00Z",
+        nvml_ok=True, gpus=(GpuState(0, uuid, "0000:5d:00", (finding,)),), node_findings=(finding,),
+        alerts=(Alert("2026-11-22T00:00:00Z", "breaker-open", "r", alert),)))
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'state_dir = "{tmp_path}"\n')
+    result = CliRunner().invoke(healthd_cli, ["status", "--config", str(config)], env={"COLUMNS": str(WIDE)})
+    assert result.exit_code == 3, result.output  # stale: no healthd runs as that pid; the state is shown all the same
+    for text in (node, detail, uuid, alert):
+        assert shown_as_written(text, result.output), (text, result.output)
