@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -17,22 +16,11 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import POLICY_VERSION, policy_rows
-from clusterctl.terminal_text import printable
+from clusterctl.terminal_view import plain, terminal
 
 EXIT_CONFIG = ConfigError.exit_code  # 78, EX_CONFIG
 EXIT_NO_STATE = 3
 EXIT_NO_NVML = 4
-
-
-# What these views show comes from outside (node names, findings' details, drain reasons written by
-# root, slots on shared storage): rich reads a str as markup and emoji codes, so every piece is a Text
-# and the console reads neither (clusterctl's own views do the same: launcher/login/text_view.py).
-def _plain(text: object, style: str = "") -> Text:
-    return Text(printable(str(text)), style=style)
-
-
-def _terminal() -> Console:
-    return Console(markup=False, emoji=False, highlight=False)
 
 
 class _JsonFormatter(logging.Formatter):
@@ -108,7 +96,7 @@ def status(config_path: Path | None, as_json: bool) -> None:
     now = time.time()
     age = now - state.updated_at
     fresh = state_is_fresh(state, config, now)
-    console = _terminal()
+    console = terminal()
     if not fresh:
         console.print(Text.assemble(("stale", "red"), f": healthd (pid {state.pid}) is not running or stopped writing "
                                     f"{age:.0f} s ago; what follows is its last word"))
@@ -116,21 +104,21 @@ def status(config_path: Path | None, as_json: bool) -> None:
     def shown(action: Action) -> str:
         return "healthy" if action is Action.IGNORE else action.label
 
-    console.print(Text.assemble(_plain(state.node, "bold"), ": verdict ", (shown(state.verdict), "bold"),
-                                _plain(f", NVML {'ok' if state.nvml_ok else 'unavailable'}, "
+    console.print(Text.assemble(plain(state.node, "bold"), ": verdict ", (shown(state.verdict), "bold"),
+                                plain(f", NVML {'ok' if state.nvml_ok else 'unavailable'}, "
                                        f"updated {age:.1f} s ago, policy {state.policy_version}"),
                                 (" (dry run)" if state.dry_run else "", "yellow")))
     table = Table("GPU", "UUID", "verdict", "findings")
     for gpu in state.gpus:
         findings = "; ".join(f"{f.what} ({f.action.label}) {f.at}" for f in gpu.findings) or "—"
-        table.add_row(*(_plain(cell) for cell in (gpu.index, gpu.uuid, shown(gpu.verdict), findings)))
+        table.add_row(*(plain(cell) for cell in (gpu.index, gpu.uuid, shown(gpu.verdict), findings)))
     console.print(table)
     for finding in state.node_findings:
-        console.print(_plain(f"node: {finding.what} ({finding.action.label}): {finding.detail or finding.reason}"))
+        console.print(plain(f"node: {finding.what} ({finding.action.label}): {finding.detail or finding.reason}"))
     for alert in state.alerts:
-        console.print(Text.assemble(("alert", "red"), _plain(f" {alert.at}: {alert.detail}")))
+        console.print(Text.assemble(("alert", "red"), plain(f" {alert.at}: {alert.detail}")))
     if state.pending_actions:
-        console.print(_plain(f"{state.pending_actions} Slurm action(s) pending (slurmctld unreachable?)"))
+        console.print(plain(f"{state.pending_actions} Slurm action(s) pending (slurmctld unreachable?)"))
     if not fresh:
         sys.exit(EXIT_NO_STATE)
 
@@ -156,8 +144,8 @@ def policy(as_json: bool) -> None:
         return
     table = Table("signal", "action", "meaning", title=f"healthd policy {POLICY_VERSION}")
     for row in rows:
-        table.add_row(*(_plain(cell) for cell in row))
-    _terminal().print(table)
+        table.add_row(*(plain(cell) for cell in row))
+    terminal().print(table)
 
 
 @cli.command()
@@ -193,11 +181,11 @@ def breaker(config_path: Path | None, partition: str, as_json: bool) -> None:
                                "unreadable": problems}, indent=2))
         return
     table = Table("slot", "node", "since (UTC)", "reason",
-                  title=_plain(f"breaker slots of {partition} in {config.breaker_dir}"))
+                  title=plain(f"breaker slots of {partition} in {config.breaker_dir}"))
     for slot in slots:
-        table.add_row(*(_plain(cell) for cell in (slot.name, slot.node,
+        table.add_row(*(plain(cell) for cell in (slot.name, slot.node,
                                                   time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(slot.at)), slot.reason)))
-    _terminal().print(table)
+    terminal().print(table)
     for problem in problems:
         click.echo(f"healthd: unreadable slot: {problem}", err=True)
 

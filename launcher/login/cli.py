@@ -37,7 +37,8 @@ from clusterctl.launcher.pure.spec import (
 )
 from clusterctl.launcher.login.status import ended_how, status_renderables
 from clusterctl.launcher.login.supervisor import Hooks, Supervisor, WatchSnapshot
-from clusterctl.launcher.login.text_view import plain, plain_row, saying, terminal
+from clusterctl.launcher.login.text_view import saying
+from clusterctl.terminal_view import plain, plain_row, terminal
 from clusterctl.launcher.login.use_cases import (
     cancel_run, create_submission_run, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
     submit_first_attempt, wait_for_job,

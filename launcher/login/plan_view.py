@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from clusterctl.launcher.login.text_view import plain, plain_row
+from clusterctl.terminal_view import plain, plain_row
 from clusterctl.launcher.pure.placement import Plan
 from clusterctl.slurm.topology import Topology
 

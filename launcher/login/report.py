@@ -20,7 +20,7 @@ from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
 from clusterctl.launcher.pure.goodput import AttemptTimes, Goodput, InAllocationRestart, account
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.login.status import straggler_json, stragglers_of
-from clusterctl.launcher.login.text_view import plain, plain_row
+from clusterctl.terminal_view import plain, plain_row
 from clusterctl.records.run_journal import (
     BlamedNode, DecisionAction, OutcomeKind, RecoveredInAllocation, RunEvent, StragglerFound,
 )

@@ -16,7 +16,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from clusterctl.launcher.login.text_view import plain, plain_row
+from clusterctl.terminal_view import plain, plain_row
 from clusterctl.launcher.shared.runs import attempts_of, log_path
 from clusterctl.records.node_step_times import NodeStepTimes
 from clusterctl.records.rank_map import JobRankMap, PlanSummary

@@ -4,7 +4,7 @@ Node reasons (an admin's, slurmd's, a health checker's), node names, Slurm's sta
 messages and healthd's findings are shown by `clusterctl status`, `clusterctl report`, the
 supervisor's say lines and live line, and `healthd status`.  Whatever they hold (`[/dev/nvidia3]`,
 `[bold]`, `:smile:`, an escape sequence), each is shown as written (control characters as a visible
-escape, `clusterctl.terminal_text.printable`) and never raises.
+escape, `clusterctl.terminal_view.printable`) and never raises.
 """
 
 from __future__ import annotations
@@ -23,13 +23,14 @@ from clusterctl.healthd.findings import Action
 from clusterctl.launcher.login.report import report_renderables, run_report
 from clusterctl.launcher.login.status import run_status, status_renderables
 from clusterctl.launcher.login.supervisor import WatchSnapshot
-from clusterctl.launcher.login.text_view import plain, saying
+from clusterctl.launcher.login.text_view import saying
+from clusterctl.terminal_view import plain
 from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding, write_healthd_state
 from clusterctl.records.run_journal import (
     BlamedNode, Decided, DecisionAction, EventKind, OutcomeKind, RunEnded, SlurmTimes, Submitted,
 )
 from clusterctl.slurm.jobs import JobReport
-from clusterctl.terminal_text import printable
+from clusterctl.terminal_view import printable
 
 HOSTILE = ("GPU gone [/dev/nvidia3]", "[maint]", "[bold]x[/bold]", "[/x]", "[", "]", "\\[", ":smile:",
            "\x1b[2J\x1b]0;owned\x07", "a\tb\rc\x00\x7f\x9b", "[link=http://x]y[/link]")
