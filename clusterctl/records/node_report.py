@@ -1,0 +1,227 @@
+"""One node's report to its job's agent: its ranks' progress and liveness, and healthd's verdict.
+
+Sent by the node's reporter (clusterctl.launcher.job.reporter, one per node of a step) to the
+job's agent (clusterctl.launcher.job.agent) as one UDP datagram over the job's own network: at
+once when something the agent acts on changes (a rank's process stopped or gone, healthd's
+verdict, a phase), else once per heartbeat.  One message per node, never one per rank, and
+nothing on shared storage or slurmctld.
+
+Wire format (version 1): ``MAGIC`` (4 bytes), an HMAC-SHA256 of the body under the job's secret
+key (32 bytes), then the body: the record as compact UTF-8 JSON.  The key is made by the agent
+for each job and handed to the step's processes in the environment (REPORT_KEY_ENV): a datagram
+from anyone else (another user's process on a shared node, a forged packet) fails the HMAC and
+is refused before its body is parsed.  A datagram larger than MAX_DATAGRAM, or whose body is not
+exactly this record (NaN or infinite numbers, unknown phases, bad node names, too many ranks or
+evidence lines) is refused with a RecordError that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from clusterctl.records.rank_progress import PHASES, RankProgress
+from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.slurm.names import node_name_problem
+
+KIND = "node-report"
+VERSION = 1
+MAGIC = b"CCN1"
+DIGEST_BYTES = 32
+MAX_DATAGRAM = 16 << 10
+"""The largest report taken (bytes): 8 ranks make about 1.5 KB; 64 ranks and 16 evidence lines fit."""
+MAX_RANKS = 64
+MAX_EVIDENCE = 16
+MAX_TEXT = 512
+KEY_BYTES = 32
+
+REPORT_KEY_ENV = "CLUSTERCTL_REPORT_KEY"
+"""The job's report key, hex: set by the agent for the step's processes only."""
+REPORT_ADDR_ENV = "CLUSTERCTL_REPORT_ADDR"
+"""`host:port` of the agent's report inbox."""
+REPORT_LAUNCH_ENV = "CLUSTERCTL_REPORT_LAUNCH"
+"""Which of the agent's steps the reporter belongs to (reports of an ended step are not mistaken for the new one's)."""
+REPORT_INTERVAL_ENV = "CLUSTERCTL_REPORT_INTERVAL"
+"""Seconds between two heartbeats of a node whose report did not change."""
+
+VERDICTS = ("ok", "drain", "unknown")
+"""healthd's verdict for the node: `drain` when it drained (or decided to drain) it; `unknown` without healthd."""
+
+PROCESS_STATES = ("running", "stopped", "gone", "unknown")
+"""A rank's process as its node sees it (/proc): `stopped` by a signal (SIGSTOP) or a tracer, `gone`: exited."""
+
+
+@dataclass(frozen=True)
+class RankBeat:
+    """One rank as its node's reporter sees it: its last progress report and its process's state."""
+
+    progress: RankProgress
+    process: str = "running"  # one of PROCESS_STATES
+    stopped_since: float = 0.0
+    """When the reporter first saw the process stopped or gone (epoch s; 0 while it runs)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The rank's entry in the report."""
+        p = self.progress
+        return {"rank": p.rank, "step": p.step, "phase": p.phase, "at": p.at, "pid": p.pid,
+                "compute_s": p.compute_s, "compute_steps": p.compute_steps, "alive_at": p.alive_at,
+                "process": self.process, "stopped_since": self.stopped_since}
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """healthd's verdict for the node, from its state file on the node, with its evidence."""
+
+    verdict: str = "unknown"  # one of VERDICTS
+    evidence: tuple[str, ...] = ()
+    state_at: float = 0.0
+    """When healthd last wrote its state file (epoch s; 0: no state file)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The verdict as sent."""
+        return {"verdict": self.verdict, "evidence": list(self.evidence), "state_at": self.state_at}
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What one node tells the agent: who it is, which step, its ranks, its health."""
+
+    job_id: str
+    launch: str
+    node: str
+    seq: int
+    sent_at: float
+    ranks: tuple[RankBeat, ...] = ()
+    health: NodeHealth = NodeHealth()
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as sent."""
+        return {**header(KIND, VERSION), "job_id": self.job_id, "launch": self.launch, "node": self.node,
+                "seq": self.seq, "sent_at": self.sent_at, "ranks": [r.to_json() for r in self.ranks],
+                "health": self.health.to_json()}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> NodeReport:
+        """Parse a received report; RecordError for anything not exactly understood."""
+        body = check_header(data, KIND, VERSION, where)
+        node = field(body, "node", str, where)
+        problem = node_name_problem(node)
+        if problem:
+            raise RecordError(where, f"field `node`: {problem}")
+        ranks = field(body, "ranks", list, where)
+        if len(ranks) > MAX_RANKS:
+            raise RecordError(where, f"{len(ranks)} ranks: a node reports at most {MAX_RANKS}")
+        health = field(body, "health", dict, where)
+        return cls(job_id=_text(body, "job_id", where), launch=_text(body, "launch", where), node=node,
+                   seq=_count(body, "seq", where), sent_at=_seconds(body, "sent_at", where),
+                   ranks=tuple(_rank(entry, node, f"{where}: ranks[{i}]") for i, entry in enumerate(ranks)),
+                   health=_health(health, f"{where}: health"))
+
+
+def _rank(entry: object, node: str, where: str) -> RankBeat:
+    if not isinstance(entry, dict):
+        raise RecordError(where, "must be an object")
+    phase = field(entry, "phase", str, where)
+    if phase not in PHASES:
+        raise RecordError(where, f"phase {phase!r} is not one of {', '.join(PHASES)}")
+    process = field(entry, "process", str, where)
+    if process not in PROCESS_STATES:
+        raise RecordError(where, f"process {process!r} is not one of {', '.join(PROCESS_STATES)}")
+    progress = RankProgress(rank=_count(entry, "rank", where), node=node, step=_count(entry, "step", where),
+                            phase=phase, at=_seconds(entry, "at", where), pid=_count(entry, "pid", where),
+                            compute_s=_seconds(entry, "compute_s", where),
+                            compute_steps=_count(entry, "compute_steps", where),
+                            alive_at=_seconds(entry, "alive_at", where))
+    return RankBeat(progress, process, _seconds(entry, "stopped_since", where))
+
+
+def _health(body: Mapping[str, Any], where: str) -> NodeHealth:
+    verdict = field(body, "verdict", str, where)
+    if verdict not in VERDICTS:
+        raise RecordError(where, f"verdict {verdict!r} is not one of {', '.join(VERDICTS)}")
+    evidence = field(body, "evidence", list, where)
+    if len(evidence) > MAX_EVIDENCE or not all(isinstance(e, str) and len(e) <= MAX_TEXT for e in evidence):
+        raise RecordError(where, f"evidence must be at most {MAX_EVIDENCE} strings of {MAX_TEXT} characters")
+    return NodeHealth(verdict, tuple(evidence), _seconds(body, "state_at", where))
+
+
+def _text(body: Mapping[str, Any], key: str, where: str) -> str:
+    value: str = field(body, key, str, where)
+    if len(value) > MAX_TEXT or not value.isprintable():
+        raise RecordError(where, f"field `{key}` must be printable text of at most {MAX_TEXT} characters")
+    return value
+
+
+def _seconds(body: Mapping[str, Any], key: str, where: str) -> float:
+    value = field(body, key, (int, float), where)
+    if isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise RecordError(where, f"field `{key}` is {value!r}: it must be a finite number of seconds, not negative")
+    return float(value)
+
+
+def _count(body: Mapping[str, Any], key: str, where: str) -> int:
+    value = field(body, key, int, where)
+    if isinstance(value, bool) or value < 0:
+        raise RecordError(where, f"field `{key}` is {value!r}: it must be a whole number, not negative")
+    return int(value)
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number a report may carry")
+
+
+class ReportRefused(RecordError):
+    """A datagram the agent does not take, with `kind`: `too large`, `foreign`, `unsigned`, `unreadable`, `malformed`."""
+
+    def __init__(self, where: str, message: str, kind: str) -> None:
+        super().__init__(where, message)
+        self.kind = kind
+
+
+def encode(report: NodeReport, key: bytes) -> bytes:
+    """The datagram for `report`, signed with the job's `key`; ValueError when it would be too large."""
+    body = json.dumps(report.to_json(), separators=(",", ":"), allow_nan=False).encode()
+    datagram = MAGIC + hmac.digest(key, body, hashlib.sha256) + body
+    if len(datagram) > MAX_DATAGRAM:
+        raise ValueError(f"a report of {len(datagram)} bytes is larger than {MAX_DATAGRAM}")
+    return datagram
+
+
+def decode(datagram: bytes, key: bytes, where: str) -> NodeReport:
+    """The report in `datagram`; ReportRefused (a RecordError) when it is too large, not signed with `key`, or not a report.
+
+    The signature is checked before anything of the body is read, so bytes from outside the job
+    are never parsed."""
+    if len(datagram) > MAX_DATAGRAM:
+        raise ReportRefused(where, f"{len(datagram)} bytes: a report is at most {MAX_DATAGRAM}", "too large")
+    if not datagram.startswith(MAGIC) or len(datagram) < len(MAGIC) + DIGEST_BYTES:
+        raise ReportRefused(where, "not a clusterctl node report (wrong magic)", "foreign")
+    digest, body = datagram[len(MAGIC):len(MAGIC) + DIGEST_BYTES], datagram[len(MAGIC) + DIGEST_BYTES:]
+    if not hmac.compare_digest(digest, hmac.digest(key, body, hashlib.sha256)):
+        raise ReportRefused(where, "not signed with this job's key (from outside the job, or damaged)", "unsigned")
+    try:
+        data = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ReportRefused(where, f"not a readable JSON report ({exc.__class__.__name__})", "unreadable") from None
+    try:
+        return NodeReport.from_json(data, where)
+    except ReportRefused:
+        raise
+    except RecordError as exc:
+        raise ReportRefused(exc.where, str(exc).removeprefix(f"{exc.where}: "), "malformed") from None
+
+
+def parse_key(text: str, where: str = REPORT_KEY_ENV) -> bytes:
+    """The job's report key from its hex form; RecordError when it is not KEY_BYTES bytes of hex."""
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError:
+        raise RecordError(where, "is not hexadecimal") from None
+    if len(key) != KEY_BYTES:
+        raise RecordError(where, f"holds {len(key)} bytes, not {KEY_BYTES}")
+    return key

@@ -1,0 +1,114 @@
+"""The node reports' channel: UDP datagrams from each node's reporter to the job's agent.
+
+UDP because a report is one small datagram that supersedes the previous one: a lost report is
+replaced by the next, a reporter never waits for an agent that is away (sendto on a non-blocking
+socket returns at once), and an agent that starts again takes the next reports as they come,
+with no connection for either side to re-establish.  What one datagram holds and how it is
+signed is clusterctl.records.node_report.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from dataclasses import dataclass, field
+
+from clusterctl.records.node_report import MAX_DATAGRAM, NodeReport, ReportRefused, decode, encode
+
+RECEIVE_BUFFER = 8 << 20
+"""Bytes the kernel may queue for the inbox between two drains (a burst of 12,500 reports is ~20 MB at
+1.5 KB each; the kernel caps this at net.core.rmem_max, and what it drops the next heartbeat replaces)."""
+
+
+@dataclass
+class ReportInbox:
+    """The agent's end: a bound UDP socket, drained without blocking."""
+
+    key: bytes
+    host: str = "0.0.0.0"
+    port: int = 0
+    sock: socket.socket = field(init=False)
+    refused: Counter[str] = field(default_factory=Counter)
+    """Datagrams refused so far, by kind (unsigned, foreign, too large, unreadable, malformed)."""
+    last_refusal: dict[str, str] = field(default_factory=dict)
+    """The latest refusal's message, by kind."""
+    received: int = 0
+    received_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
+        except OSError:
+            pass  # the kernel's default buffer: bursts beyond it wait for the next heartbeat
+        self.sock.bind((self.host, self.port))
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+
+    def fileno(self) -> int:
+        """The socket's descriptor (to wait on with select)."""
+        return self.sock.fileno()
+
+    def drain(self, limit: int = 1 << 20) -> list[NodeReport]:
+        """Every report waiting now (at most `limit`), oldest first; refused datagrams are counted."""
+        reports: list[NodeReport] = []
+        while len(reports) < limit:
+            try:
+                datagram, peer = self.sock.recvfrom(MAX_DATAGRAM + 1)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            self.received += 1
+            self.received_bytes += len(datagram)
+            try:
+                reports.append(decode(datagram, self.key, f"report from {peer[0]}:{peer[1]}"))
+            except ReportRefused as exc:
+                self.refused[exc.kind] += 1
+                self.last_refusal[exc.kind] = str(exc)
+        return reports
+
+    def close(self) -> None:
+        """Stop receiving."""
+        self.sock.close()
+
+
+class ReportSender:
+    """A reporter's end: sends signed reports to the agent, never blocking, never raising."""
+
+    def __init__(self, key: bytes, address: tuple[str, int]) -> None:
+        self.key, self.address = key, address
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        self._resolved: tuple[str, int] | None = None
+        self.sent = 0
+        self.failed = 0
+        self.last_error = ""
+
+    def send(self, report: NodeReport) -> bool:
+        """Send `report`; False (with `last_error`) when it could not leave now: the next one replaces it."""
+        try:
+            datagram = encode(report, self.key)
+            if self._resolved is None:
+                self._resolved = (socket.gethostbyname(self.address[0]), self.address[1])
+            self.sock.sendto(datagram, self._resolved)
+        except (OSError, ValueError) as exc:
+            self.failed += 1
+            self.last_error = f"{exc.__class__.__name__}: {exc}"
+            if isinstance(exc, socket.gaierror):
+                self._resolved = None
+            return False
+        self.sent += 1
+        return True
+
+    def close(self) -> None:
+        """Stop sending."""
+        self.sock.close()
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`host:port` → (host, port); ValueError saying what is wrong."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} is not host:port")
+    return host, int(port)
