@@ -22,6 +22,7 @@ from rich.table import Table
 from clusterctl import __version__
 from clusterctl.errors import INTERNAL_ERROR_EXIT, ClusterctlError, OutputError, RunError
 from clusterctl.files import atomic_write
+from clusterctl.terminal_view import printable
 from clusterctl.launcher.pure.cost import DEFAULT_WEIGHTS
 from clusterctl.launcher.login.notify import webhook_notifier
 from clusterctl.launcher.pure.parallel import DIMS
@@ -464,7 +465,7 @@ def main() -> None:
     except ClusterctlError as exc:
         if os.environ.get("CLUSTERCTL_DEBUG"):
             traceback.print_exc()
-        click.echo(f"clusterctl: error: {exc}", err=True)
+        click.echo(f"clusterctl: error: {printable(str(exc))}", err=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         click.echo("Interrupted.", err=True)
@@ -473,6 +474,6 @@ def main() -> None:
         if os.environ.get("CLUSTERCTL_DEBUG"):
             traceback.print_exc()
         first = str(exc).splitlines()[0][:300] if str(exc) else ""
-        click.echo(f"clusterctl: internal error: {type(exc).__name__}: {first} (a bug: please report it with the "
+        click.echo(f"clusterctl: internal error: {type(exc).__name__}: {printable(first)} (a bug: please report it with the "
                    "output of the same command with --debug)", err=True)
         sys.exit(INTERNAL_ERROR_EXIT)

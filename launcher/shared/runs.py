@@ -25,7 +25,7 @@ from clusterctl.errors import ClusterctlError, OutputError, RunError
 from clusterctl.files import atomic_write, check_owned
 from clusterctl.launcher.pure.spec import JobSpec, spec_from_dict
 from clusterctl.records.rank_map import JobRankMap, read_rank_map
-from clusterctl.records.versioned import RecordError, check_header, header
+from clusterctl.records.versioned import RecordError, check_header, header, read_json_record
 from clusterctl.records.run_journal import (
     Created, RunEvent, RunJournal, Submitted, append_run_event, event_from_json, read_run_journal,
 )
@@ -60,13 +60,9 @@ class RunDir:
         """The run's effective spec; RunError without one, RecordError when this clusterctl cannot read it."""
         path = self.path / "spec.json"
         try:
-            data = path.read_bytes()
+            parsed = read_json_record(path, limit=SPEC_LIMIT)
         except FileNotFoundError:
             raise RunError(f"{self.path} is not a clusterctl run (no spec.json)") from None
-        try:
-            parsed = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            raise RecordError(str(path), f"not a readable JSON record ({exc.__class__.__name__})") from None
         return spec_from_document(parsed, str(path))
 
     def journal(self) -> RunJournal:
@@ -173,6 +169,8 @@ def log_path(run_path: Path, job_id: str) -> Path:
     return run_path / "logs" / f"{job_id}.out"
 
 
+SPEC_LIMIT = 4 << 20
+"""The largest spec.json read (bytes): a spec is a few KB; a bigger file is not one clusterctl wrote."""
 SPEC_KIND = "run-spec"
 SPEC_VERSION = 1
 

@@ -223,3 +223,20 @@ def test_detaching_from_a_run_that_already_ended_says_so(tmp_path, monkeypatch, 
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert out.startswith("the supervisor finished at once:") and "run done: all steps done" in out
+
+
+def test_an_error_naming_outside_text_shows_its_control_characters_escaped(monkeypatch, capsys, tmp_path):
+    planted = tmp_path / "run\x1b]0;owned\x07\x1b[2J"
+    planted.mkdir()
+    code, err = run_main(monkeypatch, capsys, "status", str(planted))
+    assert code != 0 and err.count("\n") == 1
+    assert "\x1b" not in err and "\x07" not in err and "\\x1b]0;owned\\x07\\x1b[2J" in err
+
+
+def test_a_spec_json_too_large_to_be_ours_is_refused_without_reading_it_all(monkeypatch, capsys, tmp_path):
+    spec_path = REPO / "examples" / "toy_trainer.toml"
+    run = create_run(tmp_path / "run", load_spec(spec_path), spec_path.read_text())
+    (run.path / "spec.json").write_bytes(b" " * (5 << 20))
+    code, err = run_main(monkeypatch, capsys, "report", str(run.path))
+    assert code != 0 and err.count("\n") == 1
+    assert err.startswith(f"clusterctl: error: {run.path / 'spec.json'}: ") and "more than" in err
