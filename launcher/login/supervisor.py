@@ -72,6 +72,17 @@ def next_poll_interval(previous: float, changed: bool, fastest: float, slowest: 
     return fastest if changed else min(slowest, max(fastest, previous * 2))
 
 
+WAITING_MAX_SECONDS = 300.0
+"""The longest wait between two reads of the node table while a run waits for usable nodes."""
+
+
+def waiting_interval(previous: float, first: float) -> float:
+    """The next wait for usable nodes while nothing changed: doubled from `first` up to
+    WAITING_MAX_SECONDS.  Each wait ends in one read of the whole node table (tens of ms of
+    controller time at 12,500 nodes), so a run that waits an hour makes ~15 of them, not ~450."""
+    return min(WAITING_MAX_SECONDS, max(first, 2 * previous))
+
+
 def job_nodes(report: JobReport) -> list[str]:
     """The job's nodes as Slurm names them; a name that could not go into an argv (`--exclude=`) is no
     node to blame."""
@@ -140,6 +151,7 @@ class Supervisor:
         self._missing = 0
         self._slurm_errors = 0
         self._last_wait_message = ""
+        self._wait_interval = 0.0
         self._silent_since: dict[str, float] = {}
         self._suspect_since: dict[str, float] = {}
         self._interval = self.spec.restart.poll_seconds
@@ -262,11 +274,15 @@ class Supervisor:
             if self.spec.restart.on_too_few_nodes == "stop":
                 self._end(EventKind.STOPPED, f"{message}; restart.on_too_few_nodes = stop")
             else:
+                first = max(self.spec.restart.poll_max_seconds, self.spec.restart.poll_seconds, 5.0)
                 if message != self._last_wait_message:
                     self.run.record(Waiting(at=self.run.now(), message=message))
                     self.hooks.say(f"waiting: {message}")
                     self._last_wait_message = message
-                self.hooks.sleep(max(self.spec.restart.poll_max_seconds, self.spec.restart.poll_seconds, 5.0))
+                    self._wait_interval = first
+                else:
+                    self._wait_interval = waiting_interval(self._wait_interval, first)
+                self.hooks.sleep(self._wait_interval)
             return
         live = self._live_copies()
         if live:  # never two live copies: an earlier attempt is still in Slurm's hands

@@ -367,3 +367,39 @@ def test_a_node_reason_that_looks_like_markup_is_said_as_written_and_the_job_sti
     assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
     assert slurm.jobs["1"]["job_state"] == "CANCELLED"
     assert "node2: node down (GPU gone [/dev/nvidia3] [maint])" in out.getvalue()
+
+
+def test_a_run_waiting_for_nodes_reads_the_node_table_less_and_less_often(world):
+    """Waiting an hour for usable nodes costs about 15 node-table reads, not one every 8 s (450)."""
+    run, slurm, clock, said, hooks = world
+    for name in ("node1", "node2"):
+        slurm.nodes[name].update(state="down", flags=["NOT_RESPONDING"])
+    table_reads = []
+
+    def recording(argv, timeout):
+        if argv[:2] == ["sinfo", "--json"]:
+            table_reads.append(clock.now)
+        return slurm(argv, timeout)
+
+    class Enough(Exception):
+        pass
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+        if clock.now > started + 3600:
+            raise Enough
+    started = clock.now
+    hooks.sleep = sleep
+    with pytest.raises(Enough):
+        Supervisor(RunDir(run.path), Slurm(recording), "/py", None, hooks, evidence_grace=0.0).supervise()
+    assert 5 <= len(table_reads) <= 20, table_reads
+    assert max(b - a for a, b in zip(table_reads, table_reads[1:])) == 300
+    assert len(_events(run, "waiting")) == 1 and slurm.sbatch_calls == []
+    # Nodes come back: the next read (within the 5-minute cap) submits.
+    slurm.nodes["node1"].update(state="idle", flags=[])
+    clock.now = started
+    table_reads.clear()
+    hooks.sleep = clock.sleep
+    slurm.on_poll = lambda: slurm.end("1", "COMPLETED") if "1" in slurm.jobs else None
+    Supervisor(RunDir(run.path), Slurm(recording), "/py", None, hooks, evidence_grace=0.0).supervise()
+    assert len(slurm.sbatch_calls) == 1
