@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -36,8 +37,11 @@ from pathlib import Path
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
-from clusterctl.launcher.pure.classify import Blame, hardware_suspects, node_read_interval, not_responding, step_outcome
+from clusterctl.launcher.job.report_channel import ReportInbox
+from clusterctl.launcher.job.signal_watch import Inbox, SignalWatch
+from clusterctl.launcher.pure.classify import Blame, hardware_suspects, not_responding, operator_drains, step_outcome
 from clusterctl.launcher.pure.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
+from clusterctl.launcher.pure.node_signals import SMALL_STEP_NODES, SignalPolicy, Signals, slurm_sweep_seconds
 from clusterctl.launcher.pure.recovery import Act, Allocation, Happened, Recovery, RestartBudget, judge
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.pure.spec import JobSpec
@@ -45,15 +49,16 @@ from clusterctl.launcher.shared.straggler_actions import (
     StragglerActions, StragglerDoors, StragglerDrain, srun_gpu_evidence,
 )
 from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
+from clusterctl.records.agent_summary import AgentSummary, write_agent_summary
 from clusterctl.records.gpu_evidence import GpuEvidence
+from clusterctl.records.node_report import REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV
 from clusterctl.records.rank_map import RankMap
-from clusterctl.records.rank_progress import read_progress
 from clusterctl.records.run_journal import OutcomeKind, RecoveredInAllocation, append_run_event, read_run_journal
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import AllocationSlurm, Slurm
 from clusterctl.slurm.drains import SlurmDrains
-from clusterctl.slurm.nodes import NodeState, SlurmNode
+from clusterctl.slurm.nodes import NodeState, SlurmNode, parse_nodes_json
 
 STEP_POLL_SECONDS = 0.2
 """How often the agent looks whether the step ended (a local waitpid, free)."""
@@ -63,6 +68,11 @@ STOP_GRACE_SECONDS = 15.0
 """How long an interrupted step may take to end before srun is killed."""
 EVIDENCE_GRACE_SECONDS = 5.0
 """After a step failed with no node to blame yet: how long healthd's drain may take to show in Slurm."""
+HINT_BACKOFF_MAX_SECONDS = 30.0
+"""A node a report points at (healthd says drain, gone silent) is asked about at once, then at most
+after 1, 2, 4, ... up to this many seconds while the hint lasts."""
+SUMMARY_MIN_SECONDS = 2.0
+"""The agent summary (`<job dir>/agent-summary.json`) is rewritten every max(this, heartbeat) s."""
 
 
 # ---- pure: what the agent computes ----------------------------------------------------------------
@@ -93,6 +103,9 @@ class Launched:
     rank_map: RankMap
     started_at: float
     log_offset: int = 0
+    signals: SignalWatch | None = None
+    """The step's node reports (None: a test's step without a report channel)."""
+    launch: str = "0"
 
     @property
     def slots(self) -> tuple[str, ...]:
@@ -171,14 +184,22 @@ class AgentDoors:
     """What a node's GPUs say now (healthd evidence, run there), or why that could not be read."""
     drain: StragglerDrain | None = None
     """The drain door for straggler verdicts (None: never drain; SlurmCommandError when Slurm refuses)."""
+    node_table: Callable[[], Mapping[str, NodeState]] | None = None
+    """Every node's state in one read (for steps of more than SMALL_STEP_NODES nodes; None: ask each node)."""
+    open_inbox: Callable[[bytes], Inbox] = field(default=lambda key: ReportInbox(key))
+    """The report inbox for the job's key (UDP on every address of the batch host, a port the kernel picks)."""
 
 
 def default_doors(python: str = sys.executable) -> AgentDoors:
     """The real Slurm commands, srun as a child process, the system clock."""
     slurm = Slurm()
+
+    def node_table() -> dict[str, NodeState]:
+        return {n.name: n for n in parse_nodes_json(slurm.nodes_json(), release=slurm.release())}
+
     return AgentDoors(slurm, lambda name: SlurmNode(name, slurm.runner, slurm.timeout).state(), Step,
                       gpu_evidence=srun_gpu_evidence(python),
-                      drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain)
+                      drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain, node_table=node_table)
 
 
 # ---- the loop --------------------------------------------------------------------------------------
@@ -213,37 +234,71 @@ class Agent:
 
     def _watch(self, launched: Launched, spares: int) -> Watched:
         """Wait for the step to end, for one of its nodes to fail, for its ranks to hang, or for a
-        straggler to swap (`spares`: nodes of the allocation beyond the job's, left to swap in)."""
+        straggler to swap (`spares`: nodes of the allocation beyond the job's, left to swap in).
+
+        The node reports (launcher/job/signal_watch.py) are taken every STEP_POLL_SECONDS: a node
+        whose ranks froze ends the step at once; a node healthd says it drained, or that went
+        silent, is asked about in Slurm (one single-node query, then backing off while the hint
+        lasts).  What no report carries (an operator's drain, a node Slurm declared DOWN) comes
+        from a sweep of the step's nodes in Slurm every `slurm_sweep_seconds`.  The hang and
+        straggler watches take every rank's newest record once per heartbeat."""
         nodes = launched.slots
         stragglers = StragglerWatch.start(self.spec.stragglers, launched.started_at)
         silent_since: dict[str, float] = {}
         grace = self.spec.restart.unresponsive_seconds
-        interval = node_read_interval(len(nodes))
-        next_read = self.doors.monotonic()
+        watch = launched.signals
+        heartbeat = watch.policy.heartbeat if watch else 1.0
+        sweep_every = slurm_sweep_seconds(len(nodes))
+        next_sweep = next_judge = next_summary = self.doors.monotonic()
+        hints: dict[str, tuple[float, float]] = {}  # node -> (when it may be asked again, the back-off)
         rank_map = launched.rank_map
         hangs = HangWatch.start(self._hang_policy(), launched.started_at,
                                 {r: rank_map.location(r)[0] for r in range(rank_map.world_size)})
         pattern = self.spec.restart.progress_pattern
         log_offset = launched.log_offset
+        signals = Signals()
         while True:
             code = launched.step.exit_code()
             if code is not None:
                 return Watched(code, [], self.doors.monotonic(), lost_s=stragglers.lost_s)
-            if self.doors.monotonic() < next_read:
+            if watch is not None:
+                signals = watch.poll()
+                if signals.frozen is not None:
+                    return Watched(None, list(signals.frozen.blames()), self.doors.monotonic(), signals.frozen,
+                                   lost_s=stragglers.lost_s)
+            now = self.doors.monotonic()
+            hinted = [n for n in (*signals.drained, *signals.silent) if hints.get(n, (0.0, 0.0))[0] <= now]
+            for name in [n for n in hints if n not in signals.drained and n not in signals.silent]:
+                del hints[name]  # the hint is over: a new one is asked about at once
+            sweep = now >= next_sweep
+            if now >= next_summary and watch is not None:
+                next_summary = now + max(SUMMARY_MIN_SECONDS, heartbeat)
+                self._summarize(launched, watch, signals)
+            if not hinted and not sweep and now < next_judge:
                 self.doors.sleep(STEP_POLL_SECONDS)
                 continue
-            next_read = self.doors.monotonic() + interval
-            states = self._states(nodes)
-            now = self.doors.monotonic()
-            for name, state in states.items():
-                if not_responding(state):
-                    silent_since.setdefault(name, now)
-                else:
-                    silent_since.pop(name, None)
-            suspects = hardware_suspects(nodes, states, {n: now - t for n, t in silent_since.items()}, grace)
-            if suspects:
-                return Watched(None, suspects, now, lost_s=stragglers.lost_s)
-            records, _ = read_progress(launched.job_dir, self.doors.now())
+            if hinted or sweep:
+                states = self._look_in_slurm(nodes, hinted, sweep)
+                if sweep:
+                    next_sweep = now + sweep_every
+                for name in hinted:
+                    backoff = min(HINT_BACKOFF_MAX_SECONDS, max(1.0, 2 * hints.get(name, (0.0, 0.5))[1]))
+                    hints[name] = (now + backoff, backoff)
+                now = self.doors.monotonic()
+                for name, state in states.items():
+                    if not_responding(state):
+                        silent_since.setdefault(name, now)
+                    else:
+                        silent_since.pop(name, None)
+                suspects = hardware_suspects(nodes, states, {n: now - t for n, t in silent_since.items()}, grace)
+                if not suspects and spares >= 1:  # an operator wants the node back: a spare takes its place
+                    suspects = [b for b in operator_drains(nodes, states) if b.node != self.batch_host]
+                if suspects:
+                    return Watched(None, suspects, now, lost_s=stragglers.lost_s)
+            if now < next_judge:
+                continue
+            next_judge = now + heartbeat
+            records = watch.records() if watch is not None else ()
             hangs = hangs.observe(records)
             if self.spec.stragglers.action != "off":
                 stragglers = stragglers.observe(records)
@@ -265,6 +320,39 @@ class Agent:
                 verdict = hangs.verdict(self.doors.now())
                 if verdict.hung:
                     return Watched(None, list(verdict.blames()), now, verdict, lost_s=stragglers.lost_s)
+
+    def _look_in_slurm(self, nodes: Sequence[str], hinted: Sequence[str], sweep: bool) -> dict[str, NodeState]:
+        """The states of the `hinted` nodes (one single-node query each), and on a `sweep` of every
+        node of the step: one query each up to SMALL_STEP_NODES nodes, else one node-table read."""
+        states: dict[str, NodeState] = {}
+        if sweep and len(nodes) > SMALL_STEP_NODES and self.doors.node_table is not None:
+            try:
+                table = self.doors.node_table()
+                states.update({n: table[n] for n in nodes if n in table})
+            except SlurmCommandError as exc:
+                self.doors.say(f"cannot read the node table ({exc}); judging without it")
+        elif sweep:
+            states.update(self._states(nodes))
+        states.update(self._states([n for n in hinted if n not in states]))
+        return states
+
+    def _summarize(self, launched: Launched, watch: SignalWatch, signals: Signals) -> None:
+        """Rewrite the agent summary the supervisor and `clusterctl status` read (one file per interval)."""
+        steps = [r.step for r in watch.records()]
+        stopped = tuple(sorted({h.report.node for h in watch.signals.heard.values()
+                                for b in h.report.ranks if b.process in ("stopped", "gone")}))
+        refused = dict(watch.inbox.refused)
+        try:
+            write_agent_summary(self.job_dir, AgentSummary(
+                job_id=self.job_id, launch=launched.launch, at=self.doors.now(),
+                interval=max(SUMMARY_MIN_SECONDS, watch.policy.heartbeat), state="watching",
+                nodes=len(launched.slots), reporting=signals.reporting, silent=signals.silent, stopped=stopped,
+                drained=signals.drained, min_step=min(steps) if steps else None,
+                max_step=max(steps) if steps else None, refused=refused,
+                message=(f"{signals.channel_silent} nodes silent at once: the report channel, not the nodes"
+                         if signals.channel_silent else "")))
+        except OSError as exc:
+            self.doors.say(f"cannot write the agent summary in {self.job_dir} ({exc.strerror}); watching on")
 
     def _evidence_after(self, nodes: Sequence[str]) -> list[Blame]:
         """The step failed by itself: healthd's drain (or Slurm's DOWN) may show a moment later."""
@@ -290,9 +378,17 @@ class Agent:
         # declared DOWN; without it the new step waits ("Requested nodes are busy") for the dead node.
         argv = ["srun", "--distribution=arbitrary", f"--ntasks={self.spec.world_size}", "--kill-on-bad-exit=1",
                 "--overlap", self.python, "-m", "clusterctl.launcher.job", "rank", "--job-dir", str(job_dir), "--", *command]
+        launch = str(self.launches)
+        self.launches += 1
+        policy = SignalPolicy.for_nodes(len(rank_map.rank_map.slots))
+        env.update({REPORT_KEY_ENV: self.report_key.hex(), REPORT_ADDR_ENV: f"{self.batch_host}:{self.inbox.port}",
+                    REPORT_LAUNCH_ENV: launch, REPORT_INTERVAL_ENV: f"{policy.heartbeat:g}"})
         offset = self.doors.read_log(self.log_path, None)[1]  # where this step's lines begin
         started_at = self.doors.now()
-        return Launched(self.doors.start_step(argv, env), job_dir, rank_map.rank_map, started_at, offset)
+        step = self.doors.start_step(argv, env)
+        watch = SignalWatch(self.inbox, self.job_id, launch, rank_map.rank_map.slots, policy, started_at,
+                            self.doors.now)
+        return Launched(step, job_dir, rank_map.rank_map, started_at, offset, watch, launch)
 
     def run(self, resume_from: str | None) -> int:
         """Steps until one completes, fails on its own, or the judge sends the job back to the supervisor
@@ -303,6 +399,11 @@ class Agent:
             self.run_dir, self.job_dir, self.job_id, self.spec.stragglers.action, self.spec.restart.blame_hours,
             StragglerDoors(doors.now, doors.say, doors.gpu_evidence, doors.drain))
         self.budget = self._budget(RestartBudget())
+        # The job's report key: in the step's environment only, so a datagram from anyone else
+        # (another user's process on a shared node, a forged packet) is refused unread.
+        self.report_key = secrets.token_bytes(32)
+        self.inbox = doors.open_inbox(self.report_key)
+        self.launches = 0
         launched = self._launch(self.job_dir, in_use, resume_from)
         while True:
             watched = self._watch(launched, len(in_use) - self.spec.job.nodes)

@@ -128,6 +128,25 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
     return found
 
 
+OPERATOR_DRAIN_REASON = "drained by an operator"
+"""The `reason` of a Blame for a node an admin (or another tool) drained while the job ran on it."""
+
+
+def operator_drains(job_nodes: Sequence[str], nodes: Mapping[str, NodeState]) -> list[Blame]:
+    """Nodes of a running job that an operator drained (a reason that is neither healthd's nor a
+    straggler verdict's): the operator wants the node back.  Slurm lets the job finish there; a job
+    with a spare swaps the node out at once instead (the caller decides whether it has one)."""
+    found = []
+    for name in job_nodes:
+        state = nodes.get(name)
+        if state is None or not state.draining or state.drain_owner is not None:
+            continue
+        found.append(Blame(name, OPERATOR_DRAIN_REASON,
+                           (f"Slurm: {name} is {state.state} {list(state.flags)} reason {state.reason!r} "
+                            "(an operator's drain: neither healthd's nor a straggler verdict's)",)))
+    return found
+
+
 def _straggler_drain(state: NodeState) -> bool:
     return state.drain_owner is STRAGGLER  # `clusterctl straggler: ...` (or the old `healthd: straggler ...`)
 

@@ -158,12 +158,34 @@ def test_a_node_slurm_cannot_be_asked_about_is_judged_without(tmp_path):
     assert shell.run(None) == 0 and cluster.shrinks == []
 
 
-class ReportingCluster(Cluster):
-    """Ranks report their step every tick (0.2 s) through the progress channel until told to stop."""
+class FakeInbox:
+    """The agent's report inbox: what the nodes' reporters sent, taken as the agent drains it."""
 
-    def __init__(self, agent_clock, stop_at: dict[str, int]):
+    port = 40000
+
+    def __init__(self):
+        self.pending, self.refused = [], {}
+
+    def drain(self, limit=1 << 20):
+        taken, self.pending = self.pending, []
+        return taken
+
+
+class ReportingCluster(Cluster):
+    """Each node's reporter sends its ranks' step every tick (0.2 s) until told to stop (`stop_at`:
+    the tick from which a node's ranks make no progress; `frozen`: ...and their processes are stopped)."""
+
+    def __init__(self, agent_clock, stop_at: dict[str, int], frozen: bool = False):
         super().__init__(fail=[])
-        self.clock, self.stop_at, self.launches = agent_clock, stop_at, 0
+        self.clock, self.stop_at, self.launches, self.frozen = agent_clock, stop_at, 0, frozen
+        self.inbox, self.seq, self.progress = FakeInbox(), 0, {}
+
+    def send(self, step, node, ranks, process="running", stopped_since=0.0):
+        from clusterctl.records.node_report import NodeReport, RankBeat
+        self.seq += 1
+        beats = tuple(RankBeat(self.progress[r], process, stopped_since) for r in ranks if r in self.progress)
+        self.inbox.pending.append(NodeReport("42", step.env["CLUSTERCTL_REPORT_LAUNCH"], node, self.seq,
+                                             1795305600.0 + self.clock[0], beats))
 
     def start(self, argv, env):
         self.launches += 1
@@ -178,20 +200,30 @@ class ReportingCluster(Cluster):
         return job_dir, [(rank, rank_map.location(rank)[0]) for rank in range(rank_map.world_size)]
 
     def tick(self, step):
-        from clusterctl.records.rank_progress import RankProgress, write_rank_progress
+        from clusterctl.records.rank_progress import RankProgress
         job_dir, ranks = self.ranks(step)
+        now = 1795305600.0 + self.clock[0]
+        by_node = {}
         for rank, node in ranks:
-            if self.launches == 1 and self.polls >= self.stop_at.get(node, 10**9):
-                continue  # this node's ranks stopped (SIGSTOP, a blocking call) in the first step
-            write_rank_progress(job_dir, RankProgress(rank, node, self.polls, "step", 1795305600.0 + self.clock[0], 1))
+            by_node.setdefault(node, []).append(rank)
+            stop = self.launches == 1 and self.polls >= self.stop_at.get(node, 10**9)
+            if not stop:  # else this node's ranks stopped (SIGSTOP, a blocking call) in the first step
+                self.progress[rank] = RankProgress(rank, node, self.polls, "step", now, 1, alive_at=now)
+        for node, node_ranks in by_node.items():
+            stopped_at = self.stop_at.get(node, 10**9)
+            if self.frozen and self.launches == 1 and self.polls >= stopped_at:
+                self.send(step, node, node_ranks, "stopped", now - (self.polls - stopped_at) * 0.2)
+            else:
+                self.send(step, node, node_ranks)
         if self.launches > 1 and self.polls >= 60 and not step.stopped:
             step.code = 0
 
 
-def hang_agent(tmp_path, stop_at):
+def hang_agent(tmp_path, stop_at, frozen=False):
     clock = [0.0]
-    cluster = ReportingCluster(clock, stop_at)
+    cluster = ReportingCluster(clock, stop_at, frozen)
     shell = agent(tmp_path, cluster)
+    shell.doors.open_inbox = lambda key: cluster.inbox
     spec = shell.spec
     from dataclasses import replace
     shell.spec = replace(spec, restart=replace(spec.restart, hang_min_step_seconds=5.0, hang_startup_seconds=20.0))
@@ -340,13 +372,17 @@ class SlowCluster(ReportingCluster):
         return super().start(argv, env)
 
     def tick(self, step):
-        from clusterctl.records.rank_progress import RankProgress, write_rank_progress
+        from clusterctl.records.rank_progress import RankProgress
         job_dir, ranks = self.ranks(step)
+        by_node = {}
         for rank, node in ranks:
+            by_node.setdefault(node, []).append(rank)
             slow = self.launches == 1 and node == self.slow and self.polls >= 20 and rank % 8 == 3
             self.totals[rank] = self.totals.get(rank, 0.0) + (0.5 if slow else 0.2)
-            write_rank_progress(job_dir, RankProgress(rank, node, self.polls, "step", 1795305600.0 + self.clock[0],
-                                                      self.launches, round(self.totals[rank], 6), self.polls))
+            self.progress[rank] = RankProgress(rank, node, self.polls, "step", 1795305600.0 + self.clock[0],
+                                               self.launches, round(self.totals[rank], 6), self.polls)
+        for node, node_ranks in by_node.items():
+            self.send(step, node, node_ranks)
         if self.polls >= (400 if self.launches == 1 else 60) and not step.stopped:
             step.code = 0
 
@@ -359,6 +395,7 @@ def straggler_agent(tmp_path, action: str, evidence: GpuEvidence = THROTTLED):
     clock = [0.0]
     cluster = SlowCluster(clock, "node2")
     shell = agent(tmp_path, cluster)
+    shell.doors.open_inbox = lambda key: cluster.inbox
     shell.spec = replace(shell.spec, stragglers=replace(shell.spec.stragglers, action=action))
 
     def sleep(seconds):
@@ -412,3 +449,56 @@ def test_a_reported_straggler_is_journaled_once_and_shown_with_every_nodes_step_
     table = read_node_step_times(shell.job_dir)
     assert {n.node: n.state for n in table.nodes} == {"node1": "ok", "node2": "straggler"}
     assert table.reference == 0.2 and table.lost_s > 0
+
+
+def test_a_node_whose_reporter_sees_its_ranks_stopped_is_swapped_out_within_seconds(tmp_path):
+    shell, cluster = hang_agent(tmp_path, {"node2": 50}, frozen=True)
+    stopped_at = []
+    tick = cluster.tick
+
+    def watching_tick(step):
+        tick(step)
+        if cluster.launches == 1 and cluster.polls == 50:
+            stopped_at.append(cluster.clock[0])
+    cluster.tick = watching_tick
+    assert shell.run(None) == 0
+    assert cluster.shrinks == [("42", ("node1", "node3"))]
+    event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                 if isinstance(e, RecoveredInAllocation))
+    assert [b.node for b in event.blame] == ["node2"] and "hung ranks" in event.blame[0].reason
+    assert "ranks 8-15 on node2 stopped stepping and also stopped running" in event.blame[0].evidence[0]
+    ended_after = dict(event.phases)["end_step"]
+    assert event.at - 1795305600.0 - ended_after - stopped_at[0] <= 2.0  # not the 5 s hang timeout
+
+
+def test_a_suspended_job_every_node_stopped_at_once_blames_no_node(tmp_path):
+    shell, cluster = hang_agent(tmp_path, {"node1": 50, "node2": 50}, frozen=True)
+    assert shell.run(None) == 0
+    assert cluster.shrinks == []
+    event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                 if isinstance(e, RecoveredInAllocation))
+    assert event.blame == ()
+
+
+class OperatorCluster(Cluster):
+    """An operator drains `drained` (one node per step, at its third poll); ranks keep running."""
+
+    def tick(self, step):
+        self.polls += 1
+        if self.polls == 3 and self.fail:
+            name = self.fail.pop(0)
+            self.states[name] = NodeState(name, "mixed", ("DRAIN",), "swap PSU (ticket 1234)", ("gpu",))
+        if self.polls >= 40 and not step.stopped:
+            step.code = 0
+
+
+def test_a_node_an_operator_drains_is_swapped_for_the_spare_while_one_is_left(tmp_path):
+    cluster = OperatorCluster(fail=["node2", "node3"])
+    shell = agent(tmp_path, cluster)
+    assert shell.run(None) == 0
+    # node2 went to the spare; node3's drain found no spare left: the job finished on it, as Slurm means a drain.
+    assert cluster.shrinks == [("42", ("node1", "node3"))] and len(cluster.steps) == 2
+    event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                 if isinstance(e, RecoveredInAllocation))
+    assert [(b.node, b.reason) for b in event.blame] == [("node2", "drained by an operator")]
+    assert "swap PSU (ticket 1234)" in event.blame[0].evidence[0]
