@@ -38,6 +38,7 @@ from clusterctl.launcher.pure.straggler_watch import StragglerWatch
 from clusterctl.launcher.login.submit import gather_facts, prepare, submit_attempt
 from clusterctl.records.job_health import JobHealthRecord, read_job_health
 from clusterctl.records.rank_map import read_rank_map
+from clusterctl.records.agent_summary import read_agent_summary
 from clusterctl.records.rank_progress import read_progress
 from clusterctl.records.run_journal import (
     Decided, DecisionAction, Ending, EventKind, RunEnded, RunJournal, SlurmTimes, StragglerFound, Submitted, Submitting,
@@ -360,6 +361,13 @@ class Supervisor:
             self._missing = 0
             self._decide(attempt, state, report, None)
             return
+        elif report.state == "RUNNING" and not attempt.ended_by_us and self._agent_watching(attempt):
+            # The job's agent hears every node of it and writes what it saw once per interval: while
+            # that summary is fresh, the supervisor asks Slurm about no node (only whether the batch
+            # host, where the agent runs, is still in the job: the one-job query says so).
+            suspects = self._agent_gone(attempt, report, {})
+            if suspects:
+                self._end_attempt(attempt, suspects)
         elif report.state == "RUNNING" and not attempt.ended_by_us:
             nodes = self._job_node_states(job_nodes(report))
             now = self.hooks.clock()
@@ -411,6 +419,18 @@ class Supervisor:
             # started inside salloc) would mislead it.
             env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
             actions.act(found, {**env, "SLURM_JOB_ID": job_id}, no_swap=NO_SWAP)
+
+    def _agent_watching(self, attempt: AttemptState) -> bool:
+        """The job's in-allocation agent wrote its summary for this job recently (its reports and its
+        own Slurm queries then cover every node); False without an agent, before its first summary,
+        or once the summary is stale (the agent is gone or stuck: the supervisor looks itself)."""
+        if not self.spec.recovers_in_allocation or attempt.job_id is None:
+            return False
+        try:
+            summary = read_agent_summary(self.run.path / "jobs" / attempt.job_id)
+        except (OSError, RecordError):
+            return False
+        return summary is not None and summary.job_id == attempt.job_id and not summary.stale(self.hooks.clock())
 
     def _agent_gone(self, attempt: AttemptState, report: JobReport, nodes: dict[str, NodeState]) -> list[Blame]:
         """The job's batch host (where its agent runs: the allocation's first node) is no longer in the

@@ -136,6 +136,26 @@ def _expand(cluster, nodes: str) -> list[str]:
     return cluster.run_on("ctl", ["scontrol", "show", "hostnames", nodes]).stdout.split()
 
 
+def test_a_node_an_operator_drains_under_running_ranks_is_swapped_for_the_spare_within_2_s(cluster, tmp_path,
+                                                                                         reference):
+    proc, run_dir = _supervised(cluster, tmp_path, _spec(tmp_path, 1))
+    _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    batch_host = _expand(cluster, _squeue(cluster, "-j", job, "-o", "%N"))[0]
+    victim = next(n for n in read_rank_map(run_dir / "jobs" / job).slots if n != batch_host)
+    drained = time.time()
+    cluster.run_on("ctl", ["scontrol", "update", f"NodeName={victim}", "State=DRAIN", "Reason=swap PSU (ticket 1234)"])
+    _wait(lambda: _events(run_dir, "recovered-in-allocation"), "the swap", timeout=40, proc=proc)
+    event = _events(run_dir, "recovered-in-allocation")[0]
+    assert [(b.node, b.reason) for b in event.blame] == [(victim, "drained by an operator")], event
+    assert "swap PSU (ticket 1234)" in event.blame[0].evidence[0], event
+    seen = event.at - sum(seconds for _, seconds in event.phases)  # when the agent decided to end the step
+    assert seen - drained <= 2.0, event
+    out = _finished(cluster, proc)
+    assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
+    assert len(_events(run_dir, "submitted")) == 1 and victim not in event.nodes, out
+
+
 def test_when_no_spare_is_left_the_supervisor_resubmits_without_the_node(cluster, tmp_path, reference):
     proc, run_dir = _supervised(cluster, tmp_path, _spec(tmp_path, 1))
     _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
@@ -212,9 +232,15 @@ def test_a_node_that_dies_or_is_cut_off_is_replaced_by_the_spare(cluster, tmp_pa
 
 
 def _rank0_step(job_dir: Path) -> int:
+    """How far the job got: its ranks' progress files (a job without an agent), else the agent's
+    summary (a job with spares: the ranks report to the agent, not to shared storage)."""
+    from clusterctl.records.agent_summary import read_agent_summary
     from clusterctl.records.rank_progress import read_progress
     records, _ = read_progress(job_dir)
-    return max((r.step for r in records if r.rank == 0), default=0)
+    if records:
+        return max((r.step for r in records if r.rank == 0), default=0)
+    summary = read_agent_summary(job_dir)
+    return summary.min_step or 0 if summary is not None else 0
 
 
 def _throttle(cluster, nodes, gpus, percent: int) -> None:

@@ -403,3 +403,44 @@ def test_a_run_waiting_for_nodes_reads_the_node_table_less_and_less_often(world)
     slurm.on_poll = lambda: slurm.end("1", "COMPLETED") if "1" in slurm.jobs else None
     Supervisor(RunDir(run.path), Slurm(recording), "/py", None, hooks, evidence_grace=0.0).supervise()
     assert len(slurm.sbatch_calls) == 1
+
+
+def _agent_job(tmp_path, summary_until_poll: int, ends_at_poll: int) -> list[int]:
+    """A job with a spare whose agent writes its summary at every poll up to `summary_until_poll`;
+    the polls at which the supervisor read a node from Slurm while the job ran."""
+    from dataclasses import replace
+
+    from clusterctl.records.agent_summary import AgentSummary, write_agent_summary
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    spec = replace(spec, job=replace(spec.job, spare_nodes=1))
+    run = create_run(tmp_path / "run", spec, "")
+    clock = Clock()
+    slurm = ScriptedSlurm(clock)
+    hooks = Hooks(clock=clock.time, sleep=clock.sleep, say=lambda line: None)
+    polls = {"n": 0}
+    read_at: list[int] = []
+
+    def script() -> None:
+        polls["n"] += 1
+        if polls["n"] <= summary_until_poll:
+            write_agent_summary(run.path / "jobs" / "1", AgentSummary("1", "0", clock.now, 2.0, "watching", 3, 3))
+        if polls["n"] == ends_at_poll:
+            slurm.end("1", "COMPLETED")
+    slurm.on_poll = script
+
+    def recording(argv, timeout):
+        if argv[0] == "sinfo" or argv[:3] == ["scontrol", "show", "node"]:
+            read_at.append(polls["n"])
+        return slurm(argv, timeout)
+    assert _supervisor(run, recording, hooks).supervise() == EXIT_DONE
+    return [n for n in read_at if 0 < n < ends_at_poll]
+
+
+def test_while_the_jobs_agent_writes_its_summary_the_supervisor_asks_slurm_about_no_node(tmp_path):
+    assert _agent_job(tmp_path, summary_until_poll=100, ends_at_poll=12) == []
+
+
+def test_once_the_agents_summary_goes_stale_the_supervisor_reads_the_nodes_itself(tmp_path):
+    read_at = _agent_job(tmp_path, summary_until_poll=4, ends_at_poll=20)
+    # Stale after 3 intervals and 30 s (36 s here, polls 8 s apart): from the ninth poll or so.
+    assert read_at and min(read_at) > 4
