@@ -16,8 +16,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from clusterctl.clock import utc
 from clusterctl.terminal_view import plain, plain_row
 from clusterctl.launcher.shared.runs import attempts_of, log_path
+from clusterctl.records.agent_summary import AgentSummary
 from clusterctl.records.node_step_times import NodeStepTimes
 from clusterctl.records.rank_map import JobRankMap, PlanSummary
 from clusterctl.records.run_journal import Created, RecoveredInAllocation, RunEnded, RunEvent, StragglerFound
@@ -101,13 +103,16 @@ class RunStatus:
     stragglers: tuple[StragglerFound, ...]
     step_times: NodeStepTimes | None
     """The latest job's per-node step times (None: none written)."""
+    agent: AgentSummary | None = None
+    """What the latest job's in-allocation agent last saw of its nodes (None: no agent, or none written)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "name": self.name, "state": self.state, "message": self.message,
                 "attempts": [a.to_json() for a in self.attempts],
                 "in_allocation": [recovery_status_json(r) for r in self.in_allocation],
                 "stragglers": [straggler_json(s) for s in self.stragglers],
-                "step_times": self.step_times.to_json() if self.step_times is not None else None}
+                "step_times": self.step_times.to_json() if self.step_times is not None else None,
+                "agent": self.agent.to_json() if self.agent is not None else None}
 
 
 def best_report(job_id: str, queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> JobReport | None:
@@ -137,7 +142,7 @@ def stragglers_of(events: Sequence[RunEvent]) -> tuple[StragglerFound, ...]:
 
 def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[str, JobRankMap],
                queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport],
-               step_times: NodeStepTimes | None = None) -> RunStatus:
+               step_times: NodeStepTimes | None = None, agent: AgentSummary | None = None) -> RunStatus:
     """The status of the run at `run_path` from its journal's `events`, the `rank_maps` its jobs wrote
     (by job id), Slurm's `queue` and `accounting`, and the latest job's per-node step times."""
     attempts: list[AttemptStatus] = []
@@ -162,7 +167,26 @@ def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[st
     return RunStatus(run=run_path, name=created.name if created else run_path.name, state=state,
                      message=ended[-1].message if ended else "", attempts=tuple(attempts),
                      in_allocation=tuple(e for e in events if isinstance(e, RecoveredInAllocation)),
-                     stragglers=stragglers_of(events), step_times=step_times)
+                     stragglers=stragglers_of(events), step_times=step_times, agent=agent)
+
+
+def agent_line(summary: AgentSummary) -> str:
+    """One line of what a job's agent last saw: who reports, how far the ranks got, who is silent."""
+    steps = ("no step reported yet" if summary.min_step is None else
+             f"step {summary.min_step}" if summary.min_step == summary.max_step else
+             f"steps {summary.min_step}-{summary.max_step}")
+    parts = [f"job {summary.job_id} agent ({summary.state}, {utc(summary.at)}): {summary.reporting}/{summary.nodes} "
+             f"nodes reporting, {steps}"]
+    for label, names in (("silent", summary.silent), ("stopped ranks", summary.stopped),
+                         ("healthd drains", summary.drained)):
+        if names:
+            parts.append(f"{label}: {' '.join(names)}")
+    refused = sum(summary.refused.values())
+    if refused:
+        parts.append(f"refused {refused} reports ({', '.join(f'{n} {k}' for k, n in sorted(summary.refused.items()))})")
+    if summary.message:
+        parts.append(summary.message)
+    return "; ".join(parts)
 
 
 def _seconds(value: float | None) -> str:
@@ -219,6 +243,8 @@ def status_renderables(status: RunStatus) -> Group:
         parts.append(plain(f"job {s.job_id}: straggler {s.node}: {s.ratio:.2f}x the job's compute time for "
                           f"{s.steps} steps from step {s.since_step}, {s.lost_s:.1f} s lost; {s.action}; "
                           f"GPUs: {hardware}" + (f"; {s.drain}" if s.drain else "")))
+    if status.agent is not None and status.state in ("RUNNING", "COMPLETING"):
+        parts.append(plain(agent_line(status.agent)))
     if status.step_times:
         parts.append(step_time_table(status.step_times))
     return Group(*parts)

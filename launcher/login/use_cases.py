@@ -23,6 +23,7 @@ from clusterctl.launcher.shared.runs import (
 from clusterctl.launcher.pure.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
 from clusterctl.launcher.login.status import RunStatus, run_status
 from clusterctl.launcher.login.submit import gather_facts, prepare, submit_attempt
+from clusterctl.records.agent_summary import read_agent_summary
 from clusterctl.records.node_step_times import read_node_step_times
 from clusterctl.records.run_journal import EventKind, RunEnded
 from clusterctl.records.versioned import RecordError
@@ -180,13 +181,18 @@ def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], Non
         except RecordError as exc:
             say(f"note: {exc}")
             rank_maps = {}
-        step_times = None
+        step_times, agent = None, None
         if attempts[run.path]:
+            job_dir = run.path / "jobs" / attempts[run.path][-1].job_id
             try:
-                step_times = read_node_step_times(run.path / "jobs" / attempts[run.path][-1].job_id)
+                step_times = read_node_step_times(job_dir)
             except RecordError as exc:
                 say(f"note: {exc}")
-        statuses.append(run_status(run.path, journals[run.path], rank_maps, queue, accounting, step_times))
+            try:
+                agent = read_agent_summary(job_dir)
+            except (RecordError, OSError) as exc:
+                say(f"note: {exc}")
+        statuses.append(run_status(run.path, journals[run.path], rank_maps, queue, accounting, step_times, agent))
     return statuses
 
 

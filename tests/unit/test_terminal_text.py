@@ -105,3 +105,14 @@ def test_healthd_status_shows_roots_text_as_written(tmp_path, node, detail, uuid
     assert result.exit_code == 3, result.output  # stale: no healthd runs as that pid; the state is shown all the same
     for text in (node, detail, uuid, alert):
         assert shown_as_written(text, result.output), (text, result.output)
+
+
+def test_clusterctl_status_of_a_running_job_with_an_agent_says_who_reports_and_who_is_silent():
+    from clusterctl.records.agent_summary import AgentSummary
+    events = [Submitted(at=100.0, attempt=1, job_id="7")]
+    queue = {"7": JobReport("7", "toy", "RUNNING", "None", "node[1-3]", None, None, 100.0, 110.0, 0.0)}
+    agent = AgentSummary("7", "0", 1795305600.0, 2.0, "watching", 3, 2, silent=("node3",), min_step=118,
+                         max_step=120, refused={"unsigned": 4})
+    output = rendered(status_renderables(run_status(Path("/runs/r"), events, {}, queue, {}, None, agent)))
+    assert "job 7 agent (watching, 2026-11-22T00:00:00Z)" in output
+    assert "2/3 nodes reporting, steps 118-120; silent: node3; refused 4 reports (4 unsigned)" in output
