@@ -1,0 +1,720 @@
+"""Benchmark the in-job signal path: node reports over UDP to the agent, against the old rank files and sinfo reads.
+
+    .venv/bin/python bench/signals_bench.py [--nodes 12500] [--trials 20] [--straggler-trials 5] \\
+        [--steady-trials 5] [--steady-seconds 40] [--json PATH]
+    .venv/bin/python bench/signals_bench.py --quick --json /tmp/signals-quick.json   # the smoke test's size
+
+What is REAL, in this (the measuring) process: the agent's ear, a `ReportInbox` bound on 127.0.0.1
+with a per-run random key, and a `SignalWatch` (the real `NodeSignals` judgement, `SignalPolicy.
+for_nodes(N)`), polled as the agent's `_watch` loop polls it: `poll()` then a STEP_POLL_SECONDS
+(0.2 s) sleep; once per heartbeat `records()` are fed to a real `StragglerWatch(StragglerPolicy())`
+and a real `HangWatch(HangPolicy())` (and the hang verdict is judged), and once per max(2 s,
+heartbeat) the agent summary is written with `write_agent_summary` into a temp dir, as the agent
+does.  Nothing asks Slurm: the single-node query the agent makes on a hint (a drained or silent
+node) and its sweep (`slurm_sweep_seconds`) are not run; their cost is given as derived figures.
+
+What is SIMULATED: the node reporters.  `--nodes` nodes x 8 ranks, split over `--senders` (1-2)
+processes, each sending real signed datagrams with `ReportSender` over loopback: every node one
+report per heartbeat (`heartbeat_seconds(N)`), the nodes' sends spread evenly over the heartbeat,
+and a report AT ONCE when its state changes (healthd's verdict, a rank's process stopped), as the
+real reporter does.  Every rank steps at 1 step per `--step-seconds` (default 1 s; steps start at
+100, a job well past its warm-up) computing 0.4 s a step (each node within +-2%).  Faults are
+passed from this process to the senders over a Pipe; their time is this process's time.time()
+(one host, one clock).  The reporter's own delay in noticing a change (its /proc scan, healthd's
+state file) is not simulated: the reporter is told at once.
+
+Measured:
+  (a) drain: healthd drains one node while its ranks run: its next report (sent at once) says
+      verdict `drain`; latency from the injection until `poll()` returns it in `signals.drained`
+      (the agent then asks Slurm once about that node before blaming: not included, see notes);
+  (b) frozen: one node's ranks stop (SIGSTOP-like): its reports say process `stopped` with
+      stopped_since = the injection; latency until `signals.frozen` names it (includes the
+      policy's stopped_grace, 1.0 s, by design);
+  (c) straggler: one node's compute per step becomes 1.5x (0.6 s against 0.4 s); latency until the
+      straggler watch, fed once per heartbeat, reports it in `.found` (fewer trials: each takes
+      2-4 heartbeats plus the watch's window of 30 steps);
+  steady state: per second, over --steady-trials windows of --steady-seconds: reports and bytes
+      received (the inbox's counters), this process's CPU (process_time / wall) and peak RSS
+      (ru_maxrss), agent summaries written (files on shared storage), datagrams dropped (sent -
+      received, and the socket's own drop counter from /proc/net/udp), poll() and per-heartbeat
+      feed durations;
+  OLD path, in the same run (after the senders stop): N x 8 rank progress files written with
+      `write_rank_progress` into a temp dir on local disk (--old-trials chunks: ms per write) and
+      read back with `read_progress` (--old-trials full reads); derived from the old code: files
+      rewritten per second (one per rank per second), the old per-node sinfo schedule
+      max(2, 0.25 x N) s (how late a drain whose ranks keep running was seen) and its RPCs per
+      second.
+
+Figures: median, p50 and p99 (nearest rank: with 20 trials p99 is the largest) and min-max over the
+trials.  A table on stdout, everything in --json; progress on stderr.  The default run at 12,500
+nodes takes about 12 minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import random
+import resource
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from stats import percentile  # noqa: E402
+
+from clusterctl.launcher.job.agent import STEP_POLL_SECONDS, SUMMARY_MIN_SECONDS  # noqa: E402
+from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender  # noqa: E402
+from clusterctl.launcher.job.signal_watch import SignalWatch  # noqa: E402
+from clusterctl.launcher.pure.hang_watch import HangPolicy, HangWatch  # noqa: E402
+from clusterctl.launcher.pure.node_signals import (  # noqa: E402
+    SMALL_STEP_NODES, SignalPolicy, Signals, heartbeat_seconds, slurm_sweep_seconds,
+)
+from clusterctl.launcher.pure.straggler_watch import StragglerPolicy, StragglerWatch  # noqa: E402
+from clusterctl.records.agent_summary import AgentSummary, write_agent_summary  # noqa: E402
+from clusterctl.records.node_report import NodeHealth, NodeReport, RankBeat  # noqa: E402
+from clusterctl.records.rank_progress import RankProgress, read_progress, write_rank_progress  # noqa: E402
+
+RANKS_PER_NODE = 8
+COMPUTE_S = 0.4
+SLOW_FACTOR = 1.5
+FIRST_STEP = 100
+JOB_ID = "4242"
+LAUNCH = "0"
+SINGLE_NODE_QUERY = "one `sinfo -n NODE` (REQUEST_NODE_INFO_SINGLE): 0.1-0.5 ms of controller time, ~0.01 s client wall"
+TABLE_READ = "one node-table read (REQUEST_NODE_INFO, 12,500 nodes): 34-70 ms of controller time, 15 MB"
+
+
+def say(message: str) -> None:
+    print(f"signals-bench {time.strftime('%H:%M:%S')}: {message}", file=sys.stderr, flush=True)
+
+
+def spread(values: list[float]) -> dict[str, Any]:
+    """Median, p50, p99 (nearest rank), min and max of finite values; `n` counts them all, `missed` the infinite."""
+    finite = [v for v in values if math.isfinite(v)]
+    out: dict[str, Any] = {"n": len(values), "missed": len(values) - len(finite)}
+    if finite:
+        out.update({"median": statistics.median(finite), "p50": percentile(finite, 0.5),
+                    "p99": percentile(finite, 0.99), "min": min(finite), "max": max(finite)})
+    return out
+
+
+def node_name(index: int) -> str:
+    return f"gpu{index + 1:05d}"
+
+
+# ---- the simulated reporters (sender processes) ------------------------------------------------------
+@dataclass
+class SimNode:
+    """One simulated node: its ranks step at the job's pace; what its reporter would send."""
+
+    name: str
+    index: int
+    offset: float
+    """Seconds into each heartbeat at which its periodic report goes out."""
+    speed: float
+    seq: int = 0
+    verdict: str = "ok"
+    state_at: float = 0.0
+    stopped_since: float = 0.0
+    """> 0: every rank's process is stopped since then (epoch s)."""
+    lag: float = 0.0
+    """Seconds the ranks spent stopped so far (they step again from where they stopped)."""
+    rate: float = COMPUTE_S
+    anchor_step: int = FIRST_STEP
+    anchor_compute: float = 0.0
+
+
+@dataclass(frozen=True)
+class SenderConfig:
+    key: bytes
+    port: int
+    nodes: int
+    heartbeat: float
+    step_seconds: float
+    t0: float
+
+
+def step_of(node: SimNode, cfg: SenderConfig, now: float) -> int:
+    t = node.stopped_since if node.stopped_since else now
+    return FIRST_STEP + max(0, int((t - cfg.t0 - node.lag) / cfg.step_seconds))
+
+
+def compute_of(node: SimNode, step: int) -> float:
+    return node.anchor_compute + node.rate * node.speed * (step - node.anchor_step)
+
+
+def set_rate(node: SimNode, cfg: SenderConfig, rate: float, now: float) -> None:
+    step = step_of(node, cfg, now)
+    node.anchor_compute, node.anchor_step, node.rate = compute_of(node, step), step, rate
+
+
+def build_report(node: SimNode, cfg: SenderConfig, now: float) -> NodeReport:
+    node.seq += 1
+    step = step_of(node, cfg, now)
+    step_at = cfg.t0 + node.lag + (step - FIRST_STEP) * cfg.step_seconds
+    frozen = node.stopped_since > 0
+    alive = node.stopped_since if frozen else now
+    compute = compute_of(node, step)
+    first = node.index * RANKS_PER_NODE
+    ranks = tuple(RankBeat(RankProgress(rank, node.name, step, "step", step_at, 20_000 + rank % RANKS_PER_NODE,
+                                        compute, step, alive),
+                           "stopped" if frozen else "running", node.stopped_since)
+                  for rank in range(first, first + RANKS_PER_NODE))
+    evidence = ("healthd: drained (bench: injected fault)",) if node.verdict == "drain" else ()
+    return NodeReport(JOB_ID, LAUNCH, node.name, node.seq, now, ranks,
+                      NodeHealth(node.verdict, evidence, node.state_at))
+
+
+def sender_main(cfg: SenderConfig, indexes: list[int], conn: Connection, sent: Any, failed: Any) -> None:
+    """One sender process: the reporters of `indexes`, each on its own heartbeat schedule; commands from `conn`."""
+    rng = random.Random(indexes[0] if indexes else 0)
+    nodes = {node_name(i): SimNode(node_name(i), i, i / cfg.nodes * cfg.heartbeat, rng.uniform(0.98, 1.02))
+             for i in indexes}
+    for node in nodes.values():
+        node.anchor_compute = FIRST_STEP * node.rate * node.speed
+        node.state_at = cfg.t0
+    order = sorted(nodes.values(), key=lambda n: n.offset)
+    sender = ReportSender(cfg.key, ("127.0.0.1", cfg.port))
+
+    def send(node: SimNode, now: float) -> None:
+        if sender.send(build_report(node, cfg, now)):
+            sent.value += 1
+        else:
+            failed.value += 1
+
+    cycle, at = 0, 0
+    while order:
+        due = cfg.t0 + cycle * cfg.heartbeat + order[at].offset
+        if conn.poll(max(0.0, due - time.time())):
+            command = conn.recv()
+            kind = command[0]
+            if kind == "stop":
+                break
+            node, t = nodes[command[1]], command[2]
+            if kind == "drain":
+                node.verdict, node.state_at = "drain", t
+            elif kind == "freeze":
+                node.stopped_since = t
+            elif kind == "slow":
+                set_rate(node, cfg, COMPUTE_S * SLOW_FACTOR, t)
+                continue  # a slower compute is no change the reporter sends at once: the next heartbeat carries it
+            elif kind == "restore":
+                now = time.time()
+                if node.stopped_since:
+                    node.lag += now - node.stopped_since
+                    node.stopped_since = 0.0
+                if node.verdict != "ok":
+                    node.verdict, node.state_at = "ok", now
+                if node.rate != COMPUTE_S:
+                    set_rate(node, cfg, COMPUTE_S, now)
+            send(node, time.time())  # a change: at once
+            continue
+        now = time.time()
+        while due <= now:
+            send(order[at], now)
+            at += 1
+            if at == len(order):
+                at, cycle = 0, cycle + 1
+            due = cfg.t0 + cycle * cfg.heartbeat + order[at].offset
+    sender.close()
+    conn.send(time.process_time())
+
+
+@dataclass
+class Senders:
+    procs: list[Any]
+    conns: list[Connection]
+    sent: list[Any]
+    failed: list[Any]
+    count: int
+    cpu_s: list[float] = field(default_factory=list)
+
+    def command(self, kind: str, node: int, at: float) -> None:
+        self.conns[node % self.count].send((kind, node_name(node), at))
+
+    def total_sent(self) -> int:
+        return sum(v.value for v in self.sent)
+
+    def total_failed(self) -> int:
+        return sum(v.value for v in self.failed)
+
+    def stop(self) -> None:
+        for conn in self.conns:
+            conn.send(("stop",))
+        for conn, proc in zip(self.conns, self.procs):
+            if conn.poll(10):
+                self.cpu_s.append(conn.recv())
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def start_senders(cfg: SenderConfig, count: int) -> Senders:
+    ctx = multiprocessing.get_context("fork")
+    procs, conns, sent, failed = [], [], [], []
+    for k in range(count):
+        mine, theirs = ctx.Pipe()
+        sent.append(ctx.Value("q", 0, lock=False))
+        failed.append(ctx.Value("q", 0, lock=False))
+        proc = ctx.Process(target=sender_main, args=(cfg, list(range(k, cfg.nodes, count)), theirs, sent[-1],
+                                                     failed[-1]), daemon=True, name=f"signals-bench-sender-{k}")
+        proc.start()
+        theirs.close()
+        procs.append(proc)
+        conns.append(mine)
+    return Senders(procs, conns, sent, failed, count)
+
+
+FEED_PARTS = ("records", "hang_observe", "straggler_observe", "hang_verdict")
+
+
+# ---- the agent's loop (real watches, no Slurm, no srun) ----------------------------------------------
+class Agent:
+    """The part of the agent's `_watch` loop that takes the reports: poll every STEP_POLL_SECONDS,
+    the hang and straggler watches fed once per heartbeat, the summary once per max(2 s, heartbeat)."""
+
+    def __init__(self, inbox: ReportInbox, nodes: list[str], policy: SignalPolicy, started_at: float,
+                 job_dir: Path) -> None:
+        self.inbox, self.job_dir, self.nodes = inbox, job_dir, nodes
+        self.watch = SignalWatch(inbox, JOB_ID, LAUNCH, nodes, policy, started_at)
+        self.heartbeat = policy.heartbeat
+        self.stragglers = StragglerWatch.start(StragglerPolicy(), started_at)
+        self.hangs = HangWatch.start(HangPolicy(), started_at,
+                                     {n * RANKS_PER_NODE + r: name for n, name in enumerate(nodes)
+                                      for r in range(RANKS_PER_NODE)})
+        self.next_judge = self.next_summary = time.monotonic()
+        self.signals = Signals()
+        self.found: list[tuple[float, str]] = []
+        self.hung_verdicts = 0
+        self.summaries = 0
+        self.poll_s: list[float] = []
+        self.feed_s: list[float] = []
+        self.feed_parts: dict[str, list[float]] = {part: [] for part in FEED_PARTS}
+        self.actions: list[tuple[float, Callable[[], None]]] = []
+
+    def tick(self) -> Signals:
+        started = time.perf_counter()
+        self.signals = self.watch.poll()
+        self.poll_s.append(time.perf_counter() - started)
+        now = time.monotonic()
+        if now >= self.next_summary:
+            self.next_summary = now + max(SUMMARY_MIN_SECONDS, self.heartbeat)
+            self._summarize()
+        if now >= self.next_judge:
+            self.next_judge = now + self.heartbeat
+            t = [time.perf_counter()]
+            records = self.watch.records()
+            t.append(time.perf_counter())
+            self.hangs = self.hangs.observe(records)
+            t.append(time.perf_counter())
+            self.stragglers = self.stragglers.observe(records)
+            self.found += [(time.time(), s.node) for s in self.stragglers.found]
+            t.append(time.perf_counter())
+            if self.hangs.latest and self.hangs.verdict(time.time()).hung:
+                self.hung_verdicts += 1
+            t.append(time.perf_counter())
+            self.feed_s.append(t[-1] - t[0])
+            for part, (a, b) in zip(FEED_PARTS, zip(t, t[1:])):
+                self.feed_parts[part].append(b - a)
+        return self.signals
+
+    def _summarize(self) -> None:
+        """As the agent's `_summarize`: one file rewritten per interval."""
+        watch, signals = self.watch, self.signals
+        steps = [r.step for r in watch.records()]
+        stopped = tuple(sorted({h.report.node for h in watch.signals.heard.values()
+                                for b in h.report.ranks if b.process in ("stopped", "gone")}))
+        write_agent_summary(self.job_dir, AgentSummary(
+            job_id=JOB_ID, launch=LAUNCH, at=time.time(), interval=max(SUMMARY_MIN_SECONDS, self.heartbeat),
+            state="watching", nodes=len(self.nodes), reporting=signals.reporting, silent=signals.silent,
+            stopped=stopped, drained=signals.drained, min_step=min(steps) if steps else None,
+            max_step=max(steps) if steps else None, refused=dict(self.inbox.refused)))
+        self.summaries += 1
+
+    def at(self, delay: float, action: Callable[[], None]) -> None:
+        """Run `action` `delay` s from now, during the loop's sleeps (the loop's cadence is kept)."""
+        self.actions.append((time.monotonic() + delay, action))
+        self.actions.sort(key=lambda a: a[0])
+
+    def sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while self.actions and self.actions[0][0] <= end:
+            when, action = self.actions.pop(0)
+            time.sleep(max(0.0, when - time.monotonic()))
+            action()
+        time.sleep(max(0.0, end - time.monotonic()))
+
+    def run(self, until: Callable[[Signals], bool], timeout: float) -> bool:
+        """Poll as the agent does until `until(signals)` (True) or `timeout` s (False)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if until(self.tick()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            self.sleep(STEP_POLL_SECONDS)
+
+
+# ---- the trials ------------------------------------------------------------------------------------
+def frozen_names(signals: Signals) -> set[str]:
+    return {s.node for s in signals.frozen.suspects} if signals.frozen is not None else set()
+
+
+def names_node(kind: str, name: str) -> Callable[[Signals], bool]:
+    """Whether the judgement names `name`: in `drained` (kind `drain`) or among the frozen."""
+    if kind == "drain":
+        return lambda s: name in s.drained
+    return lambda s: name in frozen_names(s)
+
+
+def negate(test: Callable[[Signals], bool]) -> Callable[[Signals], bool]:
+    return lambda s: not test(s)
+
+
+def found_since(agent: Agent, name: str, before: int) -> Callable[[Signals], bool]:
+    """Whether the straggler watch has found `name` since its `before`-th finding."""
+    return lambda _: any(n == name for _, n in agent.found[before:])
+
+
+def latency_trials(agent: Agent, senders: Senders, kind: str, trials: int, rng: random.Random, nodes: int,
+                   timeout: float, gap: tuple[float, float], overlaps: list[int]) -> list[float]:
+    """(a) `drain` or (b) `freeze`: inject on a random node, time until the judgement names it, restore.
+    `overlaps` gets, per trial, how many per-heartbeat feeds of the watches ran between injection and verdict."""
+    latencies: list[float] = []
+    used: set[int] = set()
+    for trial in range(trials):
+        index = rng.choice([i for i in range(nodes) if i not in used] or list(range(nodes)))
+        used.add(index)
+        name = node_name(index)
+        agent.run(lambda s: False, rng.uniform(*gap))  # a random while, then inject at a random point of a sleep
+        injected: list[float] = []
+
+        def inject(index: int = index, injected: list[float] = injected) -> None:
+            injected.append(time.time())
+            senders.command(kind, index, injected[0])
+
+        agent.at(rng.uniform(0.0, STEP_POLL_SECONDS), inject)
+        agent.sleep(STEP_POLL_SECONDS)
+        feeds = len(agent.feed_s)
+        named = names_node(kind, name)
+        seen = agent.run(named, timeout)
+        latency = time.time() - injected[0] if seen else math.inf
+        latencies.append(latency)
+        fed = len(agent.feed_s) - feeds
+        overlaps.append(fed)
+        say(f"{kind} trial {trial + 1}/{trials}: {name} seen after {latency:.3f} s"
+            + (f" (the per-heartbeat feed of the watches ran meanwhile: {agent.feed_s[-1]:.2f} s)" if fed else ""))
+        senders.command("restore", index, time.time())
+        agent.run(negate(named), timeout)
+    return latencies
+
+
+def straggler_trials(agent: Agent, senders: Senders, trials: int, rng: random.Random, nodes: int,
+                     timeout: float) -> list[float]:
+    """(c): one node computes 1.5x from a random moment; time until the straggler watch finds it."""
+    latencies: list[float] = []
+    used: set[int] = set()
+    for trial in range(trials):
+        index = rng.choice([i for i in range(nodes) if i not in used] or list(range(nodes)))
+        used.add(index)
+        name = node_name(index)
+        agent.run(lambda s: False, rng.uniform(0.0, agent.heartbeat))
+        injected = time.time()
+        senders.command("slow", index, injected)
+        before = len(agent.found)
+        seen = agent.run(found_since(agent, name, before), timeout)
+        latency = next((at for at, n in agent.found[before:] if n == name), math.inf) - injected if seen else math.inf
+        latencies.append(latency)
+        others = sorted({n for _, n in agent.found[before:] if n != name})
+        say(f"straggler trial {trial + 1}/{trials}: {name} found after {latency:.1f} s"
+            + (f"; also flagged: {', '.join(others)}" if others else ""))
+        senders.command("restore", index, time.time())
+    return latencies
+
+
+def socket_drops(port: int) -> int | None:
+    """The kernel's drop counter of the inbox's socket (/proc/net/udp, last column), None if not found."""
+    try:
+        lines = Path("/proc/net/udp").read_text().splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        if len(parts) >= 13 and parts[1].endswith(f":{port:04X}"):
+            return int(parts[-1])
+    return None
+
+
+def steady_state(agent: Agent, senders: Senders, trials: int, seconds: float) -> dict[str, Any]:
+    windows = []
+    for trial in range(trials):
+        inbox = agent.inbox
+        before = (time.monotonic(), time.process_time(), inbox.received, inbox.received_bytes, agent.summaries,
+                  senders.total_sent(), len(agent.poll_s), len(agent.feed_s), agent.watch.signals.ignored)
+        agent.run(lambda s: False, seconds)
+        after = (time.monotonic(), time.process_time(), inbox.received, inbox.received_bytes, agent.summaries,
+                 senders.total_sent(), len(agent.poll_s), len(agent.feed_s), agent.watch.signals.ignored)
+        wall = after[0] - before[0]
+        window = {"seconds": wall, "cpu_share": (after[1] - before[1]) / wall,
+                  "reports_per_s": (after[2] - before[2]) / wall, "bytes_per_s": (after[3] - before[3]) / wall,
+                  "summary_files_per_s": (after[4] - before[4]) / wall,
+                  "sent_minus_received": (after[5] - before[5]) - (after[2] - before[2]),
+                  "polls": after[6] - before[6], "feeds": after[7] - before[7],
+                  "reporting": agent.signals.reporting, "silent": len(agent.signals.silent),
+                  "channel_silent": agent.signals.channel_silent, "ignored": after[8] - before[8]}
+        windows.append(window)
+        say(f"steady window {trial + 1}/{trials}: {window['reports_per_s']:.0f} reports/s, "
+            f"{window['bytes_per_s'] / 1e6:.2f} MB/s, CPU {100 * window['cpu_share']:.1f}% of a core, "
+            f"{window['reporting']} nodes reporting, sent-received {window['sent_minus_received']}")
+    return {"windows": windows, **{key: spread([w[key] for w in windows]) for key in
+                                   ("cpu_share", "reports_per_s", "bytes_per_s", "summary_files_per_s")}}
+
+
+# ---- the old path ---------------------------------------------------------------------------------
+def old_path(nodes: int, trials: int, directory: str | None) -> dict[str, Any]:
+    """Today's file channel on local disk, and the old per-node sinfo schedule (derived)."""
+    ranks = nodes * RANKS_PER_NODE
+    job_dir = Path(tempfile.mkdtemp(prefix="signals-bench-old-", dir=directory))
+    try:
+        now = time.time()
+        chunk = math.ceil(ranks / trials)
+        write_ms = []
+        for trial in range(trials):
+            first, last = trial * chunk, min(ranks, (trial + 1) * chunk)
+            if first >= last:
+                break
+            started = time.perf_counter()
+            for rank in range(first, last):
+                write_rank_progress(job_dir, RankProgress(rank, node_name(rank // RANKS_PER_NODE), 1000, "step", now,
+                                                          20_000 + rank % RANKS_PER_NODE, 400.0, 1000, now))
+            write_ms.append((time.perf_counter() - started) / (last - first) * 1e3)
+            say(f"old path: wrote ranks {first}-{last - 1}: {write_ms[-1]:.3f} ms per file")
+        read_s = []
+        for _ in range(trials):
+            started = time.perf_counter()
+            records, problems = read_progress(job_dir, time.time())
+            read_s.append(time.perf_counter() - started)
+            if len(records) != ranks or problems:
+                raise SystemExit(f"old path: read {len(records)} of {ranks} records, problems {problems[:3]}")
+            say(f"old path: read {ranks} progress files: {read_s[-1]:.2f} s")
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+    interval = max(2.0, 0.25 * nodes)  # node_read_interval, launcher/pure/classify.py before e9b4fa4
+    return {"files": ranks, "disk": str(Path(directory or tempfile.gettempdir())),
+            "write_ms_per_file": spread(write_ms), "read_s_per_full_read": spread(read_s),
+            "derived": {"files_rewritten_per_s": ranks / 1.0, "metadata_ops_per_s": 4 * ranks / 1.0,
+                        "write_busy_s_per_s": ranks * statistics.median(write_ms) / 1e3,
+                        "node_read_interval_s": interval, "drain_seen_late_worst_s": interval,
+                        "slurm_rpcs_per_s": nodes / interval, "sinfo_subprocesses_per_read": nodes}}
+
+
+# ---- output ---------------------------------------------------------------------------------------
+def fmt(stats: dict[str, Any], scale: float = 1.0, digits: int = 3) -> str:
+    if "median" not in stats:
+        return f"not seen ({stats.get('missed', 0)} of {stats.get('n', 0)} missed)"
+    missed = f"; {stats['missed']} missed" if stats.get("missed") else ""
+    return (f"median {stats['median'] * scale:.{digits}f} (p50 {stats['p50'] * scale:.{digits}f}, "
+            f"p99 {stats['p99'] * scale:.{digits}f}, min-max {stats['min'] * scale:.{digits}f}-"
+            f"{stats['max'] * scale:.{digits}f}; n={stats['n']}{missed})")
+
+
+def table(result: dict[str, Any]) -> str:
+    lat, steady, dg, old, new = (result["latency_s"], result["steady"], result["datagrams"], result["old"],
+                                 result["new_derived"])
+    c = lat["c_straggler"]
+    parts = ", ".join(f"{part} {v.get('median', 0):.0f}" for part, v in result["agent"]["feed_ms_by_part"].items())
+    fed = {k: sum(1 for n in v if n) for k, v in lat["feeds_during_trial"].items()}
+    interval = old["derived"]["node_read_interval_s"]
+    rows = [
+        f"# signals_bench: {result['nodes']:,} nodes x {RANKS_PER_NODE} ranks, heartbeat {result['heartbeat_s']:g} s, "
+        f"{result['senders']} sender processes, step every {result['step_seconds']:g} s",
+        "",
+        "| figure | new: node reports (measured unless marked) | old: rank files + per-node sinfo |",
+        "|---|---|---|",
+        f"| (a) healthd drains a node, ranks running: s to the agent's verdict | {fmt(lat['a_drain'])} "
+        f"+ one single-node Slurm query (not run) | up to {old['derived']['node_read_interval_s']:,.0f} s "
+        f"(derived: the per-node sinfo schedule) |",
+        f"| (b) a node's ranks frozen: s to `signals.frozen` (incl. {result['policy']['stopped_grace']:g} s grace) | "
+        f"{fmt(lat['b_frozen'])} | the hang watch's step timeout (≥ 30 s), then the next file read: up to "
+        f"{interval:,.0f} s + 30 s (derived) |",
+        f"| (c) one node 1.5x slower: s to the straggler watch's finding | {fmt(c['latency'], digits=1)}; window "
+        f"{c['window_steps']} steps = {c['window_s']:g} s, fed every {result['heartbeat_s']:g} s: bound "
+        f"{c['bound_s']:g} s | same watch fed by the file read every {interval:,.0f} s: 2-3 reads, up to "
+        f"{3 * interval:,.0f} s (derived) |",
+        f"| Slurm RPCs per second | 0 from reports; sweep {new['sweep_table_reads_per_s']:.4f} table reads/s "
+        f"(derived, 1/{new['sweep_seconds']:g} s) | {old['derived']['slurm_rpcs_per_s']:.1f} single-node reads/s "
+        f"(derived; {old['derived']['sinfo_subprocesses_per_read']:,} sinfo processes per read) |",
+        f"| files written on shared storage per second | {fmt(steady['summary_files_per_s'])} (the agent summary; "
+        f"derived {new['summary_files_per_s']:.3f}) | {old['derived']['files_rewritten_per_s']:,.0f} "
+        f"(derived: one per rank per s; ~{old['derived']['metadata_ops_per_s']:,.0f} metadata ops/s) |",
+        f"| bytes received per second (MB/s) | {fmt(steady['bytes_per_s'], 1e-6)} | - |",
+        f"| reports received per second | {fmt(steady['reports_per_s'], digits=0)} | - |",
+        f"| agent CPU, share of one core | {fmt(steady['cpu_share'], 100, 1)} % | read of {old['files']:,} files: "
+        f"{fmt(old['read_s_per_full_read'], digits=2)} s each |",
+        f"| agent peak RSS | {result['peak_rss_mb']:.0f} MB | - |",
+        f"| one rank file write (local disk) | - | {fmt(old['write_ms_per_file'])} ms |",
+        f"| datagrams: sent / received / dropped | {dg['sent']:,} / {dg['received']:,} / {dg['dropped']:,} "
+        f"(socket drop counter {dg['socket_drops']}; refused {dg['refused']}; send failures {dg['send_failed']}) | - |",
+        f"| poll() (ms) | {fmt(result['agent']['poll_ms'], digits=2)} | - |",
+        f"| per-heartbeat feed of the hang + straggler watches (ms) | {fmt(result['agent']['feed_ms'], digits=0)}; "
+        f"by part (median ms): {parts} | - |",
+        f"| (a)/(b) trials during which that feed ran | {fed['a_drain']} of {len(lat['values']['a_drain'])} / "
+        f"{fed['b_frozen']} of {len(lat['values']['b_frozen'])} | - |",
+    ]
+    return "\n".join(rows + ["", *(f"- {note}" for note in result["notes"])])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--nodes", type=int, default=12_500)
+    p.add_argument("--trials", type=int, default=20, help="trials of (a) and (b)")
+    p.add_argument("--straggler-trials", type=int, default=5, help="trials of (c): each takes 2-4 heartbeats + 30 steps")
+    p.add_argument("--steady-trials", type=int, default=5)
+    p.add_argument("--steady-seconds", type=float, default=40.0, help="length of each steady-state window")
+    p.add_argument("--old-trials", type=int, default=5, help="chunks of the old files' writes, and full reads")
+    p.add_argument("--senders", type=int, default=2, choices=(1, 2))
+    p.add_argument("--step-seconds", type=float, default=1.0, help="the simulated job's step time")
+    p.add_argument("--old-dir", help="where the old path's rank files go (default: the temp dir; local disk)")
+    p.add_argument("--seed", type=int, default=23)
+    p.add_argument("--json", help="write every figure here")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes for the smoke test: 50 nodes, 2 trials, 1 s steady windows, 0.05 s steps")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.nodes, args.trials, args.straggler_trials = 50, 2, 1
+        args.steady_trials, args.steady_seconds, args.old_trials, args.step_seconds = 2, 1.0, 2, 0.05
+    if args.nodes < 4 or args.trials < 1 or args.steady_trials < 1 or args.old_trials < 1 or args.step_seconds <= 0:
+        p.error("need at least 4 nodes, 1 trial of each kind and a positive step time")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.monotonic()
+    rng = random.Random(args.seed)
+    nodes = [node_name(i) for i in range(args.nodes)]
+    policy = SignalPolicy.for_nodes(args.nodes)
+    heartbeat = heartbeat_seconds(args.nodes)
+    key = os.urandom(32)
+    inbox = ReportInbox(key, host="127.0.0.1")
+    rcvbuf = inbox.sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    job_dir = Path(tempfile.mkdtemp(prefix="signals-bench-job-"))
+    t0 = time.time()
+    say(f"{args.nodes:,} nodes x {RANKS_PER_NODE} ranks, heartbeat {heartbeat:g} s, inbox 127.0.0.1:{inbox.port} "
+        f"(receive buffer {rcvbuf:,} bytes), {args.senders} sender processes")
+    senders = start_senders(SenderConfig(key, inbox.port, args.nodes, heartbeat, args.step_seconds, t0), args.senders)
+    agent = Agent(inbox, nodes, policy, t0 - 1.0, job_dir)
+    try:
+        all_in = agent.run(lambda s: s.reporting == args.nodes, heartbeat * 3 + 10)
+        startup_s = time.time() - t0
+        say(f"start-up: {agent.signals.reporting:,} of {args.nodes:,} nodes reporting after {startup_s:.1f} s")
+        if not all_in:
+            raise SystemExit("not every node reported within three heartbeats: the channel is not working")
+        timeout = max(10.0, 3 * heartbeat)
+        gap = (0.2, 0.5) if args.quick else (1.0, 2.0)
+        drain_fed: list[int] = []
+        frozen_fed: list[int] = []
+        say(f"(a) healthd drains a node: {args.trials} trials")
+        drain = latency_trials(agent, senders, "drain", args.trials, rng, args.nodes, timeout, gap, drain_fed)
+        say(f"(b) a node's ranks frozen: {args.trials} trials")
+        frozen = latency_trials(agent, senders, "freeze", args.trials, rng, args.nodes, timeout, gap, frozen_fed)
+        say(f"steady state: {args.steady_trials} windows of {args.steady_seconds:g} s")
+        steady = steady_state(agent, senders, args.steady_trials, args.steady_seconds)
+        peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        sp = StragglerPolicy()
+        window_s = sp.window_steps * args.step_seconds
+        steps_per_feed = heartbeat / args.step_seconds
+        # The slow node's next report (<= 1 heartbeat), the feed after it (<= 1), a first slow read whose
+        # steps do not count (<= 1 more when the onset's read was mixed), then window_steps in whole feeds.
+        bound_s = heartbeat * (3 + math.ceil(sp.window_steps / max(1.0, steps_per_feed)))
+        say(f"(c) one node 1.5x slower: {args.straggler_trials} trials (bound {bound_s:g} s each)")
+        strag = straggler_trials(agent, senders, args.straggler_trials, rng, args.nodes, bound_s + 2 * heartbeat + 10)
+        hung = agent.hung_verdicts
+        before_stop = senders.total_sent()
+        senders.stop()
+        time.sleep(0.5)
+        agent.tick()
+        drops = socket_drops(inbox.port)
+        sent, received = senders.total_sent(), inbox.received
+        say(f"senders stopped: {sent:,} sent ({before_stop:,} before stop), {received:,} received, "
+            f"socket drops {drops}")
+    finally:
+        if senders.procs and any(p.is_alive() for p in senders.procs):
+            senders.stop()
+        inbox.close()
+        shutil.rmtree(job_dir, ignore_errors=True)
+    say(f"old path: {args.nodes * RANKS_PER_NODE:,} rank files, {args.old_trials} trials")
+    old = old_path(args.nodes, args.old_trials, args.old_dir)
+    sweep = slurm_sweep_seconds(args.nodes)
+    result: dict[str, Any] = {
+        "nodes": args.nodes, "ranks": args.nodes * RANKS_PER_NODE, "heartbeat_s": heartbeat,
+        "senders": args.senders, "step_seconds": args.step_seconds, "seed": args.seed,
+        "policy": {"heartbeat": policy.heartbeat, "silent_after": policy.silent_after,
+                   "startup_grace": policy.startup_grace, "stopped_grace": policy.stopped_grace,
+                   "poll_seconds": STEP_POLL_SECONDS},
+        "startup_s_all_reporting": startup_s,
+        "latency_s": {
+            "a_drain": spread(drain), "b_frozen": spread(frozen),
+            "c_straggler": {"latency": spread(strag), "window_steps": sp.window_steps, "window_s": window_s,
+                            "margin": sp.margin, "bound_s": bound_s, "steps_per_feed": steps_per_feed},
+            "values": {"a_drain": drain, "b_frozen": frozen, "c_straggler": strag},
+            "feeds_during_trial": {"a_drain": drain_fed, "b_frozen": frozen_fed}},
+        "steady": steady,
+        "peak_rss_mb": peak_rss_mb,
+        "datagrams": {"sent": sent, "received": received, "dropped": sent - received, "socket_drops": drops,
+                      "refused": sum(inbox.refused.values()), "send_failed": senders.total_failed(),
+                      "receive_buffer_bytes": rcvbuf},
+        "agent": {"poll_ms": spread([s * 1e3 for s in agent.poll_s]),
+                  "feed_ms": spread([s * 1e3 for s in agent.feed_s]),
+                  "feed_ms_by_part": {part: spread([s * 1e3 for s in v]) for part, v in agent.feed_parts.items()},
+                  "feed_cpu_share_derived": (statistics.median(agent.feed_s) / heartbeat) if agent.feed_s else 0.0,
+                  "hang_verdicts_hung": hung,
+                  "ignored_reports": agent.watch.signals.ignored, "sender_cpu_s": senders.cpu_s},
+        "new_derived": {"slurm_rpcs_per_s_from_reports": 0, "sweep_seconds": sweep,
+                        "sweep_table_reads_per_s": 1 / sweep if args.nodes > SMALL_STEP_NODES else 0.0,
+                        "sweep_single_node_queries_per_s": args.nodes / sweep if args.nodes <= SMALL_STEP_NODES
+                        else 0.0,
+                        "summary_files_per_s": 1 / max(SUMMARY_MIN_SECONDS, heartbeat)},
+        "old": old,
+        "notes": [
+            f"(a) stops when poll() names the node; the agent then makes {SINGLE_NODE_QUERY} "
+            "(shared/notes/fleet-scale.md, slurm/nodes.py) before it blames: not included.",
+            "The reporter is told of a change at once: its own delay (its /proc scan, healthd's state file) is not in "
+            "(a) or (b).",
+            f"The sweep for what no report carries is {TABLE_READ} per {sweep:g} s (derived, not run).",
+            f"(c) ran {args.straggler_trials} trials (not {args.trials}): each takes the watch's window "
+            f"({sp.window_steps} steps = {window_s:g} s) plus 2-4 heartbeat feeds.",
+            "p99 is by nearest rank: with 20 trials it is the largest value.",
+            f"Old path's files are on {old['disk']} (local disk), not shared storage: on NFS/Lustre each "
+            "open/rename is a network round trip; the old agent's sinfo schedule and RPCs are derived from its "
+            "formula max(2, 0.25 x nodes) s, not run.",
+            "Steady windows include every heartbeat's feed of the hang and straggler watches and the summary writes.",
+            "The agent's loop is single-threaded (as agent._watch): while the per-heartbeat feed of the hang and "
+            "straggler watches runs, no poll() runs, so a fault injected then waits for the feed to end.",
+        ],
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    text = table(result)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        say(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
