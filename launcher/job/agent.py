@@ -1,15 +1,18 @@
-"""Recovery inside the allocation: the agent a job with spares runs instead of one srun step.
+"""The in-job agent: runs a job's ranks as srun steps, hears its nodes, and recovers inside the allocation.
 
-`python -m clusterctl.launcher.job agent` (sbatch_templates/srun_in_allocation.sbatch, a job
-submitted with --no-kill) plans the rank map over the allocation's healthy nodes, runs every rank
-as one srun step, and watches the step's nodes as the supervisor would (clusterctl.launcher.
-classify.hardware_suspects: drained by healthd, DOWN, silent past restart.unresponsive_seconds).
+`python -m clusterctl.launcher.job agent` (sbatch_templates/srun.sbatch: every job of launch style
+srun; one with spares is submitted with --no-kill) plans the rank map over the allocation's
+healthy nodes, runs every rank as one srun step, and hears each node's reporter (see
+docs/architecture.md, "In-job signals"): frozen ranks, healthd's drains, hangs and stragglers, and
+asks Slurm only about a node a report points at (clusterctl.launcher.classify.hardware_suspects:
+drained by healthd, DOWN, silent past restart.unresponsive_seconds) plus a budgeted sweep.
 When a node fails it ends the step at once (ranks of the other nodes may hang in a collective
-behind the dead one), gives the failed node back to Slurm (`scontrol update JobId= NodeList=`: the
-admins see it drained, not held by a job), plans again over the remaining nodes (a spare takes the
-failed node's place where the map costs least; tensor-parallel groups stay inside a node) and
-starts a new step from the last complete checkpoint, without going through the queue.  Each such
-restart is a `recovered-in-allocation` event in the run's journal, with its evidence and timings.
+behind the dead one).  With a spare it gives the failed node back to Slurm (`scontrol update
+JobId= NodeList=`: the admins see it drained, not held by a job), plans again over the remaining
+nodes (a spare takes the failed node's place where the map costs least; tensor-parallel groups
+stay inside a node) and starts a new step from the last complete checkpoint, without going
+through the queue.  Each such restart is a `recovered-in-allocation` event in the run's journal,
+with its evidence and timings.
 
 What follows a step is not decided here: the agent gathers what happened (the step's exit code,
 the nodes that failed under it, hung ranks, what the program asked for with its exit code, the last
@@ -406,7 +409,7 @@ class Agent:
         self.launches = 0
         launched = self._launch(self.job_dir, in_use, resume_from)
         while True:
-            watched = self._watch(launched, len(in_use) - self.spec.job.nodes)
+            watched = self._watch(launched, len(in_use) - self._needed(in_use))
             self.straggler_actions.step_ended(watched.lost_s)
             code, suspects, seen = watched.exit_code, watched.suspects, watched.seen
             if code is None:
@@ -427,7 +430,7 @@ class Agent:
             checkpoint = self._checkpoint() if outcome.kind != OutcomeKind.COMPLETED else None
             self.budget = self._budget(self.budget)
             decision = judge(Happened(outcome, checkpoint.step if checkpoint else None,
-                                      Allocation(in_use, self.spec.job.nodes, self.batch_host, hang_restarts),
+                                      Allocation(in_use, self._needed(in_use), self.batch_host, hang_restarts),
                                       hung=watched.hang is not None), self.budget, self.spec.restart)
             self.doors.say(decision.message)
             if not decision.act.in_allocation:
@@ -439,6 +442,11 @@ class Agent:
             resume_from = checkpoint.path if checkpoint else resume_from
             self.budget = decision.budget
             in_use = decision.nodes
+
+    def _needed(self, in_use: Sequence[str]) -> int:
+        """Nodes the job needs of `in_use`: all of them unless it recovers inside the allocation (a job
+        without spares, or one whose spec asks for recovery by resubmission, swaps nothing)."""
+        return self.spec.job.nodes if self.spec.recovers_in_allocation else len(in_use)
 
     def _budget(self, counted: RestartBudget) -> RestartBudget:
         """The run's restart budget as its journal says (`counted`, what this agent last knew, when the

@@ -32,7 +32,7 @@ def load_template(spec: JobSpec) -> Template:
         except UnicodeDecodeError as exc:
             raise SpecError(f"the template is not UTF-8 text (byte {exc.start + 1}); an sbatch template is a "
                             "bash script", path=spec.launch.template) from None
-    return builtin_template("srun_in_allocation" if spec.recovers_in_allocation else spec.launch.style)
+    return builtin_template(spec.launch.style)
 
 
 def gather_facts(slurm: Slurm, spec: JobSpec) -> tuple[SlurmFacts, list[str]]:

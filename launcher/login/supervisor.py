@@ -59,7 +59,7 @@ LOG_TAIL_BYTES = 64 * 1024
 SINGLE_NODE_READS = 32  # a job on more nodes reads the (shared) node table once instead of each node alone
 AGENT_GRACE_SECONDS = 60.0
 """With spares, how long a failed node may stay in a running job before the supervisor (not the job's agent) ends it."""
-NO_SWAP = ("the job has no in-allocation agent to swap nodes (spare_nodes with launch style srun and "
+NO_SWAP = ("the job has no in-job agent to swap nodes (launch style srun with spare_nodes and "
            "restart.recover = in-allocation)")
 """Why a straggler the supervisor finds is excluded rather than swapped."""
 CHANGING_STATES = frozenset({"CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"})
@@ -383,7 +383,7 @@ class Supervisor:
                 suspects = self._left_to_the_agent(suspects, now) + self._agent_gone(attempt, report, nodes)
             if suspects:
                 self._end_attempt(attempt, suspects)
-            elif not self.spec.recovers_in_allocation and self.spec.stragglers.action != "off":
+            elif not self.spec.runs_agent and self.spec.stragglers.action != "off":
                 self._watch_stragglers(attempt, len(nodes))
         self._show(attempt, state, report)
         seen = (attempt.job_id, report.state if report else None, report.nodes if report else None)
@@ -424,7 +424,7 @@ class Supervisor:
         """The job's in-allocation agent wrote its summary for this job recently (its reports and its
         own Slurm queries then cover every node); False without an agent, before its first summary,
         or once the summary is stale (the agent is gone or stuck: the supervisor looks itself)."""
-        if not self.spec.recovers_in_allocation or attempt.job_id is None:
+        if not self.spec.runs_agent or attempt.job_id is None:
             return False
         try:
             summary = read_agent_summary(self.run.path / "jobs" / attempt.job_id)

@@ -277,6 +277,12 @@ class JobSpec:
         return self.job.nodes * self.job.gpus_per_node
 
     @property
+    def runs_agent(self) -> bool:
+        """The job script runs clusterctl's in-job agent (the built-in srun template): it hears the nodes'
+        reports, and the supervisor reads its summary instead of the ranks' progress files."""
+        return self.launch.style == "srun" and not self.launch.template
+
+    @property
     def recovers_in_allocation(self) -> bool:
         """Node failures are recovered inside the allocation, on spares (srun style with spares only)."""
         return self.job.spare_nodes > 0 and self.launch.style == "srun" and self.restart.recover == "in-allocation"

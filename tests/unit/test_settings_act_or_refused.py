@@ -73,8 +73,13 @@ def test_checkpoint_dir_placeholder_without_a_checkpoint_dir_is_refused():
 def test_checkpoint_dir_placeholder_with_a_checkpoint_dir_is_filled():
     spec = parse_spec(SPEC.replace('"train.py"]', '"train.py", "--save={checkpoint_dir}"]')
                       + '[checkpoint]\ndir = "{run_dir}/ck"\n', "job.toml", base_dir=Path("/base"))
-    script = prepare(spec, load_template(spec), SlurmFacts(), run_dir="/runs/r", python="p").script
-    assert "--save=/runs/r/ck" in script
+    from dataclasses import replace
+
+    from clusterctl.launcher.pure.render import launch_command
+    assert "--save=/runs/r/ck" in launch_command(spec, "/runs/r", None)  # what the agent starts each rank with
+    torchrun = replace(spec, launch=replace(spec.launch, style="torchrun"))
+    assert "--save=/runs/r/ck" in prepare(torchrun, load_template(torchrun), SlurmFacts(), run_dir="/runs/r",
+                                          python="p").script
 
 
 # ---- spec --markdown SPEC -----------------------------------------------------------------------
