@@ -8,7 +8,8 @@ What is REAL, in this (the measuring) process: the agent's ear, a `ReportInbox` 
 with a per-run random key, and a `SignalWatch` (the real `NodeSignals` judgement, `SignalPolicy.
 for_nodes(N)`), polled as the agent's `_watch` loop polls it: `poll()` then a STEP_POLL_SECONDS
 (0.2 s) sleep; once per heartbeat `records()` are fed to a real `StragglerWatch(StragglerPolicy())`
-and a real `HangWatch(HangPolicy())` (and the hang verdict is judged), and once per max(2 s,
+(with --hang-watch also to a real `HangWatch(HangPolicy())`, and its verdict judged, as agent._watch
+does: off by default, see bench/README.md), and once per max(2 s,
 heartbeat) the agent summary is written with `write_agent_summary` into a temp dir, as the agent
 does.  Nothing asks Slurm: the single-node query the agent makes on a hint (a drained or silent
 node) and its sweep (`slurm_sweep_seconds`) are not run; their cost is given as derived figures.
@@ -288,7 +289,7 @@ class Agent:
     the hang and straggler watches fed once per heartbeat, the summary once per max(2 s, heartbeat)."""
 
     def __init__(self, inbox: ReportInbox, nodes: list[str], policy: SignalPolicy, started_at: float,
-                 job_dir: Path) -> None:
+                 job_dir: Path, hang_watch: bool) -> None:
         self.inbox, self.job_dir, self.nodes = inbox, job_dir, nodes
         self.watch = SignalWatch(inbox, JOB_ID, LAUNCH, nodes, policy, started_at)
         self.heartbeat = policy.heartbeat
@@ -296,6 +297,7 @@ class Agent:
         self.hangs = HangWatch.start(HangPolicy(), started_at,
                                      {n * RANKS_PER_NODE + r: name for n, name in enumerate(nodes)
                                       for r in range(RANKS_PER_NODE)})
+        self.hang_watch = hang_watch
         self.next_judge = self.next_summary = time.monotonic()
         self.signals = Signals()
         self.found: list[tuple[float, str]] = []
@@ -319,12 +321,13 @@ class Agent:
             t = [time.perf_counter()]
             records = self.watch.records()
             t.append(time.perf_counter())
-            self.hangs = self.hangs.observe(records)
+            if self.hang_watch:
+                self.hangs = self.hangs.observe(records)
             t.append(time.perf_counter())
             self.stragglers = self.stragglers.observe(records)
             self.found += [(time.time(), s.node) for s in self.stragglers.found]
             t.append(time.perf_counter())
-            if self.hangs.latest and self.hangs.verdict(time.time()).hung:
+            if self.hang_watch and self.hangs.latest and self.hangs.verdict(time.time()).hung:
                 self.hung_verdicts += 1
             t.append(time.perf_counter())
             self.feed_s.append(t[-1] - t[0])
@@ -570,7 +573,7 @@ def table(result: dict[str, Any]) -> str:
         f"| datagrams: sent / received / dropped | {dg['sent']:,} / {dg['received']:,} / {dg['dropped']:,} "
         f"(socket drop counter {dg['socket_drops']}; refused {dg['refused']}; send failures {dg['send_failed']}) | - |",
         f"| poll() (ms) | {fmt(result['agent']['poll_ms'], digits=2)} | - |",
-        f"| per-heartbeat feed of the hang + straggler watches (ms) | {fmt(result['agent']['feed_ms'], digits=0)}; "
+        f"| per-heartbeat feed of the watches (ms) | {fmt(result['agent']['feed_ms'], digits=0)}; "
         f"by part (median ms): {parts} | - |",
         f"| (a)/(b) trials during which that feed ran | {fed['a_drain']} of {len(lat['values']['a_drain'])} / "
         f"{fed['b_frozen']} of {len(lat['values']['b_frozen'])} | - |",
@@ -590,6 +593,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step-seconds", type=float, default=1.0, help="the simulated job's step time")
     p.add_argument("--old-dir", help="where the old path's rank files go (default: the temp dir; local disk)")
     p.add_argument("--seed", type=int, default=23)
+    p.add_argument("--hang-watch", action="store_true",
+                   help="also feed the hang watch (observe + verdict) each heartbeat, as agent._watch does; off by "
+                        "default: at 12,500 nodes its verdict is quadratic once some ranks look overdue (see README)")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes for the smoke test: 50 nodes, 2 trials, 1 s steady windows, 0.05 s steps")
@@ -617,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{args.nodes:,} nodes x {RANKS_PER_NODE} ranks, heartbeat {heartbeat:g} s, inbox 127.0.0.1:{inbox.port} "
         f"(receive buffer {rcvbuf:,} bytes), {args.senders} sender processes")
     senders = start_senders(SenderConfig(key, inbox.port, args.nodes, heartbeat, args.step_seconds, t0), args.senders)
-    agent = Agent(inbox, nodes, policy, t0 - 1.0, job_dir)
+    agent = Agent(inbox, nodes, policy, t0 - 1.0, job_dir, args.hang_watch)
     try:
         all_in = agent.run(lambda s: s.reporting == args.nodes, heartbeat * 3 + 10)
         startup_s = time.time() - t0
@@ -662,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = slurm_sweep_seconds(args.nodes)
     result: dict[str, Any] = {
         "nodes": args.nodes, "ranks": args.nodes * RANKS_PER_NODE, "heartbeat_s": heartbeat,
-        "senders": args.senders, "step_seconds": args.step_seconds, "seed": args.seed,
+        "senders": args.senders, "step_seconds": args.step_seconds, "seed": args.seed, "hang_watch": args.hang_watch,
         "policy": {"heartbeat": policy.heartbeat, "silent_after": policy.silent_after,
                    "startup_grace": policy.startup_grace, "stopped_grace": policy.stopped_grace,
                    "poll_seconds": STEP_POLL_SECONDS},
@@ -702,7 +708,9 @@ def main(argv: list[str] | None = None) -> int:
             f"Old path's files are on {old['disk']} (local disk), not shared storage: on NFS/Lustre each "
             "open/rename is a network round trip; the old agent's sinfo schedule and RPCs are derived from its "
             "formula max(2, 0.25 x nodes) s, not run.",
-            "Steady windows include every heartbeat's feed of the hang and straggler watches and the summary writes.",
+            "Steady windows include every heartbeat's feed of the straggler watch"
+            + (" and the hang watch" if args.hang_watch else " (not the hang watch: --hang-watch)")
+            + " and the summary writes.",
             "The agent's loop is single-threaded (as agent._watch): while the per-heartbeat feed of the hang and "
             "straggler watches runs, no poll() runs, so a fault injected then waits for the feed to end.",
         ],
