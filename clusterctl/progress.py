@@ -20,11 +20,14 @@ a dead peer stays "alive", a SIGSTOPped or wedged process does not, so the hang 
 node whose ranks froze even when every rank stopped stepping at once.
 CLUSTERCTL_PROGRESS_LIVENESS=0 turns the thread off.
 
-It writes `$CLUSTERCTL_JOB_DIR/progress/<rank>.json` (clusterctl.records.rank_progress) at most
-once per `min_interval` seconds, and at once whenever the phase changes, so calling it every
-step costs a clock read and a comparison.  Outside a clusterctl job (no CLUSTERCTL_JOB_DIR) it
-does nothing.  It never raises into the training program: a report that cannot be written is
-said once on stderr and the program carries on.
+It writes `<dir>/progress/<rank>.json` (clusterctl.records.rank_progress) at most once per
+`min_interval` seconds, and at once whenever the phase changes, so calling it every step costs a
+clock read and a comparison.  `<dir>` is $CLUSTERCTL_NODE_DIR when the launcher set one (a job
+whose agent hears node reports: node-local tmpfs, clusterctl.node_dir; the node's reporter reads
+it and sends one datagram per node, so nothing reaches shared storage), else $CLUSTERCTL_JOB_DIR
+(the job directory on shared storage: one file rewrite per rank per interval).  Outside a
+clusterctl job (neither set) it does nothing.  It never raises into the training program: a
+report that cannot be written is said once on stderr and the program carries on.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
+from clusterctl.node_dir import NODE_DIR_ENV
 from clusterctl.records.rank_progress import PHASES, RankProgress, write_rank_progress
 
 DEFAULT_MIN_INTERVAL = 1.0
@@ -49,7 +53,7 @@ INTERVAL_ENV = "CLUSTERCTL_PROGRESS_INTERVAL"
 LIVENESS_ENV = "CLUSTERCTL_PROGRESS_LIVENESS"
 """`0` turns off the thread that keeps reporting that the process runs."""
 
-# Per (job dir, rank): when this process last wrote (monotonic) and in which phase.  Keyed so a
+# Per (report dir, rank): when this process last wrote (monotonic) and in which phase.  Keyed so a
 # process that reports for two jobs (tests, notebooks) rate-limits each on its own.
 _last_report: dict[tuple[str, int], tuple[float, str]] = {}
 # Per (job dir, rank): compute seconds and steps summed so far (written with every report).
@@ -102,10 +106,15 @@ def _start_liveness(key: tuple[str, int], interval: float) -> None:
                      daemon=True).start()
 
 
+def _report_dir(environ: Mapping[str, str]) -> str | None:
+    """Where this rank's reports go: the node-local directory when there is one, else the job's."""
+    return environ.get(NODE_DIR_ENV) or environ.get("CLUSTERCTL_JOB_DIR") or None
+
+
 def _say_once(message: str) -> None:
-    job_dir = os.environ.get("CLUSTERCTL_JOB_DIR", "")
-    if job_dir not in _complained_about:
-        _complained_about.add(job_dir)
+    report_dir = _report_dir(os.environ) or ""
+    if report_dir not in _complained_about:
+        _complained_about.add(report_dir)
         print(f"clusterctl.progress: {message}; training continues, but hangs of this rank may be "
               "caught later or blamed on the whole job (said once per job)", file=sys.stderr, flush=True)
 
@@ -130,18 +139,19 @@ def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None
     "checkpoint-load"), and optionally how long it computed in this step (`compute_seconds`).
 
     Writes at most once per `min_interval` seconds (default: $CLUSTERCTL_PROGRESS_INTERVAL, else
-    1.0) unless the phase changed since the last report.  Does nothing without CLUSTERCTL_JOB_DIR;
-    the rank comes from RANK (torchrun) or SLURM_PROCID.  Never raises.
+    1.0) unless the phase changed since the last report, under $CLUSTERCTL_NODE_DIR (node-local)
+    when set, else $CLUSTERCTL_JOB_DIR; does nothing without either.  The rank comes from RANK
+    (torchrun) or SLURM_PROCID.  Never raises.
     """
     try:
-        job_dir = os.environ.get("CLUSTERCTL_JOB_DIR")
-        if not job_dir:
+        report_dir = _report_dir(os.environ)
+        if not report_dir:
             return
         rank = _rank(os.environ)
         if rank is None:
             _say_once("neither RANK nor SLURM_PROCID is set, so progress cannot be reported")
             return
-        key = (job_dir, rank)
+        key = (report_dir, rank)
         if compute_seconds is not None and phase == "step":
             seconds = float(compute_seconds)
             if seconds >= 0 and seconds != float("inf"):  # NaN fails >= too
@@ -163,6 +173,6 @@ def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None
                                  now_epoch))
         _start_liveness(key, _interval(min_interval))
     except OSError as exc:
-        _say_once(f"cannot write the progress report in {os.environ.get('CLUSTERCTL_JOB_DIR')} ({exc})")
+        _say_once(f"cannot write the progress report in {_report_dir(os.environ)} ({exc})")
     except Exception as exc:  # the contract: a progress report never breaks training
         _say_once(f"progress report failed ({exc.__class__.__name__}: {exc})")

@@ -1,9 +1,10 @@
-"""`python -m clusterctl.launcher.job {plan,rank,node,agent}`: what a generated sbatch script runs
-inside the job (sbatch_templates/*.sbatch name this module; tests/unit/test_architecture.py checks
-that every module named in a template or an argv exists and runs inside the job).
+"""`python -m clusterctl.launcher.job {plan,rank,node,agent,reporter}`: what a generated sbatch script
+runs inside the job (sbatch_templates/*.sbatch name this module; tests/unit/test_architecture.py
+checks that every module named in a template or an argv exists and runs inside the job).
 
 Argument parsing only: the steps are `clusterctl.launcher.job.steps`, the in-allocation agent
-`clusterctl.launcher.job.agent`.
+`clusterctl.launcher.job.agent`, a node's reporter (started by the first task of each node of an
+agent's step) `clusterctl.launcher.job.reporter`.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_agent.add_argument("--run-dir", required=True, type=Path)
     p_agent.add_argument("--job-dir", required=True, type=Path)
     p_agent.add_argument("--resume-from", default="", help="the checkpoint this attempt resumes from ('' for none)")
+    p_reporter = sub.add_parser("reporter", help="one per node of an agent's step: report the node's ranks and "
+                                                   "healthd's verdict to the agent (started by the rank wrapper)")
+    p_reporter.add_argument("--watch-pid", required=True, type=int,
+                            help="end 2 s after this process (the task that started the reporter) is gone")
     for name in ("rank", "node"):
         p = sub.add_parser(name)
         p.add_argument("--job-dir", required=True, type=Path)
@@ -47,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from clusterctl.launcher.shared.runs import RunDir
             agent = Agent(args.run_dir, args.job_dir, RunDir(args.run_dir).spec(), os.environ, default_doors())
             return agent.run(args.resume_from or None)
+        if args.what == "reporter":
+            from clusterctl.launcher.job import reporter
+            return reporter.main(args.watch_pid, os.environ)
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             parser.error("no command after --")

@@ -10,6 +10,12 @@ whose argument parsing is `clusterctl/launcher/job/__main__.py`).
 
 Ranks read `rankmap.idx` (the header and their own slot's line), never the whole map, so what
 a rank reads from the shared filesystem does not grow with the job.
+
+In an agent's step (the agent put its report address and key in the environment), `rank` and
+`node` also give the program a node-local directory ($CLUSTERCTL_NODE_DIR, clusterctl.node_dir)
+for its progress reports, and the node's first task starts the node's reporter there, detached,
+before it becomes the program (`clusterctl.launcher.job.reporter`: one per node; node-local reads
+only, one ~1.6 KB datagram per node per heartbeat).  Without it, reports go to the job directory.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ from typing import TYPE_CHECKING
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.files import atomic_write
+from clusterctl.node_dir import NODE_DIR_ENV, node_dir
 from clusterctl.launcher.pure.preflight import (
     hostfile_lines, master_port, node_problems, placement_problems, rank_environment, torchrun_argv, visible_gpus,
 )
 from clusterctl.records.rank_index import SlotView, rank_index_path, read_slot, write_rank_index
+from clusterctl.records.node_report import REPORT_ADDR_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV
 from clusterctl.records.rank_map import JobRankMap, write_rank_map
 from clusterctl.records.rank_record import RankRecord, write_rank_record
 
@@ -138,6 +146,10 @@ def exec_rank(job_dir: Path, command: Sequence[str], environ: Mapping[str, str],
             say(f"preflight failed: {problem}")
         return EXIT_PREFLIGHT
     env = {**environ, **rank_environment(rank_map, rank), "CLUSTERCTL_JOB_DIR": str(job_dir)}
+    # Under torchrun, the node's wrapper (`node`) has made the node dir and started the reporter.
+    if not (under_torchrun and environ.get(NODE_DIR_ENV)):
+        first_task = (environ.get("LOCAL_RANK") if under_torchrun else environ.get("SLURM_LOCALID")) == "0"
+        env.update(prepare_node_reports(env, node, start_reporter=first_task))
     _record(job_dir, rank, node, env)
     return _exec(command, env)
 
@@ -151,7 +163,75 @@ def exec_node(job_dir: Path, command: Sequence[str], environ: Mapping[str, str])
         for problem in problems:
             say(f"preflight failed: {problem}")
         return EXIT_PREFLIGHT
-    return _exec(torchrun_argv(rank_map, node_rank, sys.executable, str(job_dir), command), dict(environ))
+    env = dict(environ)
+    env.update(prepare_node_reports(env, _node_name(environ), start_reporter=True))
+    return _exec(torchrun_argv(rank_map, node_rank, sys.executable, str(job_dir), command), env)
+
+
+def prepare_node_reports(environ: Mapping[str, str], node: str, *, start_reporter: bool) -> dict[str, str]:
+    """In an agent's step: the node-local directory for the program's environment, the reporter started.
+
+    Returns the variables to add to the program's environment: {CLUSTERCTL_NODE_DIR: ...}, or
+    nothing outside an agent's step (no report address and key) or when the directory or the
+    reporter's settings are wrong (said in one warning line: the ranks then report to the job
+    directory, and the rank runs all the same).  With `start_reporter` (the node's first task),
+    the reporter is started detached, watching this process (the program, once exec'd).
+    """
+    if not (environ.get(REPORT_ADDR_ENV) and environ.get(REPORT_KEY_ENV)):
+        return {}
+    from clusterctl.launcher.job.reporter import report_settings
+    try:
+        report_settings(environ)  # a wrong setting is said here, in the job's log, by every task alike
+        path = node_dir(environ.get("SLURM_JOB_ID", ""), environ.get(REPORT_LAUNCH_ENV, ""), node, environ)
+        (path / "progress").mkdir(mode=0o700, exist_ok=True)
+    except (ClusterctlError, OSError) as exc:
+        say(f"warning: no node reports from {node}: {exc}; progress reports go to the job directory")
+        return {}
+    added = {NODE_DIR_ENV: str(path)}
+    if start_reporter:
+        try:
+            start_node_reporter({**environ, **added}, os.getpid(), path / "reporter.log")
+        except OSError as exc:
+            say(f"warning: cannot start the node reporter on {node}: {exc}; progress reports go to the job "
+                "directory")
+            return {}
+    return added
+
+
+def start_node_reporter(env: Mapping[str, str], watch_pid: int, log: Path) -> None:
+    """Start `python -m clusterctl.launcher.job reporter --watch-pid <watch_pid>` detached, and return at once.
+
+    Double fork: the reporter is never a child of the program this process becomes (a program
+    that waits for "any child", or counts SIGCHLDs, never meets it), in a session of its own
+    (a terminal's ^C or a hang-up of the wrapper does not reach it), stdin and stdout on
+    /dev/null, stderr appended to `log` (node-local: its lines do not reach the job's output).
+    Slurm still ends it with the step (it stays in the step's cgroup).
+    """
+    argv = [sys.executable, "-m", "clusterctl.launcher.job", "reporter", "--watch-pid", str(watch_pid)]
+    devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        err = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        os.close(devnull)
+        raise
+    try:
+        child = os.fork()
+        if child == 0:  # the forked child: it never returns
+            try:
+                os.setsid()
+                if os.fork() == 0:
+                    os.dup2(devnull, 0)
+                    os.dup2(devnull, 1)
+                    os.dup2(err, 2)
+                    os.execve(argv[0], argv, dict(env))
+            finally:
+                os._exit(0)
+    finally:
+        os.close(devnull)
+        os.close(err)
+    _, status = os.waitpid(child, 0)
+    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        raise OSError(f"the reporter's starter ended with status {status}")
 
 
 def _exec(command: Sequence[str], env: Mapping[str, str]) -> int:

@@ -1,0 +1,251 @@
+"""A node's reporter: one process per node of a step, telling the job's agent how the node's ranks do.
+
+Runs inside the job on every compute node of an agent's step, as the job's user:
+`python -m clusterctl.launcher.job reporter --watch-pid <pid>`, started detached by the wrapper
+of the node's first task (`clusterctl.launcher.job.steps`) before it becomes the training program.
+
+Every 0.25 s it reads, all on its own node:
+- the ranks' progress files, `$CLUSTERCTL_NODE_DIR/progress/<rank>.json` (node-local tmpfs,
+  written by `clusterctl.progress.beat`; a few hundred bytes each, never shared storage);
+- `/proc/<pid>/stat` of each rank's process (stopped by a signal, exited, or running);
+- healthd's state file (`$CLUSTERCTL_HEALTHD_STATE_DIR/state.json`, default /run/healthd), at
+  most once a second;
+and sends one signed UDP datagram (~1.6 KB for 8 ranks; clusterctl.records.node_report) to the
+agent: at once when something the agent acts on changed, else once per heartbeat
+($CLUSTERCTL_REPORT_INTERVAL).  What to send and when is `clusterctl.launcher.pure.node_report_build`.
+Sends never block (a non-blocking socket: an absent agent costs a failed sendto), so a busy or
+stopped agent never slows training; the reporter's own cost is a few file reads per tick.
+
+It exits 2 s after the watched process (the program of the task that started it) is gone, after
+one last report, and at once (after one last report) on SIGTERM or SIGINT.  A bad or missing
+setting: one line on stderr naming the variable, exit 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from clusterctl.clock import SYSTEM_CLOCK, Clock
+from clusterctl.errors import ClusterctlError
+from clusterctl.launcher.job.report_channel import ReportSender, parse_address
+from clusterctl.launcher.pure.node_report_build import (
+    ReporterIdentity, ReporterMemory, next_report, node_health, printable, process_state,
+)
+from clusterctl.node_dir import NODE_DIR_ENV
+from clusterctl.records.healthd_state import read_healthd_state
+from clusterctl.records.node_report import (
+    MAX_TEXT, REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV, NodeHealth, NodeReport, parse_key,
+)
+from clusterctl.records.rank_progress import RankProgress, progress_dir, read_rank_progress
+from clusterctl.records.versioned import RecordError
+from clusterctl.slurm.names import node_name_problem
+
+HEALTHD_STATE_DIR_ENV = "CLUSTERCTL_HEALTHD_STATE_DIR"
+"""Where healthd keeps its state file on this node (healthd's `state_dir`), when not /run/healthd."""
+DEFAULT_HEALTHD_STATE_DIR = Path("/run/healthd")
+DEFAULT_HEARTBEAT = 1.0
+TICK = 0.25
+"""Seconds between two looks at the node: how late a stopped rank or a new verdict is sent at most."""
+HEALTHD_EVERY = 1.0
+"""Seconds between two reads of healthd's state file (healthd rewrites it several times a minute)."""
+WATCHED_GONE_GRACE = 2.0
+"""Seconds the watched process must stay gone before the reporter ends (its last report says so)."""
+EXIT_SETTINGS = 2
+
+
+class ReporterSettingError(ClusterctlError):
+    """A setting of the reporter (an environment variable) that is missing or wrong."""
+
+    exit_code = EXIT_SETTINGS
+
+    def __init__(self, variable: str, message: str) -> None:
+        super().__init__(f"{variable}: {message}")
+        self.variable = variable
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """Where and how a node reports: from the environment the agent gave the step."""
+
+    identity: ReporterIdentity
+    key: bytes
+    address: tuple[str, int]
+    heartbeat: float
+    healthd_state_dir: Path
+
+
+def report_settings(environ: Mapping[str, str]) -> ReportSettings:
+    """The reporter's settings from `environ`; ReporterSettingError naming the variable that is wrong."""
+    def required(name: str) -> str:
+        value = environ.get(name, "").strip()
+        if not value:
+            raise ReporterSettingError(name, "not set (the job's agent sets it for the step's processes)")
+        return value
+
+    try:
+        key = parse_key(required(REPORT_KEY_ENV))
+    except RecordError as exc:
+        raise ReporterSettingError(REPORT_KEY_ENV, f"{str(exc).removeprefix(f'{REPORT_KEY_ENV}: ')} "
+                                                   "(the job's report key: 32 bytes of hex)") from None
+    try:
+        address = parse_address(required(REPORT_ADDR_ENV))
+    except ValueError as exc:
+        raise ReporterSettingError(REPORT_ADDR_ENV, str(exc)) from None
+    launch = required(REPORT_LAUNCH_ENV)
+    job_id = required("SLURM_JOB_ID")
+    for name, value in ((REPORT_LAUNCH_ENV, launch), ("SLURM_JOB_ID", job_id)):
+        if len(value) > MAX_TEXT or not value.isprintable():
+            raise ReporterSettingError(name, f"{printable(value[:80])!r} is not printable text of at most "
+                                             f"{MAX_TEXT} characters")
+    text = environ.get(REPORT_INTERVAL_ENV, "").strip()
+    try:
+        heartbeat = float(text) if text else DEFAULT_HEARTBEAT
+    except ValueError:
+        heartbeat = math.nan
+    if not math.isfinite(heartbeat) or heartbeat < 0:
+        raise ReporterSettingError(REPORT_INTERVAL_ENV, f"{printable(text[:80])!r} is not a number of seconds "
+                                                        "(finite, not negative)")
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    problem = node_name_problem(node)
+    if problem:
+        raise ReporterSettingError("SLURMD_NODENAME", f"{printable(node[:80])!r}: {problem}")
+    state_dir = Path(environ.get(HEALTHD_STATE_DIR_ENV) or DEFAULT_HEALTHD_STATE_DIR)
+    return ReportSettings(ReporterIdentity(job_id, launch, node), key, address, heartbeat, state_dir)
+
+
+def node_dir_setting(environ: Mapping[str, str]) -> Path:
+    """$CLUSTERCTL_NODE_DIR, which must be a directory; ReporterSettingError otherwise."""
+    text = environ.get(NODE_DIR_ENV, "")
+    if not text:
+        raise ReporterSettingError(NODE_DIR_ENV, "not set (the rank wrapper sets it for the node's processes)")
+    if not Path(text).is_dir():
+        raise ReporterSettingError(NODE_DIR_ENV, f"{printable(text)} is not a directory")
+    return Path(text)
+
+
+# ---- what the reporter reads on its node ----------------------------------------------------------
+
+def read_process_state(pid: int, proc: Path = Path("/proc")) -> str:
+    """The state of process `pid` (running, stopped, gone, unknown) from `/proc/<pid>/stat`."""
+    if pid <= 0:
+        return "unknown"
+    try:
+        text = (proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return "gone"
+    except OSError:
+        return "unknown"
+    return process_state(text)
+
+
+def read_node_progress(node_dir: Path, now: float) -> tuple[RankProgress, ...]:
+    """Every progress file the node's ranks wrote; files refused by the reader are skipped (never raises)."""
+    try:
+        names = sorted(entry.name for entry in os.scandir(progress_dir(node_dir)) if entry.name.endswith(".json")
+                       and not entry.name.startswith("."))
+    except OSError:
+        return ()
+    records: list[RankProgress] = []
+    for name in names:
+        try:
+            records.append(read_rank_progress(progress_dir(node_dir) / name, now))
+        except (RecordError, OSError, ValueError):
+            continue
+    return tuple(records)
+
+
+def read_node_health(state_dir: Path, now: float) -> NodeHealth:
+    """healthd's verdict for this node at `now`; `unknown` when its state file is missing, unreadable or stale."""
+    try:
+        state = read_healthd_state(state_dir)
+    except (RecordError, OSError, ValueError, RecursionError):
+        return NodeHealth()
+    return node_health(state, now)
+
+
+@dataclass(frozen=True)
+class ReporterDoors:
+    """Everything the reporter's loop does to the world, passed in (tests drive it with a fake clock)."""
+
+    clock: Clock
+    read_progress: Callable[[Path, float], Sequence[RankProgress]]
+    process_state: Callable[[int], str]
+    read_health: Callable[[Path, float], NodeHealth]
+    send: Callable[[NodeReport], bool]
+    stop_requested: Callable[[], bool] = lambda: False
+    say: Callable[[str], None] = lambda message: None
+
+
+def default_doors(sender: ReportSender, stop_requested: Callable[[], bool]) -> ReporterDoors:
+    """The real ones: the system clock, this node's files and /proc, `sender`."""
+    def say(message: str) -> None:
+        print(f"clusterctl reporter: {message}", file=sys.stderr, flush=True)
+
+    return ReporterDoors(SYSTEM_CLOCK, read_node_progress, read_process_state, read_node_health, sender.send,
+                         stop_requested, say)
+
+
+def run_reporter(settings: ReportSettings, node_dir: Path, watch_pid: int, doors: ReporterDoors) -> int:
+    """Report this node until the watched process has been gone WATCHED_GONE_GRACE s, or a stop; 0."""
+    memory = ReporterMemory()
+    health = NodeHealth()
+    health_read_at = -math.inf
+    watched_gone_at: float | None = None
+    failures = 0
+    while True:
+        monotonic, now = doors.clock.monotonic(), doors.clock.now()
+        watched = doors.process_state(watch_pid)
+        if watched == "gone":
+            watched_gone_at = monotonic if watched_gone_at is None else watched_gone_at
+        else:
+            watched_gone_at = None
+        last = doors.stop_requested() or (watched_gone_at is not None
+                                           and monotonic - watched_gone_at >= WATCHED_GONE_GRACE)
+        if last or monotonic - health_read_at >= HEALTHD_EVERY:
+            health, health_read_at = doors.read_health(settings.healthd_state_dir, now), monotonic
+        records = doors.read_progress(node_dir, now)
+        processes = {record.pid: doors.process_state(record.pid) for record in records}
+        decision = next_report(settings.identity, records, processes, health, memory, now=now, monotonic=monotonic,
+                               heartbeat=settings.heartbeat, force=last)
+        memory = decision.memory
+        if decision.report is not None:
+            delivered = doors.send(decision.report)
+            memory = memory.after_send(decision.report, monotonic, delivered=delivered)
+            if not delivered:
+                failures += 1
+                if failures in (1, 10, 100) or failures % 1000 == 0:
+                    doors.say(f"a report could not be sent to {settings.address[0]}:{settings.address[1]} "
+                              f"({failures} so far); the next one replaces it")
+        if last:
+            return 0
+        doors.clock.sleep(TICK)
+
+
+def main(watch_pid: int, environ: Mapping[str, str]) -> int:
+    """`python -m clusterctl.launcher.job reporter --watch-pid N`: settings from `environ`, then the loop."""
+    try:
+        settings = report_settings(environ)
+        node_dir = node_dir_setting(environ)
+    except ReporterSettingError as exc:
+        print(f"clusterctl reporter: {exc}; not reporting", file=sys.stderr, flush=True)
+        return EXIT_SETTINGS
+    stopping: list[int] = []
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    sender = ReportSender(settings.key, settings.address)
+    try:
+        return run_reporter(settings, node_dir, watch_pid, default_doors(sender, lambda: bool(stopping)))
+    finally:
+        sender.close()

@@ -1,0 +1,197 @@
+"""What a node's reporter sends, and when: pure judgement over what it read on its node.
+
+The reporter (clusterctl.launcher.job.reporter, one per node of a step) reads, every 0.25 s, its
+ranks' progress files (node-local), each rank's process state (/proc/<pid>/stat) and healthd's
+state file, and asks `next_report` whether to send: at once when something the agent acts on
+changed since the last report sent (a rank's process state, pid or phase, a rank that appeared or
+left, healthd's verdict), else once per heartbeat.  Steps, compute time and liveness ride along
+with the next report; they are not changes on their own (the agent judges them per heartbeat).
+
+Nothing here runs: the reader of each fact is the reporter's, passed in as data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from clusterctl.records.healthd_state import HealthdState, StateFinding
+from clusterctl.records.node_report import MAX_EVIDENCE, MAX_RANKS, MAX_TEXT, NodeHealth, NodeReport, RankBeat
+from clusterctl.records.rank_progress import RankProgress
+
+HEALTHD_STALE_AFTER = 30.0
+"""Seconds after which healthd's state file says nothing: healthd rewrites it several times a minute."""
+RETRY_AFTER = 1.0
+"""Seconds before a report whose send failed (no route, a full socket buffer) is tried again."""
+DOWN = ("stopped", "gone")
+"""Process states whose start the reporter dates (`stopped_since`)."""
+
+
+def process_state(stat_line: str) -> str:
+    """A process's state from its /proc/<pid>/stat line: running, stopped, gone or unknown.
+
+    The state is the field after the command name, which is in parentheses and may itself hold
+    spaces and parentheses (a program may name itself `a) T (b`), so it is read after the last
+    `)`.  `T` (stopped by a signal: SIGSTOP, a shell's ^Z) is `stopped`; `t` (stopped by a
+    tracer: a debugger or py-spy, usually for a moment) counts as running; `Z` and `X` (exited,
+    not yet reaped) are `gone`; a line that is not a stat line is `unknown`.
+    """
+    _, paren, rest = stat_line.rpartition(")")
+    fields = rest.split()
+    if not paren or not fields:
+        return "unknown"
+    code = fields[0]
+    if code == "T":
+        return "stopped"
+    if code in ("Z", "X", "x"):
+        return "gone"
+    if code in ("R", "S", "D", "I", "t", "W", "P", "K"):
+        return "running"
+    return "unknown"
+
+
+def printable(text: str) -> str:
+    """`text` with every character that is not printable written as a visible escape (`\\x1b`)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def node_health(state: HealthdState | None, now: float) -> NodeHealth:
+    """healthd's verdict for the node as the agent reads it, from healthd's state at `now` (epoch s).
+
+    `drain` when healthd's verdict drains the node (Action.drains) and it is not in dry-run (a
+    dry-run healthd only says what it would do); `ok` below that; `unknown` without a state file
+    or with one older than HEALTHD_STALE_AFTER (healthd stopped: it says nothing either way).
+    With `drain`, one evidence line per draining finding (at most MAX_EVIDENCE, each at most
+    MAX_TEXT characters, made printable: healthd quotes kernel and driver text).
+    """
+    if state is None or not math.isfinite(state.updated_at) or now - state.updated_at > HEALTHD_STALE_AFTER:
+        return NodeHealth("unknown", (), _time(state.updated_at) if state is not None else 0.0)
+    at = _time(state.updated_at)
+    if not state.verdict.drains or state.dry_run:
+        return NodeHealth("ok", (), at)
+    return NodeHealth("drain", tuple(_evidence(state.findings()))[:MAX_EVIDENCE], at)
+
+
+def _time(value: float) -> float:
+    return value if math.isfinite(value) and value >= 0 else 0.0
+
+
+def _evidence(findings: Iterable[StateFinding]) -> Iterable[str]:
+    for finding in findings:
+        if not finding.action.drains:
+            continue
+        line = (f"healthd: {finding.what}" + (f" gpu{finding.gpu}" if finding.gpu is not None else "")
+                + (f": {finding.reason}" if finding.reason else ""))
+        yield printable(line)[:MAX_TEXT]
+
+
+@dataclass(frozen=True)
+class ReporterIdentity:
+    """Who sends: the job, the agent's step (`launch`) and the node, as every report carries them."""
+
+    job_id: str
+    launch: str
+    node: str
+
+
+@dataclass(frozen=True)
+class ReporterMemory:
+    """What the reporter remembers between two looks: its last report sent, and since when each rank is down."""
+
+    last_sent: NodeReport | None = None
+    last_sent_at: float = -math.inf
+    """When it was sent (the reporter's monotonic clock)."""
+    delivered: bool = True
+    """False when the last send failed: it is tried again after RETRY_AFTER, not a whole heartbeat."""
+    down_since: Mapping[int, tuple[int, str, float]] = field(default_factory=dict)
+    """Per rank: (pid, state, epoch s when the reporter first saw that pid stopped or gone)."""
+
+    def after_send(self, report: NodeReport, at: float, *, delivered: bool) -> ReporterMemory:
+        """The memory once `report` was sent at `at` (monotonic), or failed to leave (`delivered` False)."""
+        return replace(self, last_sent=report, last_sent_at=at, delivered=delivered)
+
+
+@dataclass(frozen=True)
+class ReportDecision:
+    """`report` to send now, or None; `reason` says why (a change, the heartbeat); the memory to keep."""
+
+    report: NodeReport | None
+    reason: str
+    memory: ReporterMemory
+
+
+def rank_beats(records: Iterable[RankProgress], processes: Mapping[int, str], now: float,
+               down_since: Mapping[int, tuple[int, str, float]]) -> tuple[tuple[RankBeat, ...],
+                                                                     dict[int, tuple[int, str, float]]]:
+    """Each rank's beat (the first MAX_RANKS by rank number), and the new `down_since` memory.
+
+    `processes` maps a pid to its state (process_state); a pid not in it is `unknown`.  A rank's
+    `stopped_since` is when the reporter first saw that process stopped or gone (kept across a
+    stopped → gone change), 0 while it runs or cannot be seen.
+    """
+    newest: dict[int, RankProgress] = {}
+    for record in records:
+        newest[record.rank] = record
+    beats: list[RankBeat] = []
+    remembered: dict[int, tuple[int, str, float]] = {}
+    for rank in sorted(newest)[:MAX_RANKS]:
+        record = newest[rank]
+        state = processes.get(record.pid, "unknown")
+        since = 0.0
+        if state in DOWN:
+            before = down_since.get(rank)
+            since = before[2] if before is not None and before[0] == record.pid else now
+            remembered[rank] = (record.pid, state, since)
+        beats.append(RankBeat(record, state, since))
+    return tuple(beats), remembered
+
+
+def changes(before: NodeReport | None, after: NodeReport) -> tuple[str, ...]:
+    """What the agent acts on that differs between the last report sent and this one (empty: nothing)."""
+    if before is None:
+        return ("first report",)
+    found: list[str] = []
+    if before.health.verdict != after.health.verdict:
+        found.append(f"healthd {before.health.verdict} → {after.health.verdict}")
+    old = {beat.progress.rank: beat for beat in before.ranks}
+    new = {beat.progress.rank: beat for beat in after.ranks}
+    for rank in sorted(new.keys() - old.keys()):
+        found.append(f"rank {rank} appeared")
+    for rank in sorted(old.keys() - new.keys()):
+        found.append(f"rank {rank} left")
+    for rank in sorted(new.keys() & old.keys()):
+        a, b = old[rank], new[rank]
+        if a.process != b.process or a.progress.pid != b.progress.pid:
+            found.append(f"rank {rank} {a.process} → {b.process}")
+        if a.progress.phase != b.progress.phase:
+            found.append(f"rank {rank} {a.progress.phase} → {b.progress.phase}")
+    return tuple(found)
+
+
+def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], processes: Mapping[int, str],
+                health: NodeHealth, memory: ReporterMemory, *, now: float, monotonic: float, heartbeat: float,
+                force: bool = False) -> ReportDecision:
+    """The report to send now, if any: at once on a change (see `changes`), else once per `heartbeat` s.
+
+    `now` is the node's wall clock (the report's `sent_at`, `stopped_since`), `monotonic` its
+    monotonic clock (the heartbeat).  `seq` counts the reports sent, from 1.  `force` sends
+    whatever changed (the reporter's last report before it exits).  The caller sends the report
+    and keeps `memory.after_send(...)`; with no report, it keeps `decision.memory`.
+    """
+    beats, down_since = rank_beats(records, processes, now, memory.down_since)
+    last = memory.last_sent
+    report = NodeReport(identity.job_id, identity.launch, identity.node, (last.seq + 1) if last else 1,
+                        max(now, 0.0), beats, health)
+    memory = replace(memory, down_since=down_since)
+    changed = changes(last, report)
+    if changed:
+        return ReportDecision(report, "; ".join(changed), memory)
+    if force:
+        return ReportDecision(report, "last report", memory)
+    due_after = heartbeat if memory.delivered else min(heartbeat, RETRY_AFTER)
+    if monotonic - memory.last_sent_at >= due_after:
+        return ReportDecision(report, "heartbeat" if memory.delivered else "again after a failed send", memory)
+    return ReportDecision(None, "", memory)

@@ -1,0 +1,350 @@
+"""A node's reporter: the ranks report to node-local files, one process per node reads them with /proc
+and healthd's state, and the agent's inbox hears one signed report per node, at once on a change."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from clusterctl.clock import Clock
+from clusterctl.errors import ClusterctlError
+from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender
+from clusterctl.launcher.job.reporter import (
+    ReporterDoors, ReporterSettingError, read_node_health, read_node_progress, read_process_state, report_settings,
+    run_reporter,
+)
+from clusterctl.launcher.pure.node_report_build import (
+    ReporterIdentity, ReporterMemory, next_report, process_state,
+)
+from clusterctl.node_dir import node_dir
+from clusterctl.progress import beat
+from clusterctl.records.actions import Action
+from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding, state_path, write_healthd_state
+from clusterctl.records.node_report import NodeHealth, NodeReport
+from clusterctl.records.rank_progress import RankProgress, read_progress, write_rank_progress
+
+REPO = Path(__file__).resolve().parents[2]
+KEY = bytes(range(32))
+T0 = 1_800_000_000.0
+IDENTITY = ReporterIdentity("4242", "0", "node7")
+
+
+# ---- the ranks write to the node, not to shared storage --------------------------------------------
+
+def test_a_rank_in_an_agents_step_reports_to_its_node_not_to_the_shared_job_dir(tmp_path, monkeypatch):
+    job_dir, here = tmp_path / "job", tmp_path / "node"
+    monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(job_dir))
+    monkeypatch.setenv("CLUSTERCTL_NODE_DIR", str(here))
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("SLURMD_NODENAME", "node7")
+    beat(12, min_interval=0)
+    (record,), problems = read_progress(here)
+    assert (record.rank, record.step, record.node, problems) == (3, 12, "node7", ())
+    assert not (job_dir / "progress").exists()
+
+    monkeypatch.delenv("CLUSTERCTL_NODE_DIR")  # a job without an agent: the job dir, as before
+    beat(13, min_interval=0)
+    assert [r.step for r in read_progress(job_dir)[0]] == [13]
+
+
+# ---- the node-local directory ----------------------------------------------------------------------
+
+def test_the_node_dir_is_made_private_under_the_chosen_base(tmp_path):
+    path = node_dir("4242", "restart-1", "node7", {"CLUSTERCTL_NODE_TMP": str(tmp_path)})
+    assert path == tmp_path / f"clusterctl-{os.getuid()}" / "4242" / "restart-1" / "node7" and path.is_dir()
+    assert (tmp_path / f"clusterctl-{os.getuid()}").stat().st_mode & 0o777 == 0o700
+    assert node_dir("4242", "restart-1", "node7", {"CLUSTERCTL_NODE_TMP": str(tmp_path)}) == path  # reused
+
+
+def test_a_planted_symlink_in_place_of_the_users_folder_is_refused(tmp_path):
+    elsewhere = tmp_path / "theirs"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / f"clusterctl-{os.getuid()}").symlink_to(elsewhere)
+    with pytest.raises(ClusterctlError, match="a symlink, not a real directory.*planted by another user"):
+        node_dir("4242", "0", "node7", {"CLUSTERCTL_NODE_TMP": str(tmp_path)})
+    assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a folder owned by another user takes root")
+def test_a_folder_planted_by_another_user_is_refused(tmp_path):
+    planted = tmp_path / f"clusterctl-{os.getuid()}"
+    planted.mkdir(mode=0o700)
+    os.chown(planted, 4321, 4321)
+    with pytest.raises(ClusterctlError, match="owned by uid 4321.*refusing"):
+        node_dir("4242", "0", "node7", {"CLUSTERCTL_NODE_TMP": str(tmp_path)})
+
+
+def test_a_job_id_that_is_not_a_plain_name_is_refused(tmp_path):
+    with pytest.raises(ClusterctlError, match="job id '../x' is not a plain file name"):
+        node_dir("../x", "0", "node7", {"CLUSTERCTL_NODE_TMP": str(tmp_path)})
+
+
+# ---- a rank's process as /proc shows it -------------------------------------------------------------
+
+def test_a_stopped_process_reads_stopped_then_running_then_gone():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert read_process_state(child.pid) == "running"
+        os.kill(child.pid, signal.SIGSTOP)
+        assert wait_for(lambda: read_process_state(child.pid) == "stopped")
+        os.kill(child.pid, signal.SIGCONT)
+        assert wait_for(lambda: read_process_state(child.pid) == "running")
+    finally:
+        child.kill()
+        child.wait()
+    assert read_process_state(child.pid) == "gone"
+
+
+def test_the_state_is_read_after_the_last_parenthesis_of_the_command_name():
+    assert process_state("1234 (evil) T (name) S 1 1234 1234 0 -1") == "running"
+    assert process_state("1234 (a) R (b) T 1 1234 1234 0 -1") == "stopped"
+    assert process_state("1234 (py-spy target) t 1 1234") == "running"  # a tracer's stop: a moment
+    assert process_state("1234 (python) Z 1 1234") == "gone"
+    assert process_state("garbage") == "unknown"
+
+
+# ---- when a report goes out -------------------------------------------------------------------------
+
+def progress(rank: int, step: int = 10, phase: str = "step", pid: int = 1000) -> RankProgress:
+    return RankProgress(rank, "node7", step, phase, T0, pid + rank, 1.0, step, T0)
+
+
+def test_a_change_the_agent_acts_on_goes_at_once_and_the_rest_waits_for_the_heartbeat():
+    ranks = [progress(0), progress(1)]
+    running = {r.pid: "running" for r in ranks}
+    ok = NodeHealth("ok", (), T0)
+    sent: list[NodeReport] = []
+    memory = ReporterMemory()
+
+    def look(at: float, records, processes=running, health=ok) -> bool:
+        nonlocal memory
+        decision = next_report(IDENTITY, records, processes, health, memory, now=T0 + at, monotonic=at, heartbeat=5.0)
+        memory = decision.memory
+        if decision.report is not None:
+            sent.append(decision.report)
+            memory = memory.after_send(decision.report, at, delivered=True)
+        return decision.report is not None
+
+    assert look(0.0, ranks)  # the first report
+    assert not look(0.25, [progress(0, 11), progress(1, 11)])  # steps alone wait for the heartbeat
+    assert look(5.0, [progress(0, 11), progress(1, 11)])  # ...which carries them
+    assert look(5.25, [progress(0, 12, "checkpoint-save"), progress(1, 12)])  # a phase: at once
+    stopped = {**running, ranks[1].pid: "stopped"}
+    assert look(5.5, [progress(0, 12, "checkpoint-save"), progress(1, 12)], stopped)  # a stopped rank: at once
+    assert not look(5.75, [progress(0, 12, "checkpoint-save"), progress(1, 12)], stopped)
+    assert look(6.0, [progress(0, 12, "checkpoint-save"), progress(1, 12)], stopped,
+                NodeHealth("drain", ("healthd: xid 79 gpu1",), T0))  # healthd's verdict: at once
+    assert look(6.25, [progress(0, 12, "checkpoint-save"), progress(1, 12), progress(2)],
+                {**stopped, progress(2).pid: "running"})  # a rank that appeared: at once
+
+    assert [r.seq for r in sent] == [1, 2, 3, 4, 5, 6]
+    assert sent[1].ranks[0].progress.step == 11
+    beat_1 = sent[3].ranks[1]
+    assert (beat_1.process, beat_1.stopped_since) == ("stopped", T0 + 5.5)
+    assert sent[4].ranks[1].stopped_since == T0 + 5.5  # still the time it was first seen stopped
+    assert sent[0].ranks[1].stopped_since == 0.0
+
+
+def test_a_report_that_failed_to_leave_is_tried_again_within_a_second_not_a_heartbeat():
+    records = [progress(0)]
+    decision = next_report(IDENTITY, records, {}, NodeHealth(), ReporterMemory(), now=T0, monotonic=0, heartbeat=20)
+    assert decision.report is not None
+    memory = decision.memory.after_send(decision.report, 0, delivered=False)
+    assert next_report(IDENTITY, records, {}, NodeHealth(), memory, now=T0, monotonic=0.5, heartbeat=20).report is None
+    again = next_report(IDENTITY, records, {}, NodeHealth(), memory, now=T0, monotonic=1.0, heartbeat=20).report
+    assert again is not None and again.seq == 2
+
+
+def test_a_node_with_more_ranks_than_a_report_holds_sends_the_first_64():
+    records = [progress(rank) for rank in range(100, 0, -1)]
+    decision = next_report(IDENTITY, records, {}, NodeHealth(), ReporterMemory(), now=T0, monotonic=0, heartbeat=1)
+    assert decision.report is not None
+    assert [b.progress.rank for b in decision.report.ranks] == list(range(1, 65))
+
+
+# ---- healthd's verdict ------------------------------------------------------------------------------
+
+def healthd(updated_at: float, *findings: StateFinding, dry_run: bool = False) -> HealthdState:
+    gpus = tuple(GpuState(f.gpu, f"GPU-{f.gpu}", f"0000:{0x18 + f.gpu:02x}:00", (f,))
+                 for f in findings if f.gpu is not None)
+    node_findings = tuple(f for f in findings if f.gpu is None)
+    return HealthdState(node="node7", pid=1, policy_version="2026.11.1", updated_at=updated_at,
+                        started="2026-11-22T00:00:00Z", nvml_ok=True, gpus=gpus, node_findings=node_findings,
+                        dry_run=dry_run)
+
+
+XID_79 = StateFinding(kind="xid", xid=79, action=Action.DRAIN_REBOOT, reason="GPU has fallen off the bus\x1b[2J",
+                      source="nvml-event", at_ts=T0, gpu=3)
+WARNING = StateFinding(kind="thermal", action=Action.WARN, reason="", source="periodic", at_ts=T0, gpu=1)
+
+
+def test_healthd_draining_the_node_is_sent_with_its_evidence(tmp_path):
+    write_healthd_state(tmp_path, healthd(T0 - 5, XID_79, WARNING))
+    assert read_node_health(tmp_path, T0) == NodeHealth(
+        "drain", ("healthd: xid 79 gpu3: GPU has fallen off the bus\\x1b[2J",), T0 - 5)
+
+
+def test_healthd_in_dry_run_or_with_only_warnings_says_ok(tmp_path):
+    write_healthd_state(tmp_path, healthd(T0 - 5, XID_79, dry_run=True))
+    assert read_node_health(tmp_path, T0).verdict == "ok"
+    write_healthd_state(tmp_path, healthd(T0 - 5, WARNING))
+    assert read_node_health(tmp_path, T0) == NodeHealth("ok", (), T0 - 5)
+
+
+def test_healthd_stale_missing_or_garbled_says_unknown_without_failing(tmp_path):
+    write_healthd_state(tmp_path, healthd(T0 - 31, XID_79))
+    assert read_node_health(tmp_path, T0).verdict == "unknown"
+    assert read_node_health(tmp_path / "none", T0) == NodeHealth("unknown", (), 0.0)
+    state_path(tmp_path).write_bytes(b"\x00\xff{not json")
+    assert read_node_health(tmp_path, T0) == NodeHealth("unknown", (), 0.0)
+
+
+def test_evidence_is_cut_to_what_a_report_carries(tmp_path):
+    many = [replace(XID_79, gpu=None, reason="x" * 2000, at_ts=T0 + i) for i in range(40)]
+    write_healthd_state(tmp_path, healthd(T0, *many))
+    health = read_node_health(tmp_path, T0)
+    assert health.verdict == "drain" and len(health.evidence) == 16 and {len(e) for e in health.evidence} == {512}
+
+
+# ---- the reporter's loop, to a real inbox -------------------------------------------------------------
+
+class FakeClock:
+    """The reporter's clock: sleeping moves time on at once."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def clock(self) -> Clock:
+        def sleep(seconds: float) -> None:
+            self.t += seconds
+        return Clock(now=lambda: T0 + self.t, monotonic=lambda: self.t, sleep=sleep)
+
+
+def settings_env(port: int, **more: str) -> dict[str, str]:
+    return {"CLUSTERCTL_REPORT_KEY": KEY.hex(), "CLUSTERCTL_REPORT_ADDR": f"127.0.0.1:{port}",
+            "CLUSTERCTL_REPORT_LAUNCH": "restart-2", "CLUSTERCTL_REPORT_INTERVAL": "1", "SLURM_JOB_ID": "4242",
+            "SLURMD_NODENAME": "node7", "CLUSTERCTL_HEALTHD_STATE_DIR": "/nonexistent", **more}
+
+
+def drain_until(inbox: ReportInbox, enough) -> list[NodeReport]:
+    got: list[NodeReport] = []
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and not enough(got):
+        got += inbox.drain()
+        time.sleep(0.01)
+    return got
+
+
+@pytest.mark.parametrize("inbox_key, heard", [(KEY, True), (os.urandom(32), False)])
+def test_the_reporter_sends_its_ranks_to_the_agents_inbox_signed_with_the_jobs_key(tmp_path, inbox_key, heard):
+    for record in (RankProgress(0, "node7", 41, "step", T0, os.getpid()),
+                   RankProgress(1, "node7", 40, "checkpoint-save", T0, 2**22 + 7)):  # a pid that is no process
+        write_rank_progress(tmp_path, record)
+    inbox = ReportInbox(inbox_key, "127.0.0.1")
+    fake = FakeClock()
+    sender = ReportSender(KEY, ("127.0.0.1", inbox.port))
+    watched, watched_gone_at = 2**22 + 9, 3.0  # the program of the task that started the reporter
+
+    def states(pid: int) -> str:
+        if pid == watched:
+            return "gone" if fake.t >= watched_gone_at else "running"
+        return read_process_state(pid)
+
+    doors = ReporterDoors(fake.clock(), read_node_progress, states, read_node_health, sender.send)
+    try:
+        assert run_reporter(report_settings(settings_env(inbox.port)), tmp_path, watched, doors) == 0
+        assert watched_gone_at + 2 <= fake.t < watched_gone_at + 2.5  # ended 2 s after its rank's program
+        got = drain_until(inbox, lambda got: len(got) >= 6 or inbox.refused)
+    finally:
+        inbox.close()
+        sender.close()
+    if not heard:
+        assert got == [] and inbox.refused["unsigned"] >= 1
+        return
+    first = got[0]
+    assert (first.job_id, first.launch, first.node, first.seq) == ("4242", "restart-2", "node7", 1)
+    assert [(b.progress.rank, b.progress.step, b.progress.phase, b.process) for b in first.ranks] == [
+        (0, 41, "step", "running"), (1, 40, "checkpoint-save", "gone")]
+    assert first.ranks[1].stopped_since == T0 and first.health.verdict == "unknown"
+    assert [r.seq for r in got] == list(range(1, len(got) + 1))  # heartbeats each second, then the last one
+
+
+def test_a_bad_report_interval_is_one_clear_line_and_exit_2(tmp_path):
+    env = {**os.environ, **settings_env(9), "CLUSTERCTL_NODE_DIR": str(tmp_path), "CLUSTERCTL_REPORT_INTERVAL": "nan"}
+    done = subprocess.run([sys.executable, "-m", "clusterctl.launcher.job", "reporter", "--watch-pid", "1"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == ["clusterctl reporter: CLUSTERCTL_REPORT_INTERVAL: 'nan' is not a number of "
+                                        "seconds (finite, not negative); not reporting"]
+
+
+@pytest.mark.parametrize("variable, value, said", [
+    ("CLUSTERCTL_REPORT_KEY", "abc", "not hexadecimal"), ("CLUSTERCTL_REPORT_ADDR", "nohost", "not host:port"),
+    ("CLUSTERCTL_REPORT_INTERVAL", "-1", "not a number"), ("SLURM_JOB_ID", "", "not set"),
+    ("SLURMD_NODENAME", "-rf", "-rf"),
+])
+def test_each_bad_setting_names_its_variable(variable, value, said):
+    with pytest.raises(ReporterSettingError) as caught:
+        report_settings({**settings_env(9), variable: value})
+    assert str(caught.value).startswith(f"{variable}: ") and said in str(caught.value)
+
+
+# ---- the rank wrapper starts one reporter per node ------------------------------------------------------
+
+def test_the_first_task_of_a_node_starts_its_reporter_which_reports_the_program_and_ends_after_it(tmp_path):
+    job_dir = planned_job(tmp_path)
+    from clusterctl.records.rank_map import read_rank_map
+    slots = read_rank_map(job_dir).slots
+    inbox = ReportInbox(KEY, "127.0.0.1")
+    program = "from clusterctl.progress import beat; import time; beat(7); time.sleep(1.5)"
+    env = {**os.environ, **settings_env(inbox.port), "CLUSTERCTL_NODE_TMP": str(tmp_path / "tmp"),
+           "SLURM_PROCID": "8", "SLURM_LOCALID": "0", "SLURMD_NODENAME": slots[1], "CUDA_VISIBLE_DEVICES": "",
+           "CLUSTERCTL_PROGRESS_LIVENESS": "0"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "clusterctl.launcher.job", "rank", "--job-dir", str(job_dir),
+                               "--", sys.executable, "-c", program], capture_output=True, text=True, env=env,
+                              cwd=REPO, timeout=60)
+        assert done.returncode == 0, done.stderr
+        got = drain_until(inbox, lambda got: any(b.process == "gone" for r in got for b in r.ranks))
+    finally:
+        inbox.close()
+    assert got and {r.node for r in got} == {slots[1]}, done.stderr
+    assert [(b.progress.rank, b.progress.step) for b in got[0].ranks] == [(8, 7)]
+    assert got[-1].ranks[0].process == "gone"  # the last report: the program ended
+    here = tmp_path / "tmp" / f"clusterctl-{os.getuid()}" / "4242" / "restart-2" / slots[1]
+    assert (here / "progress" / "8.json").is_file() and not (job_dir / "progress").exists()
+
+
+def planned_job(tmp_path: Path) -> Path:
+    """A run planned on node[1-4] (toy trainer, recorded topology), as the job's `plan` step leaves it."""
+    from clusterctl.launcher.job.steps import plan_for_job
+    from clusterctl.launcher.login.submit import prepare
+    from clusterctl.launcher.pure.render import SlurmFacts
+    from clusterctl.launcher.pure.spec import load_spec
+    from clusterctl.launcher.shared.runs import create_run
+    from clusterctl.slurm.commands import Completed, Slurm
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    run = create_run(tmp_path / "run", spec, "")
+    prepare(spec, SlurmFacts(), run_dir=str(run.path), python=sys.executable)
+    topology = (REPO / "tests" / "data" / "slurm" / "scontrol-show-topology.txt").read_text()
+    job_dir = run.job_dir("4242")
+    plan_for_job(run.path, job_dir, {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node[1-4]"},
+                 Slurm(lambda argv, timeout: Completed(0, topology, "")))
+    return job_dir
+
+
+def wait_for(condition, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
