@@ -12,18 +12,23 @@ Nothing here runs: the reader of each fact is the reporter's, passed in as data.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from clusterctl.records.healthd_state import HealthdState, StateFinding
-from clusterctl.records.node_report import MAX_EVIDENCE, MAX_RANKS, MAX_TEXT, NodeHealth, NodeReport, RankBeat
+from clusterctl.records.node_report import (
+    DIGEST_BYTES, MAGIC, MAX_DATAGRAM, MAX_EVIDENCE, MAX_RANKS, MAX_TEXT, NodeHealth, NodeReport, RankBeat,
+)
 from clusterctl.records.rank_progress import RankProgress
 
 HEALTHD_STALE_AFTER = 30.0
 """Seconds after which healthd's state file says nothing: healthd rewrites it several times a minute."""
 RETRY_AFTER = 1.0
 """Seconds before a report whose send failed (no route, a full socket buffer) is tried again."""
+SHORT_EVIDENCE = 160
+"""Characters of healthd's first reason kept when a full report must shrink to fit one datagram."""
 DOWN = ("stopped", "gone")
 """Process states whose start the reporter dates (`stopped_since`)."""
 
@@ -188,10 +193,35 @@ def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], pro
     memory = replace(memory, down_since=down_since)
     changed = changes(last, report)
     if changed:
-        return ReportDecision(report, "; ".join(changed), memory)
+        return ReportDecision(fitted(report), "; ".join(changed), memory)
     if force:
-        return ReportDecision(report, "last report", memory)
+        return ReportDecision(fitted(report), "last report", memory)
     due_after = heartbeat if memory.delivered else min(heartbeat, RETRY_AFTER)
     if monotonic - memory.last_sent_at >= due_after:
-        return ReportDecision(report, "heartbeat" if memory.delivered else "again after a failed send", memory)
+        return ReportDecision(fitted(report), "heartbeat" if memory.delivered else "again after a failed send", memory)
     return ReportDecision(None, "", memory)
+
+
+def datagram_size(report: NodeReport) -> int:
+    """The bytes `report` takes on the wire (clusterctl.records.node_report.encode), whatever the key."""
+    body = json.dumps(report.to_json(), separators=(",", ":"), allow_nan=False)
+    return len(MAGIC) + DIGEST_BYTES + len(body.encode())
+
+
+def fitted(report: NodeReport) -> NodeReport:
+    """`report` cut to one datagram (MAX_DATAGRAM): evidence lines dropped from the end down to the first,
+    that line cut to SHORT_EVIDENCE characters, and only then the last ranks dropped.
+
+    Only a node with many ranks and healthd quoting long text (non-ASCII text is sent escaped, up to
+    six bytes a character) comes near the limit; the agent still hears the verdict and its first reason.
+    """
+    def evidence(lines: tuple[str, ...]) -> NodeReport:
+        return replace(report, health=replace(report.health, evidence=lines))
+
+    while datagram_size(report) > MAX_DATAGRAM and len(report.health.evidence) > 1:
+        report = evidence(report.health.evidence[:-1])
+    if datagram_size(report) > MAX_DATAGRAM and report.health.evidence:
+        report = evidence((report.health.evidence[0][:SHORT_EVIDENCE],))
+    while datagram_size(report) > MAX_DATAGRAM and report.ranks:
+        report = replace(report, ranks=report.ranks[:-1])
+    return report

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import given, strategies as st
 
 from clusterctl.clock import Clock
 from clusterctl.errors import ClusterctlError
@@ -27,8 +28,8 @@ from clusterctl.node_dir import node_dir
 from clusterctl.progress import beat
 from clusterctl.records.actions import Action
 from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding, state_path, write_healthd_state
-from clusterctl.records.node_report import NodeHealth, NodeReport
-from clusterctl.records.rank_progress import RankProgress, read_progress, write_rank_progress
+from clusterctl.records.node_report import NodeHealth, NodeReport, decode, encode
+from clusterctl.records.rank_progress import PHASES, RankProgress, read_progress, write_rank_progress
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = bytes(range(32))
@@ -152,6 +153,22 @@ def test_a_change_the_agent_acts_on_goes_at_once_and_the_rest_waits_for_the_hear
     assert sent[0].ranks[1].stopped_since == 0.0
 
 
+@given(st.lists(st.tuples(st.sampled_from(PHASES), st.sampled_from(["running", "stopped", "gone", "unknown"]),
+                          st.sampled_from(["ok", "drain", "unknown"]), st.booleans()), max_size=30))
+def test_reports_count_up_by_one_and_a_rank_stays_dated_from_when_it_first_stopped(looks):
+    memory, seqs, first_down = ReporterMemory(), [], None
+    for tick, (phase, state, verdict, delivered) in enumerate(looks):
+        decision = next_report(IDENTITY, [progress(0, tick, phase)], {progress(0).pid: state}, NodeHealth(verdict),
+                               memory, now=T0 + tick, monotonic=tick * 0.25, heartbeat=1.0)
+        memory = decision.memory
+        first_down = None if state not in ("stopped", "gone") else (first_down or T0 + tick)
+        if decision.report is not None:
+            assert decision.report.ranks[0].stopped_since == (first_down or 0.0)
+            seqs.append(decision.report.seq)
+            memory = memory.after_send(decision.report, tick * 0.25, delivered=delivered)
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
 def test_a_report_that_failed_to_leave_is_tried_again_within_a_second_not_a_heartbeat():
     records = [progress(0)]
     decision = next_report(IDENTITY, records, {}, NodeHealth(), ReporterMemory(), now=T0, monotonic=0, heartbeat=20)
@@ -167,6 +184,18 @@ def test_a_node_with_more_ranks_than_a_report_holds_sends_the_first_64():
     decision = next_report(IDENTITY, records, {}, NodeHealth(), ReporterMemory(), now=T0, monotonic=0, heartbeat=1)
     assert decision.report is not None
     assert [b.progress.rank for b in decision.report.ranks] == list(range(1, 65))
+
+
+def test_a_full_node_with_long_healthd_evidence_still_fits_one_datagram(tmp_path):
+    many = [replace(XID_79, gpu=None, reason="é" * 2000, at_ts=T0 + i) for i in range(40)]
+    write_healthd_state(tmp_path, healthd(T0, *many))
+    health = read_node_health(tmp_path, T0)
+    records = [RankProgress(rank, "node7", 10**12, "checkpoint-save", T0 + 0.123456, 4_000_000 + rank,
+                            123456.123456, 10**12, T0 + 0.123456) for rank in range(64)]
+    report = next_report(IDENTITY, records, {}, health, ReporterMemory(), now=T0, monotonic=0, heartbeat=1).report
+    assert report is not None and len(report.ranks) == 64 and report.health.verdict == "drain"
+    assert report.health.evidence == (health.evidence[0][:160],)  # the first reason, cut to fit
+    assert decode(encode(report, KEY), KEY, "test") == report
 
 
 # ---- healthd's verdict ------------------------------------------------------------------------------
@@ -283,6 +312,24 @@ def test_a_bad_report_interval_is_one_clear_line_and_exit_2(tmp_path):
     assert done.returncode == 2
     assert done.stderr.splitlines() == ["clusterctl reporter: CLUSTERCTL_REPORT_INTERVAL: 'nan' is not a number of "
                                         "seconds (finite, not negative); not reporting"]
+
+
+def test_a_reporter_told_to_stop_sends_its_last_report_and_exits_cleanly(tmp_path):
+    write_rank_progress(tmp_path, RankProgress(0, "node7", 5, "step", time.time(), os.getpid()))
+    inbox = ReportInbox(KEY, "127.0.0.1")
+    env = {**os.environ, **settings_env(inbox.port), "CLUSTERCTL_NODE_DIR": str(tmp_path),
+           "CLUSTERCTL_REPORT_INTERVAL": "60"}
+    reporter = subprocess.Popen([sys.executable, "-m", "clusterctl.launcher.job", "reporter", "--watch-pid",
+                                 str(os.getpid())], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        assert [r.seq for r in drain_until(inbox, lambda got: len(got) >= 1)] == [1]  # the first report
+        reporter.send_signal(signal.SIGTERM)
+        assert reporter.wait(timeout=10) == 0 and reporter.stderr is not None and reporter.stderr.read() == ""
+        assert [r.seq for r in drain_until(inbox, lambda got: len(got) >= 1)] == [2]  # the last, before the heartbeat
+    finally:
+        reporter.kill()
+        reporter.wait()
+        inbox.close()
 
 
 @pytest.mark.parametrize("variable, value, said", [
