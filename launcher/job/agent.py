@@ -339,7 +339,7 @@ class Agent:
         states.update(self._states([n for n in hinted if n not in states]))
         return states
 
-    def _summarize(self, launched: Launched, watch: SignalWatch, signals: Signals) -> None:
+    def _summarize(self, launched: Launched, watch: SignalWatch, signals: Signals, state: str = "watching") -> None:
         """Rewrite the agent summary the supervisor and `clusterctl status` read (one file per interval)."""
         steps = [r.step for r in watch.records()]
         stopped = tuple(sorted({h.report.node for h in watch.signals.heard.values()
@@ -348,7 +348,7 @@ class Agent:
         try:
             write_agent_summary(self.job_dir, AgentSummary(
                 job_id=self.job_id, launch=launched.launch, at=self.doors.now(),
-                interval=max(SUMMARY_MIN_SECONDS, watch.policy.heartbeat), state="watching",
+                interval=max(SUMMARY_MIN_SECONDS, watch.policy.heartbeat), state=state,
                 nodes=len(launched.slots), reporting=signals.reporting, silent=signals.silent, stopped=stopped,
                 drained=signals.drained, min_step=min(steps) if steps else None,
                 max_step=max(steps) if steps else None, refused=refused,
@@ -384,13 +384,15 @@ class Agent:
         launch = str(self.launches)
         self.launches += 1
         policy = SignalPolicy.for_nodes(len(rank_map.rank_map.slots))
-        env.update({REPORT_KEY_ENV: self.report_key.hex(), REPORT_ADDR_ENV: f"{self.batch_host}:{self.inbox.port}",
-                    REPORT_LAUNCH_ENV: launch, REPORT_INTERVAL_ENV: f"{policy.heartbeat:g}"})
+        if self.inbox is not None:
+            env.update({REPORT_KEY_ENV: self.report_key.hex(),
+                        REPORT_ADDR_ENV: f"{self.batch_host}:{self.inbox.port}",
+                        REPORT_LAUNCH_ENV: launch, REPORT_INTERVAL_ENV: f"{policy.heartbeat:g}"})
         offset = self.doors.read_log(self.log_path, None)[1]  # where this step's lines begin
         started_at = self.doors.now()
         step = self.doors.start_step(argv, env)
         watch = SignalWatch(self.inbox, self.job_id, launch, rank_map.rank_map.slots, policy, started_at,
-                            self.doors.now)
+                            self.doors.now) if self.inbox is not None else None
         return Launched(step, job_dir, rank_map.rank_map, started_at, offset, watch, launch)
 
     def run(self, resume_from: str | None) -> int:
@@ -405,7 +407,12 @@ class Agent:
         # The job's report key: in the step's environment only, so a datagram from anyone else
         # (another user's process on a shared node, a forged packet) is refused unread.
         self.report_key = secrets.token_bytes(32)
-        self.inbox = doors.open_inbox(self.report_key)
+        self.inbox: Inbox | None = None
+        try:
+            self.inbox = doors.open_inbox(self.report_key)
+        except OSError as exc:
+            doors.say(f"cannot open the report inbox ({exc.strerror}): watching the nodes through Slurm only "
+                      f"(every {slurm_sweep_seconds(len(self.allocated)):g} s), with no hang or straggler watch")
         self.launches = 0
         launched = self._launch(self.job_dir, in_use, resume_from)
         while True:
@@ -433,6 +440,9 @@ class Agent:
                                       Allocation(in_use, self._needed(in_use), self.batch_host, hang_restarts),
                                       hung=watched.hang is not None), self.budget, self.spec.restart)
             self.doors.say(decision.message)
+            if launched.signals is not None:
+                self._summarize(launched, launched.signals, launched.signals.poll(),
+                                "recovering" if decision.act.in_allocation else "ended")
             if not decision.act.in_allocation:
                 return 0 if decision.act == Act.DONE else code or 1
             if decision.act == Act.RESTART_IN_PLACE and watched.hang is not None:

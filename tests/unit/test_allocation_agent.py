@@ -502,3 +502,25 @@ def test_a_node_an_operator_drains_is_swapped_for_the_spare_while_one_is_left(tm
                  if isinstance(e, RecoveredInAllocation))
     assert [(b.node, b.reason) for b in event.blame] == [("node2", "drained by an operator")]
     assert "swap PSU (ticket 1234)" in event.blame[0].evidence[0]
+
+
+def test_an_agent_that_cannot_open_its_report_inbox_still_recovers_through_slurm(tmp_path):
+    cluster = Cluster(fail=["node2"])
+    shell = agent(tmp_path, cluster)
+    said: list[str] = []
+
+    def no_port(key):
+        raise OSError(98, "Address already in use")
+    shell.doors.open_inbox, shell.doors.say = no_port, said.append
+    assert shell.run(None) == 0 and cluster.shrinks == [("42", ("node1", "node3"))]
+    assert any("cannot open the report inbox (Address already in use)" in line for line in said)
+    assert "CLUSTERCTL_REPORT_ADDR" not in cluster.steps[0].env
+
+
+def test_the_agent_summary_says_the_job_ended_when_the_agent_is_done(tmp_path):
+    from clusterctl.records.agent_summary import read_agent_summary
+    shell, cluster, asked, drained = straggler_agent(tmp_path, "off")  # one step that completes
+    assert shell.run(None) == 0
+    summary = read_agent_summary(shell.job_dir)
+    assert summary is not None and summary.state == "ended" and summary.nodes == 2 and summary.reporting == 2
+    assert summary.max_step is not None and summary.max_step > 0
