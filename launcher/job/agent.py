@@ -229,11 +229,17 @@ class Agent:
                 self.doors.say(f"cannot read {name} from Slurm ({exc}); judging without it")
         return states
 
-    def _hang_policy(self) -> HangPolicy:
+    def _hang_policy(self, signals: SignalPolicy) -> HangPolicy:
+        """The spec's hang timeouts, widened to what the report channel can tell apart: a node's
+        records reach the agent up to a heartbeat late (two when a datagram is lost), so healthy
+        ranks' reports differ by that much, and a node is only silent after `silent_after`."""
         r = self.spec.restart
+        lag = 2 * signals.heartbeat + 1.0
+        floor = max(r.hang_min_step_seconds, signals.silent_after)
         return HangPolicy(startup_timeout=r.hang_startup_seconds, checkpoint_timeout=r.hang_checkpoint_seconds,
-                          safety_factor=r.hang_safety_factor, min_step_timeout=r.hang_min_step_seconds,
-                          max_step_timeout=max(1800.0, r.hang_min_step_seconds))
+                          safety_factor=r.hang_safety_factor, min_step_timeout=floor,
+                          max_step_timeout=max(1800.0, floor), straggler_gap=max(HangPolicy.straggler_gap, lag),
+                          liveness_gap=max(HangPolicy.liveness_gap, lag))
 
     def _watch(self, launched: Launched, spares: int) -> Watched:
         """Wait for the step to end, for one of its nodes to fail, for its ranks to hang, or for a
@@ -255,7 +261,7 @@ class Agent:
         next_sweep = next_judge = next_summary = self.doors.monotonic()
         hints: dict[str, tuple[float, float]] = {}  # node -> (when it may be asked again, the back-off)
         rank_map = launched.rank_map
-        hangs = HangWatch.start(self._hang_policy(), launched.started_at,
+        hangs = HangWatch.start(self._hang_policy(watch.policy if watch else SignalPolicy()), launched.started_at,
                                 {r: rank_map.location(r)[0] for r in range(rank_map.world_size)})
         pattern = self.spec.restart.progress_pattern
         log_offset = launched.log_offset

@@ -250,7 +250,8 @@ def judge(progress_records: Iterable[RankProgress], policy: HangPolicy, now: flo
         return HangVerdict(False)
     stuck_ranks = tuple(s.rank for s in stuck)
     if len(stuck) < len(states):
-        if _silent_together(stuck, [s for s in states if s not in stuck], policy):
+        stuck_set = set(stuck_ranks)  # by rank: comparing whole states is quadratic at 100,000 ranks
+        if _silent_together(stuck, [s for s in states if s.rank not in stuck_set], policy):
             return HangVerdict(False)  # the rest crosses its timeout within straggler_gap: judged then
         suspects = tuple(_stuck_node(node, group, now) for node, group in _by_node(stuck))
         return HangVerdict(True, False, suspects, stuck_ranks, tuple(s.evidence for s in suspects))
