@@ -23,8 +23,10 @@ setting: one line on stderr naming the variable, exit 2.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -249,3 +251,19 @@ def main(watch_pid: int, environ: Mapping[str, str]) -> int:
         return run_reporter(settings, node_dir, watch_pid, default_doors(sender, lambda: bool(stopping)))
     finally:
         sender.close()
+        remove_node_progress(node_dir)
+
+
+def remove_node_progress(node_dir: Path) -> None:
+    """The step is over on this node: its ranks' progress files go, and the job's folders once empty
+    (tmpfs is memory; inside `clusterctl-<uid>`, 0700 and ours, so no other user can plant a path here)."""
+    shutil.rmtree(node_dir / "progress", ignore_errors=True)
+    log = node_dir / "reporter.log"
+    with contextlib.suppress(OSError):
+        if log.stat().st_size == 0:  # a log with something in it stays for whoever looks into the node
+            log.unlink()
+    for folder in (node_dir, node_dir.parent, node_dir.parent.parent):  # <node>, <launch>, <job>: only if empty
+        try:
+            folder.rmdir()
+        except OSError:
+            break
