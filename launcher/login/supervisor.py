@@ -163,6 +163,7 @@ class Supervisor:
         # The running attempt's straggler watch (jobs without an in-allocation agent): job id, watch,
         # what it acts with, when to read the ranks' progress next.
         self._stragglers: tuple[str, StragglerWatch, StragglerActions] | None = None
+        self._stragglers_said: set[tuple[str, str]] = set()  # (job, node) the live output named already
         self._next_progress_read = 0.0
 
     # ---- the loop ---------------------------------------------------------------
@@ -351,6 +352,8 @@ class Supervisor:
 
     def _watch(self, attempt: AttemptState, state: RunState) -> None:
         report = self._report(attempt)
+        if self.spec.runs_agent:
+            self._say_what_the_agent_found(attempt)
         if report is None:
             self._missing += 1
             if self._missing >= MISSING_POLLS:
@@ -419,6 +422,17 @@ class Supervisor:
             # started inside salloc) would mislead it.
             env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
             actions.act(found, {**env, "SLURM_JOB_ID": job_id}, no_swap=NO_SWAP)
+
+    def _say_what_the_agent_found(self, attempt: AttemptState) -> None:
+        """Say the stragglers the job's agent journaled since the last poll, as if found here."""
+        for event in self.run.events():
+            if isinstance(event, StragglerFound) and event.job_id == attempt.job_id and \
+                    (event.job_id, event.node) not in self._stragglers_said:
+                self._stragglers_said.add((event.job_id, event.node))
+                hardware = "; ".join(event.hardware) or "nothing explains it"
+                self.hooks.say(f"straggler {event.node} (found by the job's agent): {event.ratio:.2f}x the job's "
+                               f"compute time; GPUs: {hardware}; {event.action}"
+                               + (f"; {event.drain}" if event.drain else ""))
 
     def _agent_watching(self, attempt: AttemptState) -> bool:
         """The job's in-allocation agent wrote its summary for this job recently (its reports and its

@@ -444,3 +444,23 @@ def test_once_the_agents_summary_goes_stale_the_supervisor_reads_the_nodes_itsel
     read_at = _agent_job(tmp_path, summary_until_poll=4, ends_at_poll=20)
     # Stale after 3 intervals and 30 s (36 s here, polls 8 s apart): from the ninth poll or so.
     assert read_at and min(read_at) > 4
+
+
+def test_a_straggler_the_jobs_agent_journals_is_said_once_in_the_supervisors_output(world):
+    from clusterctl.records.run_journal import StragglerFound, append_run_event
+    run, slurm, clock, said, hooks = world
+    polls = {"n": 0}
+
+    def script() -> None:
+        polls["n"] += 1
+        if polls["n"] == 3:
+            append_run_event(run.path / "journal.jsonl", StragglerFound(
+                at=clock.now, job_id="1", node="node2", ranks=(11,), ratio=2.5, seconds=0.5, reference=0.2,
+                steps=30, since_step=20, lost_s=9.0, evidence=("rank 11 ...",), hardware=("GPU 3: thermal",),
+                action="excluded"))
+        if polls["n"] == 8:
+            slurm.end("1", "COMPLETED")
+    slurm.on_poll = script
+    assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
+    lines = [line for line in said if "straggler node2" in line]
+    assert len(lines) == 1 and "2.50x" in lines[0] and "GPU 3: thermal" in lines[0] and "excluded" in lines[0]
