@@ -8,8 +8,8 @@ What is REAL, in this (the measuring) process: the agent's ear, a `ReportInbox` 
 with a per-run random key, and a `SignalWatch` (the real `NodeSignals` judgement, `SignalPolicy.
 for_nodes(N)`), polled as the agent's `_watch` loop polls it: `poll()` then a STEP_POLL_SECONDS
 (0.2 s) sleep; once per heartbeat `records()` are fed to a real `StragglerWatch(StragglerPolicy())`
-(with --hang-watch also to a real `HangWatch(HangPolicy())`, and its verdict judged, as agent._watch
-does: off by default, see bench/README.md), and once per max(2 s,
+and to a real `HangWatch(HangPolicy())`, its verdict judged, as agent._watch does
+(--no-hang-watch leaves it out), and once per max(2 s,
 heartbeat) the agent summary is written with `write_agent_summary` into a temp dir, as the agent
 does.  Nothing asks Slurm: the single-node query the agent makes on a hint (a drained or silent
 node) and its sweep (`slurm_sweep_seconds`) are not run; their cost is given as derived figures.
@@ -593,9 +593,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step-seconds", type=float, default=1.0, help="the simulated job's step time")
     p.add_argument("--old-dir", help="where the old path's rank files go (default: the temp dir; local disk)")
     p.add_argument("--seed", type=int, default=23)
-    p.add_argument("--hang-watch", action="store_true",
-                   help="also feed the hang watch (observe + verdict) each heartbeat, as agent._watch does; off by "
-                        "default: at 12,500 nodes its verdict is quadratic once some ranks look overdue (see README)")
+    p.add_argument("--no-hang-watch", dest="hang_watch", action="store_false",
+                   help="do not feed the hang watch (observe + verdict) each heartbeat; agent._watch does, and so does "
+                        "this benchmark by default")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes for the smoke test: 50 nodes, 2 trials, 1 s steady windows, 0.05 s steps")
@@ -709,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
             "open/rename is a network round trip; the old agent's sinfo schedule and RPCs are derived from its "
             "formula max(2, 0.25 x nodes) s, not run.",
             "Steady windows include every heartbeat's feed of the straggler watch"
-            + (" and the hang watch" if args.hang_watch else " (not the hang watch: --hang-watch)")
+            + (" and the hang watch" if args.hang_watch else " (not the hang watch: --no-hang-watch)")
             + " and the summary writes.",
             "The agent's loop is single-threaded (as agent._watch): while the per-heartbeat feed of the hang and "
             "straggler watches runs, no poll() runs, so a fault injected then waits for the feed to end.",

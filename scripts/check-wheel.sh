@@ -67,7 +67,7 @@ where=$("$venv/bin/python" -c 'import clusterctl.launcher, sys; print(clusterctl
 import importlib.resources, sys
 templates = importlib.resources.files("clusterctl.sbatch_templates")
 found = sorted(p.name for p in templates.iterdir() if p.name.endswith(".sbatch"))
-if found != ["srun.sbatch", "srun_in_allocation.sbatch", "torchrun.sbatch"]:
+if found != ["srun.sbatch", "torchrun.sbatch"]:
     sys.exit(f"check-wheel: templates in the wheel: {found}")
 healthd = importlib.resources.files("clusterctl.healthd")
 for name in ("healthd.example.toml", "systemd/healthd.service"):
