@@ -54,6 +54,7 @@ nodes takes about 12 minutes on a 2-core machine.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import multiprocessing
@@ -76,7 +77,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from stats import percentile  # noqa: E402
 
-from clusterctl.launcher.job.agent import STEP_POLL_SECONDS, SUMMARY_MIN_SECONDS  # noqa: E402
+from clusterctl.launcher.job.agent import (  # noqa: E402
+    STEP_POLL_SECONDS, SUMMARY_MIN_SECONDS, collect_garbage_rarely,
+)
 from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender  # noqa: E402
 from clusterctl.launcher.job.signal_watch import SignalWatch  # noqa: E402
 from clusterctl.launcher.pure.hang_watch import HangPolicy, HangWatch  # noqa: E402
@@ -612,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.monotonic()
     rng = random.Random(args.seed)
+    python_default_gc = gc.get_threshold()
+    collect_garbage_rarely()  # as the agent's process does (launcher/job/__main__.py)
     nodes = [node_name(i) for i in range(args.nodes)]
     policy = SignalPolicy.for_nodes(args.nodes)
     heartbeat = heartbeat_seconds(args.nodes)
@@ -663,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
             senders.stop()
         inbox.close()
         shutil.rmtree(job_dir, ignore_errors=True)
+    gc.set_threshold(*python_default_gc)  # the old agent ran with Python's default
     say(f"old path: {args.nodes * RANKS_PER_NODE:,} rank files, {args.old_trials} trials")
     old = old_path(args.nodes, args.old_trials, args.old_dir)
     sweep = slurm_sweep_seconds(args.nodes)

@@ -48,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan_for_job(args.run_dir, args.job_dir, os.environ, Slurm())
             return 0
         if args.what == "agent":
-            from clusterctl.launcher.job.agent import Agent, default_doors
+            from clusterctl.launcher.job.agent import Agent, collect_garbage_rarely, default_doors
+            collect_garbage_rarely()
             from clusterctl.launcher.shared.runs import RunDir
             agent = Agent(args.run_dir, args.job_dir, RunDir(args.run_dir).spec(), os.environ, default_doors())
             return agent.run(args.resume_from or None)

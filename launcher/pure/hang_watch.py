@@ -34,6 +34,7 @@ import re
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from clusterctl.errors import HostlistError
 from clusterctl.launcher.pure.classify import Blame
@@ -96,7 +97,13 @@ class StepTimes:
 
     def with_sample(self, seconds_per_step: float) -> StepTimes:
         """These times with one more observed per-step duration (the oldest drops out of the window)."""
-        return replace(self, recent=(*self.recent, seconds_per_step)[-self.window:])
+        return self.with_samples((seconds_per_step,))
+
+    def with_samples(self, seconds_per_step: Sequence[float]) -> StepTimes:
+        """These times with more observed per-step durations, oldest first (the window keeps the newest)."""
+        if not seconds_per_step:
+            return self
+        return replace(self, recent=(*self.recent, *seconds_per_step[-self.window:])[-self.window:])
 
     def learn(self, before: RankProgress | None, after: RankProgress, warmup_until: int) -> StepTimes:
         """Learn from two successive reports of one rank: the time per step between them.
@@ -104,10 +111,16 @@ class StepTimes:
         Only step-phase reports that advanced, both past the warm-up (`before.step >= warmup_until`);
         a step number that went back (the program restarted) teaches nothing.
         """
-        if (before is None or before.phase != "step" or after.phase != "step" or before.step < warmup_until
-                or after.step <= before.step or after.at <= before.at):
-            return self
-        return self.with_sample((after.at - before.at) / (after.step - before.step))
+        sample = seconds_per_step(before, after, warmup_until)
+        return self if sample is None else self.with_sample(sample)
+
+
+def seconds_per_step(before: RankProgress | None, after: RankProgress, warmup_until: int) -> float | None:
+    """The time per step between two successive reports of one rank (see StepTimes.learn), or None."""
+    if (before is None or before.phase != "step" or after.phase != "step" or before.step < warmup_until
+            or after.step <= before.step or after.at <= before.at):
+        return None
+    return (after.at - before.at) / (after.step - before.step)
 
 
 @dataclass(frozen=True)
@@ -157,9 +170,9 @@ class LoggedStep:
     first_step: int
 
 
-@dataclass(frozen=True)
-class RankState:
-    """One rank as judged: its last report of this launch (None: never reported), timeout and silence."""
+class RankState(NamedTuple):
+    """One rank as judged: its last report of this launch (None: never reported), timeout and silence.
+    A tuple, not a dataclass: a verdict at 100,000 ranks makes one per rank."""
 
     rank: int
     node: str
@@ -281,16 +294,21 @@ class HangWatch:
 
     def observe(self, records: Iterable[RankProgress]) -> HangWatch:
         """The watch after reading these reports: newest report per rank, and step times learned."""
-        latest, first_steps, times = dict(self.latest), dict(self.first_steps), self.step_times
+        latest, first_steps = dict(self.latest), dict(self.first_steps)
+        warmup, started_at = self.policy.warmup_steps, self.started_at
+        samples: list[float] = []  # learned in one go: at 100,000 ranks a new StepTimes per report costs seconds
         for record in records:
-            if record.at < self.started_at or latest.get(record.rank) == record:
+            rank = record.rank
+            before = latest.get(rank)
+            if record.at < started_at or before == record:
                 continue
             if record.phase == "step":
-                first_steps.setdefault(record.rank, record.step)
-            warmup_until = first_steps.get(record.rank, 0) + self.policy.warmup_steps
-            times = times.learn(latest.get(record.rank), record, warmup_until)
-            latest[record.rank] = record
-        return replace(self, latest=latest, first_steps=first_steps, step_times=times)
+                first_steps.setdefault(rank, record.step)
+            sample = seconds_per_step(before, record, first_steps.get(rank, 0) + warmup)
+            if sample is not None:
+                samples.append(sample)
+            latest[rank] = record
+        return replace(self, latest=latest, first_steps=first_steps, step_times=self.step_times.with_samples(samples))
 
     def observe_log_step(self, step: int, at: float) -> HangWatch:
         """The watch after the job's log showed `step` at `at` (progress of every rank, learned from too)."""
@@ -322,6 +340,11 @@ def _rank_states(records: Iterable[RankProgress], policy: HangPolicy, now: float
     reports = {r.rank: r for r in records if r.at >= started_at and (not expected or r.rank in expected)}
     ranks = sorted(set(expected) | set(reports))
     states = []
+    never = PhaseTimeout(policy.startup_timeout, "startup", f"start-up timeout {_seconds(policy.startup_timeout)} s")
+    # A rank's timeout depends only on its phase and whether it is still warming up: computed once
+    # for each such pair, not once per rank (at 100,000 ranks that is most of a verdict's time).
+    timeouts: dict[tuple[str, bool], PhaseTimeout] = {}
+    warmup = policy.warmup_steps
     for rank in ranks:
         report = reports.get(rank)
         node = report.node if report is not None else expected[rank]
@@ -329,11 +352,13 @@ def _rank_states(records: Iterable[RankProgress], policy: HangPolicy, now: float
         if logged is not None and logged.at >= started_at and (report is None or logged.at > report.at):
             report, first = _as_report(logged, rank, node), logged.first_step
         if report is None:
-            timeout = PhaseTimeout(policy.startup_timeout, "startup",
-                                   f"start-up timeout {_seconds(policy.startup_timeout)} s")
-            states.append(RankState(rank, node, None, timeout, max(0.0, now - started_at)))
+            states.append(RankState(rank, node, None, never, max(0.0, now - started_at)))
             continue
-        timeout = phase_timeout(policy, times, report.phase, report.step - first)
+        into = report.step - first
+        key = (report.phase, into < warmup)
+        timeout = timeouts.get(key)
+        if timeout is None:
+            timeout = timeouts[key] = phase_timeout(policy, times, report.phase, into)
         states.append(RankState(rank, node, report, timeout, max(0.0, now - report.at)))
     return states
 

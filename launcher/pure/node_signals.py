@@ -115,25 +115,43 @@ class NodeSignals:
     heard: Mapping[str, Heard] = field(default_factory=dict)
     ignored: int = 0
     """Reports of another job, another launch, a node not in the step, or older than the one held."""
+    members: frozenset[str] = frozenset()
+    """`nodes` as a set."""
+    # What the held reports say, kept as each arrives so that `judge` (every 0.2 s) looks only at the
+    # few nodes that matter, not at 12,500 reports: nodes with a stopped rank, nodes with no rank
+    # running, nodes whose healthd says drain.
+    stopping: frozenset[str] = frozenset()
+    idle: frozenset[str] = frozenset()
+    draining: frozenset[str] = frozenset()
 
     @classmethod
     def start(cls, policy: SignalPolicy, job_id: str, launch: str, nodes: Sequence[str],
               started_at: float) -> NodeSignals:
         """The signals of step `launch` of job `job_id` on `nodes`, launched at `started_at`."""
-        return cls(policy, job_id, launch, tuple(nodes), started_at)
+        return cls(policy, job_id, launch, tuple(nodes), started_at, members=frozenset(nodes))
 
     def observe(self, reports: Iterable[NodeReport], at: float) -> NodeSignals:
         """Take the reports received at `at`: each node's newest (by `seq`, a restarted reporter's
         by its send time) replaces the one held; others' reports are counted and dropped."""
-        heard, ignored, members = dict(self.heard), self.ignored, set(self.nodes)
+        heard, ignored, members = dict(self.heard), self.ignored, self.members
+        stopping, idle, draining = set(self.stopping), set(self.idle), set(self.draining)
         for report in reports:
-            held = heard.get(report.node)
-            if report.job_id != self.job_id or report.launch != self.launch or report.node not in members or (
+            node = report.node
+            held = heard.get(node)
+            if report.job_id != self.job_id or report.launch != self.launch or node not in members or (
                     held is not None and report.seq <= held.report.seq and report.sent_at <= held.report.sent_at):
                 ignored += 1
                 continue
-            heard[report.node] = Heard(report, at)
-        return replace(self, heard=heard, ignored=ignored)
+            heard[node] = Heard(report, at)
+            processes = {beat.process for beat in report.ranks}
+            for marked, now_true in ((stopping, "stopped" in processes), (idle, "running" not in processes),
+                                     (draining, report.health.verdict == "drain")):
+                if now_true:
+                    marked.add(node)
+                else:
+                    marked.discard(node)
+        return replace(self, heard=heard, ignored=ignored, stopping=frozenset(stopping), idle=frozenset(idle),
+                       draining=frozenset(draining))
 
     def records(self) -> tuple[RankProgress, ...]:
         """Every rank's newest progress record, as the hang and straggler watches take them."""
@@ -153,21 +171,21 @@ class NodeSignals:
             else:
                 reporting += 1
         channel = len(silent) >= 2 and 2 * len(silent) > len(self.nodes)
-        drained = tuple(node for node in self.nodes if node in self.heard and node not in silent
-                        and self.heard[node].report.health.verdict == "drain")
-        return Signals(self._frozen(at, set(silent)), drained, () if channel else tuple(silent),
+        quiet = set(silent)
+        drained = tuple(node for node in self.nodes if node in self.draining and node not in quiet) \
+            if self.draining - quiet else ()
+        return Signals(self._frozen(at, quiet), drained, () if channel else tuple(silent),
                        len(silent) if channel else 0, reporting)
 
     def _frozen(self, at: float, silent: set[str]) -> HangVerdict | None:
         stopped: dict[str, tuple[list[int], float]] = {}
-        running_nodes = 0
-        for node, heard in self.heard.items():
-            if node in silent:
-                continue
+        # Heard, not silent, with a rank running: every heard node but the silent and the idle ones.
+        running_nodes = (len(self.heard) - sum(1 for node in silent if node in self.heard)
+                         - sum(1 for node in self.idle if node not in silent))
+        for node in sorted(self.stopping - silent):
+            heard = self.heard[node]
             report = heard.report
             frozen = [b for b in report.ranks if b.process == "stopped" and b.stopped_since > 0]
-            if any(b.process == "running" for b in report.ranks):
-                running_nodes += 1
             if not frozen or len(frozen) < len([b for b in report.ranks if b.process != "gone"]):
                 continue  # a node is frozen when every rank it still has stopped
             for_s = min(report.sent_at - b.stopped_since for b in frozen) + (at - heard.at)
