@@ -1,8 +1,9 @@
 """The in-job agent: runs a job's ranks as srun steps, hears its nodes, and recovers inside the allocation.
 
-`python -m clusterctl.launcher.job agent` (sbatch_templates/srun.sbatch: every job of launch style
-srun; one with spares is submitted with --no-kill) plans the rank map over the allocation's
-healthy nodes, runs every rank as one srun step, and hears each node's reporter (see
+`python -m clusterctl.launcher.job agent` (sbatch_templates/srun.sbatch and torchrun.sbatch: every job
+with a built-in template; one with spares is submitted with --no-kill) plans the rank map over the
+allocation's healthy nodes, runs every rank as one srun step (torchrun style: one torchrun per node,
+static rendezvous on the map's first node), and hears each node's reporter (see
 docs/architecture.md, "In-job signals"): frozen ranks, healthd's drains, hangs and stragglers, and
 asks Slurm only about a node a report points at (clusterctl.launcher.classify.hardware_suspects:
 drained by healthd, DOWN, silent past restart.unresponsive_seconds) plus a budgeted sweep.
@@ -109,6 +110,24 @@ def resized_environment(environ: Mapping[str, str], nodes: Sequence[str]) -> dic
         if per_node.isdigit() and all(part.split("(", 1)[0] == per_node for part in value.split(",")):
             env[key] = f"{per_node}(x{len(nodes)})" if len(nodes) > 1 else per_node
     return env
+
+
+def step_argv(spec: JobSpec, python: str, job_dir: Path, command: Sequence[str]) -> tuple[list[str], str]:
+    """srun's argv for one step of the job's ranks, and the SLURM_HOSTFILE it places them with.
+
+    srun style: one task per GPU (`job rank`, placed by the per-GPU hostfile); torchrun style: one
+    task per node (`job node`, placed by the node file), each becoming torchrun with the map's node
+    rank and the map's first node as its rendezvous host, so a step planned without a failed node
+    has its own rendezvous host whichever node failed."""
+    # --overlap: a step ended because a node died stays "completing" at slurmctld until that node is
+    # declared DOWN; without it the new step waits ("Requested nodes are busy") for the dead node.
+    if spec.launch.style == "torchrun":
+        tasks, wrapper, hostfile = spec.job.nodes, "node", job_dir / "nodefile"
+    else:
+        tasks, wrapper, hostfile = spec.world_size, "rank", job_dir / "hostfile"
+    argv = ["srun", "--distribution=arbitrary", f"--ntasks={tasks}", "--kill-on-bad-exit=1", "--overlap",
+            python, "-m", "clusterctl.launcher.job", wrapper, "--job-dir", str(job_dir), "--", *command]
+    return argv, str(hostfile)
 
 
 @dataclass(frozen=True)
@@ -395,12 +414,8 @@ class Agent:
         rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm)
         if resume_from:
             env[self.spec.checkpoint.resume_env] = resume_from
-        env["SLURM_HOSTFILE"] = str(job_dir / "hostfile")
         command = launch_command(self.spec, str(self.run_dir), resume_from)
-        # --overlap: a step ended because a node died stays "completing" at slurmctld until that node is
-        # declared DOWN; without it the new step waits ("Requested nodes are busy") for the dead node.
-        argv = ["srun", "--distribution=arbitrary", f"--ntasks={self.spec.world_size}", "--kill-on-bad-exit=1",
-                "--overlap", self.python, "-m", "clusterctl.launcher.job", "rank", "--job-dir", str(job_dir), "--", *command]
+        argv, env["SLURM_HOSTFILE"] = step_argv(self.spec, self.python, job_dir, command)
         launch = str(self.launches)
         self.launches += 1
         policy = SignalPolicy.for_nodes(len(rank_map.rank_map.slots))

@@ -182,9 +182,12 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
     if dry_run:
         if as_json:
             click.echo(json.dumps({"dry_run": True, "run_dir": str(path), "sbatch_argv": list(request.sbatch_argv),
-                                   "script": request.script, "warnings": warnings}, indent=2, sort_keys=True))
+                                   "script": request.script, "command": list(request.command), "warnings": warnings},
+                                  indent=2, sort_keys=True))
         else:
             click.echo(f"# would run: {shlex.join(request.sbatch_argv)}")
+            shown = printable(shlex.join(request.command)).replace("\n", "\\n")  # one line, whatever the spec holds
+            click.echo(f"# every rank runs: {shown}")
             click.echo(request.script, nl=False)
         return
     run = create_submission_run(submission, spec_file.read_text())

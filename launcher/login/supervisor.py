@@ -59,7 +59,7 @@ LOG_TAIL_BYTES = 64 * 1024
 SINGLE_NODE_READS = 32  # a job on more nodes reads the (shared) node table once instead of each node alone
 AGENT_GRACE_SECONDS = 60.0
 """With spares, how long a failed node may stay in a running job before the supervisor (not the job's agent) ends it."""
-NO_SWAP = ("the job has no in-job agent to swap nodes (launch style srun with spare_nodes and "
+NO_SWAP = ("the job has no in-job agent to swap nodes (a built-in launch template with spare_nodes and "
            "restart.recover = in-allocation)")
 """Why a straggler the supervisor finds is excluded rather than swapped."""
 CHANGING_STATES = frozenset({"CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"})

@@ -50,6 +50,8 @@ class SubmitRequest:
     sbatch_argv: tuple[str, ...]
     warnings: tuple[str, ...]
     resume_from: str | None = None
+    command: tuple[str, ...] = ()
+    """What every rank runs (the in-job agent starts it; the script does not show it), resume arguments included."""
 
 
 def fewest_leaves(topology: Topology, nodes: int, excluded: Collection[str] = ()) -> int | None:
@@ -217,7 +219,10 @@ def prepare(spec: JobSpec, template: Template, facts: SlurmFacts, *, run_dir: st
     script = render_script(spec, template, run_dir=run_dir, python=python, attempt=attempt, resume_from=resume_from)
     argv, warnings = sbatch_argv(spec, facts, run_dir=run_dir, script_path=script_path, exclude=exclude,
                                  no_requeue=no_requeue, comment=comment)
-    if spec.job.spare_nodes and spec.restart.recover == "in-allocation" and not spec.recovers_in_allocation:
-        warnings.append(f"spare_nodes with launch style {spec.launch.style}: node failures are recovered by "
-                        "resubmission only (recovery inside the allocation needs style srun)")
-    return SubmitRequest(run_dir, script_path, script, tuple(argv), tuple(warnings), resume_from)
+    if spec.recovers_in_allocation and not spec.runs_agent:
+        warnings.append(f"spare_nodes with your own template ({spec.launch.template}): the allocation is kept "
+                        "when a node fails (--no-kill), and only clusterctl's agent swaps a spare in; the "
+                        "template must run `python -m clusterctl.launcher.job agent` as the built-in ones do, "
+                        "or node failures are recovered by resubmission")
+    return SubmitRequest(run_dir, script_path, script, tuple(argv), tuple(warnings), resume_from,
+                         tuple(_command(spec, run_dir, resume_from)))

@@ -166,7 +166,7 @@ FIELDS: tuple[Field, ...] = (
           "{75 = 'restart', 76 = 'exclude-node', 77 = 'stop'}: restart from the last checkpoint (not counted as "
           "a program failure), restart without the node(s) whose ranks exited so (blamed), or stop the run. "
           "Read from srun's 'Exited with exit code N' lines.", {}),
-    Field("restart", "recover", "choice", "With spare_nodes and launch style srun: `in-allocation` keeps the "
+    Field("restart", "recover", "choice", "With spare_nodes (either launch style): `in-allocation` keeps the "
           "allocation when a node fails (--no-kill), gives the node back to Slurm and starts a new step on a "
           "spare from the last complete checkpoint, without queueing again; `resubmit`: always through the "
           "queue.", "in-allocation", choices=("in-allocation", "resubmit")),
@@ -278,14 +278,15 @@ class JobSpec:
 
     @property
     def runs_agent(self) -> bool:
-        """The job script runs clusterctl's in-job agent (the built-in srun template): it hears the nodes'
-        reports, and the supervisor reads its summary instead of the ranks' progress files."""
-        return self.launch.style == "srun" and not self.launch.template
+        """The job script runs clusterctl's in-job agent (the built-in srun and torchrun templates): it hears
+        the nodes' reports, and the supervisor reads its summary instead of the ranks' progress files."""
+        return not self.launch.template
 
     @property
     def recovers_in_allocation(self) -> bool:
-        """Node failures are recovered inside the allocation, on spares (srun style with spares only)."""
-        return self.job.spare_nodes > 0 and self.launch.style == "srun" and self.restart.recover == "in-allocation"
+        """Node failures are recovered inside the allocation, on spares (a job with spares whose spec does not
+        ask for recovery by resubmission; either launch style)."""
+        return self.job.spare_nodes > 0 and self.restart.recover == "in-allocation"
 
     def checkpoint_dir(self, run_dir: str) -> str | None:
         """The checkpoint directory with `{run_dir}` filled in."""

@@ -1,8 +1,9 @@
 """Real PyTorch on the testbed: examples/torch_trainer.py (DDP over gloo on CPU, DCP checkpoints) on
 2 nodes x 2 emulated GPUs, launched by the real torchrun (static rendezvous, --node-rank from the
 rank map) and by the srun style.  A GPU falls off the bus (Xid 79) or a rank dies mid-save; the
-supervisor resumes from the last complete DCP checkpoint and the run ends bit-identical to an
-uninterrupted one.
+supervisor resumes from the last complete DCP checkpoint, or with a spare the job's agent swaps
+the node inside the allocation (the rendezvous host included), and the run ends bit-identical to
+an uninterrupted one.
 
 Only on this machine's Slurm (CLUSTERCTL_TEST_SLURM=host): jobs there run with this checkout's
 virtualenv, the one PyTorch is installed into; the other releases' root filesystems have no PyTorch."""
@@ -37,16 +38,18 @@ RECORDS = str(TEST_LAYOUT.root / "job-health")
 STEPS = 40
 
 
-def _spec(cluster, tmp_path: Path, style: str, *extra: str) -> Path:
+def _spec(cluster, tmp_path: Path, style: str, *extra: str, spares: int = 0, exclude: str = "") -> Path:
     command = [str(cluster.python), "torch_trainer.py", "--checkpoint-dir", "{checkpoint_dir}", "--steps", str(STEPS),
                "--checkpoint-every", "10", "--step-time", "0.25", "--timeout", "30", *extra]
     path = tmp_path / "job.toml"
+    excluded = f'exclude = "{exclude}"\n' if exclude else ""
     path.write_text(f"""\
 [job]
 name = "torch-{style}"
 nodes = 2
+spare_nodes = {spares}
 gpus_per_node = 2
-[launch]
+{excluded}[launch]
 style = "{style}"
 command = {json.dumps(command)}
 workdir = "{REPO / 'examples'}"
@@ -182,3 +185,33 @@ def test_torchrun_an_xid_79_mid_run_resumes_from_the_last_complete_dcp_checkpoin
     assert {r: (rec.slurm_procid, rec.node) for r, rec in records.items()} == {
         r: (str(r // 2), again.location(r)[0]) for r in range(4)}
     assert decided[1].outcome == "completed" and _events(run_dir, "done")
+
+
+def test_torchrun_with_a_spare_goes_on_on_it_when_the_rendezvous_host_fails_bit_identical_without_the_queue(
+        cluster, tmp_path, reference):
+    # Without node1 the allocation is node[2-4]: the map keeps node3 and node4 under one leaf, the
+    # batch host node2 (where the agent runs) is the spare, and rank 0 / torchrun's rendezvous host
+    # is node3, which then falls off the bus.
+    run_dir = tmp_path / "run"
+    proc = _supervised(cluster, _spec(cluster, tmp_path, "torchrun", spares=1, exclude="node1"), run_dir)
+    _wait_for(run_dir / "checkpoints" / "step-00000010" / ".metadata", proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    first = read_rank_map(run_dir / "jobs" / job)
+    rendezvous = first.master_addr
+    assert rendezvous == first.slots[0] and rendezvous != "node2" and first.unused_nodes == ("node2",), first
+    inject(cluster.nvml_dir(rendezvous), Fault("xid", gpu=0, value=79))
+    code, out = _finish(proc)
+    assert code == 0, out
+    log = _log(run_dir)
+    assert _final(run_dir) == reference, out + log
+    assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
+    recovered = _events(run_dir, "recovered-in-allocation")
+    assert len(recovered) == 1 and [b.node for b in recovered[0].blame] == [rendezvous], out
+    assert recovered[0].given_back == (rendezvous,) and 10 <= recovered[0].checkpoint_step < STEPS, out
+    again = read_rank_map(run_dir / "jobs" / job / "restart-1")
+    assert rendezvous not in again.slots and "node2" in again.slots and again.master_addr == again.slots[0]
+    # The real torchrun ran again, one Slurm task per node, on the new map's nodes.
+    records = read_rank_records(run_dir / "jobs" / job / "restart-1")
+    assert {r: (rec.slurm_procid, rec.node) for r, rec in records.items()} == {
+        r: (str(r // 2), again.location(r)[0]) for r in range(4)}
+    assert f"resumed from {recovered[0].checkpoint}" in log, log

@@ -91,17 +91,17 @@ class FakeSlurm:
         self.cluster.shrinks.append((job_id, tuple(keep)))
 
 
-def agent(tmp_path: Path, cluster: Cluster) -> Agent:
+def agent(tmp_path: Path, cluster: Cluster, text: str = SPEC, batch_host: str = "node1") -> Agent:
     tmp_path.mkdir(parents=True, exist_ok=True)
     spec_path = tmp_path / "toy.toml"
-    spec_path.write_text(SPEC)
+    spec_path.write_text(text)
     spec = load_spec(spec_path)
-    run = create_run(tmp_path / "run", spec, SPEC)
+    run = create_run(tmp_path / "run", spec, text)
     checkpoint = run.path / "checkpoints" / "step-00000020"
     checkpoint.mkdir(parents=True)
     (checkpoint / "params.json").write_bytes(b"{}")
     (checkpoint / "manifest.json").write_text(json.dumps({"step": 20, "params_sha256": hashlib.sha256(b"{}").hexdigest()}))
-    environ = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-3]", "SLURMD_NODENAME": "node1",
+    environ = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "node[1-3]", "SLURMD_NODENAME": batch_host,
                "SLURM_JOB_NUM_NODES": "3", "SLURM_JOB_CPUS_PER_NODE": "16(x3)"}
     clock = [0.0]
 
@@ -129,6 +129,39 @@ def test_a_drained_node_is_given_back_and_a_spare_runs_the_next_step_from_the_ch
         [(1, ["node2"], ("node2",), 20)]
     assert sorted(events[0].nodes) == ["node1", "node3"]
     assert "node2" in replay(read_run_journal(shell.run_dir / "journal.jsonl").events).blamed
+
+
+class RendezvousCluster(Cluster):
+    """The node of the first step's rank 0 (torchrun's rendezvous host) is drained by healthd."""
+
+    def tick(self, step):
+        if len(self.steps) == 1 and self.polls == 2:
+            from clusterctl.records.rank_map import read_rank_map
+            self.fail = [read_rank_map(Path(step.argv[step.argv.index("--job-dir") + 1])).master_addr]
+        super().tick(step)
+
+
+def test_torchrun_whose_rendezvous_host_fails_goes_on_on_the_spare_with_a_new_rendezvous_host(tmp_path):
+    cluster = RendezvousCluster(fail=[])
+    shell = agent(tmp_path, cluster, SPEC.replace("[launch]\n", '[launch]\nstyle = "torchrun"\n'),
+                  batch_host="node3")
+    assert shell.run(None) == 0
+    first, second = cluster.steps
+    from clusterctl.records.rank_map import read_rank_map
+    maps = [read_rank_map(Path(step.argv[step.argv.index("--job-dir") + 1])) for step in (first, second)]
+    failed = maps[0].master_addr
+    assert failed in maps[0].slots and failed not in maps[1].slots
+    assert maps[1].master_addr in maps[1].slots and sorted(maps[1].slots) == sorted({"node1", "node2", "node3"} - {failed})
+    # One torchrun per node, placed by the node file (not one task per GPU).
+    for step, rank_map in zip((first, second), maps):
+        assert step.argv[:6] == ["srun", "--distribution=arbitrary", "--ntasks=2", "--kill-on-bad-exit=1",
+                                 "--overlap", "/venv/bin/python"]
+        assert step.argv[8:10] == ["node", "--job-dir"]
+        job_dir = Path(step.argv[10])
+        assert step.env["SLURM_HOSTFILE"] == str(job_dir / "nodefile")
+        assert (job_dir / "nodefile").read_text().split() == list(rank_map.slots)
+    assert second.argv[-2:] == ["--resume", str(shell.run_dir / "checkpoints" / "step-00000020")]
+    assert [(job, set(kept)) for job, kept in cluster.shrinks] == [("42", set(maps[1].slots))]
 
 
 def test_with_no_spare_left_the_job_ends_with_the_node_still_in_it_for_the_supervisor(tmp_path):

@@ -89,8 +89,9 @@ def test_rendered_script_and_argv_match_golden(name):
 def test_resume_reaches_the_program_as_arguments_and_environment():
     request = _requests()["torchrun-resume"]
     assert "export CLUSTERCTL_RESUME_FROM=/ckpt/llama/iter_0000200" in request.script
-    assert "--load /ckpt/llama/iter_0000200" in request.script
-    assert "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2" in request.script
+    assert "--resume-from /ckpt/llama/iter_0000200" in request.script  # the agent's, which builds the command
+    assert request.command[-2:] == ("--load", "/ckpt/llama/iter_0000200")
+    assert "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 2" in " ".join(request.command)
     assert "export CUDA_DEVICE_MAX_CONNECTIONS=1" in request.script
     assert "--exclude=node9,node[2,4]" in request.sbatch_argv and "--no-requeue" in request.sbatch_argv
     assert "--switches=2@10:00" in request.sbatch_argv and request.sbatch_argv[-1] == request.script_path
@@ -187,8 +188,19 @@ def test_a_resubmission_without_failed_nodes_asks_for_the_leaves_that_remain():
     assert "--switches=2@5:00" in argv and "--exclude=node[2-3]" in argv
 
 
-def test_spares_with_torchrun_say_they_recover_by_resubmission_only():
+def test_torchrun_with_spares_keeps_its_allocation_when_a_node_fails_and_its_script_runs_the_agent():
     torchrun = parse_spec(TORCHRUN, "llama.toml", base_dir=Path("/work/llama"))
     request = prepare(torchrun, load_template(torchrun), FACTS, run_dir="/r", python=PYTHON)
-    assert any("recovered by resubmission only" in w for w in request.warnings)
-    assert "--no-kill" not in request.sbatch_argv
+    assert request.warnings == () and "--no-kill" in request.sbatch_argv
+    assert "--ntasks-per-node=1" in request.sbatch_argv
+    assert "exec \"$python\" -m clusterctl.launcher.job agent" in request.script
+
+
+def test_spares_with_a_template_of_your_own_say_it_must_run_the_agent(tmp_path):
+    template = tmp_path / "mine.sbatch"
+    template.write_text("#!/bin/bash\n{{header}}\nsrun {{command}}\n")
+    spec = parse_spec(TORCHRUN.replace('style = "torchrun"', f'style = "torchrun"\ntemplate = "{template}"'),
+                      "llama.toml", base_dir=tmp_path)
+    request = prepare(spec, load_template(spec), FACTS, run_dir="/r", python=PYTHON)
+    assert "--no-kill" in request.sbatch_argv
+    assert [w for w in request.warnings if "must run `python -m clusterctl.launcher.job agent`" in w]

@@ -79,7 +79,7 @@ def test_checkpoint_dir_placeholder_with_a_checkpoint_dir_is_filled():
     assert "--save=/runs/r/ck" in launch_command(spec, "/runs/r", None)  # what the agent starts each rank with
     torchrun = replace(spec, launch=replace(spec.launch, style="torchrun"))
     assert "--save=/runs/r/ck" in prepare(torchrun, load_template(torchrun), SlurmFacts(), run_dir="/runs/r",
-                                          python="p").script
+                                          python="p").command
 
 
 # ---- spec --markdown SPEC -----------------------------------------------------------------------

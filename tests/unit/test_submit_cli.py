@@ -66,6 +66,19 @@ def test_dry_run_json_is_the_exact_request_and_submits_nothing(slurm, tmp_path):
     assert not (tmp_path / "r").exists() and not any(c[0] == "sbatch" and "--parsable" in c for c in slurm.calls)
 
 
+def test_dry_run_shows_what_every_rank_runs_on_one_line_though_the_agent_starts_it(slurm, tmp_path):
+    spec = tmp_path / "job.toml"
+    spec.write_text((REPO / "examples" / "toy_trainer.toml").read_text().replace(
+        'command = ["python3", "toy_trainer.py"', 'command = ["python3", "toy_trainer.py", "--note", "two\\nlines"'))
+    result = CliRunner().invoke(cli, ["submit", str(spec), "--dry-run", "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    shown = [line for line in result.output.splitlines() if line.startswith("# every rank runs: ")]
+    assert len(shown) == 1 and shown[0].startswith("# every rank runs: python3 toy_trainer.py --note 'two\\nlines' ")
+    as_json = json.loads(CliRunner().invoke(cli, ["submit", str(spec), "--dry-run", "--json", "--run-dir",
+                                                  str(tmp_path / "r")]).output)
+    assert as_json["command"][:4] == ["python3", "toy_trainer.py", "--note", "two\nlines"]
+
+
 def test_submit_writes_the_run_and_prints_job_and_where_to_look(slurm, tmp_path):
     result = CliRunner().invoke(cli, ["submit", EXAMPLE, "--time", "20:00", "-e", "NCCL_DEBUG=INFO"])
     assert result.exit_code == 0, result.output

@@ -28,9 +28,11 @@ STEP_SECONDS = {"node1": 0.05, "node2": 0.15, "node3": 0.05}  # node2's ranks co
 
 def _run(tmp_path, action: str, journaled_before: bool = False):
     spec = load_spec(REPO / "examples" / "toy_trainer.toml")
-    # torchrun: a job with no in-job agent, whose straggler watch is the supervisor's.
+    # A template of its own: a job with no in-job agent, whose straggler watch is the supervisor's.
+    template = tmp_path / "mine.sbatch"
+    template.write_text("#!/bin/bash\n{{header}}\nsrun {{command}}\n")
     spec = replace(spec, stragglers=replace(spec.stragglers, action=action),
-                   launch=replace(spec.launch, style="torchrun"))
+                   launch=replace(spec.launch, template=str(template)))
     run = create_run(tmp_path / "run", spec, "")
     if journaled_before:  # what a supervisor that died meanwhile had found in job 1
         append_run_event(run.path / "journal.jsonl", StragglerFound(
