@@ -77,6 +77,31 @@ def test_a_signed_but_malformed_report_is_refused_saying_what_is_wrong(change: d
     assert said in str(caught.value) or said == caught.value.kind
 
 
+RANK_FIELDS = ("rank", "step", "pid", "compute_steps", "at", "compute_s", "alive_at", "stopped_since", "phase",
+               "process")
+HOSTILE = st.one_of(st.just(-1), st.just(-0.5), st.just(True), st.just(False), st.just(None), st.just("7"),
+                    st.just([1]), st.just({"a": 1}), st.just(1e400), st.floats(allow_nan=True).filter(lambda v: v != v),
+                    st.text(max_size=5).filter(lambda t: t not in PHASES + ("running", "stopped", "gone", "unknown")))
+
+
+@given(st.integers(min_value=0, max_value=7), st.sampled_from(RANK_FIELDS), HOSTILE, st.booleans())
+def test_a_rank_entry_with_any_field_wrong_or_missing_is_refused_naming_the_rank_and_the_field(
+        index: int, key: str, value: object, missing: bool) -> None:
+    body = sample().to_json()
+    entry = dict(body["ranks"][index])
+    if missing:
+        del entry[key]
+    else:
+        entry[key] = value
+    if not missing and key in ("at", "compute_s", "alive_at", "stopped_since") and type(value) is float \
+            and value == value and 0 <= value < float("inf"):
+        return  # a finite, non-negative float is a valid number of seconds
+    body["ranks"][index] = entry
+    with pytest.raises(RecordError) as caught:
+        NodeReport.from_json(json.loads(json.dumps(body)), "report")
+    assert f"ranks[{index}]" in str(caught.value) and (key in str(caught.value) or "must be" in str(caught.value))
+
+
 def test_a_reporter_reaches_the_inbox_and_a_stranger_is_counted_not_taken() -> None:
     inbox = ReportInbox(KEY, "127.0.0.1")
     try:

@@ -363,7 +363,8 @@ def test_the_first_task_of_a_node_starts_its_reporter_which_reports_the_program_
     finally:
         inbox.close()
     assert got and {r.node for r in got} == {slots[1]}, done.stderr
-    assert [(b.progress.rank, b.progress.step) for b in got[0].ranks] == [(8, 7)]
+    # The reporter may speak once before the program's first beat (a loaded machine): an empty report.
+    assert [(b.progress.rank, b.progress.step) for b in next(r for r in got if r.ranks).ranks] == [(8, 7)]
     assert got[-1].ranks[0].process == "gone"  # the last report: the program ended
     here = tmp_path / "tmp" / f"clusterctl-{os.getuid()}" / "4242" / "restart-2" / slots[1]
     assert not (job_dir / "progress").exists()  # the rank's progress stayed on its node...
