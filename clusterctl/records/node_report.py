@@ -132,12 +132,12 @@ def _rank(entry: object, node: str, where: str, index: int) -> RankBeat:
     # entry is taken in one pass; anything else goes through the field-by-field checks below, which
     # accept exactly the same entries and say what is wrong.
     if type(entry) is dict and entry.get("phase") in PHASES and entry.get("process") in PROCESS_STATES:
-        wholes = [entry.get(key) for key in _WHOLE_FIELDS]
-        seconds = [entry.get(key) for key in _SECONDS_FIELDS]
+        wholes: list[Any] = [entry.get(key) for key in _WHOLE_FIELDS]
+        seconds: list[Any] = [entry.get(key) for key in _SECONDS_FIELDS]
         if all(type(v) is int and v >= 0 for v in wholes) and \
                 all((type(v) is float or type(v) is int) and 0 <= v < math.inf for v in seconds):
             rank, step, pid, compute_steps = wholes
-            at, compute_s, alive_at, stopped_since = (float(v) for v in seconds)  # type: ignore[arg-type]
+            at, compute_s, alive_at, stopped_since = (float(v) for v in seconds)
             return RankBeat(RankProgress(rank, node, step, entry["phase"], at, pid, compute_s, compute_steps,
                                          alive_at), entry["process"], stopped_since)
     return _checked_rank(entry, node, f"{where}: ranks[{index}]")

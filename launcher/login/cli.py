@@ -186,8 +186,8 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
                                   indent=2, sort_keys=True))
         else:
             click.echo(f"# would run: {shlex.join(request.sbatch_argv)}")
-            shown = printable(shlex.join(request.command)).replace("\n", "\\n")  # one line, whatever the spec holds
-            click.echo(f"# every rank runs: {shown}")
+            command_line = printable(shlex.join(request.command)).replace("\n", "\\n")  # one line, whatever it holds
+            click.echo(f"# every rank runs: {command_line}")
             click.echo(request.script, nl=False)
         return
     run = create_submission_run(submission, spec_file.read_text())
