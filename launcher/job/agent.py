@@ -299,15 +299,24 @@ class Agent:
         pattern = self.spec.restart.progress_pattern
         log_offset = launched.log_offset
         signals = Signals()
+
+        def frozen_now() -> Watched | None:
+            """Take the reports waiting now; a Watched when they say a node's ranks froze."""
+            nonlocal signals
+            if watch is None:
+                return None
+            signals = watch.poll()
+            if signals.frozen is None:
+                return None
+            return Watched(None, list(signals.frozen.blames()), self.doors.monotonic(), signals.frozen,
+                           lost_s=stragglers.lost_s)
+
         while True:
             code = launched.step.exit_code()
             if code is not None:
                 return Watched(code, [], self.doors.monotonic(), lost_s=stragglers.lost_s)
-            if watch is not None:
-                signals = watch.poll()
-                if signals.frozen is not None:
-                    return Watched(None, list(signals.frozen.blames()), self.doors.monotonic(), signals.frozen,
-                                   lost_s=stragglers.lost_s)
+            if (frozen := frozen_now()) is not None:
+                return frozen
             now = self.doors.monotonic()
             hinted = [n for n in (*signals.drained, *signals.silent) if hints.get(n, (0.0, 0.0))[0] <= now]
             for name in [n for n in hints if n not in signals.drained and n not in signals.silent]:
@@ -341,9 +350,15 @@ class Agent:
                 continue
             next_judge = now + heartbeat
             records = watch.records() if watch is not None else ()
+            # At 100,000 ranks each part of this feed takes a few tenths of a second: the reports are
+            # taken between the parts, so frozen ranks are not kept waiting for the whole feed.
             hangs = hangs.observe(records)
+            if (frozen := frozen_now()) is not None:
+                return frozen
             if self.spec.stragglers.action != "off":
                 stragglers = stragglers.observe(records)
+                if (frozen := frozen_now()) is not None:
+                    return frozen
                 self.straggler_actions.write_table(stragglers)
                 for found in stragglers.found:
                     no_swap = (f"{found.node} is the batch host, where this agent runs" if found.node == self.batch_host
