@@ -115,8 +115,8 @@ class NodeSignals:
     heard: Mapping[str, Heard] = field(default_factory=dict)
     ignored: int = 0
     """Reports of another job, another launch, a node not in the step, or older than the one held."""
-    members: frozenset[str] = frozenset()
-    """`nodes` as a set."""
+    members: frozenset[str] = field(init=False, repr=False, compare=False)
+    """`nodes` as a set (derived from them)."""
     # What the held reports say, kept as each arrives so that `judge` (every 0.2 s) looks only at the
     # few nodes that matter, not at 12,500 reports: nodes with a stopped rank, nodes with no rank
     # running, nodes whose healthd says drain.
@@ -128,7 +128,10 @@ class NodeSignals:
     def start(cls, policy: SignalPolicy, job_id: str, launch: str, nodes: Sequence[str],
               started_at: float) -> NodeSignals:
         """The signals of step `launch` of job `job_id` on `nodes`, launched at `started_at`."""
-        return cls(policy, job_id, launch, tuple(nodes), started_at, members=frozenset(nodes))
+        return cls(policy, job_id, launch, tuple(nodes), started_at)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", frozenset(self.nodes))
 
     def observe(self, reports: Iterable[NodeReport], at: float) -> NodeSignals:
         """Take the reports received at `at`: each node's newest (by `seq`, a restarted reporter's
