@@ -22,7 +22,10 @@ job on 2 nodes with one spare (TP=8, PP=2, exclusive nodes), `restart.recover` =
 resubmit.  Busy: the fourth node runs another job and one more job waits for any node (both
 `sleep --busy-seconds`), as on a full cluster.  Stages for in-allocation, from the journal's
 `recovered-in-allocation` event and the new step's files: detect (injection → the agent ended the
-step), give back (shrink), plan + launch, resume, step.  Writes bench/results/recovery_compare.json.
+step), give back (shrink), plan + launch, resume, step.  With `--faults kill-batch-host` (the
+default runs both) the node running the agent and rank 0 is powered off instead: its standby agent
+on the spare takes the job over once Slurm declares the node gone (SlurmdTimeout=5 on the testbed).
+Writes bench/results/recovery_compare.json.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from stats import percentile  # noqa: E402
 
 from clusterctl.records.rank_map import rank_map_path, read_rank_map  # noqa: E402
 from clusterctl.records.run_journal import read_run_journal  # noqa: E402
+from clusterctl.slurm import hostlist  # noqa: E402
 from clusterctl_testbed.cluster import Testbed  # noqa: E402
 from clusterctl_testbed.gpu_faults import Fault, inject  # noqa: E402
 from clusterctl_testbed.layout import Layout  # noqa: E402
@@ -159,8 +163,10 @@ recover = "{recover}"
 
 
 def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool, number: int, records: str,
-                  busy_seconds: int) -> dict[str, float | str]:
-    """One fault, one way of recovering: seconds from the injection to rank 0 stepping again."""
+                  busy_seconds: int, fault: str = "xid") -> dict[str, float | str]:
+    """One fault, one way of recovering: seconds from the injection to rank 0 stepping again.  `fault`:
+    Xid 79 on a GPU of the second node of the map, or `kill-batch-host` (the allocation's first node,
+    where the agent and rank 0 run, powered off: its standby on the spare takes the job over)."""
     run = work / f"{label}-{number}"
     spec = work / f"{label}-{number}.toml"
     spec.write_text(COMPARE_SPEC.format(examples=REPO / "examples", recover=recover))
@@ -175,9 +181,15 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
                 tb.run_on("ctl", ["sbatch", "-N1", "--exclusive", "-J", name, "--wrap", f"sleep {busy_seconds}"])
             _wait(lambda: tb.run_on("ctl", ["squeue", "-h", "-n", "waiting", "-o", "%T"]).stdout.strip() == "PENDING",
                   30, "a waiting job")
-        node = read_rank_map(run / "jobs" / job).slots[1]
-        injected = time.time()
-        inject(tb.nvml_dir(node), Fault("xid", gpu=number % 8, value=79))
+        rank_map = read_rank_map(run / "jobs" / job)
+        if fault == "kill-batch-host":
+            node = hostlist.expand(rank_map.nodelist)[0]
+            injected = time.time()
+            tb.kill_node(node)
+        else:
+            node = rank_map.slots[1]
+            injected = time.time()
+            inject(tb.nvml_dir(node), Fault("xid", gpu=number % 8, value=79))
         if recover == "in-allocation":
             event = _wait(lambda: _events(run).get("recovered-in-allocation", [None])[-1], 120, "the restart")
             job_dir = run / "jobs" / job / "restart-1"
@@ -206,7 +218,9 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
         subprocess.run([*cli, "cancel", str(run)], capture_output=True)
         supervisor.wait(timeout=60)
         tb.run_on("ctl", ["scancel", "-n", "filler,waiting"], check=False)
-        if "node" in locals():
+        if "node" in locals() and fault == "kill-batch-host":
+            tb.boot_node(node)
+        elif "node" in locals():
             inject(tb.nvml_dir(node), Fault("clear"))
         deadline = time.time() + 60
         while not all(n.state == "idle" and n.responding for n in tb.nodes()):
@@ -217,18 +231,22 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
             time.sleep(0.5)
 
 
-def compare(tb: Testbed, trials: int, busy_seconds: int) -> None:
+def compare(tb: Testbed, trials: int, busy_seconds: int, faults: tuple[str, ...] = ("xid", "kill-batch-host")) -> None:
     work = Path("/tmp/clusterctl-recovery-compare")
     subprocess.run(["rm", "-rf", str(work)], check=True)
     work.mkdir()
     records = str(LAYOUT.root / "job-health")
     results: dict[str, list[dict[str, float | str]]] = {}
-    for label, recover, busy in (("in-allocation, busy queue", "in-allocation", True),
-                                 ("resubmission, busy queue", "resubmit", True),
-                                 ("in-allocation, idle queue", "in-allocation", False),
-                                 ("resubmission, idle queue", "resubmit", False)):
+    cases = [(label, recover, busy, "xid") for label, recover, busy in (
+        ("in-allocation, busy queue", "in-allocation", True), ("resubmission, busy queue", "resubmit", True),
+        ("in-allocation, idle queue", "in-allocation", False), ("resubmission, idle queue", "resubmit", False))]
+    cases += [(f"batch host killed, {label}", "in-allocation", busy, "kill-batch-host")
+              for label, busy in (("busy queue", True), ("idle queue", False))]
+    for label, recover, busy, fault in cases:
+        if fault not in faults:
+            continue
         slug = label.replace(", ", "-").replace(" ", "-")
-        results[label] = [compare_trial(tb, work, slug, recover, busy, n, records, busy_seconds)
+        results[label] = [compare_trial(tb, work, slug, recover, busy, n, records, busy_seconds, fault)
                           for n in range(trials)]
         totals = [float(t["total"]) for t in results[label]]
         print(f"{label:28s} fault → stepping again: median {statistics.median(totals):6.2f} s "
@@ -248,12 +266,15 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--compare", action="store_true", help="in-allocation against resubmission, idle and busy")
     parser.add_argument("--busy-seconds", type=int, default=45, help="how long the busy queue's jobs run")
+    parser.add_argument("--faults", default="xid,kill-batch-host",
+                        help="with --compare: xid (a GPU of the second node), kill-batch-host (the node running "
+                             "the agent and rank 0, powered off), or both, comma-separated")
     args = parser.parse_args()
     tb = Testbed(LAYOUT)
     if args.compare:
         tb.up(timeout=90, slurm="host")
         try:
-            compare(tb, args.trials, args.busy_seconds)
+            compare(tb, args.trials, args.busy_seconds, tuple(args.faults.split(",")))
         finally:
             tb.down(quiet=True)
         return

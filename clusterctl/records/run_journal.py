@@ -44,6 +44,7 @@ class EventKind(enum.StrEnum):
     SUBMIT_LOST = "submit-lost"
     ENDING = "ending"
     RECOVERED = "recovered-in-allocation"
+    AGENT_ENDED = "agent-ended"
     STRAGGLER = "straggler"
     DECIDED = "decided"
     DONE = "done"
@@ -327,13 +328,18 @@ class RecoveredInAllocation:
     phases: tuple[tuple[str, float], ...] = ()
     reason: str = ""
     """Why, when no node is blamed (every rank hung at once: the step started again on the same nodes)."""
+    agent: str = ""
+    """The node of the agent that acted ('' in journals written before agents had standbys)."""
+    took_over_from: str = ""
+    """When this restart followed a takeover: the node of the agent it took over from (its batch host)."""
 
     def fields(self) -> dict[str, Any]:
         """The event's own fields, as stored after the header, `event` and `at`."""
         return {"job_id": self.job_id, "restart": self.restart, "blame": [b.to_json() for b in self.blame],
                 "nodes": list(self.nodes), "given_back": list(self.given_back),
                 "checkpoint_step": self.checkpoint_step, "checkpoint": self.checkpoint,
-                "phases": {name: seconds for name, seconds in self.phases}, "reason": self.reason}
+                "phases": {name: seconds for name, seconds in self.phases}, "reason": self.reason,
+                "agent": self.agent, "took_over_from": self.took_over_from}
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> RecoveredInAllocation:
@@ -350,7 +356,39 @@ class RecoveredInAllocation:
                    if "checkpoint_step" in data else None,
                    checkpoint=field(data, "checkpoint", _OPTIONAL_STR, where) if "checkpoint" in data else None,
                    phases=tuple((k, float(v)) for k, v in phases.items()),
-                   reason=field(data, "reason", str, where) if "reason" in data else "")
+                   reason=field(data, "reason", str, where) if "reason" in data else "",
+                   agent=_node(data, "agent", where) if data.get("agent") else "",
+                   took_over_from=_node(data, "took_over_from", where) if data.get("took_over_from") else "")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentEnded:
+    """An agent that took job `job_id` over from its batch host ended the job itself (the batch script
+    that would have ended it died with that node): how its last step ended, in the supervisor's terms,
+    with the nodes it blamed.  The supervisor reads this instead of the job's CANCELLED state."""
+
+    event: ClassVar[EventKind] = EventKind.AGENT_ENDED
+    at: float
+    job_id: str
+    agent: str
+    epoch: int
+    exit_code: int
+    outcome: OutcomeKind
+    message: str
+    blame: tuple[BlamedNode, ...] = ()
+
+    def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
+        return {"job_id": self.job_id, "agent": self.agent, "epoch": self.epoch, "exit_code": self.exit_code,
+                "outcome": self.outcome.value, "message": self.message, "blame": [b.to_json() for b in self.blame]}
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> AgentEnded:
+        """Read the event\'s own fields (the header, `event` and `at` are already read)."""
+        return cls(at=at, job_id=_job_id(data, "job_id", where), agent=_node(data, "agent", where),
+                   epoch=field(data, "epoch", int, where), exit_code=field(data, "exit_code", int, where),
+                   outcome=_choice(OutcomeKind, data, "outcome", where), message=field(data, "message", str, where),
+                   blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)))
 
 
 STRAGGLER_ACTIONS = ("reported", "excluded", "swapped")
@@ -482,11 +520,11 @@ class RunEnded:
 
 
 RunEvent = (Created | Waiting | Submitting | Submitted | SubmitLost | Ending | RecoveredInAllocation
-            | StragglerFound | Decided | RunEnded)
+            | AgentEnded | StragglerFound | Decided | RunEnded)
 """Any event of a run journal."""
 
 _PARSERS = {cls.event: cls.parse for cls in (Created, Waiting, Submitting, Submitted, SubmitLost, Ending,
-                                              RecoveredInAllocation, StragglerFound, Decided)}
+                                              RecoveredInAllocation, AgentEnded, StragglerFound, Decided)}
 
 
 def event_to_json(event: RunEvent) -> dict[str, Any]:
@@ -517,6 +555,7 @@ _LOST_COST = {
     EventKind.SUBMIT_LOST: "a submission that left no job is not counted",
     EventKind.ENDING: "an attempt the supervisor was ending may be judged again",
     EventKind.RECOVERED: "a restart inside the allocation is not counted: restarts used and blame may be short",
+    EventKind.AGENT_ENDED: "how a job whose agent took over ended is unknown: it looks cancelled",
     EventKind.STRAGGLER: "a straggler found is not shown and may be reported again",
     EventKind.DECIDED: "an attempt's end is unknown: attempts and restarts may be counted wrong, and a node "
                        "blamed then may not be excluded",

@@ -263,6 +263,28 @@ class Slurm:
                 raise SlurmCommandError(["scontrol", "update"], None, f"refusing to pass {name!r}: {problem}")
         self._run(["scontrol", "update", f"JobId={job_id}", f"NodeList={compress(list(keep))}"])
 
+    def job_steps(self, job_id: str) -> list[str]:
+        """The numbered steps of running job `job_id` (`12.0`, `12.3`; not `batch`, `extern` or
+        `interactive`): one `squeue -s` for that job."""
+        checked_job_ids(["squeue", "-s", "-j"], [job_id])
+        out = self._run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"])
+        steps = []
+        for line in out.split():
+            job, dot, step = line.partition(".")
+            if job == job_id and dot and step.isdigit() and step.isascii() and len(step) <= 10:
+                steps.append(line)
+        return steps
+
+    def cancel_steps(self, step_ids: Sequence[str]) -> None:
+        """scancel the given steps (`JOB.STEP`, each part checked before argv)."""
+        for step_id in step_ids:
+            job, _, step = step_id.partition(".")
+            checked_job_ids(["scancel"], [job])
+            if not (step.isdigit() and step.isascii()):
+                raise SlurmCommandError(["scancel", "..."], 2, f"not run: {step_id!r} is not a step id JOB.STEP")
+        if step_ids:
+            self._run(["scancel", *step_ids])
+
     def cancel(self, job_ids: list[str]) -> None:
         """scancel the given jobs."""
         if job_ids:

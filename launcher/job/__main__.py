@@ -1,4 +1,4 @@
-"""`python -m clusterctl.launcher.job {plan,rank,node,agent,reporter}`: what a generated sbatch script
+"""`python -m clusterctl.launcher.job {plan,rank,node,agent,standby,reporter}`: what a generated sbatch script
 runs inside the job (sbatch_templates/*.sbatch name this module; tests/unit/test_architecture.py
 checks that every module named in a template or an argv exists and runs inside the job).
 
@@ -32,6 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_agent.add_argument("--run-dir", required=True, type=Path)
     p_agent.add_argument("--job-dir", required=True, type=Path)
     p_agent.add_argument("--resume-from", default="", help="the checkpoint this attempt resumes from ('' for none)")
+    p_standby = sub.add_parser("standby", help="on a spare node of a job with spares: take the job over when the "
+                                               "node running its agent (the batch host) dies")
+    p_standby.add_argument("--run-dir", required=True, type=Path)
+    p_standby.add_argument("--job-dir", required=True, type=Path)
+    p_standby.add_argument("--resume-from", default="", help="the checkpoint this attempt resumed from ('' for none)")
+    p_standby.add_argument("--epoch", required=True, type=int, help="the epoch of the job's lease it would take")
     p_reporter = sub.add_parser("reporter", help="one per node of an agent's step: report the node's ranks and "
                                                    "healthd's verdict to the agent (started by the rank wrapper)")
     p_reporter.add_argument("--watch-pid", required=True, type=int,
@@ -53,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from clusterctl.launcher.shared.runs import RunDir
             agent = Agent(args.run_dir, args.job_dir, RunDir(args.run_dir).spec(), os.environ, default_doors())
             return agent.run(args.resume_from or None)
+        if args.what == "standby":
+            from clusterctl.launcher.job import standby
+            return standby.main(args.run_dir, args.job_dir, args.resume_from or None, args.epoch, os.environ)
         if args.what == "reporter":
             from clusterctl.launcher.job import reporter
             return reporter.main(args.watch_pid, os.environ)

@@ -44,7 +44,9 @@ from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
 from clusterctl.launcher.job.report_channel import ReportInbox
 from clusterctl.launcher.job.signal_watch import Inbox, SignalWatch
-from clusterctl.launcher.pure.classify import Blame, hardware_suspects, not_responding, operator_drains, step_outcome
+from clusterctl.launcher.pure.classify import (
+    NODE_FAILURE, Blame, Outcome, hardware_suspects, not_responding, operator_drains, step_outcome,
+)
 from clusterctl.launcher.pure.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
 from clusterctl.launcher.pure.node_signals import SMALL_STEP_NODES, SignalPolicy, Signals, slurm_sweep_seconds
 from clusterctl.launcher.pure.recovery import Act, Allocation, Happened, Recovery, RestartBudget, judge
@@ -54,11 +56,15 @@ from clusterctl.launcher.shared.straggler_actions import (
     StragglerActions, StragglerDoors, StragglerDrain, srun_gpu_evidence,
 )
 from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
+from clusterctl.launcher.pure.takeover import Takeover
+from clusterctl.records.agent_lease import AgentLease, current_lease, take_lease
 from clusterctl.records.agent_summary import AgentSummary, write_agent_summary
 from clusterctl.records.gpu_evidence import GpuEvidence
 from clusterctl.records.node_report import REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV
 from clusterctl.records.rank_map import RankMap
-from clusterctl.records.run_journal import OutcomeKind, RecoveredInAllocation, append_run_event, read_run_journal
+from clusterctl.records.run_journal import (
+    OutcomeKind, RecoveredInAllocation, append_run_event, read_run_journal,
+)
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import AllocationSlurm, Slurm
@@ -224,6 +230,22 @@ class AgentDoors:
     """Every node's state in one read (for steps of more than SMALL_STEP_NODES nodes; None: ask each node)."""
     open_inbox: Callable[[bytes], Inbox] = field(default=lambda key: ReportInbox(key))
     """The report inbox for the job's key (UDP on every address of the batch host, a port the kernel picks)."""
+    start_standby: Callable[[Sequence[str], Mapping[str, str]], Step] | None = None
+    """Starts the standby agent's step on another node (None: no standby, e.g. a test's agent)."""
+    cancel_other_steps: Callable[[str], list[str]] | None = None
+    """Cancels every step of the job but the caller's own (a new agent's first act); the steps cancelled."""
+    wait_for_end: Callable[[], None] = field(default=lambda: _pause_until_killed())
+    """What an agent that stood down does: wait, doing nothing, until the job ends (its batch script
+    must not exit: that would end the job under the agent that took over)."""
+
+
+class StoodDown(Exception):
+    """Another agent holds a higher epoch of the job's lease: this one must not act again."""
+
+
+def _pause_until_killed() -> None:
+    while True:
+        signal.pause()
 
 
 def default_doors(python: str = sys.executable) -> AgentDoors:
@@ -233,9 +255,16 @@ def default_doors(python: str = sys.executable) -> AgentDoors:
     def node_table() -> dict[str, NodeState]:
         return {n.name: n for n in parse_nodes_json(slurm.nodes_json(), release=slurm.release())}
 
+    def cancel_other_steps(job_id: str) -> list[str]:
+        own = os.environ.get("SLURM_STEP_ID", "")
+        steps = [s for s in slurm.job_steps(job_id) if s.partition(".")[2].isdigit() and s.partition(".")[2] != own]
+        slurm.cancel_steps(steps)
+        return steps
+
     return AgentDoors(slurm, lambda name: SlurmNode(name, slurm.runner, slurm.timeout).state(), Step,
                       gpu_evidence=srun_gpu_evidence(python),
-                      drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain, node_table=node_table)
+                      drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain, node_table=node_table,
+                      start_standby=Step, cancel_other_steps=cancel_other_steps)
 
 
 # ---- the loop --------------------------------------------------------------------------------------
@@ -244,14 +273,23 @@ class Agent:
     """One job's in-allocation agent."""
 
     def __init__(self, run_dir: Path, job_dir: Path, spec: JobSpec, environ: Mapping[str, str], doors: AgentDoors,
-                 *, python: str = sys.executable) -> None:
+                 *, python: str = sys.executable, epoch: int = 1) -> None:
         self.run_dir, self.job_dir, self.spec, self.environ, self.doors = run_dir, job_dir, spec, environ, doors
         self.python = python
         self.job_id = environ["SLURM_JOB_ID"]
         self.allocated = tuple(hostlist.expand(environ["SLURM_JOB_NODELIST"]))
         self.log_path = run_dir / "logs" / f"{self.job_id}.out"  # sbatch --output: the agent's own stdout
-        # Slurm runs the batch script (this agent) on the allocation's first node.
+        # Slurm runs the batch script (this agent) on the allocation's first node; an agent that took
+        # over runs on its standby's node.  Either way, the node this agent runs on: never given back.
         self.batch_host = environ.get("SLURMD_NODENAME") or self.allocated[0]
+        self.epoch = epoch
+        self.leased = False
+        self.took_over_from = ""
+        self.out_of_job: frozenset[str] = frozenset()
+        """Blamed nodes Slurm already took out of the job (a dead batch host): nothing to give back."""
+        self.standby: tuple[str, Step] | None = None
+        self.ended: tuple[Outcome, Recovery] | None = None
+        """How the last step ended and what the judge said (for an agent that must end the job itself)."""
 
     def _states(self, nodes: Sequence[str]) -> dict[str, NodeState]:
         states = {}
@@ -410,6 +448,7 @@ class Agent:
                          if signals.channel_silent else "")))
         except OSError as exc:
             self.doors.say(f"cannot write the agent summary in {self.job_dir} ({exc.strerror}); watching on")
+        self._check_in_charge()
 
     def _evidence_after(self, nodes: Sequence[str]) -> list[Blame]:
         """The step failed by itself: healthd's drain (or Slurm's DOWN) may show a moment later."""
@@ -445,10 +484,8 @@ class Agent:
                             self.doors.now) if self.inbox is not None else None
         return Launched(step, job_dir, rank_map.rank_map, started_at, offset, watch, launch)
 
-    def run(self, resume_from: str | None) -> int:
-        """Steps until one completes, fails on its own, or the judge sends the job back to the supervisor
-        (no spare left, the batch host failed, the restart budget spent); the job's exit code."""
-        in_use, restart, hang_restarts = self.allocated, 0, 0
+    def _prepare(self) -> None:
+        """What every agent needs before its first step: straggler doors, budget, report key and inbox."""
         doors = self.doors
         self.straggler_actions = StragglerActions(
             self.run_dir, self.job_dir, self.job_id, self.spec.stragglers.action, self.spec.restart.blame_hours,
@@ -464,7 +501,131 @@ class Agent:
             doors.say(f"cannot open the report inbox ({exc.strerror}): watching the nodes through Slurm only "
                       f"(every {slurm_sweep_seconds(len(self.allocated)):g} s), with no hang or straggler watch")
         self.launches = 0
-        launched = self._launch(self.job_dir, in_use, resume_from)
+
+    def _lead(self, why: str = "") -> None:
+        """Take this agent's epoch of the job's lease (StoodDown when another agent holds it)."""
+        try:
+            taken = take_lease(self.job_dir, AgentLease(self.epoch, self.batch_host, os.getpid(), self.doors.now(),
+                                                        why=why))
+        except OSError as exc:
+            self.doors.say(f"cannot take the job's lease in {self.job_dir} ({exc.strerror}): no standby agent for "
+                           "this job")
+            return
+        if not taken:
+            raise StoodDown(f"epoch {self.epoch} of the job's lease is held by another agent")
+        self.leased = True
+
+    def _check_in_charge(self) -> None:
+        """StoodDown when a standby took the job over (a higher epoch than this agent's)."""
+        if not self.leased:
+            return
+        try:
+            lease = current_lease(self.job_dir)
+        except (OSError, RecordError) as exc:
+            self.doors.say(f"cannot read the job's lease ({exc}); acting on (Slurm fences a dead node's agent)")
+            return
+        if lease is not None and lease.epoch > self.epoch:
+            raise StoodDown(f"the agent on {lease.node} took the job over (epoch {lease.epoch}): {lease.why}")
+
+    def run(self, resume_from: str | None) -> int:
+        """Steps until one completes, fails on its own, or the judge sends the job back to the supervisor
+        (no spare left, the batch host failed, the restart budget spent); the job's exit code."""
+        self._prepare()
+        try:
+            self._lead()
+            launched = self._launch(self.job_dir, self.allocated, resume_from)
+            self._keep_standby(launched, self.allocated, resume_from)
+            return self._drive(launched, self.allocated, resume_from, 0)
+        except StoodDown as exc:
+            self.doors.say(f"standing down: {exc}; waiting for the job to end")
+            self.doors.wait_for_end()
+            return 0
+
+    def take_over(self, taken: Takeover, in_use: Sequence[str], resume_from: str | None) -> int | None:
+        """Carry on the job whose agent (on its batch host, `taken.node`) is gone: take the next epoch of
+        the lease, cancel the steps the old agent left, and recover as from any node failure (`in_use`:
+        the nodes of its last step and the job's spares, the dead host among them).  The job's exit
+        code; None when another agent took this epoch first (this one then does nothing)."""
+        self._prepare()
+        self.took_over_from = taken.node
+        self.out_of_job = frozenset({taken.node}) if taken.left_job else frozenset()
+        try:
+            self._lead(why="; ".join(taken.evidence))
+        except StoodDown as exc:
+            self.doors.say(f"not taking over: {exc}")
+            return None
+        seen = self.doors.monotonic()
+        self.doors.say(f"taking the job over from {taken.node} (epoch {self.epoch}): {'; '.join(taken.evidence)}")
+        if self.doors.cancel_other_steps is not None:
+            try:
+                stray = self.doors.cancel_other_steps(self.job_id)
+                if stray:
+                    self.doors.say(f"cancelled the old agent's steps {' '.join(stray)}")
+            except SlurmCommandError as exc:
+                self.doors.say(f"could not cancel the old agent's steps ({exc}); starting the next one all the same")
+        ended = self.doors.monotonic()
+        blame = Blame(taken.node, "the batch host died with the job's agent", taken.evidence)
+        outcome = Outcome(NODE_FAILURE, f"the batch host {taken.node} died", (blame,))
+        checkpoint = self._checkpoint()
+        self.budget = self._budget(self.budget)
+        decision = judge(Happened(outcome, checkpoint.step if checkpoint else None,
+                                  Allocation(tuple(in_use), self._needed(in_use), self.batch_host)),
+                         self.budget, self.spec.restart)
+        self.ended = (outcome, decision)
+        self.doors.say(decision.message)
+        if not decision.act.in_allocation:
+            return 1
+        restart = self._next_restart()
+        try:
+            launched = self._restart(decision, restart, checkpoint, resume_from, seen, ended)
+            resume_from = checkpoint.path if checkpoint else resume_from
+            self.budget = decision.budget
+            self._keep_standby(launched, decision.nodes, resume_from)
+            return self._drive(launched, decision.nodes, resume_from, restart)
+        except StoodDown as exc:
+            self.doors.say(f"standing down: {exc}")
+            return None
+
+    def _next_restart(self) -> int:
+        """The number of the next restart inside this job (after the old agent's, which the journal holds)."""
+        try:
+            done = [e.restart for e in read_run_journal(self.run_dir / "journal.jsonl").events
+                    if isinstance(e, RecoveredInAllocation) and e.job_id == self.job_id]
+        except (OSError, RecordError):
+            done = []
+        restart = max(done, default=0) + 1
+        while (self.job_dir / f"restart-{restart}").exists():
+            restart += 1
+        return restart
+
+    def _keep_standby(self, launched: Launched, in_use: Sequence[str], resume_from: str | None) -> None:
+        """Keep a standby agent on a node of the job outside the step (a spare), ready to take the job
+        over if this agent's node dies; nothing when no node is free or none is needed."""
+        if self.doors.start_standby is None or not self.spec.recovers_in_allocation or not self.leased:
+            return
+        if self.standby is not None and self.standby[0] in in_use and self.standby[1].exit_code() is None:
+            return
+        free = [n for n in in_use if n not in launched.slots and n != self.batch_host]
+        if not free:
+            self.standby = None
+            return
+        host = free[-1]
+        argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={host}", "--kill-on-bad-exit=0",
+                "--job-name=clusterctl-standby", self.python, "-m", "clusterctl.launcher.job", "standby",
+                "--run-dir", str(self.run_dir), "--job-dir", str(self.job_dir), "--resume-from", resume_from or "",
+                "--epoch", str(self.epoch + 1)]
+        env = resized_environment(self.environ, in_use)
+        env.pop("SLURM_HOSTFILE", None)
+        try:
+            self.standby = (host, self.doors.start_standby(argv, env))
+        except OSError as exc:
+            self.doors.say(f"cannot start the standby agent on {host} ({exc.strerror}): the job has none")
+
+    def _drive(self, launched: Launched, in_use: Sequence[str], resume_from: str | None, restart: int) -> int:
+        """Watch `launched` and what follows it, step after step, until the judge leaves the job to the
+        supervisor or the run completes; the job's exit code."""
+        hang_restarts = 0
+        in_use = tuple(in_use)
         while True:
             watched = self._watch(launched, len(in_use) - self._needed(in_use))
             self.straggler_actions.step_ended(watched.lost_s)
@@ -489,6 +650,7 @@ class Agent:
             decision = judge(Happened(outcome, checkpoint.step if checkpoint else None,
                                       Allocation(in_use, self._needed(in_use), self.batch_host, hang_restarts),
                                       hung=watched.hang is not None), self.budget, self.spec.restart)
+            self.ended = (outcome, decision)
             self.doors.say(decision.message)
             if launched.signals is not None:
                 self._summarize(launched, launched.signals, launched.signals.poll(),
@@ -502,6 +664,7 @@ class Agent:
             resume_from = checkpoint.path if checkpoint else resume_from
             self.budget = decision.budget
             in_use = decision.nodes
+            self._keep_standby(launched, in_use, resume_from)
 
     def _needed(self, in_use: Sequence[str]) -> int:
         """Nodes the job needs of `in_use`: all of them unless it recovers inside the allocation (a job
@@ -521,9 +684,10 @@ class Agent:
                  seen: float, ended: float) -> Launched:
         """Act on a restart inside the allocation: give the blamed nodes back, start step `restart` on
         `decision.nodes` from `checkpoint`, and journal it (one restart of the run's budget)."""
+        self._check_in_charge()
         blamed = [b.node for b in decision.blame]
-        given_back: tuple[str, ...] = ()
-        if blamed:
+        given_back: tuple[str, ...] = tuple(n for n in blamed if n in self.out_of_job)
+        if blamed and len(given_back) < len(blamed):
             try:
                 # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: ours, not the user's.
                 with contextlib.chdir(self.job_dir):
@@ -548,7 +712,9 @@ class Agent:
                 checkpoint=checkpoint.path if checkpoint else None,
                 phases=(("end_step", round(ended - seen, 3)), ("give_back", round(shrunk - ended, 3)),
                         ("plan_and_launch", round(done - shrunk, 3))),
-                reason=decision.message if not decision.blame else ""))
+                reason=decision.message if not decision.blame else "", agent=self.batch_host,
+                took_over_from=self.took_over_from))
+            self.took_over_from = ""
         self.doors.say(f"restart {restart}: a new step on {' '.join(slots)} from "
                        f"{resume_from or 'the start'} (no queue wait)")
         return launched

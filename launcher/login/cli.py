@@ -33,6 +33,8 @@ from clusterctl.launcher.pure.render import SlurmFacts
 from clusterctl.launcher.login.report import report_renderables
 from clusterctl.launcher.shared.runs import RunDir
 from clusterctl.launcher.shared.straggler_actions import srun_gpu_evidence
+from clusterctl.launcher.pure.supervisor_job import LOG_NAME as SUPERVISOR_LOG, SCRIPT_NAME as SUPERVISOR_SCRIPT
+from clusterctl.launcher.pure.supervisor_job import supervisor_job
 from clusterctl.launcher.pure.spec import (
     MAX_NODES, MAX_RANKS, JobSpec, default_runs_dir, load_spec, parse_overrides, reference_rows,
 )
@@ -145,11 +147,13 @@ def _load_spec_with(spec_file: Path, nodes: int | None, gpus_per_node: int | Non
 @click.option("--wait", is_flag=True, help="Wait for the job to end (like sbatch -W); exit 1 unless it completed.")
 @click.option("--supervise", is_flag=True, help="Keep watching and resubmit after node failures (see `supervise`).")
 @click.option("--detach", is_flag=True, help="With --supervise: supervise in the background (log in the run dir).")
+@click.option("--in-slurm", is_flag=True, help="With --supervise: supervise from a small requeueable Slurm job "
+                                                "(1 CPU), not this login node: it survives the login node.")
 @_records_option
 def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_limit: str | None,
            partition: str | None, account: str | None, name: str | None, exclude: str | None, env: tuple[str, ...],
            run_dir: Path | None, resume_from: str | None, dry_run: bool, as_json: bool, wait: bool,
-           supervise: bool, detach: bool, job_records: Path) -> None:
+           supervise: bool, detach: bool, in_slurm: bool, job_records: Path) -> None:
     """Submit the job described by SPEC (a TOML job spec; see `clusterctl spec`).
 
     \b
@@ -162,8 +166,10 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
       clusterctl submit job.toml --dry-run
       clusterctl submit job.toml --nodes 16 --time 4:00:00 -e NCCL_DEBUG=INFO
     """
-    if detach and not supervise:
-        raise click.UsageError("--detach only goes with --supervise")
+    if (detach or in_slurm) and not supervise:
+        raise click.UsageError(f"{'--detach' if detach else '--in-slurm'} only goes with --supervise")
+    if detach and in_slurm:
+        raise click.UsageError("--detach and --in-slurm are two ways to supervise without watching: pick one")
     if resume_from is not None and (not resume_from or any(ord(c) < 32 for c in resume_from)):
         raise click.BadParameter("expected a checkpoint path without control characters (newlines, tabs)",
                                  param_hint="--resume")
@@ -193,6 +199,8 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
     run = create_submission_run(submission, spec_file.read_text())
     if supervise:  # the supervisor submits every attempt itself (tagged, so a restart can find it)
         click.echo(f"run directory {path}")
+        if in_slurm:
+            sys.exit(_supervise_in_slurm(run, slurm, job_records))
         sys.exit(_start_supervisor(run, slurm, job_records, detach, submission.facts))
     job_id = submit_first_attempt(run, submission, slurm)
     if as_json:
@@ -210,6 +218,18 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
         console.print(plain(f"job {job_id} ended {final.state}{ended_how(final)}"))
         if final.state != "COMPLETED":
             sys.exit(1)
+
+
+def _supervise_in_slurm(run: RunDir, slurm: Slurm, job_records: Path) -> int:
+    """Submit the run's supervisor as a small requeueable job (launcher/pure/supervisor_job.py)."""
+    spec = run.spec()
+    request = supervisor_job(str(run.path), sys.executable, str(job_records.absolute()),
+                             partition=spec.job.partition, account=spec.job.account)
+    atomic_write(run.path / SUPERVISOR_SCRIPT, request.script, mode=0o755)
+    job_id = slurm.sbatch(list(request.argv))
+    click.echo(f"supervising in Slurm job {job_id} (1 CPU; requeued when its node fails, restarted when "
+               f"its process dies); log {run.path / SUPERVISOR_LOG}; watch with `clusterctl status {run.path}`")
+    return 0
 
 
 def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool,
@@ -262,8 +282,10 @@ def _start_supervisor(run: RunDir, slurm: Slurm, job_records: Path, detach: bool
 @cli.command()
 @click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--detach", is_flag=True, help="Supervise in the background (log in RUN/supervisor.log).")
+@click.option("--in-slurm", is_flag=True, help="Supervise from a small requeueable Slurm job (1 CPU), not this "
+                                                "login node (log in RUN/supervisor-slurm.log).")
 @_records_option
-def supervise(run_dir: Path, detach: bool, job_records: Path) -> None:
+def supervise(run_dir: Path, detach: bool, in_slurm: bool, job_records: Path) -> None:
     """Supervise RUN: resubmit after node failures, from the last complete checkpoint,
     with the failed nodes excluded; stop on the program's own failures.
 
@@ -276,6 +298,10 @@ def supervise(run_dir: Path, detach: bool, job_records: Path) -> None:
     if not run.exists():
         raise RunError(f"{run_dir} is not a clusterctl run directory (no spec.json); make one with "
                        "`clusterctl submit SPEC --supervise`")
+    if detach and in_slurm:
+        raise click.UsageError("--detach and --in-slurm are two ways to supervise without watching: pick one")
+    if in_slurm:
+        sys.exit(_supervise_in_slurm(run, Slurm(), job_records))
     sys.exit(_start_supervisor(run, Slurm(), job_records, detach))
 
 

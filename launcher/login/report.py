@@ -62,7 +62,7 @@ def recovery_report_json(recovered: RecoveredInAllocation) -> dict[str, Any]:
     return {"job_id": recovered.job_id, "restart": recovered.restart, "blame": [b.to_json() for b in recovered.blame],
             "given_back": list(recovered.given_back), "nodes": list(recovered.nodes),
             "checkpoint_step": recovered.checkpoint_step, "phases": dict(recovered.phases),
-            "reason": recovered.reason}
+            "reason": recovered.reason, "agent": recovered.agent, "took_over_from": recovered.took_over_from}
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,9 @@ def report_renderables(report: RunReport) -> Group:
         step = r.checkpoint_step if r.checkpoint_step is not None else "the start"
         parts.append(plain(f"job {r.job_id}: restart {r.restart} inside the allocation in {_duration(took)}, "
                           f"from step {step} on {' '.join(r.nodes)} (no queue wait)"))
+        if r.took_over_from:
+            parts.append(plain(f"    the standby agent on {r.agent} took the job over from {r.took_over_from} "
+                               "(the batch host, where the job's agent ran)"))
         if not r.blame and r.reason:
             parts.append(plain(f"    {r.reason}"))
         for b in r.blame:

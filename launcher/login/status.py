@@ -86,7 +86,8 @@ def recovery_status_json(recovered: RecoveredInAllocation) -> dict[str, Any]:
     """A restart inside an allocation as `status --json` shows it."""
     return {"job_id": recovered.job_id, "restart": recovered.restart, "blamed": [b.node for b in recovered.blame],
             "reasons": [b.reason for b in recovered.blame], "nodes": list(recovered.nodes),
-            "checkpoint_step": recovered.checkpoint_step, "reason": recovered.reason}
+            "checkpoint_step": recovered.checkpoint_step, "reason": recovered.reason, "agent": recovered.agent,
+            "took_over_from": recovered.took_over_from}
 
 
 @dataclass(frozen=True)
@@ -236,8 +237,9 @@ def status_renderables(status: RunStatus) -> Group:
         step = r.checkpoint_step if r.checkpoint_step is not None else "the start"
         why = (f"{', '.join(f'{b.node} ({b.reason})' for b in r.blame)} given back"
                if r.blame else r.reason or "no node blamed")
+        took = f"; the standby agent on {r.agent} took the job over from {r.took_over_from}" if r.took_over_from else ""
         parts.append(plain(f"job {r.job_id}: restarted inside the allocation ({r.restart}): {why}; "
-                          f"new step on {' '.join(r.nodes)} from step {step}"))
+                          f"new step on {' '.join(r.nodes)} from step {step}{took}"))
     for s in status.stragglers:
         hardware = "; ".join(s.hardware) or "its GPUs say nothing that explains it"
         parts.append(plain(f"job {s.job_id}: straggler {s.node}: {s.ratio:.2f}x the job's compute time for "

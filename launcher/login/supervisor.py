@@ -40,9 +40,10 @@ from clusterctl.records.job_health import JobHealthRecord, read_job_health
 from clusterctl.records.rank_map import read_rank_map
 from clusterctl.records.agent_summary import read_agent_summary
 from clusterctl.records.rank_progress import read_progress
+from clusterctl.records.agent_lease import current_lease, read_standby
 from clusterctl.records.run_journal import (
-    Decided, DecisionAction, Ending, EventKind, RunEnded, RunJournal, SlurmTimes, StragglerFound, Submitted, Submitting,
-    SubmitLost, Waiting,
+    AgentEnded, Decided, DecisionAction, Ending, EventKind, RunEnded, RunJournal, SlurmTimes, StragglerFound, Submitted, Submitting,
+    SubmitLost, Waiting, read_run_journal,
 )
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
@@ -155,6 +156,8 @@ class Supervisor:
         self._wait_interval = 0.0
         self._silent_since: dict[str, float] = {}
         self._suspect_since: dict[str, float] = {}
+        self._batch_host_gone_since: float | None = None
+        self._agent_endings_said: set[str] = set()
         self._interval = self.spec.restart.poll_seconds
         self._last_seen: tuple[object, ...] | None = None
         # Watching reads go through a cache shared with the other supervisors of this runs
@@ -457,7 +460,21 @@ class Supervisor:
         except (OSError, RecordError, HostlistError, IndexError):
             return []  # no map yet: the agent has not started its first step
         if batch_host in job_nodes(report):
+            self._batch_host_gone_since = None
             return []
+        job_dir = self.run.path / "jobs" / attempt.job_id
+        try:
+            lease, standby = current_lease(job_dir), read_standby(job_dir)
+        except (OSError, RecordError) as exc:
+            self.hooks.say(f"cannot read job {attempt.job_id}'s agent lease ({exc}); judging without it")
+            lease = standby = None
+        if lease is not None and lease.node != batch_host:
+            return []  # the job's standby took it over: its agent runs elsewhere now
+        now = self.hooks.clock()
+        if self._batch_host_gone_since is None:
+            self._batch_host_gone_since = now
+        if standby is not None and now - self._batch_host_gone_since < AGENT_GRACE_SECONDS:
+            return []  # the standby takes over once Slurm says the batch host is gone: leave it the time
         state = nodes.get(batch_host)
         seen = f"Slurm: {batch_host} is {state.state} {list(state.flags)}" if state else f"{batch_host} left the job"
         return [Blame(batch_host, "the batch host left the job: its agent is gone",
@@ -483,11 +500,28 @@ class Supervisor:
         self.slurm.cancel([attempt.job_id])
 
     def _evidence(self, attempt: AttemptState, report: JobReport) -> Outcome:
+        if report.state == "CANCELLED" and (ended := self._agent_ended(report.job_id)) is not None:
+            blame = tuple(Blame.from_journal(b) for b in ended.blame)
+            message = f"the job's agent on {ended.agent}, which took it over from its dead batch host, ended it: " \
+                      f"{ended.message or ended.outcome}"
+            if report.job_id not in self._agent_endings_said:
+                self._agent_endings_said.add(report.job_id)
+                self.hooks.say(f"job {report.job_id}: {message}")
+            return Outcome(ended.outcome, message, blame)
         nodes = self._job_node_states(job_nodes(report))
         records = self._epilog_records(report.job_id, attempt.submitted_at)
         log = self._log_tail(report.job_id)
         ended_by_us = [Blame.from_journal(b) for b in attempt.ended_by_us]
         return classify(report, job_nodes(report), nodes, records, log, ended_by_us, self.spec.restart.exit_actions)
+
+    def _agent_ended(self, job_id: str) -> AgentEnded | None:
+        """How the agent that took job `job_id` over ended it (it cancels the job: its batch script is
+        gone), None when no agent did."""
+        try:
+            events = read_run_journal(self.run.path / "journal.jsonl").events
+        except (OSError, RecordError):
+            return None
+        return next((e for e in reversed(events) if isinstance(e, AgentEnded) and e.job_id == job_id), None)
 
     def _decide(self, attempt: AttemptState, state: RunState, report: JobReport | None,
                 outcome: Outcome | None) -> None:

@@ -30,7 +30,7 @@ from clusterctl_testbed import rootfs, slurm_config, versions
 from clusterctl_testbed.layout import CONTROLLER, Layout
 from clusterctl_testbed.private_root import ensure_private_root
 from clusterctl_testbed.system import (
-    CommandResult, TestbedError, is_alive, kill_all, namespace_pids, namespaces, run, spawn, wait_for, with_sbin,
+    CommandResult, TestbedError, is_alive, kill_all, namespace_pids, power_off, namespaces, run, spawn, wait_for, with_sbin,
 )
 from clusterctl_testbed.versions import Release
 
@@ -491,7 +491,7 @@ class Testbed:
     def kill_node(self, node: str) -> None:
         """Power a node off: kill every process in its namespaces (slurmd, jobs, daemons, holder)."""
         self._check_node(node)
-        kill_all(namespace_pids(self.layout.namespace(node)), grace=0)
+        power_off(lambda: namespace_pids(self.layout.namespace(node)))
 
     def boot_node(self, node: str) -> None:
         """Power a killed node back on: new holder, new slurmd (its network namespace survived)."""

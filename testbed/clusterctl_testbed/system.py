@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +87,21 @@ def kill_all(pids: Sequence[int], *, grace: float = 2.0) -> None:
     deadline = time.monotonic() + 2
     while time.monotonic() < deadline and any(is_alive(p) for p in pids):
         time.sleep(0.05)
+
+
+def power_off(pids_now: Callable[[], Sequence[int]]) -> None:
+    """SIGKILL every process `pids_now()` lists, again until it lists none alive (a process may fork
+    between two reads): what a power loss does.  No SIGTERM first -- srun forwards a SIGTERM to its
+    step's tasks on other nodes, which a dead node never does."""
+    for _ in range(20):
+        pids = [p for p in pids_now() if is_alive(p)]
+        if not pids:
+            return
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and any(is_alive(p) for p in pids):
+            time.sleep(0.02)
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

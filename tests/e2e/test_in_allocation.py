@@ -216,7 +216,8 @@ def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_
 
 @pytest.mark.parametrize("fault", ["kill-node", "cut-link", "kill-batch-host"])
 def test_a_node_that_dies_or_is_cut_off_is_replaced_by_the_spare(cluster, tmp_path, reference, fault):
-    """... except the batch host, where the agent itself runs: then the supervisor resubmits."""
+    """... the batch host too, where the agent runs: its standby on the spare takes the job over once
+    Slurm says the node is gone, and the run goes on there without a new sbatch."""
     proc, run_dir = _supervised(cluster, tmp_path, _spec(tmp_path, 1))
     _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
     job = _events(run_dir, "submitted")[0].job_id
@@ -226,13 +227,37 @@ def test_a_node_that_dies_or_is_cut_off_is_replaced_by_the_spare(cluster, tmp_pa
     (cluster.cut_link if fault == "cut-link" else cluster.kill_node)(victim)
     out = _finished(cluster, proc)
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
-    if fault == "kill-batch-host":
-        submitted = _events(run_dir, "submitted")
-        assert len(submitted) == 2 and victim in (submitted[1].exclude or ""), out
-        return
     assert len(_events(run_dir, "submitted")) == 1, out
     event = _events(run_dir, "recovered-in-allocation")[0]
     assert [b.node for b in event.blame] == [victim] and victim not in event.nodes, out
+    if fault == "kill-batch-host":
+        assert event.took_over_from == victim and event.agent not in ("", victim), out
+        assert [e.outcome for e in _events(run_dir, "agent-ended")] == ["completed"], out
+        assert "took it over from its dead batch host" in out, out
+
+
+def test_the_batch_host_and_the_supervisor_lost_at_once_nothing_acts_twice_and_the_run_ends_right(
+        cluster, tmp_path, reference):
+    """The node running the job's agent dies as the login session with the supervisor does: the
+    standby on the spare takes the job over alone, finishes the run and ends the job; a supervisor
+    attached afterwards finds the run completed by that job, and submits nothing."""
+    proc, run_dir = _supervised(cluster, tmp_path, _spec(tmp_path, 1))
+    _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    batch_host = _expand(cluster, _squeue(cluster, "-j", job, "-o", "%N"))[0]
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    cluster.kill_node(batch_host)
+    _wait(lambda: _events(run_dir, "agent-ended"), "the standby agent ending the job", timeout=180)
+    assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference
+    (recovered,) = _events(run_dir, "recovered-in-allocation")
+    assert recovered.took_over_from == batch_host and recovered.agent != batch_host
+    again = subprocess.Popen([*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
+                              "from clusterctl.launcher.login.cli import main; main()", "supervise", str(run_dir),
+                              "--job-records", RECORDS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = _finished(cluster, again)
+    assert "run done" in out and len(_events(run_dir, "submitted")) == 1, out
+    assert [e.outcome for e in _events(run_dir, "decided")] == ["completed"], out
 
 
 def _rank0_step(job_dir: Path) -> int:

@@ -23,6 +23,7 @@ import pytest
 from clusterctl.records.rank_map import read_rank_map
 from clusterctl.records.rank_record import read_rank_records
 from clusterctl.records.run_journal import read_run_journal
+from clusterctl.slurm import hostlist
 from clusterctl_testbed.gpu_faults import Fault, inject
 from tests.conftest import REPO, TEST_LAYOUT, TEST_SLURM, clusterctl_on
 
@@ -216,3 +217,28 @@ def test_torchrun_with_a_spare_goes_on_on_it_when_the_rendezvous_host_fails_bit_
     assert {r: (rec.slurm_procid, rec.node) for r, rec in records.items()} == {
         r: (str(r // 2), again.location(r)[0]) for r in range(4)}
     assert f"resumed from {recovered[0].checkpoint}" in log, log
+
+
+def test_torchrun_whose_batch_host_dies_goes_on_on_the_spare_bit_identical_without_the_queue(
+        cluster, tmp_path, reference):
+    """The node running the job's agent (and, in Slurm's order, rank 0 and torchrun's rendezvous
+    host) is powered off: the standby agent on the spare takes the job over once Slurm takes the node
+    out of the job and starts torchrun again on the survivor and the spare from the last DCP save."""
+    run_dir = tmp_path / "run"
+    proc = _supervised(cluster, _spec(cluster, tmp_path, "torchrun", spares=1), run_dir)
+    _wait_for(run_dir / "checkpoints" / "step-00000010" / ".metadata", proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    first = read_rank_map(run_dir / "jobs" / job)
+    batch_host = hostlist.expand(first.nodelist)[0]
+    cluster.kill_node(batch_host)
+    code, out = _finish(proc)
+    assert code == 0, out
+    log = _log(run_dir)
+    assert _final(run_dir) == reference, out + log
+    assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
+    (recovered,) = _events(run_dir, "recovered-in-allocation")
+    assert recovered.took_over_from == batch_host and recovered.agent not in ("", batch_host), out
+    assert [b.node for b in recovered.blame] == [batch_host] and 10 <= recovered.checkpoint_step < STEPS, out
+    again = read_rank_map(run_dir / "jobs" / job / "restart-1")
+    assert batch_host not in again.slots and again.master_addr == again.slots[0]
+    assert f"resumed from {recovered.checkpoint}" in log, log

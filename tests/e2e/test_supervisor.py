@@ -214,3 +214,36 @@ def test_a_detached_supervisor_rides_out_a_controller_restart(cluster, tmp_path,
     assert "run done" in (run_dir / "supervisor.log").read_text()
     assert len(_events(run_dir, "submitted")) == 1 and not _events(run_dir, "decided")[0].blame
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference
+
+
+def test_a_supervisor_kept_by_slurm_outlives_its_killed_process_and_resubmits_with_nobody_typing(
+        cluster, tmp_path, reference):
+    """`--in-slurm`: the supervisor runs as a small requeueable job.  Its process is killed and nobody
+    re-attaches; then a GPU fails under the training job (no spare): the supervisor the job started
+    again resubmits without the node, and the run completes bit-identical.  The job then ends."""
+    run_dir = tmp_path / "run"
+    started = clusterctl_on(cluster, "submit", str(_spec(tmp_path)), "--run-dir", str(run_dir), "--supervise",
+                            "--in-slurm", "--job-records", RECORDS)
+    assert "supervising in Slurm job" in started.stdout, started.stdout
+    supervisor_job = started.stdout.split("supervising in Slurm job ", 1)[1].split()[0]
+    log = run_dir / "supervisor-slurm.log"
+    deadline = time.monotonic() + 90
+    while not (run_dir / "checkpoints" / "step-00000020").exists():
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no supervisor log"
+        time.sleep(0.2)
+    where = cluster.run_on("ctl", ["squeue", "-h", "-j", supervisor_job, "-o", "%N"]).stdout.strip()
+    cluster.run_on(where, ["pkill", "-KILL", "-f", f"supervise {run_dir}"])  # the process, not the job
+    job = _events(run_dir, "submitted")[0].job_id
+    broken = next(n for n in _slots(run_dir, job) if n != where)
+    inject(cluster.nvml_dir(broken), Fault("xid", gpu=2, value=79))
+    deadline = time.monotonic() + 240
+    while not _events(run_dir, "done"):
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.5)
+    out = log.read_text()
+    assert "the supervisor exited 137; starting it again" in out, out
+    _assert_recovered(run_dir, reference, broken, out)
+    deadline = time.monotonic() + 30
+    while cluster.run_on("ctl", ["squeue", "-h", "-j", supervisor_job, "-o", "%T"], check=False).stdout.strip():
+        assert time.monotonic() < deadline, "the supervisor job did not end with the run"
+        time.sleep(0.5)

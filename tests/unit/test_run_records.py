@@ -18,7 +18,8 @@ from clusterctl.launcher.pure.spec import load_spec
 from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, read_rank_map, write_rank_map
 from clusterctl.records.rank_record import RankRecord, read_rank_record, write_rank_record
 from clusterctl.records.run_journal import (
-    BlamedNode, Created, Decided, DecisionAction, Ending, EventKind, OutcomeKind, RecoveredInAllocation, RunEnded,
+    AgentEnded, BlamedNode, Created, Decided, DecisionAction, Ending, EventKind, OutcomeKind, RecoveredInAllocation,
+    RunEnded,
     SlurmTimes, StragglerFound, Submitted, Submitting, SubmitLost, Waiting, append_run_event, read_run_journal,
 )
 from clusterctl.records.slurm_cache import CachedAnswer, cache_path, read_cached_answer, write_cached_answer
@@ -46,6 +47,10 @@ EVERY_EVENT = [
     RecoveredInAllocation(at=5.2, job_id="9", restart=1, blame=(BLAME,), nodes=("node1", "node4"),
                           given_back=("node2",), checkpoint_step=20, checkpoint="/ck/step-20",
                           phases=(("end_step", 0.4),), reason=""),
+    RecoveredInAllocation(at=5.3, job_id="9", restart=2, blame=(BLAME,), nodes=("node3", "node4"),
+                          agent="node4", took_over_from="node1"),
+    AgentEnded(at=5.9, job_id="9", agent="node4", epoch=2, exit_code=0, outcome=OutcomeKind.COMPLETED,
+               message="the step completed", blame=(BLAME,)),
     RunEnded(kind=EventKind.DONE, at=6.0, message="the run completed"),
     RunEnded(kind=EventKind.STOPPED, at=6.0, message="restart.max_restarts = 5 reached"),
     RunEnded(kind=EventKind.CANCELLED, at=6.0, message="cancelled by the user", jobs=("7", "8")),

@@ -464,3 +464,64 @@ def test_a_straggler_the_jobs_agent_journals_is_said_once_in_the_supervisors_out
     assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
     lines = [line for line in said if "straggler node2" in line]
     assert len(lines) == 1 and "2.50x" in lines[0] and "GPU 3: thermal" in lines[0] and "excluded" in lines[0]
+
+
+def _batch_host_dies(tmp_path, standby_takes_over: bool) -> tuple[int, list[str], list, ScriptedSlurm]:
+    """A job with a spare on node1-3 whose batch host node1 leaves the job at the fourth poll; with
+    `standby_takes_over` its standby on node3 takes the next epoch and, at the ninth poll, journals
+    that the run completed and cancels the job (as a standby that took over does)."""
+    from dataclasses import replace
+
+    from clusterctl.records.agent_lease import AgentLease, register_standby, take_lease
+    from clusterctl.records.agent_summary import AgentSummary, write_agent_summary
+    from clusterctl.records.rank_map import JobRankMap, RankMap, write_rank_map
+    from clusterctl.records.run_journal import AgentEnded, OutcomeKind, append_run_event
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    spec = replace(spec, job=replace(spec.job, spare_nodes=1))
+    run = create_run(tmp_path / "run", spec, "")
+    clock = Clock()
+    slurm = ScriptedSlurm(clock)
+    said: list[str] = []
+    hooks = Hooks(clock=clock.time, sleep=clock.sleep, say=said.append)
+    polls = {"n": 0}
+    job_dir = run.path / "jobs" / "1"
+
+    def script() -> None:
+        polls["n"] += 1
+        if "2" in slurm.jobs:  # the resubmission completes
+            slurm.end("2", "COMPLETED")
+        if "1" not in slurm.jobs or slurm.jobs["1"]["job_state"] != "RUNNING":
+            return
+        if not (job_dir / "rankmap.json").exists():
+            write_rank_map(job_dir, JobRankMap("1", "node[1-3]", RankMap(("node1", "node2"), 8), 20001))
+            take_lease(job_dir, AgentLease(1, "node1", 10, clock.now))
+            register_standby(job_dir, AgentLease(2, "node3", 11, clock.now, role="standby"))
+        write_agent_summary(job_dir, AgentSummary("1", "0", clock.now, 2.0, "watching", 2, 2))
+        if polls["n"] == 4:
+            slurm.jobs["1"]["nodes"] = "node2,node3"
+        if standby_takes_over and polls["n"] == 5:
+            take_lease(job_dir, AgentLease(2, "node3", 11, clock.now, why="node1 left the job"))
+        if standby_takes_over and polls["n"] == 9:
+            append_run_event(run.path / "journal.jsonl", AgentEnded(
+                at=clock.now, job_id="1", agent="node3", epoch=2, exit_code=0, outcome=OutcomeKind.COMPLETED,
+                message="the step completed"))
+            slurm.end("1", "CANCELLED")
+        if polls["n"] > 200:
+            slurm.end("1", "COMPLETED")
+    slurm.on_poll = script
+    code = _supervisor(run, slurm, hooks).supervise()
+    return code, said, list(run.events()), slurm
+
+
+def test_a_job_whose_standby_took_over_from_its_dead_batch_host_is_left_to_it_and_ends_done(tmp_path):
+    code, said, events, slurm = _batch_host_dies(tmp_path, standby_takes_over=True)
+    assert code == EXIT_DONE
+    assert len(slurm.sbatch_calls) == 1 and not [e for e in events if e.event == "ending"]
+    assert any("took it over from its dead batch host" in line for line in said)
+
+
+def test_a_job_whose_standby_never_takes_over_is_ended_and_resubmitted_without_the_batch_host(tmp_path):
+    code, said, events, slurm = _batch_host_dies(tmp_path, standby_takes_over=False)
+    (ending,) = [e for e in events if e.event == "ending"][:1]
+    assert [b.node for b in ending.blame] == ["node1"]
+    assert len(slurm.sbatch_calls) >= 2 and "--exclude=node1" in slurm.sbatch_calls[1]
