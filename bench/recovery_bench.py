@@ -240,8 +240,9 @@ def compare(tb: Testbed, trials: int, busy_seconds: int, faults: tuple[str, ...]
     cases = [(label, recover, busy, "xid") for label, recover, busy in (
         ("in-allocation, busy queue", "in-allocation", True), ("resubmission, busy queue", "resubmit", True),
         ("in-allocation, idle queue", "in-allocation", False), ("resubmission, idle queue", "resubmit", False))]
-    cases += [(f"batch host killed, {label}", "in-allocation", busy, "kill-batch-host")
-              for label, busy in (("busy queue", True), ("idle queue", False))]
+    cases += [(f"batch host killed, {how}, {label}", recover, busy, "kill-batch-host")
+              for label, busy in (("busy queue", True), ("idle queue", False))
+              for how, recover in (("in-allocation", "in-allocation"), ("resubmission", "resubmit"))]
     for label, recover, busy, fault in cases:
         if fault not in faults:
             continue

@@ -216,6 +216,7 @@ def test_a_detached_supervisor_rides_out_a_controller_restart(cluster, tmp_path,
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference
 
 
+@pytest.mark.one_release
 def test_a_supervisor_kept_by_slurm_outlives_its_killed_process_and_resubmits_with_nobody_typing(
         cluster, tmp_path, reference):
     """`--in-slurm`: the supervisor runs as a small requeueable job.  Its process is killed and nobody
