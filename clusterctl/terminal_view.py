@@ -13,18 +13,12 @@ definition for every view: clusterctl's (launcher/login) and healthd's.
 
 from __future__ import annotations
 
-import re
-
 from rich.console import Console
 from rich.text import Text
 
-# C0 controls but the newline, DEL and the C1 controls: what a terminal may act on.
-_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+from clusterctl.text import printable
 
-
-def printable(text: str) -> str:
-    """`text` with each control character (but the newline) written as a visible escape: `\\x1b`, `\\t`."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+__all__ = ["plain", "plain_row", "printable", "terminal"]
 
 
 def plain(text: object, style: str = "") -> Text:

@@ -17,6 +17,7 @@ from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import POLICY_VERSION, policy_rows
 from clusterctl.terminal_view import plain, terminal
+from clusterctl.text import one_line
 
 EXIT_CONFIG = ConfigError.exit_code  # 78, EX_CONFIG
 EXIT_NO_STATE = 3
@@ -49,7 +50,7 @@ def _config(path: Path | None) -> HealthdConfig:
     try:
         return load_config(path)
     except ConfigError as exc:
-        click.echo(f"healthd: error: {exc}", err=True)
+        click.echo(f"healthd: error: {one_line(str(exc))}", err=True)
         sys.exit(EXIT_CONFIG)
 
 
@@ -85,10 +86,10 @@ def status(config_path: Path | None, as_json: bool) -> None:
     config = _config(config_path)
     state, unusable = read_state(config)
     if unusable:
-        click.echo(f"healthd: error: {unusable}", err=True)
+        click.echo(f"healthd: error: {one_line(unusable)}", err=True)
         sys.exit(EXIT_NO_STATE)
     if state is None:
-        click.echo(f"healthd: no state in {config.state_dir}: is healthd running on this node?", err=True)
+        click.echo(f"healthd: no state in {one_line(str(config.state_dir))}: is healthd running on this node?", err=True)
         sys.exit(EXIT_NO_STATE)
     if as_json:
         click.echo(json.dumps(state.to_json(), indent=2, sort_keys=True))
@@ -174,7 +175,7 @@ def breaker(config_path: Path | None, partition: str, as_json: bool) -> None:
             partition = node.partitions[0] if node.partitions else ""
         slots, problems = BreakerLedger(config.breaker_dir, config.node_name, now=time.time).slots(partition)
     except (ClusterctlError, OSError) as exc:  # LEDGER_ERRORS: both kinds
-        click.echo(f"healthd: error: {exc}", err=True)
+        click.echo(f"healthd: error: {one_line(str(exc))}", err=True)
         sys.exit(getattr(exc, "exit_code", 1))
     if as_json:
         click.echo(json.dumps({"partition": partition, "slots": [s.to_json() for s in slots],
@@ -187,7 +188,7 @@ def breaker(config_path: Path | None, partition: str, as_json: bool) -> None:
                                                   time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(slot.at)), slot.reason)))
     terminal().print(table)
     for problem in problems:
-        click.echo(f"healthd: unreadable slot: {problem}", err=True)
+        click.echo(f"healthd: unreadable slot: {one_line(problem)}", err=True)
 
 
 @cli.command()
@@ -228,13 +229,13 @@ def evidence(config_path: Path | None, gpus: str | None, as_json: bool) -> None:
     try:
         record = read_evidence(nvml, config, time.time(), wanted)
     except (pynvml.NVMLError, NvmlHang) as exc:
-        click.echo(f"healthd: error: cannot read the GPUs through NVML: {exc}", err=True)
+        click.echo(f"healthd: error: cannot read the GPUs through NVML: {one_line(str(exc))}", err=True)
         sys.exit(EXIT_NO_NVML)
     if as_json:
         click.echo(json.dumps(record.to_json(), sort_keys=True))
         return
     for line in record.to_text():
-        click.echo(line)
+        click.echo(one_line(line))
 
 
 def main() -> None:

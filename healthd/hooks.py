@@ -35,10 +35,12 @@ from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import drains
 from clusterctl.slurm.commands import Runner, subprocess_runner, within_deadline
 from clusterctl.slurm.nodes import NodeSlurm, SlurmNode
+from clusterctl.text import one_line
 
 
 def _say(hook: str, message: str) -> None:
-    print(f"clusterctl-{hook}: {message}", file=sys.stderr, flush=True)  # slurmd puts it in its log
+    # One line each in slurmd's log, whatever a config path, a kernel line or Slurm put in the message.
+    print(f"clusterctl-{hook}: {one_line(message)}", file=sys.stderr, flush=True)
 
 
 def _setup(hook: str, config: HealthdConfig | None = None, config_path: Path | None = None) -> HealthdConfig:

@@ -39,9 +39,10 @@ from clusterctl.clock import SYSTEM_CLOCK, Clock
 from clusterctl.errors import ClusterctlError
 from clusterctl.launcher.job.report_channel import ReportSender, parse_address
 from clusterctl.launcher.pure.node_report_build import (
-    ReporterIdentity, ReporterMemory, next_report, node_health, printable, process_state,
+    ReporterIdentity, ReporterMemory, next_report, node_health, process_state,
 )
 from clusterctl.node_dir import NODE_DIR_ENV
+from clusterctl.text import one_line
 from clusterctl.records.healthd_state import read_healthd_state
 from clusterctl.records.node_report import (
     MAX_TEXT, REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV, NodeHealth, NodeReport, parse_key,
@@ -105,7 +106,7 @@ def report_settings(environ: Mapping[str, str]) -> ReportSettings:
     job_id = required("SLURM_JOB_ID")
     for name, value in ((REPORT_LAUNCH_ENV, launch), ("SLURM_JOB_ID", job_id)):
         if len(value) > MAX_TEXT or not value.isprintable():
-            raise ReporterSettingError(name, f"{printable(value[:80])!r} is not printable text of at most "
+            raise ReporterSettingError(name, f"{one_line(value[:80])!r} is not printable text of at most "
                                              f"{MAX_TEXT} characters")
     text = environ.get(REPORT_INTERVAL_ENV, "").strip()
     try:
@@ -113,12 +114,12 @@ def report_settings(environ: Mapping[str, str]) -> ReportSettings:
     except ValueError:
         heartbeat = math.nan
     if not math.isfinite(heartbeat) or heartbeat < 0:
-        raise ReporterSettingError(REPORT_INTERVAL_ENV, f"{printable(text[:80])!r} is not a number of seconds "
+        raise ReporterSettingError(REPORT_INTERVAL_ENV, f"{one_line(text[:80])!r} is not a number of seconds "
                                                         "(finite, not negative)")
     node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     problem = node_name_problem(node)
     if problem:
-        raise ReporterSettingError("SLURMD_NODENAME", f"{printable(node[:80])!r}: {problem}")
+        raise ReporterSettingError("SLURMD_NODENAME", f"{one_line(node[:80])!r}: {problem}")
     state_dir = Path(environ.get(HEALTHD_STATE_DIR_ENV) or DEFAULT_HEALTHD_STATE_DIR)
     return ReportSettings(ReporterIdentity(job_id, launch, node), key, address, heartbeat, state_dir)
 
@@ -129,7 +130,7 @@ def node_dir_setting(environ: Mapping[str, str]) -> Path:
     if not text:
         raise ReporterSettingError(NODE_DIR_ENV, "not set (the rank wrapper sets it for the node's processes)")
     if not Path(text).is_dir():
-        raise ReporterSettingError(NODE_DIR_ENV, f"{printable(text)} is not a directory")
+        raise ReporterSettingError(NODE_DIR_ENV, f"{one_line(text)} is not a directory")
     return Path(text)
 
 

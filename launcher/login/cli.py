@@ -184,7 +184,7 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
                                     resume_from=resume_from, supervise=supervise)
     path, request, warnings = submission.run_path, submission.request, list(submission.warnings)
     for warning in warnings:
-        click.echo(f"clusterctl: warning: {warning}", err=True)
+        click.echo(f"clusterctl: warning: {printable(warning)}", err=True)
     if dry_run:
         if as_json:
             click.echo(json.dumps({"dry_run": True, "run_dir": str(path), "sbatch_argv": list(request.sbatch_argv),
@@ -322,7 +322,7 @@ def report(run_dir: Path, as_json: bool) -> None:
 
 
 def _resolve_target(target: str | None) -> list[RunDir]:
-    return resolve_runs(target, Path(default_runs_dir()), lambda note: click.echo(f"clusterctl: {note}", err=True))
+    return resolve_runs(target, Path(default_runs_dir()), lambda note: click.echo(f"clusterctl: {printable(note)}", err=True))
 
 
 @cli.command()
@@ -335,7 +335,7 @@ def status(target: str | None, as_json: bool) -> None:
     $CLUSTERCTL_RUNS (default ~/.clusterctl/runs).
     """
     runs = _resolve_target(target)
-    statuses = gather_status(runs, Slurm(), lambda note: click.echo(f"clusterctl: {note}", err=True),
+    statuses = gather_status(runs, Slurm(), lambda note: click.echo(f"clusterctl: {printable(note)}", err=True),
                              skip_damaged=target is None)
     if as_json:
         shown = [s.to_json() for s in statuses] if target is None else statuses[0].to_json()

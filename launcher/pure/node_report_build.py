@@ -22,6 +22,7 @@ from clusterctl.records.node_report import (
     DIGEST_BYTES, MAGIC, MAX_DATAGRAM, MAX_EVIDENCE, MAX_RANKS, MAX_TEXT, NodeHealth, NodeReport, RankBeat,
 )
 from clusterctl.records.rank_progress import RankProgress
+from clusterctl.text import one_line
 
 HEALTHD_STALE_AFTER = 30.0
 """Seconds after which healthd's state file says nothing: healthd rewrites it several times a minute."""
@@ -56,13 +57,6 @@ def process_state(stat_line: str) -> str:
     return "unknown"
 
 
-def printable(text: str) -> str:
-    """`text` with every character that is not printable written as a visible escape (`\\x1b`)."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
 def node_health(state: HealthdState | None, now: float) -> NodeHealth:
     """healthd's verdict for the node as the agent reads it, from healthd's state at `now` (epoch s).
 
@@ -90,7 +84,7 @@ def _evidence(findings: Iterable[StateFinding]) -> Iterable[str]:
             continue
         line = (f"healthd: {finding.what}" + (f" gpu{finding.gpu}" if finding.gpu is not None else "")
                 + (f": {finding.reason}" if finding.reason else ""))
-        yield printable(line)[:MAX_TEXT]
+        yield one_line(line)[:MAX_TEXT]
 
 
 @dataclass(frozen=True)

@@ -116,3 +116,32 @@ def test_clusterctl_status_of_a_running_job_with_an_agent_says_who_reports_and_w
     output = rendered(status_renderables(run_status(Path("/runs/r"), events, {}, queue, {}, None, agent)))
     assert "job 7 agent (watching, 2026-11-22T00:00:00Z)" in output
     assert "2/3 nodes reporting, steps 118-120; silent: node3; refused 4 reports (4 unsigned)" in output
+
+
+CONTROLS = "\x1b\x07\x01\x7f\x9b\r\t\n\u202e\u2028"  # what a file name may hold (no NUL, no slash)
+hostile_name = st.text(st.sampled_from(list(CONTROLS) + ["a", "[", "]", ".", "x"]), min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=hostile_name)
+def test_healthds_error_lines_show_a_planted_config_path_as_written(tmp_path, name):
+    config = tmp_path / f"{name}.toml"
+    config.write_text("state_dir = [unclosed\n")
+    result = CliRunner().invoke(healthd_cli, ["status", "--config", str(config)])
+    assert result.exit_code == 78
+    [line] = result.output.splitlines()  # one line, whatever the name holds (its newline escaped)
+    assert line.startswith("healthd: error: ") and "not valid TOML" in line
+    assert not any(c in line for c in "\x1b\x07\x01\x7f\x9b\r\t")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(name=hostile_name)
+def test_the_hooks_log_lines_in_slurmds_log_are_one_line_each_whatever_a_path_holds(tmp_path, capsys, name):
+    from clusterctl.healthd.hooks import run_epilog
+
+    config = tmp_path / f"{name}.toml"
+    config.write_text("hook_timeout = [unclosed\n")
+    assert run_epilog({"SLURM_JOB_ID": "x"}, config_path=config) == 0
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(line.startswith("clusterctl-epilog: ") for line in lines), lines
+    assert not any(c in "".join(lines) for c in CONTROLS)
