@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ MISSING_POLLS = 15  # polls a submitted job may be absent from squeue and sacct 
 LOG_TAIL_BYTES = 64 * 1024
 SINGLE_NODE_READS = 32  # a job on more nodes reads the (shared) node table once instead of each node alone
 AGENT_GRACE_SECONDS = 60.0
+PROGRESS_PROBLEMS_SAID = 5  # unreadable rank-progress files named one by one per job; past that only counted
 """With spares, how long a failed node may stay in a running job before the supervisor (not the job's agent) ends it."""
 NO_SWAP = ("the job has no in-job agent to swap nodes (a built-in launch template with spare_nodes and "
            "restart.recover = in-allocation)")
@@ -167,6 +168,7 @@ class Supervisor:
         # what it acts with, when to read the ranks' progress next.
         self._stragglers: tuple[str, StragglerWatch, StragglerActions] | None = None
         self._stragglers_said: set[tuple[str, str]] = set()  # (job, node) the live output named already
+        self._progress_problems_said: set[tuple[str, str]] = set()  # (job, problem) said already
         self._next_progress_read = 0.0
 
     # ---- the loop ---------------------------------------------------------------
@@ -416,7 +418,8 @@ class Supervisor:
             return
         self._next_progress_read = now + node_read_interval(nodes)
         job_id, watch, actions = self._stragglers
-        records, _ = read_progress(actions.job_dir, now)
+        records, problems = read_progress(actions.job_dir, now)
+        self._say_progress_problems(job_id, problems)
         watch = watch.observe(records)
         self._stragglers = (job_id, watch, actions)
         actions.write_table(watch)
@@ -425,6 +428,23 @@ class Supervisor:
             # started inside salloc) would mislead it.
             env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
             actions.act(found, {**env, "SLURM_JOB_ID": job_id}, no_swap=NO_SWAP)
+
+    def _say_progress_problems(self, job_id: str, problems: Sequence[str]) -> None:
+        """Say each rank-progress file the straggler watch could not read, once per job, and what that
+        may cost; past PROGRESS_PROBLEMS_SAID distinct ones only how many more (a forged or damaged
+        directory must not flood the live output)."""
+        unsaid = [p for p in problems if (job_id, p) not in self._progress_problems_said]
+        if not unsaid:
+            return
+        said = sum(1 for job, _ in self._progress_problems_said if job == job_id)
+        room = max(0, PROGRESS_PROBLEMS_SAID - said)
+        self._progress_problems_said.update((job_id, p) for p in unsaid)
+        for problem in unsaid[:room]:
+            self.hooks.say(f"warning: job {job_id}: rank progress not read: {problem}; that rank is left out of "
+                           f"the straggler watch (a slow node may be found later, or not at all)")
+        if len(unsaid) > room:
+            self.hooks.say(f"warning: job {job_id}: {len(unsaid) - room} more rank progress file(s) not read; "
+                           f"those ranks are left out of the straggler watch")
 
     def _say_what_the_agent_found(self, attempt: AttemptState) -> None:
         """Say the stragglers the job's agent journaled since the last poll, as if found here."""

@@ -26,7 +26,7 @@ THROTTLED = GpuEvidence("node2", 1e9, (GpuReading(3, "GPU-3", 0x60, 792, 1980, 8
 STEP_SECONDS = {"node1": 0.05, "node2": 0.15, "node3": 0.05}  # node2's ranks compute 3x slower
 
 
-def _run(tmp_path, action: str, journaled_before: bool = False):
+def _run(tmp_path, action: str, journaled_before: bool = False, damaged_ranks: tuple[int, ...] = ()):
     spec = load_spec(REPO / "examples" / "toy_trainer.toml")
     # A template of its own: a job with no in-job agent, whose straggler watch is the supervisor's.
     template = tmp_path / "mine.sbatch"
@@ -63,6 +63,8 @@ def _run(tmp_path, action: str, journaled_before: bool = False):
             write_rank_progress(run.path / "jobs" / "1", RankProgress(
                 rank, node, steps[0], "step", clock.now, 100 + rank, round(steps[0] * STEP_SECONDS[node], 6),
                 steps[0]))
+        for rank in damaged_ranks:  # a rank whose file is damaged (or planted) at every poll
+            (run.path / "jobs" / "1" / "progress" / f"{rank}.json").write_text("{not json")
         if steps[0] >= 120:  # then a node of the job fails: the next attempt shows what was excluded
             slurm.nodes["node3"].update(flags=["DRAIN"], reason="healthd: xid 79 gpu3 (GPU-x) drain-reboot")
     slurm.on_poll = script
@@ -103,3 +105,17 @@ def test_a_supervisor_started_again_neither_journals_nor_drains_a_straggler_twic
     run, slurm, said, asked, drained, stragglers = _run(tmp_path, "report", journaled_before=True)
     assert [e.evidence for e in stragglers] == [("found before",)]
     assert asked == [] and drained == []
+
+
+def test_unreadable_rank_progress_files_are_said_once_each_with_what_they_cost_and_the_rest_still_judged(tmp_path):
+    run, slurm, said, asked, drained, stragglers = _run(tmp_path, "report", damaged_ranks=tuple(range(9)))
+    warnings = [line for line in said if "rank progress" in line]
+    # Five named (once each, not at every poll), the other four counted, and what it costs.
+    assert len(warnings) == 6
+    assert all(line.startswith("warning: job 1: ") for line in warnings)
+    assert sum("0.json" in line for line in warnings) == 1
+    assert "left out of the straggler watch" in warnings[0]
+    assert warnings[-1] == ("warning: job 1: 4 more rank progress file(s) not read; those ranks are left out of "
+                            "the straggler watch")
+    # The readable ranks are still judged: node2 is found from ranks 9-15.
+    assert [e.node for e in stragglers] == ["node2"]
