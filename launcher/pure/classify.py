@@ -209,7 +209,9 @@ def classify(report: JobReport, job_nodes: Sequence[str], nodes: Mapping[str, No
             and not _too_many_to_believe(silent, job_nodes):
         # Slurm failed the job for a node it has not marked DOWN yet: the silent one.
         for name in silent:
-            evidence.setdefault(name, []).append(f"Slurm: job NODE_FAIL and {name} is not responding")
+            # An admin's or a health checker's reason on it is evidence too (why it was drained first).
+            said = f" (reason {nodes[name].reason!r})" if nodes[name].reason else ""
+            evidence.setdefault(name, []).append(f"Slurm: job NODE_FAIL and {name} is not responding{said}")
             reasons.setdefault(name, "not responding (NODE_FAIL)")
     if not evidence:
         for name in job_nodes:  # weakest: somebody drained it while the job ran

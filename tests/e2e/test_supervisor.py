@@ -156,6 +156,28 @@ def test_a_cut_network_link_is_blamed_without_waiting_for_hung_ranks(cluster, tm
     _assert_recovered(run_dir, reference, broken, out)
 
 
+@pytest.mark.one_release  # clusterctl's own text handling; Slurm's side (a dead node under a job) as above
+def test_a_node_an_admin_drained_with_a_bracketed_reason_then_dies_is_blamed_and_its_reason_shown_as_written(
+        cluster, tmp_path, reference):
+    # `[/dev/nvidia3]` is what killed a running supervisor when it read reasons as rich markup, between
+    # journaling "ending" and cancelling the job; `[maint]` lost its brackets and `:smile:` became an emoji.
+    reason = "GPU gone [/dev/nvidia3] [maint] :smile:"
+    proc, run_dir = _supervised(cluster, tmp_path)
+    _wait_for(run_dir / "checkpoints" / "step-00000020", proc)
+    broken = _slots(run_dir, _events(run_dir, "submitted")[0].job_id)[1]
+    # An admin drains a flaky node under the running job (Slurm lets the job run on), then it dies:
+    # Slurm keeps the admin's reason on the DOWN node.
+    cluster.run_on("ctl", ["scontrol", "update", f"NodeName={broken}", "State=DRAIN", f"Reason={reason}"])
+    cluster.kill_node(broken)
+    code, out = _finish(proc)
+    assert code == 0, out
+    first = _assert_recovered(run_dir, reference, broken, out)
+    assert reason in " ".join(first.blame[0].evidence), first.blame
+    assert reason in out  # the supervisor's own lines say it as the admin wrote it
+    shown = clusterctl_on(cluster, "report", str(run_dir)).stdout
+    assert reason in " ".join(shown.split()), shown  # as written, wherever the 80 columns of a pipe wrap it
+
+
 @pytest.mark.slurm_versions
 def test_a_program_that_fails_by_itself_stops_after_its_retries_with_no_node_blamed(cluster, tmp_path):
     command = ["python3", "-c", "import os, sys; print('boom on rank', os.environ['RANK']); sys.exit(5)"]

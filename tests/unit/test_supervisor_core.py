@@ -123,6 +123,15 @@ def test_node_fail_blames_the_node_that_stopped_responding():
     assert outcome.blame[0].evidence[1] == "Slurm: job NODE_FAIL and node2 is not responding"
 
 
+def test_node_fail_on_a_silent_node_an_admin_had_drained_keeps_the_admins_reason_as_evidence():
+    reason = "GPU gone [/dev/nvidia3] [maint]"
+    drained = {**HEALTHY, "node2": replace(NODES["node2"], state="mixed", flags=("DRAIN", "NOT_RESPONDING"),
+                                           reason=reason)}
+    outcome = classify(_report("NODE_FAIL", 0), ["node1", "node2"], drained, {}, "")
+    assert [b.node for b in outcome.blame] == ["node2"]
+    assert outcome.blame[0].evidence[1] == f"Slurm: job NODE_FAIL and node2 is not responding (reason {reason!r})"
+
+
 def test_node_fail_blames_a_node_slurm_marked_down():
     down = {**HEALTHY, "node2": replace(HEALTHY["node2"], state="down", flags=("NOT_RESPONDING",),
                                         reason="Not responding")}
