@@ -52,11 +52,11 @@ def job_gpus(environ: Mapping[str, str]) -> GpuScope:
     """The GPUs the job step running this has on this node, from SLURM_STEP_GPUS in `environ`.
 
     slurmstepd sets SLURM_STEP_GPUS in each task of a step to the step's GPUs on the task's node, and
-    an `srun --overlap` step is given all of the job's GPUs there (seen on 22.05, from the batch script
-    and from a login node; in a job without GPUs it is unset, even when the caller's environment had
-    it).  Not SLURM_JOB_GPUS: srun hands its caller's environment on, so a step started from the batch
-    script carries the batch host's SLURM_JOB_GPUS to every other node (seen on 22.05: `4,5,6,7` on a
-    node where the job had 2,3,4,5).  Not CUDA_VISIBLE_DEVICES: it holds what the task's CUDA sees,
+    an `srun --overlap` step is given all of the job's GPUs there (seen on 22.05 and 26.05, from the
+    batch script and from a login node; in a job without GPUs it is unset, even when the caller's
+    environment had it).  Not SLURM_JOB_GPUS: srun hands its caller's environment on, so a step started
+    from the batch script carries the batch host's SLURM_JOB_GPUS to every other node (seen on 22.05
+    and 26.05: `4,5,6,7` on a node where the job had 2,3,4,5).  Not CUDA_VISIBLE_DEVICES: it holds what the task's CUDA sees,
     which Slurm numbers from 0 when ConstrainDevices hides the node's other GPUs (the testbed cannot
     constrain devices: not seen here).
 
@@ -65,7 +65,7 @@ def job_gpus(environ: Mapping[str, str]) -> GpuScope:
     NVML's order (the testbed's emulated NVML: nvidia0..7 are NVML's 0..7).  An index NVML does not
     count is a problem line of the record, never a guess.
 
-    Slurm sets the variable in the step over whatever the caller's environment had (seen on 22.05).
+    Slurm sets the variable in the step over whatever the caller's environment had (22.05, 26.05).
     It is still the job user's environment, which is enough here: what is read is never more than the
     GPUs it names (never "every GPU" for want of a list), and the only user who could change it runs
     the job's agent anyway.  A value that is not a GPU list, or none at all (a job without GPUs on this

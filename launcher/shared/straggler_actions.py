@@ -60,7 +60,7 @@ def srun_gpu_evidence(python: str) -> GpuEvidenceReader:
                 "clusterctl.healthd", "evidence", "--job-gpus", "--json"]
         # The caller's own GPU lists (the batch host's, or the standby agent's node's) are not `node`'s:
         # only what Slurm sets in the new step may name its GPUs (it did so, and unset them in a job
-        # without GPUs, on 22.05; not relied on).
+        # without GPUs, on 22.05 and 26.05; not relied on).
         step_env = {k: v for k, v in env.items() if k not in ("SLURM_HOSTFILE", "SLURM_DISTRIBUTION",
                                                               "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")}
         try:
