@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -196,38 +197,51 @@ def breaker(config_path: Path | None, partition: str, as_json: bool) -> None:
               help="healthd.toml (default /etc/clusterctl/healthd.toml if it exists): node name, state_dir, "
                    "nvml_timeout.")
 @click.option("--gpus", default=None, metavar="0,3", help="Only these GPU indexes (default: every GPU).")
+@click.option("--job-gpus", "step_gpus", is_flag=True,
+              help="Only the GPUs this job step has on this node (SLURM_STEP_GPUS, set by Slurm in each step); "
+                   "none, with a problem line, when it names none. What a job's straggler action reads.")
 @click.option("--json", "as_json", is_flag=True, help="Print the gpu-evidence record as one line of JSON.")
-def evidence(config_path: Path | None, gpus: str | None, as_json: bool) -> None:
+def evidence(config_path: Path | None, gpus: str | None, step_gpus: bool, as_json: bool) -> None:
     """What this node's GPUs say now: clocks, slowdown reasons, temperature, ECC.
 
     Per GPU: the SM clock against its maximum, NVML's clock event reasons (HW slowdown, thermal,
     power brake...), temperature, volatile ECC counts, a pending row remap, and healthd's current
     findings (from its state file, when healthd runs here), then which GPUs the hardware says are
     slowed.  clusterctl's straggler watch runs it on a slow node (a one-off `srun` step, as the
-    job's user) and drains the node only when this evidence explains the slowdown.
+    job's user, with --job-gpus: another job's GPUs on a shared node are neither shown nor counted)
+    and drains the node only when this evidence explains the slowdown.  The record says which GPUs
+    were read and why.
 
     \b
     Reads only (NVML and healthd's state file): any user may run it.
     Exit 0 when it printed evidence (what it could not read is listed as problems),
-    4 when NVML cannot be used at all, 2 for a bad --gpus, 78 for a bad config.
+    4 when NVML cannot be used at all, 2 for a bad --gpus (or both --gpus and --job-gpus), 78 for a bad
+    config.
+    A SLURM_STEP_GPUS that is not a GPU list is a problem line of the record (exit 0), not an error.
     """
     import pynvml
 
-    from clusterctl.healthd.evidence import read_evidence
+    from clusterctl.healthd.evidence import EVERY_GPU, chosen_gpus, job_gpus, read_evidence
+    from clusterctl.healthd.gate import gpu_index_list
     from clusterctl.healthd.nvml import Nvml, NvmlHang, TimedCalls
 
-    wanted = None
+    scope = EVERY_GPU
+    if gpus is not None and step_gpus:
+        click.echo("healthd: error: give --gpus or --job-gpus, not both", err=True)
+        sys.exit(2)
     if gpus is not None:
-        parts = [part.strip() for part in gpus.split(",")]
-        if not all(part.isascii() and part.isdigit() for part in parts):
-            click.echo(f"healthd: error: --gpus {gpus!r}: give GPU indexes separated by commas, e.g. 0,3", err=True)
+        try:
+            scope = chosen_gpus(gpu_index_list(gpus))
+        except ValueError as exc:
+            click.echo(f"healthd: error: --gpus: {exc}", err=True)
             sys.exit(2)
-        wanted = {int(part) for part in parts}
+    elif step_gpus:
+        scope = job_gpus(os.environ)
     config = _config(config_path)
     # One hung call is enough: the step must answer within the agent's wait, not once per GPU.
     nvml = Nvml(TimedCalls(config.nvml_timeout, max_abandoned=1))
     try:
-        record = read_evidence(nvml, config, time.time(), wanted)
+        record = read_evidence(nvml, config, time.time(), scope)
     except (pynvml.NVMLError, NvmlHang) as exc:
         click.echo(f"healthd: error: cannot read the GPUs through NVML: {one_line(str(exc))}", err=True)
         sys.exit(EXIT_NO_NVML)

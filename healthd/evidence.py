@@ -3,16 +3,21 @@
 `gpu_evidence` (pure) joins NVML samples with healthd's current findings into a
 clusterctl.records.gpu_evidence record; `sample_gpus` reads the samples through the NVML door it
 is given (an `NvmlReader`: healthd.nvml.Nvml, every call under a timeout) and `read_evidence` adds healthd's state
-file.  It only reads: the job's user runs it, as a step on the node.
+file.  It only reads: the job's user runs it, as a step on the node.  Which GPUs it reads is a
+`GpuScope`: every GPU (an admin's look), those of `--gpus`, or a job step's own (`job_gpus`, what a
+job's straggler action asks for, so that a node shared with other jobs never shows their GPUs to this
+job's user nor lets their slowdown explain this job's).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from clusterctl.healthd.checks import GpuSample
 from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.gate import gpu_index_list, read_state
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
 from clusterctl.records.healthd_state import HealthdState
 
@@ -20,8 +25,68 @@ if TYPE_CHECKING:
     from clusterctl.healthd.nvml import NvmlReader
 
 
+STEP_GPUS = "SLURM_STEP_GPUS"
+"""The variable that names a job step's GPUs on the node the task runs on (see `job_gpus`)."""
+
+
+@dataclass(frozen=True)
+class GpuScope:
+    """Which of the node's GPUs to read (`gpus`, NVML indexes; None: every GPU NVML counts), why, as the
+    record's `scope` says it, and the problem line when it names none to read."""
+
+    gpus: tuple[int, ...] | None
+    why: str
+    problem: str | None = None
+
+
+EVERY_GPU = GpuScope(None, "every GPU of the node")
+
+
+def chosen_gpus(gpus: Collection[int]) -> GpuScope:
+    """The GPUs given with `--gpus`."""
+    chosen = tuple(sorted(set(gpus)))
+    return GpuScope(chosen, f"GPU {_indexes(chosen)}: those asked for (--gpus)")
+
+
+def job_gpus(environ: Mapping[str, str]) -> GpuScope:
+    """The GPUs the job step running this has on this node, from SLURM_STEP_GPUS in `environ`.
+
+    slurmstepd sets SLURM_STEP_GPUS in each task of a step to the step's GPUs on the task's node, and
+    an `srun --overlap` step is given all of the job's GPUs there (seen on 22.05 and 26.05, from the
+    batch script and from a login node; in a job without GPUs it is unset, even when the caller's
+    environment had it).  Not SLURM_JOB_GPUS: srun hands its caller's environment on, so a step started
+    from the batch script carries the batch host's SLURM_JOB_GPUS to every other node (seen on 22.05
+    and 26.05: `4,5,6,7` on a node where the job had 2,3,4,5).  Not CUDA_VISIBLE_DEVICES: it holds what the task's CUDA sees,
+    which Slurm numbers from 0 when ConstrainDevices hides the node's other GPUs (the testbed cannot
+    constrain devices: not seen here).
+
+    Relied on: Slurm's GPU index i (the i-th device of the node's gres.conf `File=` list) is NVML's
+    index i, as with AutoDetect=nvml or `File=/dev/nvidia[0-7]` over GPUs whose minor numbers follow
+    NVML's order (the testbed's emulated NVML: nvidia0..7 are NVML's 0..7).  An index NVML does not
+    count is a problem line of the record, never a guess.
+
+    Slurm sets the variable in the step over whatever the caller's environment had (22.05, 26.05).
+    It is still the job user's environment, which is enough here: what is read is never more than the
+    GPUs it names (never "every GPU" for want of a list), and the only user who could change it runs
+    the job's agent anyway.  A value that is not a GPU list, or none at all (a job without GPUs on this
+    node), reads no GPU and says why in `problem`.
+    """
+    value = environ.get(STEP_GPUS)
+    if not value:
+        return GpuScope((), f"no GPU: {STEP_GPUS} is not set (no GPUs of this job on this node)",
+                        f"{STEP_GPUS} is not set: Slurm names no GPU of this job on this node, so no GPU was "
+                        f"read (the other GPUs are other jobs')")
+    try:
+        gpus = gpu_index_list(value)
+    except ValueError as exc:
+        shown = value if len(value) <= 60 else value[:60] + "..."
+        return GpuScope((), f"no GPU: {STEP_GPUS} is not a GPU list",
+                        f"{STEP_GPUS}={shown!r} is not a GPU list: {exc}; no GPU was read")
+    return GpuScope(tuple(gpus), f"GPU {_indexes(gpus)}: this job's on this node ({STEP_GPUS})")
+
+
 def gpu_evidence(node: str, at: float, samples: Sequence[GpuSample], state: HealthdState | None,
-                 problems: Sequence[str] = ()) -> GpuEvidence:
+                 problems: Sequence[str] = (), scope: str = "") -> GpuEvidence:
     """The evidence record of `node` from its GPUs' `samples` and healthd's `state` (None: not readable)."""
     held = {gpu.index: gpu.findings for gpu in state.gpus} if state is not None else {}
     readings = []
@@ -33,7 +98,7 @@ def gpu_evidence(node: str, at: float, samples: Sequence[GpuSample], state: Heal
         readings.append(GpuReading(sample.index, sample.uuid, sample.clock_event_reasons, sample.sm_clock_mhz,
                                    sample.sm_clock_max_mhz, sample.temperature_c, sample.ecc_volatile_sbe,
                                    sample.ecc_volatile_dbe, sample.remap_pending, findings))
-    return GpuEvidence(node, at, tuple(readings), tuple(problems))
+    return GpuEvidence(node, at, tuple(readings), tuple(problems), scope)
 
 
 def current_state(state: HealthdState | None, at: float, max_age: float) -> tuple[HealthdState | None, str | None]:
@@ -61,7 +126,8 @@ def sample_gpus(nvml: NvmlReader, gpus: Collection[int] | None = None) -> tuple[
     try:
         count = nvml.count()
         asked = sorted(set(gpus)) if gpus is not None else list(range(count))
-        problems += [f"GPU {i}: not on this node (NVML counts {count} GPUs)" for i in asked if i >= count]
+        if absent := [i for i in asked if i >= count]:
+            problems.append(f"GPU {_indexes(absent)}: not on this node (NVML counts {count} GPUs)")
         asked = [i for i in asked if i < count]
         try:
             nvml.discover()  # the UUIDs; a GPU it cannot identify is still sampled below
@@ -93,15 +159,18 @@ def _indexes(indexes: Sequence[int]) -> str:
     return ",".join(map(str, indexes))
 
 
-def read_evidence(nvml: NvmlReader, config: HealthdConfig, at: float, gpus: Collection[int] | None = None) -> GpuEvidence:
-    """This node's GPUs (all, or `gpus`) read through `nvml` now, joined with healthd's state file.
+def read_evidence(nvml: NvmlReader, config: HealthdConfig, at: float, scope: GpuScope = EVERY_GPU) -> GpuEvidence:
+    """This node's GPUs of `scope` read through `nvml` now, joined with healthd's state file.
 
     Raises pynvml.NVMLError / NvmlHang when NVML cannot be used at all; a GPU or a state file that
-    cannot be read is a problem line of the record instead (the daemon may not run).
+    cannot be read is a problem line of the record instead (the daemon may not run).  A scope of no
+    GPU opens neither NVML nor the state file: the record is its problem line.
     """
-    from clusterctl.healthd.gate import read_state
-
-    samples, problems = sample_gpus(nvml, gpus)
+    problems = [scope.problem] if scope.problem else []
+    if scope.gpus == ():
+        return gpu_evidence(config.node_name, at, [], None, problems, scope.why)
+    samples, unread = sample_gpus(nvml, scope.gpus)
+    problems += unread
     state, unusable = read_state(config)
     if unusable:
         problems.append(unusable)
@@ -111,4 +180,4 @@ def read_evidence(nvml: NvmlReader, config: HealthdConfig, at: float, gpus: Coll
     state, stale = current_state(state, at, max(3 * config.check_interval, 30.0))
     if stale:
         problems.append(stale)
-    return gpu_evidence(config.node_name, at, samples, state, problems)
+    return gpu_evidence(config.node_name, at, samples, state, problems, scope.why)

@@ -20,7 +20,7 @@ from clusterctl.records.healthd_state import HealthdState, read_healthd_state
 from clusterctl.records.versioned import RecordError
 
 __all__ = ["HOOK_PATH", "GateReport", "Problem", "blocks_new_work", "check_node", "direct_check", "from_state",
-           "healthd_alive", "parse_job_gpus", "read_state", "state_is_fresh"]
+           "gpu_index_list", "healthd_alive", "parse_job_gpus", "read_state", "state_is_fresh"]
 
 # Hooks get no PATH: Slurm's commands and coreutils live here on Debian and most distributions.
 HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -54,12 +54,32 @@ class GateReport:
         return not self.problems
 
 
+MAX_GPU_INDEX_DIGITS = 4
+"""A GPU index has at most this many digits (no node has 10,000 GPUs): a list stays small to read."""
+
+
+def gpu_index_list(value: str) -> list[int]:
+    """Slurm's list of a job's GPUs on a node ("0,1,3": SLURM_JOB_GPUS in the hooks, SLURM_STEP_GPUS in
+    a step; also `healthd evidence --gpus`) → [0, 1, 3], sorted, each once.
+
+    Slurm writes the indexes in its node's gres.conf order (`File=`), comma-separated, nothing else
+    (spaces around an index are let pass, for people typing --gpus).  Raises ValueError saying what is wrong with anything else (an empty list or entry, a range such as
+    "0-3", a sign, a non-ASCII digit, more than MAX_GPU_INDEX_DIGITS digits).
+    """
+    parts = [part.strip(" \t") for part in value.split(",")]
+    for part in parts:
+        if not (part.isascii() and part.isdigit()) or len(part) > MAX_GPU_INDEX_DIGITS:
+            shown = part if len(part) <= 20 else part[:20] + "..."
+            raise ValueError(f"{shown!r} is not a GPU index (expected indexes separated by commas, e.g. 0,1,3)")
+    return sorted({int(part) for part in parts})
+
+
 def parse_job_gpus(value: str | None) -> list[int] | None:
-    """SLURM_JOB_GPUS ("0,1,3") → [0, 1, 3]; None when unset or not numeric (then: all GPUs)."""
+    """SLURM_JOB_GPUS ("0,1,3") → [0, 1, 3]; None when unset or not a GPU list (then: all GPUs)."""
     if not value:
         return None
     try:
-        return sorted({int(part) for part in value.split(",") if part.strip()})
+        return gpu_index_list(value)
     except ValueError:
         return None
 

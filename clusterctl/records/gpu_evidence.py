@@ -1,10 +1,13 @@
 """What a node's GPUs say now: `healthd evidence --json`, read by the in-allocation agent.
 
 The agent of a job runs it on a node whose ranks compute persistently slower than the job's (a
-straggler, clusterctl.launcher.pure.straggler_watch) as a one-off step, and reads the record from its
-stdout: per GPU the NVML clocks-event reasons, the SM clock against its maximum, the temperature,
+straggler, clusterctl.launcher.pure.straggler_watch) as a one-off step (`--job-gpus`: only the GPUs
+the job has on that node), and reads the record from its stdout: which GPUs were read and why
+(`scope`), per GPU the NVML clocks-event reasons, the SM clock against its maximum, the temperature,
 the ECC counters, a pending row remap and healthd's current findings.  `slowdown_reasons` says, in
 sentences, what of that explains a slowdown; the agent drains the node only when something does.
+
+Version 2 added `scope`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 from clusterctl.records.versioned import RecordError, check_header, field, header
 
 KIND = "gpu-evidence"
-VERSION = 1
+VERSION = 2
 
 # nvmlClocksEventReason* (nvml.h): the bit, and how NVIDIA names it.
 CLOCK_REASONS = (
@@ -137,12 +140,17 @@ class GpuReading:
 
 @dataclass(frozen=True)
 class GpuEvidence:
-    """A node's GPUs at `at` (epoch s), and what could not be read (`problems`)."""
+    """A node's GPUs at `at` (epoch s), which of them were asked and why (`scope`), and what could not
+    be read (`problems`)."""
 
     node: str
     at: float
     gpus: tuple[GpuReading, ...] = ()
     problems: tuple[str, ...] = ()
+    scope: str = ""
+    """Which GPUs were read and why, e.g. `GPU 4,5,6,7: this job's on this node (SLURM_STEP_GPUS)`,
+    `every GPU of the node`, `no GPU: SLURM_STEP_GPUS is not set (...)`; empty only in a record built by
+    hand."""
 
     def slowdown_reasons(self, gpus: Collection[int] | None = None) -> tuple[str, ...]:
         """One sentence per GPU (of `gpus`, or all) whose hardware says it is slowed; empty: nothing
@@ -151,7 +159,7 @@ class GpuEvidence:
 
     def to_text(self) -> list[str]:
         """Lines for a person: one per GPU (and its healthd findings), what explains a slowdown, the problems."""
-        lines = [f"{self.node}: {len(self.gpus)} GPUs"]
+        lines = [f"{self.node}: {len(self.gpus)} GPUs" + (f" read ({self.scope})" if self.scope else "")]
         for g in self.gpus:
             reasons = ", ".join(clock_reason_names(g.clock_event_reasons)) or "none"
             temp = f"{g.temperature_c} °C" if g.temperature_c is not None else "temperature unknown"
@@ -168,7 +176,7 @@ class GpuEvidence:
     def to_json(self) -> dict[str, Any]:
         """The record as printed."""
         return {**header(KIND, VERSION), "node": self.node, "at": self.at, "gpus": [g.to_json() for g in self.gpus],
-                "problems": list(self.problems)}
+                "problems": list(self.problems), "scope": self.scope}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> GpuEvidence:
@@ -180,4 +188,4 @@ class GpuEvidence:
         return cls(node=field(body, "node", str, where), at=float(field(body, "at", (int, float), where)),
                    gpus=tuple(GpuReading.from_json(g, f"{where}: gpus[{i}]")
                               for i, g in enumerate(field(body, "gpus", list, where))),
-                   problems=tuple(problems))
+                   problems=tuple(problems), scope=field(body, "scope", str, where))

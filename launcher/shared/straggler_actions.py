@@ -1,9 +1,11 @@
 """Acting on what the straggler watch finds, for whoever watches the job's progress: the in-allocation
 agent (jobs with spares, on the batch host) and the supervisor (every other job, on the login node).
 
-Per node found slow (once per job): ask its GPUs why (`healthd evidence --json`, run on the node as a
-one-off `srun --overlap` step of the job), journal a `straggler` event with the evidence, and drain the
-node only when it is evicted (`exclude`, `swap`) and its GPUs' own evidence explains the slowdown.
+Per node found slow (once per job): ask its GPUs why (`healthd evidence --job-gpus --json`, run on the
+node as a one-off `srun --overlap` step of the job: only the GPUs the job has there, so that another
+job's GPUs on a shared node are neither shown to this job's user nor taken to explain its slowdown),
+journal a `straggler` event with the evidence, and drain the node only when it is evicted (`exclude`,
+`swap`) and its GPUs' own evidence explains the slowdown.
 The drain goes through the core's drain door (clusterctl/slurm/drains.py) as the straggler owner: a
 `clusterctl straggler:` reason, never over another drain, within the straggler verdicts' own share
 of the partition (never a slot of healthd's breaker).  A node name read from the progress files
@@ -45,16 +47,22 @@ straggler reason if the door's rules allow; raises SlurmCommandError when Slurm 
 
 
 def srun_gpu_evidence(python: str) -> GpuEvidenceReader:
-    """Ask `node`'s GPUs through `healthd evidence --json`, run there as a one-off step of the job
-    named by the environment's SLURM_JOB_ID (--overlap: beside the training step, on the resources it
-    holds; srun attaches to that allocation from its batch script and from a login node alike)."""
+    """Ask `node`'s GPUs through `healthd evidence --job-gpus --json`, run there as a one-off step of
+    the job named by the environment's SLURM_JOB_ID (--overlap: beside the training step, on the
+    resources it holds; srun attaches to that allocation from its batch script and from a login node
+    alike).  The step is given all of the job's GPUs on `node` and healthd reads only those (Slurm names
+    them in the step's SLURM_STEP_GPUS; the record says which were read)."""
     def read(node: str, env: Mapping[str, str]) -> GpuEvidence | str:
         problem = node_name_problem(node)
         if problem is not None:  # never an option or a hostlist of srun
             return f"not asked: {problem}"
         argv = ["srun", "--overlap", f"--nodelist={node}", "--nodes=1", "--ntasks=1", "--quiet", python, "-m",
-                "clusterctl.healthd", "evidence", "--json"]
-        step_env = {k: v for k, v in env.items() if k not in ("SLURM_HOSTFILE", "SLURM_DISTRIBUTION")}
+                "clusterctl.healthd", "evidence", "--job-gpus", "--json"]
+        # The caller's own GPU lists (the batch host's, or the standby agent's node's) are not `node`'s:
+        # only what Slurm sets in the new step may name its GPUs (it did so, and unset them in a job
+        # without GPUs, on 22.05 and 26.05; not relied on).
+        step_env = {k: v for k, v in env.items() if k not in ("SLURM_HOSTFILE", "SLURM_DISTRIBUTION",
+                                                              "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")}
         try:
             done = subprocess.run(argv, env=step_env, capture_output=True, timeout=GPU_EVIDENCE_TIMEOUT,
                                   stdin=subprocess.DEVNULL)
@@ -132,9 +140,9 @@ class StragglerActions:
         if action == "swap" and no_swap:
             action = "exclude"
             notes.append(f"not swapped: {no_swap}; avoided from the next resubmission on")
-        hardware, problem = self._hardware(found.node, env)
-        if problem:
-            notes.append(f"GPU evidence: {problem}")
+        hardware, note = self._hardware(found.node, env)
+        if note:
+            notes.append(f"GPU evidence: {note}")
         evicted = action in ("exclude", "swap")
         until = self.doors.now() + self.blame_hours * 3600
         blame = Blame(found.node, STRAGGLER_REASON, (found.evidence, *hardware, *notes))
@@ -160,10 +168,12 @@ class StragglerActions:
         return blame if done == "swapped" else None
 
     def _hardware(self, node: str, env: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
-        """What `node`'s GPUs say that explains a slowdown (empty: nothing), and a note when they could not be asked."""
+        """What `node`'s GPUs say that explains a slowdown (empty: nothing), and a note: which GPUs were read
+        and why, what could not be read, or why they could not be asked."""
         if self.doors.gpu_evidence is None:
             return (), "the GPUs were not asked (no evidence reader)"
         evidence = self.doors.gpu_evidence(node, env)
         if isinstance(evidence, str):
             return (), evidence
-        return evidence.slowdown_reasons(), "; ".join(evidence.problems)
+        read = [f"read {evidence.scope}"] if evidence.scope else []
+        return evidence.slowdown_reasons(), "; ".join([*read, *evidence.problems])

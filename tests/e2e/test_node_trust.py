@@ -9,6 +9,7 @@ import time
 import pytest
 
 from clusterctl.records.actions import Action
+from clusterctl.records.gpu_evidence import GpuEvidence
 from clusterctl.records.healthd_state import read_healthd_state
 from clusterctl.records.healthd_xid_history import read_xid_history
 from clusterctl.records.job_health import job_health_path, read_job_health
@@ -135,3 +136,55 @@ def test_a_planted_record_path_neither_redirects_roots_write_nor_fails_the_epilo
         assert node_row(cluster, "node4").state == "idle", "a failing epilog would have drained the node"
     finally:
         os.unlink(records_dir(cluster) / job)
+
+
+ASK_GPUS = """\
+import json, os, sys
+from clusterctl.launcher.shared.straggler_actions import srun_gpu_evidence
+record = srun_gpu_evidence(sys.executable)(sys.argv[1], os.environ)
+print(record if isinstance(record, str) else json.dumps(record.to_json()))
+"""
+
+
+def asked_evidence(output: str) -> GpuEvidence:
+    """The gpu-evidence record a straggler action read, from ASK_GPUS's output."""
+    try:
+        return GpuEvidence.from_json(json.loads(output.strip().splitlines()[-1]), "asked")
+    except ValueError:
+        raise AssertionError(f"not a gpu-evidence record: {output!r}") from None
+
+
+@pytest.mark.slurm_versions
+def test_on_a_shared_node_a_jobs_gpu_evidence_reads_only_its_own_gpus(cluster, tmp_path):
+    """Another job holds 4 of node4's GPUs and one of them is thermally throttled.  A job with 4 GPUs
+    on node3 and 4 on node4 asks node4's GPUs why it is slow, as its straggler action does from the
+    batch script on node3 (whose SLURM_JOB_GPUS names node3's GPUs, not node4's): it reads only its
+    own 4 GPUs there, says so, and nothing explains a slowdown.  The other job's evidence names the
+    throttled GPU; a job without GPUs reads none and says why."""
+    ask = tmp_path / "ask.py"
+    ask.write_text(ASK_GPUS)
+    other = submit(cluster, "-N1", "-w", "node4", "--gres=gpu:4", "--wrap", "sleep 60")
+    wait_running(cluster, other)
+    inject(cluster.nvml_dir("node4"), Fault("throttle", gpu=1, value=40))
+    job = submit(cluster, "-N2", "-w", "node3,node4", "--gres=gpu:4", "--ntasks-per-node=1",
+                 "-o", str(tmp_path / "job.out"), "--wrap", f"{cluster.python} {ask} node4")
+    assert wait_job(cluster, job, timeout=60) == "COMPLETED", (tmp_path / "job.out").read_text()
+    mine = asked_evidence((tmp_path / "job.out").read_text())
+    assert mine.node == "node4" and [g.index for g in mine.gpus] == [4, 5, 6, 7], mine
+    assert mine.scope == "GPU 4,5,6,7: this job's on this node (SLURM_STEP_GPUS)", mine
+    assert mine.slowdown_reasons() == () and "GPU 1" not in " ".join(mine.to_text()), mine
+
+    def asked_on_login(job_id: str) -> GpuEvidence:
+        out = cluster.run_on("ctl", [str(cluster.python), str(ask), "node4"],
+                             env={**os.environ, "SLURM_JOB_ID": job_id}).stdout
+        return asked_evidence(out)
+
+    theirs = asked_on_login(other)
+    assert [g.index for g in theirs.gpus] == [0, 1, 2, 3], theirs
+    assert [line.split(":")[0] for line in theirs.slowdown_reasons()] == ["GPU 1"], theirs
+    no_gpus = submit(cluster, "-N1", "-w", "node4", "--wrap", "sleep 60")
+    wait_running(cluster, no_gpus)
+    none = asked_on_login(no_gpus)
+    assert none.gpus == () and none.scope.startswith("no GPU: SLURM_STEP_GPUS is not set"), none
+    assert none.problems[0].startswith("SLURM_STEP_GPUS is not set: Slurm names no GPU of this job"), none
+    cluster.run_on("ctl", ["scancel", other, no_gpus])

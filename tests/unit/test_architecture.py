@@ -38,7 +38,7 @@ ALLOWED = {
 # Processes one part may start from another part's module: the answer comes back as a typed
 # record, never as an import.  (part that starts it, part of the module started) → the record.
 PROCESS_BOUNDARIES = {
-    ("launcher.shared", "healthd"): "gpu_evidence (healthd evidence --json, run on a slow node)",
+    ("launcher.shared", "healthd"): "gpu_evidence (healthd evidence --job-gpus --json, run on a slow node)",
     ("launcher.pure", "launcher.job"): "none: a pure function builds the argv (torchrun's workers), the job runs it",
 }
 # What the sbatch templates may run inside a job.

@@ -3,6 +3,8 @@ share, and the stories of issue 22 on a Slurm node table (tests/fakes.py's FakeN
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -210,6 +212,29 @@ def test_a_node_name_from_a_progress_file_never_reaches_srun_or_scontrol(tmp_pat
         assert srun_gpu_evidence("/nonexistent/python")(name, {}).startswith("not asked: ")
     assert table.calls == [] and not (tmp_path / "journal.jsonl").exists()
     assert said[0].startswith("straggler ignored: '--help' is not a node name")
+
+
+def test_a_slow_node_where_the_job_has_no_gpus_reads_none_of_the_others_and_is_not_drained(tmp_path):
+    """The evidence step is given the job's GPUs on the node (none here) and reads only those: the GPU
+    lists of the caller's own step (the batch host's, a standby agent's node's) never reach it."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"  # like srun: the caller's environment goes on to the step; options dropped
+    srun.write_text('#!/bin/sh\nwhile [ "${1#--}" != "$1" ]; do shift; done\nexec "$@"\n')
+    srun.chmod(0o755)
+    table = FakeNodeTable(NODES)
+    said: list[str] = []
+    doors = StragglerDoors(lambda: T0, said.append, srun_gpu_evidence(sys.executable), SlurmDrains(runner=table).drain)
+    actions = StragglerActions(tmp_path, tmp_path / "jobs" / "7", "7", "exclude", 1.0, doors)
+    caller = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "7",
+              "SLURM_STEP_GPUS": "0,1", "SLURM_JOB_GPUS": "0,1"}
+    actions.act(found("node2"), caller)
+    [event] = read_run_journal(tmp_path / "journal.jsonl").events
+    assert event.hardware == () and table.drains == []
+    assert event.drain == "not drained: the GPUs' own evidence does not explain the slowdown; avoided by this run only"
+    assert event.evidence[-1] == ("GPU evidence: read no GPU: SLURM_STEP_GPUS is not set (no GPUs of this job on this "
+                                  "node); SLURM_STEP_GPUS is not set: Slurm names no GPU of this job on this node, so "
+                                  "no GPU was read (the other GPUs are other jobs')"), event
 
 
 def test_healthd_still_drains_a_node_slurm_took_down_as_before():

@@ -19,7 +19,7 @@ READINGS = st.builds(GpuReading, index=st.integers(0, 127), uuid=st.text(max_siz
                      remapped_pending=st.booleans(), findings=st.lists(st.text(max_size=30), max_size=3).map(tuple))
 EVIDENCE = st.builds(GpuEvidence, node=st.text(min_size=1, max_size=20), at=st.floats(0, 4e9, allow_nan=False),
                      gpus=st.lists(READINGS, max_size=8).map(tuple),
-                     problems=st.lists(st.text(max_size=30), max_size=2).map(tuple))
+                     problems=st.lists(st.text(max_size=30), max_size=2).map(tuple), scope=st.text(max_size=40))
 
 
 @given(EVIDENCE)
@@ -94,7 +94,9 @@ def test_reason_bits_are_named_as_nvidia_names_them():
 
 @pytest.mark.parametrize("change, message", [
     ({"kind": "gpu-state"}, "not a gpu-evidence record"),
-    ({"version": 2}, "version 2 is newer than this clusterctl understands"),
+    ({"version": 3}, "version 3 is newer than this clusterctl understands"),
+    ({"version": 1}, "version 1 is older than this clusterctl reads"),  # a healthd from before `scope`
+    ({"scope": None}, "field `scope` has the wrong type"),
     ({"gpus": [{**GpuReading(0).to_json(), "index": "3"}]}, r"gpus\[0\]: field `index` has the wrong type"),
     ({"gpus": [{**GpuReading(0).to_json(), "remapped_pending": 1}]}, "field `remapped_pending` has the wrong type"),
     ({"gpus": [{**GpuReading(0).to_json(), "sm_clock_mhz": 1.5}]}, "field `sm_clock_mhz` has the wrong type"),

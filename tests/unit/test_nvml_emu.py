@@ -238,7 +238,33 @@ def test_healthd_evidence_names_the_throttled_gpu_as_a_user_would_read_it(nvml_l
     text = subprocess.run([*argv, "--gpus", "5"], capture_output=True, text=True, env=env, timeout=60).stdout
     assert "GPU 5 " in text and "GPU 4 " not in text and "slowed: GPU 5: clock event reasons" in text
     bad = subprocess.run([*argv, "--gpus", "five"], capture_output=True, text=True, env=env, timeout=60)
-    assert bad.returncode == 2 and "give GPU indexes separated by commas" in bad.stderr
+    assert bad.returncode == 2 and "'five' is not a GPU index (expected indexes separated by commas" in bad.stderr
+
+
+def test_a_jobs_evidence_reads_only_the_gpus_slurm_gave_its_step_and_a_throttled_neighbour_explains_nothing(
+        nvml_lib, node, tmp_path):
+    import json
+
+    from clusterctl.records.gpu_evidence import GpuEvidence
+
+    inject(node, Fault("throttle", gpu=5, value=40))  # another job's GPU on the shared node
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'node = "node7"\nstate_dir = "{tmp_path / "state"}"\n')
+    env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_lib.parent), "NVML_EMU_DIR": str(node),
+           "SLURM_STEP_GPUS": "0,1,2,3", "SLURM_JOB_GPUS": "4,5,6,7"}
+    argv = [sys.executable, "-m", "clusterctl.healthd", "evidence", "--config", str(config), "--job-gpus"]
+    out = subprocess.run([*argv, "--json"], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    evidence = GpuEvidence.from_json(json.loads(out.stdout), "healthd evidence")
+    assert [g.index for g in evidence.gpus] == [0, 1, 2, 3] and evidence.slowdown_reasons() == ()
+    assert evidence.scope == "GPU 0,1,2,3: this job's on this node (SLURM_STEP_GPUS)"
+    text = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60).stdout
+    assert "GPU 5" not in text and "slowed: nothing here explains a slowdown" in text, text
+    bad = subprocess.run(argv, capture_output=True, text=True, env={**env, "SLURM_STEP_GPUS": "0-3"}, timeout=60)
+    assert bad.returncode == 0 and "Traceback" not in bad.stderr
+    assert bad.stdout.splitlines()[0] == "node7: 0 GPUs read (no GPU: SLURM_STEP_GPUS is not a GPU list)"
+    assert bad.stdout.splitlines()[-1] == ("problem: SLURM_STEP_GPUS='0-3' is not a GPU list: '0-3' is not a GPU index "
+                                           "(expected indexes separated by commas, e.g. 0,1,3); no GPU was read")
 
 
 def test_healthd_evidence_joins_healthds_warning_on_a_hot_gpu_and_reports_a_lost_one(nvml_lib, node, tmp_path):
