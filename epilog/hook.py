@@ -1,10 +1,11 @@
 """Slurm Epilog for clusterctl nodes.
 
-Runs as root on every node of a job after it ends.  Writes the job's health record for
-this node (<job_records_dir>/<job>/<node>.json: every Xid, ECC error, lost GPU... during
-the job, with the policy's verdict) so the supervisor learns which node broke a job;
-drains the node for a hardware fault; kills stray processes of the job.  Always exits 0
-(a failing epilog would drain the node with a reason nobody can act on).
+Runs as root on every node of a job after it ends.  Kills stray processes of the job; writes
+the job's health record for this node (<job_records_dir>/<job>/<node>.json: every Xid, ECC
+error, lost GPU... during the job, with the policy's verdict) so the supervisor learns which
+node broke a job; then drains the node for a hardware fault, its Slurm calls within what is
+left of hook_timeout.  Always exits 0 (a failing epilog would drain the node with a reason
+nobody can act on).
 """
 
 from __future__ import annotations

@@ -75,7 +75,8 @@ class HealthdConfig:
     job_records_dir: Path = Path("/var/spool/clusterctl/job-health")
     """Where the epilog writes per-job health records (<job>/<node>.json); shared storage, for the supervisor."""
     hook_timeout: float = 20.0
-    """The prolog/epilog give up (and fail) after this long; keep it below Slurm's PrologEpilogTimeout."""
+    """The prolog/epilog give up after this long (not a refusal: exit 0 unless already drained), their Slurm calls
+    within three quarters of it; keep it below Slurm's PrologEpilogTimeout."""
     checks: CheckLimits = field(default_factory=CheckLimits)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 

@@ -178,8 +178,18 @@ def _job_uid(environ: Mapping[str, str]) -> int | None:
     return int(uid) if uid.isascii() and uid.isdigit() and len(uid) <= 10 else None
 
 
-PROLOG_RESERVE = 0.25
-"""Share of the prolog's budget (`hook_timeout`) kept back from Slurm calls: noting the refusal, the log."""
+HOOK_RESERVE = 0.25
+"""Share of a hook's budget (`hook_timeout`) kept back from its Slurm calls, for what comes after them:
+the prolog notes the refusal, both say the outcome in slurmd's log."""
+
+
+def _budgeted(runner: Runner, start: float, config: HealthdConfig,
+              clock: Callable[[], float]) -> Callable[[str], NodeSlurm]:
+    """A hook's `slurm_factory` whose Slurm calls (however many its drain path makes: the release, the
+    node, the partition's share, the drain) share what is left of `hook_timeout` less HOOK_RESERVE,
+    counted from the hook's `start`: each call's timeout is cut to it, and none is made once it is spent."""
+    budgeted = within_deadline(runner, start + config.hook_timeout * (1 - HOOK_RESERVE), clock)
+    return lambda node: SlurmNode(node, budgeted)
 
 
 @dataclass
@@ -210,8 +220,7 @@ def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm
     config = _setup("prolog", config, config_path)
     refusal = _Refusal()
     if slurm_factory is None:
-        budgeted = within_deadline(runner, start + config.hook_timeout * (1 - PROLOG_RESERVE), clock)
-        slurm_factory = lambda node: SlurmNode(node, budgeted)  # noqa: E731
+        slurm_factory = _budgeted(runner, start, config, clock)
     with _bounded("prolog", config.hook_timeout, refusal.exit_code):
         try:
             return _prolog(environ, slurm_factory, config, node_check, refusal)
@@ -299,18 +308,26 @@ def _kernel_findings(config: HealthdConfig, start: float, end: float, identities
     return found
 
 
-def run_epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] = SlurmNode,
+def run_epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] | None = None,
                config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node, *,
-               config_path: Path | None = None) -> int:
-    """Record what broke on this node during the job; drain for hardware faults. Always 0.
+               config_path: Path | None = None, runner: Runner = subprocess_runner,
+               clock: Callable[[], float] = time.monotonic,
+               kill_leftovers: Callable[[str, int | None], list[int]] | None = None) -> int:
+    """Kill the job's leftover tasks; record what broke on this node during the job; drain for
+    hardware faults. Always 0.
 
     A failing epilog drains the node in Slurm with a reason nobody can act on, so nothing
-    escapes: a record that cannot be written (unwritable, planted) is logged and skipped.
+    escapes: a record that cannot be written (unwritable, planted) is logged and skipped.  The
+    Slurm calls of the drain path share what is left of `hook_timeout` as the prolog's do, and come
+    last.  `kill_leftovers` (job id, job's uid → pids killed) is `kill_strays` unless a test gives its own.
     """
+    start = clock()
     config = _setup("epilog", config, config_path)
+    if slurm_factory is None:
+        slurm_factory = _budgeted(runner, start, config, clock)
     with _bounded("epilog", config.hook_timeout, lambda: 0):  # a stuck epilog must not drain the node by itself
         try:
-            _epilog(environ, slurm_factory, config, node_check)
+            _epilog(environ, slurm_factory, config, node_check, kill_leftovers or kill_strays)
         except Exception as exc:  # noqa: BLE001 - the last line of defence of "always 0"
             _say("epilog", f"job {environ.get('SLURM_JOB_ID', 'unknown')!r}: gave up: {exc.__class__.__name__}: {exc}")
     return 0
@@ -326,11 +343,20 @@ def _job_start(config: HealthdConfig, job: str, end: float) -> float:
 
 
 def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], config: HealthdConfig,
-            node_check: Callable[..., GateReport]) -> None:
+            node_check: Callable[..., GateReport], kill_leftovers: Callable[[str, int | None], list[int]]) -> None:
     job = _job_id(environ)
     if job is None:
         _say("epilog", f"SLURM_JOB_ID {environ.get('SLURM_JOB_ID')!r} is not a job id: nothing recorded")
         return
+    # The local work first, Slurm last.  At hook_timeout the epilog ends wherever it is (_bounded), and
+    # a Slurm call may outlast its own timeout (a client stuck on a hung controller or mount): a time
+    # reserve alone would then not save what comes after it.  Killing the leftovers is a /proc scan that
+    # needs neither Slurm nor the GPUs, and a leftover may hold a GPU the next job is given: it comes
+    # first.  The record comes before the drain because the supervisor reads it (a hardware verdict is
+    # the evidence even when the drain cannot be made), and the job-start note is forgotten with it.
+    killed = kill_leftovers(job, _job_uid(environ))
+    if killed:
+        _say("epilog", f"job {job}: killed {len(killed)} leftover task(s): {', '.join(map(str, killed))}")
     node = _node_name(environ, config)
     gpus = parse_job_gpus(environ.get("SLURM_JOB_GPUS"))
     end = time.time()
@@ -376,17 +402,14 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], 
     try:
         path = write_job_health(config.job_records_dir, record)
         _say("epilog", f"job {job}: {record.verdict.label}, {len(ordered)} finding(s) → {path}")
-    except (OSError, ClusterctlError) as exc:  # the drain below and the cleanup still happen
+    except (OSError, ClusterctlError) as exc:  # the drain below still happens
         _say("epilog", f"job {job}: {record.verdict.label}, {len(ordered)} finding(s); record NOT written: {exc}")
+    job_start_path(config.journal_dir, job).unlink(missing_ok=True)
     hardware = record.worst_finding()
     if record.hardware_fault and hardware is not None:
         reason = DrainReason(kind=hardware.kind, action=hardware.action, at=utc(end), xid=hardware.xid,
                              gpu=hardware.gpu, uuid=hardware.uuid)
         _say("epilog", _drain("epilog", config, node, reason, slurm_factory).text)
-    killed = kill_strays(job, _job_uid(environ))
-    if killed:
-        _say("epilog", f"job {job}: killed {len(killed)} leftover task(s): {', '.join(map(str, killed))}")
-    job_start_path(config.journal_dir, job).unlink(missing_ok=True)
 
 
 def _ancestors(pid: int, proc: Path) -> set[int]:

@@ -4,6 +4,7 @@
   gives that node's `NodeSlurm` (clusterctl/slurm/nodes.py), so it is also a hooks' `slurm_factory`.
 - `FakeNodeTable` — Slurm's node table one level lower, as a `Runner` (clusterctl/slurm/commands.py):
   it answers the argv `SlurmNode` really runs, in the shapes Slurm 22.05 prints them.
+- `SlowController` — a `Runner` in front of a slow or stopped slurmctld, on a clock of its own.
 - `FakeNvmlDriver` — NVML's answers at the one call door (`NvmlCalls`, healthd/nvml.py), below `Nvml`.
 - `FakeNvml` — `NvmlReader` (healthd/nvml.py) answering from a table of samples, with no NVML library.
 
@@ -160,6 +161,29 @@ class FakeNodeTable:
         return Completed(1, "", f"unexpected command {argv}")
 
 
+class SlowController:
+    """slurmctld overloaded (each command answered after `delay` seconds, by `answers`) or stopped
+    (`answers` None: never answered), as a `Runner`.  The waiting happens on this fake's own clock
+    (`clock`, for a hook's `clock`): no real time passes.  A command whose timeout is shorter than the
+    wait uses it up and fails as `subprocess_runner` does then.  `timeouts`: each command's, in order."""
+
+    def __init__(self, answers: Runner | None = None, delay: float = 0.0, *, start: float = 1000.0) -> None:
+        self.answers, self.delay, self.start = answers, delay, start
+        self.now = start
+        self.timeouts: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def __call__(self, argv: Sequence[str], timeout: float) -> Completed:
+        self.timeouts.append(timeout)
+        if self.answers is None or timeout < self.delay:
+            self.now += timeout
+            raise SlurmCommandError(list(argv), None, f"no answer within {timeout:g} s")
+        self.now += self.delay
+        return self.answers(argv, timeout)
+
+
 # ---- NVML --------------------------------------------------------------------------------------
 
 DRIVER_HANDLE_BASE = 0x1000
@@ -233,6 +257,7 @@ def _fakes_satisfy_the_doors() -> None:
     node: NodeSlurm = partition("node3")
     factory: Callable[[str], NodeSlurm] = partition
     runner: Runner = FakeNodeTable(["node1"])
+    slow: Runner = SlowController(runner, 1.0)
     calls: NvmlCalls = FakeNvmlDriver(1)
     reader: NvmlReader = FakeNvml(1, {})
-    del node, factory, runner, calls, reader
+    del node, factory, runner, slow, calls, reader

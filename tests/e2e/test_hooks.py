@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +15,7 @@ from clusterctl.records.actions import Action
 from clusterctl.records.healthd_node_record import read_node_record
 from clusterctl.records.job_health import JobHealthRecord, job_health_path, read_job_health
 from clusterctl_testbed.gpu_faults import Fault, inject
+from clusterctl_testbed.system import is_alive
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
@@ -106,3 +112,92 @@ def test_hooks_are_correct_with_an_empty_environment_and_healthd_stopped(cluster
     assert node_row(cluster, "node4").reason.startswith("healthd: gpu-lost gpu1 ")
     assert hook("clusterctl-epilog", "SLURM_JOB_ID=902", "SLURM_JOB_GPUS=0,1").returncode == 0
     assert record(cluster, "902", "node4").hardware_fault
+
+
+# ---- the hooks under a stopped controller ----------------------------------------------------------
+
+def hook_pid(cluster, node: str, job: str, hook: str, timeout: float) -> int:
+    """The pid of the `hook` (clusterctl-prolog, clusterctl-epilog) slurmd runs on `node` for `job`, as soon as
+    it exists.  Every testbed on this machine shares its PID space, and their job ids all start at 1: the
+    process is this node's when it is in the node's own UTS namespace."""
+    here = os.readlink(f"/proc/{cluster.holder(node)}/ns/uts")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if hook.encode() in (entry / "cmdline").read_bytes() and os.readlink(entry / "ns" / "uts") == here \
+                        and f"SLURM_JOB_ID={job}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    return int(entry.name)
+            except OSError:
+                continue
+        time.sleep(0.005)
+    raise AssertionError(f"slurmd on {node} ran no {hook} for job {job} within {timeout} s")
+
+
+@contextmanager
+def controller_stopped_under(cluster, node: str, job: str, hook: str) -> Iterator[int]:
+    """slurmctld stopped (SIGSTOP: it takes connections and never answers) from the moment `hook` starts
+    for `job` on `node` until the block ends; the hook's pid.  The hook is held (SIGSTOP) while the
+    controller is stopped, so its Slurm calls meet the stopped controller however loaded the machine is."""
+    hook_process = hook_pid(cluster, node, job, hook, timeout=60)
+    controller = cluster._pids()["slurmctld"]
+    os.kill(hook_process, signal.SIGSTOP)
+    try:
+        os.kill(controller, signal.SIGSTOP)
+        try:
+            os.kill(hook_process, signal.SIGCONT)
+            yield hook_process
+        finally:
+            os.kill(controller, signal.SIGCONT)
+    finally:
+        if is_alive(hook_process):
+            os.kill(hook_process, signal.SIGCONT)
+
+
+def seconds_to_end(pid: int, timeout: float) -> float:
+    started = time.monotonic()
+    while is_alive(pid):
+        assert time.monotonic() - started < timeout, f"the hook (pid {pid}) still runs after {timeout} s"
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def test_under_a_stopped_controller_the_hooks_let_the_job_in_record_it_and_slurm_drains_nothing(cluster, tmp_path):
+    """A lost GPU on node3 that healthd (stopped) has not acted on, and slurmctld stopped whenever a hook of the
+    job runs: the prolog cannot drain, so it lets the job in (exit 0) within hook_timeout; the epilog records
+    the fault and ends within it.  Neither makes Slurm drain the node ("Prolog error") and nothing hangs.
+
+    hook_timeout is 2 s here: its Slurm share (1.5 s) is shorter than the testbed's MessageTimeout (2 s), so the
+    budget, not Slurm's client, ends the call.  slurmd (22.05, SlurmdDebug=info) logs a hook's output only when
+    it fails: the node's own record says what the prolog did."""
+    hook_timeout = 2.0
+    toml = cluster.layout.host_dir("node3") / "etc-clusterctl" / "healthd.toml"
+    original = toml.read_text()
+    toml.write_text(original.replace("resume_when_clean = true", f"resume_when_clean = true\nhook_timeout = {hook_timeout}"))
+    try:
+        cluster.stop_daemon("healthd:node3")  # the hooks are the only ones to act on the fault
+        inject(cluster.nvml_dir("node3"), Fault("gpu-lost", gpu=1))
+        job = cluster.run_on("ctl", ["sbatch", "--parsable", "-N1", "-w", "node3", "--gpus-per-node=8",
+                                     "-o", str(tmp_path / "out"), "--wrap", "sleep 2"]).stdout.strip()
+        with controller_stopped_under(cluster, "node3", job, "clusterctl-prolog") as prolog:
+            prolog_took = seconds_to_end(prolog, timeout=hook_timeout + 10)
+        with controller_stopped_under(cluster, "node3", job, "clusterctl-epilog") as epilog:
+            epilog_took = seconds_to_end(epilog, timeout=hook_timeout + 10)
+        assert wait_job(cluster, job, timeout=60) == "COMPLETED"
+        refusals = read_node_record(cluster.layout.host_dir("node3") / "lib-healthd")
+        print(f"under the stopped controller: prolog {prolog_took:.2f} s, epilog {epilog_took:.2f} s; {refusals}")
+        ran_on = cluster.run_on("ctl", ["sacct", "-n", "-X", "-P", "-j", job, "-o", "NodeList"]).stdout.split()
+        assert ran_on == ["node3"]  # let in: a prolog exiting non-zero would have sent the job elsewhere
+        # Each hook's timer starts once Python has loaded it: the slack is that, on a busy machine.
+        assert prolog_took < hook_timeout + 3 and epilog_took < hook_timeout + 3
+        # Recorded after the drain path returned by itself: inside the budget, not ended at the deadline.
+        [refusal] = [r for r in refusals if r.job_id == job]
+        assert refusal.outcome.startswith("could not drain"), refusal.outcome
+        assert record(cluster, job, "node3").hardware_fault
+        assert not (cluster.layout.host_dir("node3") / "lib-healthd" / "jobs" / f"{job}.json").exists()
+        row = node_row(cluster, "node3")
+        assert not row.state.startswith("drain") and row.reason != "Prolog error", row
+    finally:
+        toml.write_text(original)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,13 +20,13 @@ from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.engine import gate_verdict
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import GateReport, Problem, from_state, parse_job_gpus
-from clusterctl.healthd.hooks import run_epilog, run_health_check, run_prolog
+from clusterctl.healthd.hooks import HOOK_RESERVE, kill_strays, run_epilog, run_health_check, run_prolog
 from clusterctl.healthd.policy import PolicyConfig
 from clusterctl.records.healthd_job_start import JobStart, read_job_start, write_job_start
 from clusterctl.records.healthd_node_record import read_node_record
 from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding, write_healthd_state
 from clusterctl.records.job_health import job_health_path, read_job_health
-from tests.fakes import FakeNodeSlurm, FakePartition
+from tests.fakes import FakeNodeSlurm, FakeNodeTable, FakePartition, SlowController
 
 
 NODES = 20  # node3's partition
@@ -322,8 +323,8 @@ def _hook_in_a_process(tmp_path: Path, body: str, timeout: float = 60) -> tuple[
 _CONFIG = '''
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.config import HealthdConfig
-from clusterctl.healthd.hooks import run_prolog
-from tests.unit.test_hooks import lost_gpu
+from clusterctl.healthd.hooks import run_epilog, run_prolog
+from tests.unit.test_hooks import fake_proc, lost_gpu
 root = Path(sys.argv[0]).parent
 config = HealthdConfig(node="node3", state_dir=root / "run", journal_dir=root / "lib", kmsg=root / "kmsg",
                        job_records_dir=root / "records", disk_paths=(), checks=CheckLimits(expected_gpus=0),
@@ -389,3 +390,86 @@ def test_a_hook_on_a_config_with_wrong_values_runs_with_the_defaults(config, tmp
     assert run_prolog({"SLURM_JOB_ID": "7"}, FakePartition(NODES), node_check=healthy, config_path=bad) == 0
     assert run_epilog({"SLURM_JOB_ID": "7"}, FakePartition(NODES), node_check=healthy, config_path=bad) == 0
     assert capsys.readouterr().err.count("CONFIG NOT USED") == 2
+
+
+# ---- the epilog under a slow or stopped controller: in budget, and the local work done first -----
+
+JOB_TASK = "/system.slice/slurmstepd.scope/job_47/step_0/user/task_0"
+EPILOG_ENV = {"SLURM_JOB_ID": "47", "SLURMD_NODENAME": "node3", "SLURM_JOB_UID": "1000", "SLURM_JOB_GPUS": "0,1"}
+
+
+def test_under_a_controller_that_never_answers_the_epilog_kills_leftovers_records_and_ends_in_budget(config,
+                                                                                                   tmp_path, capsys):
+    """Once, the drain's Slurm calls came before the cleanup, with 10 s each: slurmd's deadline ended the
+    epilog first, and the job's leftover tasks lived on."""
+    config = replace(config, hook_timeout=2.0)
+    write_job_start(config.journal_dir, JobStart("47", time.time() - 30))
+    proc = fake_proc(tmp_path, {101: (JOB_TASK, 1000), 104: (JOB_TASK, 2000)})  # the job's task; another user's
+    killed: list[int] = []
+    stopped = SlowController()
+    code = run_epilog(EPILOG_ENV, config=config, node_check=lost_gpu, runner=stopped, clock=stopped.clock,
+                      kill_leftovers=partial(kill_strays, proc=proc, kill=lambda pid, sig: killed.append(pid)))
+    err = capsys.readouterr().err
+    assert code == 0 and killed == [101]
+    assert "job 47: killed 1 leftover task(s): 101" in err
+    assert "could not drain" in err and "no answer within 1.5 s" in err
+    record = read_job_health(job_health_path(config.job_records_dir, "47", "node3"))
+    assert record.hardware_fault and read_job_start(config.journal_dir, "47") is None
+    assert stopped.now - stopped.start <= config.hook_timeout * (1 - HOOK_RESERVE)
+
+
+@pytest.mark.parametrize("hook", [run_prolog, run_epilog])
+def test_a_hooks_drain_path_under_a_slow_controller_gives_up_at_its_budget_not_slurmds(hook, config, capsys):
+    """A controller answering each command in 8 s: the node, the partition's share and the drain would take
+    24 s of a 20 s hook_timeout.  The calls stop at the budget's Slurm share and nothing is drained."""
+    table = FakeNodeTable([f"node{i}" for i in range(1, NODES + 1)])
+    slow = SlowController(table, delay=8.0)
+    assert hook(EPILOG_ENV, config=config, node_check=lost_gpu, runner=slow, clock=slow.clock) == 0
+    assert "could not drain" in capsys.readouterr().err
+    assert table.drains == [] and len(slow.timeouts) == 2  # the node read; the share, cut short
+    assert slow.now - slow.start <= config.hook_timeout * (1 - HOOK_RESERVE)
+
+
+_LEFTOVER = f'''
+from functools import partial
+from clusterctl.healthd.hooks import kill_strays
+from clusterctl.records.healthd_job_start import JobStart, write_job_start
+write_job_start(config.journal_dir, JobStart("47", time.time() - 30))
+killed = []
+leftovers = partial(kill_strays, proc=fake_proc(root, {{101: ({JOB_TASK!r}, 1000)}}),
+                    kill=lambda pid, sig: killed.append(pid))
+'''
+
+
+def test_the_epilogs_drain_path_fits_its_budget_under_a_controller_that_does_not_answer(tmp_path):
+    """The epilog's counterpart of the prolog's: each call gets what is left, so slurmd's deadline never comes."""
+    code, err, took = _hook_in_a_process(tmp_path, _CONFIG + _LEFTOVER + f'''
+from clusterctl.errors import SlurmCommandError
+def slow_controller(argv, timeout):
+    time.sleep(timeout)
+    raise SlurmCommandError(list(argv), None, f"no answer within {{timeout:g}} s")
+code = run_epilog({EPILOG_ENV!r}, None, config, node_check=lost_gpu, runner=slow_controller,
+                  kill_leftovers=leftovers)
+sys.exit(code + 10 * (killed != [101]))
+''')
+    assert code == 0, err
+    assert "could not drain" in err and "gave up" not in err
+    assert took < 2.0 + 1.5  # the interpreter's start, then well inside hook_timeout
+    assert job_health_path(tmp_path / "records", "47", "node3").exists()
+
+
+def test_an_epilog_stuck_in_a_slurm_command_past_its_timeout_has_already_killed_and_recorded(tmp_path):
+    """A client that does not return at its timeout (stuck on a hung mount or controller): slurmd's deadline
+    ends the epilog in the drain, exit 0, with the leftovers killed and the record written before it."""
+    code, err, took = _hook_in_a_process(tmp_path, _CONFIG + _LEFTOVER + f'''
+def stuck(argv, timeout):
+    if killed == [101]:
+        print("leftovers killed before Slurm was asked", file=sys.stderr, flush=True)
+    time.sleep(30)
+run_epilog({EPILOG_ENV!r}, None, config, node_check=lost_gpu, runner=stuck, kill_leftovers=leftovers)
+''')
+    assert code == 0, err
+    assert "leftovers killed before Slurm was asked" in err and "gave up after 2 s" in err
+    assert took < 2.0 + 1.5
+    assert read_job_health(job_health_path(tmp_path / "records", "47", "node3")).hardware_fault
+    assert read_job_start(tmp_path / "lib", "47") is None
