@@ -183,12 +183,13 @@ HOOK_RESERVE = 0.25
 the prolog notes the refusal, both say the outcome in slurmd's log."""
 
 
-def _budgeted(runner: Runner, start: float, config: HealthdConfig,
+def _budgeted(runner: Runner, start: float, seconds: float,
               clock: Callable[[], float]) -> Callable[[str], NodeSlurm]:
     """A hook's `slurm_factory` whose Slurm calls (however many its drain path makes: the release, the
-    node, the partition's share, the drain) share what is left of `hook_timeout` less HOOK_RESERVE,
-    counted from the hook's `start`: each call's timeout is cut to it, and none is made once it is spent."""
-    budgeted = within_deadline(runner, start + config.hook_timeout * (1 - HOOK_RESERVE), clock)
+    node, the partition's share, the drain) share what is left of its budget (`seconds`: `hook_timeout`)
+    less HOOK_RESERVE, counted from the hook's `start`: each call's timeout is cut to it, and none is
+    made once it is spent."""
+    budgeted = within_deadline(runner, start + seconds * (1 - HOOK_RESERVE), clock)
     return lambda node: SlurmNode(node, budgeted)
 
 
@@ -220,7 +221,7 @@ def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm
     config = _setup("prolog", config, config_path)
     refusal = _Refusal()
     if slurm_factory is None:
-        slurm_factory = _budgeted(runner, start, config, clock)
+        slurm_factory = _budgeted(runner, start, config.hook_timeout, clock)
     with _bounded("prolog", config.hook_timeout, refusal.exit_code):
         try:
             return _prolog(environ, slurm_factory, config, node_check, refusal)
@@ -324,7 +325,7 @@ def run_epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm
     start = clock()
     config = _setup("epilog", config, config_path)
     if slurm_factory is None:
-        slurm_factory = _budgeted(runner, start, config, clock)
+        slurm_factory = _budgeted(runner, start, config.hook_timeout, clock)
     with _bounded("epilog", config.hook_timeout, lambda: 0):  # a stuck epilog must not drain the node by itself
         try:
             _epilog(environ, slurm_factory, config, node_check, kill_leftovers or kill_strays)
@@ -476,11 +477,21 @@ def kill_strays(job: str, uid: int | None, *, proc: Path = Path("/proc"),
     return killed
 
 
-def run_health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] = SlurmNode,
-                     config: HealthdConfig | None = None, *, config_path: Path | None = None) -> int:
-    """Slurm's HealthCheckProgram: healthd's cached verdicts (milliseconds), else a quick direct check."""
+HEALTHCHECK_LIMIT = 50.0
+"""Seconds HealthCheckProgram may take at most, whatever `hook_timeout` says: slurmd kills it at 60 s."""
+
+
+def run_health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] | None = None,
+                     config: HealthdConfig | None = None, *, config_path: Path | None = None,
+                     runner: Runner = subprocess_runner, clock: Callable[[], float] = time.monotonic) -> int:
+    """Slurm's HealthCheckProgram: healthd's cached verdicts (milliseconds), else a quick direct check.
+    Always 0; its drain path's Slurm calls share its budget as the prolog's and the epilog's do."""
+    start = clock()
     config = _setup("healthcheck", config, config_path)
-    with _bounded("healthcheck", min(config.hook_timeout, 50.0), lambda: 0):  # Slurm kills it at 60 s
+    seconds = min(config.hook_timeout, HEALTHCHECK_LIMIT)
+    if slurm_factory is None:
+        slurm_factory = _budgeted(runner, start, seconds, clock)
+    with _bounded("healthcheck", seconds, lambda: 0):
         return _health_check(environ, slurm_factory, config)
 
 

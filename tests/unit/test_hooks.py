@@ -430,6 +430,17 @@ def test_a_hooks_drain_path_under_a_slow_controller_gives_up_at_its_budget_not_s
     assert slow.now - slow.start <= config.hook_timeout * (1 - HOOK_RESERVE)
 
 
+def test_health_checks_drain_under_a_slow_controller_gives_up_at_its_budget_not_slurmds(config, capsys):
+    """HealthCheckProgram's drain path too: three 8 s answers would pass its 20 s, slurmd kills it at 60 s."""
+    now = time.time()
+    write_state(config, state(now, {5: [finding("ecc-dbe", Action.DRAIN_RESET, now, current=True)]}))
+    table = FakeNodeTable([f"node{i}" for i in range(1, NODES + 1)])
+    slow = SlowController(table, delay=8.0)
+    assert run_health_check({}, config=config, runner=slow, clock=slow.clock) == 0
+    assert "could not drain" in capsys.readouterr().err
+    assert table.drains == [] and slow.now - slow.start <= config.hook_timeout * (1 - HOOK_RESERVE)
+
+
 _LEFTOVER = f'''
 from functools import partial
 from clusterctl.healthd.hooks import kill_strays
