@@ -29,7 +29,12 @@ fi
 records=$($tb status --json 2>/dev/null | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["root"])' \
   2>/dev/null || echo /tmp/ctb)/job-health
 
-run=$(mktemp -d /tmp/clusterctl-example.XXXXXX)/run
+scratch=/tmp
+if [[ ${1:-} == --compose ]]; then
+  # The containers see the testbed's shared directory (its home and scratch filesystem), not /tmp.
+  scratch=$($tb status --json | .venv/bin/python -c 'import json,sys; print(json.load(sys.stdin)["shared"])')
+fi
+run=$(mktemp -d "$scratch/clusterctl-example.XXXXXX")/run
 echo "main-job: clusterctl submit examples/toy_trainer.toml --supervise   (run directory $run)" >&2
 # The testbed's controller host is the login node: clusterctl runs there, like Slurm's commands.
 $tb on ctl "$clusterctl" submit examples/toy_trainer.toml --run-dir "$run" --supervise --job-records "$records" &

@@ -62,6 +62,30 @@ def _test_layout() -> Layout:
     return Layout(root=Path(f"/tmp/ctb-{name}"), namespace_prefix=f"ct{name}-")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # On the compose testbed only the testbed's root, its shared directory and the checkout exist in
+    # every container: the run directories the tests make in tmp_path must live in the shared one.
+    # Made private (root's, nobody else may write) before pytest makes its basetemp in it.
+    if BACKEND != "compose" or config.option.basetemp or os.geteuid() != 0:
+        return
+    try:
+        from clusterctl_testbed.compose import shared_dir
+        from clusterctl_testbed.private_root import ensure_private_root
+    except ImportError:
+        return  # no testbed package: the end-to-end tests skip
+    config.option.basetemp = str(ensure_private_root(shared_dir(_test_layout())) / "pytest")
+
+
+def shared_scratch() -> Path:
+    """Where a test makes a directory that several users reach on every host: /tmp on the namespace
+    testbed (every host sees the machine's), the shared directory on the compose testbed."""
+    if BACKEND != "compose":
+        return Path("/tmp")
+    from clusterctl_testbed.compose import shared_dir
+
+    return shared_dir(_test_layout())
+
+
 def side_layout(tag: str, **changes: object) -> Layout:
     """A second testbed of this session's own beside the session one (`/tmp/ctb-<name><tag>`,
     namespaces `ct<name><tag>-*`), so tests that bring up their own never collide with another run's."""

@@ -8,11 +8,15 @@ from the same `Layout` as the namespace testbed, so the two cannot drift; `Compo
 `Testbed` whose hosts are containers, so everything that drives a testbed (the fault commands, the
 end-to-end tests) drives either.
 
-Like the namespace testbed, the hosts share one filesystem: the machine's /tmp (the testbed's state,
-sockets, logs; a run directory) and the checkout are bind-mounted at the same paths in every container,
-as a cluster shares its home and scratch filesystems.  Daemons are started into the running
-containers one by one (`docker exec`) and kept by their PID on this machine, so `stop_daemon`,
-`restart_slurmd` and the tests' liveness checks work unchanged.
+The hosts share what a cluster shares, bind-mounted at the same paths in every container and on this
+machine, and nothing else of it: the testbed's root (`/tmp/ctd/<name>`: configuration, munge's and
+MariaDB's sockets, spool, logs, the epilog's job records), its shared directory beside it
+(`/tmp/ctd/<name>-shared`, the cluster's home and scratch filesystem: run directories go there, and the
+compose end-to-end tests' pytest temporary directories), both made by root and writable by nobody else
+(clusterctl_testbed.private_root), and the checkout, read-only.  The containers run as root with
+SYS_ADMIN: they never see the machine's /tmp, where other users' files are.  `db` gets the root alone.
+Daemons are started into the running containers one by one (`docker exec`) and kept by their PID on
+this machine, so `stop_daemon`, `restart_slurmd` and the tests' liveness checks work unchanged.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from clusterctl_testbed import docker_engine, rootfs, slurm_config, versions
 from clusterctl_testbed.cluster import NVML_SOURCE, REPO, DAEMON_PATH, Running, Testbed, build_nvml
 from clusterctl_testbed.docker_engine import Engine
 from clusterctl_testbed.layout import CONTROLLER, Layout
+from clusterctl_testbed.private_root import ensure_private_root
 from clusterctl_testbed.system import TestbedError, is_alive, kill_all, run, wait_for
 from clusterctl_testbed.versions import Release
 
@@ -62,6 +67,16 @@ def compose_layout(name: str = PROJECT) -> Layout:
     return Layout(root=Path(f"/tmp/ctd/{name}"), subnet="10.78.0", namespace_prefix=f"{name}-hosts-")
 
 
+def shared_dir(layout: Layout) -> Path:
+    """The cluster's shared home and scratch filesystem, `<root>-shared` beside the testbed's root.
+
+    Every container sees it at the same path as this machine, read-write; run directories belong
+    there (a directory elsewhere in /tmp does not exist inside the containers).  Outside the root, so
+    `up` and `down` (which empty the root) leave what runs wrote there, as a reboot leaves /home.
+    """
+    return layout.root.with_name(f"{layout.root.name}-shared")
+
+
 # ---- the compose file (pure) ----------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -82,10 +97,21 @@ def database_address(layout: Layout) -> str:
 
 
 def compose_file(layout: Layout, images: Images, *, project: str = PROJECT, repo: Path = REPO,
-                 shared: Path = Path("/tmp"), checkout: Path | None = None) -> dict[str, object]:
-    """The compose project of `layout`: one service per host, one internal network."""
+                 shared: Path | None = None, checkout: Path | None = None) -> dict[str, object]:
+    """The compose project of `layout`: one service per host, one internal network.
+
+    Each host mounts only what it needs (see the module docstring): the testbed's root; on the Slurm
+    hosts also `shared` (default `shared_dir(layout)`), the checkout read-only at `repo` and at the
+    root filesystem's source path, and the Slurm configuration read-only; on compute nodes their own
+    GPU state, /run/healthd and /etc/clusterctl.
+    """
     network = f"{project}-net"
     checkout = checkout or repo
+    shared = shared or shared_dir(layout)
+    # The root holds every socket, spool, log and PID file the daemons write: read-write.
+    root = [f"{layout.root}:{layout.root}"]
+    slurm_host = [*root, f"{shared}:{shared}", f"{checkout}:{repo}:ro", f"{checkout}:{rootfs.SOURCE}:ro",
+                  f"{layout.etc}:/etc/slurm:ro"]
     addresses = {host: layout.address(host) for host in layout.hosts} | {DATABASE: database_address(layout)}
     extra_hosts = [f"{host}:{address}" for host, address in addresses.items()]
 
@@ -103,16 +129,19 @@ def compose_file(layout: Layout, images: Images, *, project: str = PROJECT, repo
             "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
             "networks": {network: {"ipv4_address": addresses[host]}},
             "extra_hosts": extra_hosts,
-            "volumes": [f"{shared}:{shared}", f"{checkout}:{repo}", f"{checkout}:{rootfs.SOURCE}",
-                        f"{layout.etc}:/etc/slurm", *volumes],
+            "volumes": volumes,
         }
 
-    services = {DATABASE: service(DATABASE, images.database, [], images.database_base), CONTROLLER: service(CONTROLLER, images.slurm, [])}
+    # The database host runs MariaDB alone: its data, socket and log are under the root.
+    services = {DATABASE: service(DATABASE, images.database, root, images.database_base),
+                CONTROLLER: service(CONTROLLER, images.slurm, slurm_host)}
     for node in layout.nodes:
         services[node] = service(node, images.slurm, [
-            f"{layout.nvml_dir / node}:{NVML_STATE_IN_IMAGE / node}",
+            *slurm_host,
+            # The emulated driver only reads its state; the testbed's `inject` writes it from outside.
+            f"{layout.nvml_dir / node}:{NVML_STATE_IN_IMAGE / node}:ro",
             f"{layout.host_dir(node) / 'run-healthd'}:/run/healthd",
-            f"{layout.host_dir(node) / 'etc-clusterctl'}:/etc/clusterctl",
+            f"{layout.host_dir(node) / 'etc-clusterctl'}:/etc/clusterctl:ro",
             f"{nvidia_ld_conf(layout)}:{NVML_LD_CONF}:ro",
         ])
     return {
@@ -219,7 +248,8 @@ class ComposeTestbed(Testbed):
         PIDs a daemon wrote there mean the same) and root, this process's environment, and killed when
         the caller is (`docker exec` would leave it running)."""
         # --root/--wd without argument: the container's root and cwd; then env -C enters `cwd`, which
-        # names the same directory in the container (/tmp and the checkout are shared at their paths).
+        # names the same directory in the container when it is in the checkout, the shared directory or
+        # the testbed's root (bound at their paths); elsewhere in /tmp it does not exist there.
         chdir = [] if cwd == "/" else ["env", "-C", cwd]
         return ["nsenter", "-t", str(self.holder(host)), "--net", "--uts", "--ipc", "--mount", "--pid",
                 "--root", "--wd", "--", "setpriv", "--pdeathsig", "KILL", "--", *chdir]
@@ -302,6 +332,9 @@ class ComposeTestbed(Testbed):
         except ValueError as exc:
             raise TestbedError(str(exc)) from None
         started = time.monotonic()
+        # Before anything is written into them (the image's extra files go under the root).
+        ensure_private_root(self.layout.root)
+        ensure_private_root(shared_dir(self.layout))
         database_release = versions.release(DATABASE_RELEASE)
         engine = docker_engine.ensure()
         if engine.owned:
@@ -473,6 +506,7 @@ class ComposeTestbed(Testbed):
         engine = docker_engine.find()
         info["engine"] = None if engine is None else engine.__dict__
         info["compose_file"] = str(self.compose_path)
+        info["shared"] = str(shared_dir(self.layout))
         return info
 
 

@@ -22,7 +22,9 @@ def compose() -> None:
     node), `db` (MariaDB) and node1-4 (slurmd, healthd, the hooks, 8 emulated GPUs each), two leaf
     switches under a spine.  Uses your Docker engine (DOCKER_HOST or /var/run/docker.sock); as root on
     a machine without one, starts Debian's dockerd in a network namespace of its own and stops it at
-    `down`.  State lives in /tmp/ctd/ctd; the machine's /tmp and the checkout are shared with every host.
+    `down`.  State lives in /tmp/ctd/ctd; every host sees it, the shared directory /tmp/ctd/ctd-shared
+    (put run directories there) and the checkout (read-only) at the same paths, and nothing else of
+    this machine's /tmp.
     """
 
 

@@ -26,7 +26,7 @@ from clusterctl_testbed.system import CommandResult, TestbedError, is_alive, kil
 
 OWN_DIR = Path(os.environ.get("CLUSTERCTL_TESTBED_DOCKER_DIR", "/var/tmp/ctd"))
 """Where a testbed-started dockerd keeps its data root, exec root, socket and PID file.  Not under
-/tmp: the compose testbed shares /tmp with its containers, and the data root holds overlay mounts."""
+/tmp, where any user may create a name first; and the data root holds overlay mounts."""
 NETNS = "ctd-net"
 """The network namespace a testbed-started dockerd (and so every container network) lives in."""
 SYSTEM_SOCKET = Path("/var/run/docker.sock")

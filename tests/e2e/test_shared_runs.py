@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.records.run_journal import read_run_journal
-from tests.conftest import REPO, TEST_LAYOUT
+from tests.conftest import REPO, TEST_LAYOUT, shared_scratch
 
 pytestmark = pytest.mark.e2e
 
@@ -48,7 +48,7 @@ def as_other_user(cluster, argv: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_another_users_plants_in_a_shared_runs_directory_do_not_steer_the_supervisor(cluster):
-    shared = Path(tempfile.mkdtemp(prefix="clusterctl-shared-runs-", dir="/tmp"))
+    shared = Path(tempfile.mkdtemp(prefix="clusterctl-shared-runs-", dir=shared_scratch()))
     shared.chmod(0o1777)
     held = None
     forging: subprocess.Popen | None = None
@@ -122,7 +122,7 @@ def test_cancel_by_job_id_skips_a_run_another_user_planted_listing_our_jobs(clus
     from clusterctl.launcher.shared.runs import create_run
     from clusterctl.records.run_journal import Submitted
 
-    shared = Path(tempfile.mkdtemp(prefix="clusterctl-shared-runs-", dir="/tmp"))
+    shared = Path(tempfile.mkdtemp(prefix="clusterctl-shared-runs-", dir=shared_scratch()))
     shared.chmod(0o1777)
     jobs: list[str] = []
     try:
