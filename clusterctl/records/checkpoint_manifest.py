@@ -1,0 +1,250 @@
+"""One tier's copy of one node's part of one checkpoint, and the proof that it is complete.
+
+Multi-level checkpoints (issue #25, being built: see docs/architecture.md) keep every checkpoint
+in up to three places, its **tiers**: each node's own fast storage (`local`: tmpfs or NVMe), a
+copy of that node's shards on another node of the job (`buddy`), and, every k-th checkpoint,
+shared storage (`shared`).  Each copy has one manifest, written after the copy's last shard: the
+step, whose shards they are (`of_node`), which node's tier holds them (`held_on`; none for
+shared storage), and every shard's name, size and SHA-256.  A copy without a manifest is
+incomplete; a manifest whose shards do not match is a bad copy.  Deciding which copies to resume
+from is `clusterctl.launcher.pure.checkpoint_tiers`; this module only says what a manifest is.
+
+Nothing job- or run-specific is in it (no job id, no path): the same copy means the same thing
+after the job is resubmitted.  The reader refuses anything it does not exactly understand (a
+newer version, an unknown field, a shard name that is not one plain file name, a number that is
+not finite, more than MAX_SHARDS shards) with a RecordError naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clusterctl.files import atomic_write
+from clusterctl.records.versioned import RecordError, check_header, field, header, indented_json, read_json_record
+from clusterctl.slurm.names import node_name_problem
+from clusterctl.text import one_line
+
+KIND = "checkpoint-manifest"
+VERSION = 1
+TIERS = ("local", "buddy", "shared")
+"""Where a copy is held: the node's own storage, another node's (its buddy's), shared storage."""
+MAX_SHARDS = 4096
+"""The most shards one node's part of a checkpoint may list (8 GPUs writing a few files each need tens)."""
+MAX_NAME_BYTES = 255
+"""The longest shard name, in UTF-8 bytes (a file name's limit on Linux filesystems)."""
+MAX_WHOLE = 2**63 - 1
+"""The largest step or shard size taken (what a signed 64-bit counter holds)."""
+MANIFEST_LIMIT = 4 << 20
+"""The largest manifest file read (bytes): MAX_SHARDS entries of the longest names fit."""
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_FIELDS = frozenset({"kind", "version", "step", "of_node", "held_on", "tier", "shards", "written_at",
+                     "save_seconds"})
+_SHARD_FIELDS = frozenset({"name", "size", "sha256"})
+
+
+def shard_name_problem(name: object) -> str | None:
+    """Why `name` is not one plain file name a shard may have, or None when it is one.
+
+    Refused: empty, `.`, anything with `/` or `..` in it (stricter than a path needs, so that no
+    reader has to think about climbing out of a directory), control or other unprintable
+    characters, more than MAX_NAME_BYTES bytes.  `.metadata` (PyTorch DCP's) and `__0_0.distcp` pass.
+    """
+    if not isinstance(name, str):
+        return f"{name!r} is not a file name"
+    if not name or name == ".":
+        return f"{name!r} is not a file name"
+    if "/" in name or ".." in name:
+        return f"{name!r} is not one plain file name (no '/', no '..')"
+    if not name.isprintable():
+        return f"{name!r} holds a control or unprintable character"
+    if len(name.encode("utf-8")) > MAX_NAME_BYTES:
+        return f"a shard name of {len(name.encode('utf-8'))} bytes: at most {MAX_NAME_BYTES}"
+    return None
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One file of a node's part of a checkpoint: its plain file name, size in bytes and SHA-256 (hex)."""
+
+    name: str
+    size: int
+    sha256: str
+
+    def __post_init__(self) -> None:
+        if (problem := _shard_problem(self.name, self.size, self.sha256)):
+            raise ValueError(problem)
+
+    def to_json(self) -> dict[str, Any]:
+        """The shard's entry in the manifest."""
+        return {"name": self.name, "size": self.size, "sha256": self.sha256}
+
+
+@dataclass(frozen=True)
+class CheckpointManifest:
+    """One tier's copy of one node's shards of one checkpoint.
+
+    `of_node` saved the shards; `held_on` is the node whose tier holds this copy (`of_node` itself
+    for `local`, another node for `buddy`, None for `shared`).  `written_at` is when the copy was
+    complete (epoch s), `save_seconds` what writing it took.
+    """
+
+    step: int
+    of_node: str
+    tier: str  # one of TIERS
+    held_on: str | None
+    shards: tuple[Shard, ...]
+    written_at: float
+    save_seconds: float
+
+    def __post_init__(self) -> None:
+        if (problem := _manifest_problem(self)):
+            raise ValueError(problem)
+
+    @property
+    def total_bytes(self) -> int:
+        """The copy's size: its shards' sizes summed."""
+        return sum(s.size for s in self.shards)
+
+    @property
+    def where(self) -> str:
+        """The copy in a user's words: `node3's local copy`, `node3's copy on node1`, `node3's copy on shared storage`."""
+        if self.tier == "local":
+            return f"{self.of_node}'s local copy"
+        if self.tier == "buddy":
+            return f"{self.of_node}'s copy on {self.held_on}"
+        return f"{self.of_node}'s copy on shared storage"
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as stored."""
+        return {**header(KIND, VERSION), "step": self.step, "of_node": self.of_node, "held_on": self.held_on,
+                "tier": self.tier, "shards": [s.to_json() for s in self.shards], "written_at": self.written_at,
+                "save_seconds": self.save_seconds}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> CheckpointManifest:
+        """Parse a stored manifest; RecordError naming `where` and the key for anything not exactly understood."""
+        body = check_header(data, KIND, VERSION, where)
+        _refuse_unknown(body, _FIELDS, where)
+        step = _whole(body, "step", where)
+        of_node = field(body, "of_node", str, where)
+        if (problem := node_name_problem(of_node)):
+            raise RecordError(where, f"field `of_node`: {problem}")
+        tier = field(body, "tier", str, where)
+        if tier not in TIERS:
+            raise RecordError(where, f"field `tier` is {tier!r}: one of {', '.join(TIERS)}")
+        held_on = field(body, "held_on", (str, type(None)), where)
+        if held_on is not None and (problem := node_name_problem(held_on)):
+            raise RecordError(where, f"field `held_on`: {problem}")
+        if (problem := _held_on_problem(tier, of_node, held_on)):
+            raise RecordError(where, f"field `held_on`: {problem}")
+        entries = field(body, "shards", list, where)
+        if len(entries) > MAX_SHARDS:
+            raise RecordError(where, f"field `shards` lists {len(entries)} shards: at most {MAX_SHARDS}")
+        shards = tuple(_shard(entry, f"{where}: shards[{i}]") for i, entry in enumerate(entries))
+        if (problem := _duplicate_problem(shards)):
+            raise RecordError(where, f"field `shards`: {problem}")
+        return cls(step=step, of_node=of_node, tier=tier, held_on=held_on, shards=shards,
+                   written_at=_seconds(body, "written_at", where), save_seconds=_seconds(body, "save_seconds", where))
+
+
+def read_checkpoint_manifest(path: Path) -> CheckpointManifest:
+    """The manifest at `path`; FileNotFoundError when there is none (the copy is incomplete), RecordError
+    when it is damaged, foreign, too large, from a newer clusterctl or not a regular file."""
+    return CheckpointManifest.from_json(read_json_record(path, limit=MANIFEST_LIMIT, follow_symlinks=False), str(path))
+
+
+def write_checkpoint_manifest(path: Path, manifest: CheckpointManifest) -> Path:
+    """Write the manifest atomically (a reader sees all of it or none): call it after the copy's last shard."""
+    return atomic_write(path, indented_json(manifest.to_json()) + "\n")
+
+
+def _refuse_unknown(body: Mapping[str, Any], known: frozenset[str], where: str) -> None:
+    unknown = sorted(str(key) for key in body if key not in known)
+    if unknown:
+        raise RecordError(where, f"unknown field `{one_line(unknown[0][:64])}` (written by a newer clusterctl?): "
+                                 "this reader does not guess what it means")
+
+
+def _shard(entry: object, where: str) -> Shard:
+    if not isinstance(entry, Mapping):
+        raise RecordError(where, "must be an object with `name`, `size` and `sha256`")
+    _refuse_unknown(entry, _SHARD_FIELDS, where)
+    name = field(entry, "name", str, where)
+    if (problem := shard_name_problem(name)):
+        raise RecordError(where, f"field `name`: {problem}")
+    size = _whole(entry, "size", where)
+    sha256 = field(entry, "sha256", str, where)
+    if not _SHA256.fullmatch(sha256):
+        raise RecordError(where, f"field `sha256` of {name!r} must be 64 lowercase hex digits")
+    return Shard(name, size, sha256)
+
+
+def _whole(body: Mapping[str, Any], key: str, where: str) -> int:
+    value = field(body, key, int, where)
+    if not 0 <= value <= MAX_WHOLE:
+        raise RecordError(where, f"field `{key}` is {value}: a whole number from 0 to {MAX_WHOLE}")
+    return int(value)
+
+
+def _seconds(body: Mapping[str, Any], key: str, where: str) -> float:
+    value = field(body, key, (int, float), where)
+    if not math.isfinite(value) or value < 0:
+        raise RecordError(where, f"field `{key}` is {value!r}: a finite number of seconds, not negative")
+    return float(value)
+
+
+def _shard_problem(name: str, size: int, sha256: str) -> str | None:
+    if (problem := shard_name_problem(name)):
+        return problem
+    if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_WHOLE:
+        return f"shard {name!r}: size {size!r} is not a whole number of bytes"
+    if not isinstance(sha256, str) or not _SHA256.fullmatch(sha256):
+        return f"shard {name!r}: sha256 must be 64 lowercase hex digits"
+    return None
+
+
+def _held_on_problem(tier: str, of_node: str, held_on: str | None) -> str | None:
+    if tier == "local" and held_on != of_node:
+        return f"a local copy is held on its own node ({of_node}), not {held_on!r}"
+    if tier == "buddy" and (held_on is None or held_on == of_node):
+        return f"a buddy copy of {of_node}'s shards is held on another node, not {held_on!r}"
+    if tier == "shared" and held_on is not None:
+        return f"a copy on shared storage is held on no node (null), not {held_on!r}"
+    return None
+
+
+def _duplicate_problem(shards: tuple[Shard, ...]) -> str | None:
+    seen: set[str] = set()
+    for shard in shards:
+        if shard.name in seen:
+            return f"shard {shard.name!r} is listed twice"
+        seen.add(shard.name)
+    return None
+
+
+def _manifest_problem(manifest: CheckpointManifest) -> str | None:
+    if isinstance(manifest.step, bool) or not isinstance(manifest.step, int) or not 0 <= manifest.step <= MAX_WHOLE:
+        return f"step {manifest.step!r} is not a whole number from 0 to {MAX_WHOLE}"
+    if manifest.tier not in TIERS:
+        return f"tier {manifest.tier!r} is not one of {', '.join(TIERS)}"
+    for key, node in (("of_node", manifest.of_node), ("held_on", manifest.held_on)):
+        if (node is not None or key == "of_node") and (problem := node_name_problem(node)):
+            return f"{key}: {problem}"
+    if (problem := _held_on_problem(manifest.tier, manifest.of_node, manifest.held_on)):
+        return problem
+    if not isinstance(manifest.shards, tuple) or not all(isinstance(s, Shard) for s in manifest.shards):
+        return "shards must be a tuple of Shard"
+    if len(manifest.shards) > MAX_SHARDS:
+        return f"{len(manifest.shards)} shards: at most {MAX_SHARDS}"
+    if (problem := _duplicate_problem(manifest.shards)):
+        return problem
+    for key, seconds in (("written_at", manifest.written_at), ("save_seconds", manifest.save_seconds)):
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+                or seconds < 0:
+            return f"{key} is {seconds!r}: a finite number of seconds, not negative"
+    return None

@@ -1,0 +1,299 @@
+"""Multi-level checkpoints (issue #25, being built): whose copy each node keeps, and where a resume
+loads each node's shards from.
+
+A checkpoint lives in up to three tiers (`clusterctl.records.checkpoint_manifest`): each node's
+own storage (`local`), a copy of each node's shards on its **buddy** node (`buddy`), and, for every
+k-th checkpoint, shared storage (`shared`).  Two decisions are made here, both pure:
+
+- `buddy_map`: which node keeps whose copy.  Every node keeps exactly one other node's copy (the
+  memory each node spends on copies is the same), never its own, and under another leaf switch
+  whenever the topology allows, so that one switch's failure does not take a node and its copy.
+- `plan_resume`: the newest checkpoint complete across tiers given the nodes gone now, and for each
+  node of the map that saved it where its shards come from: its own local copy when the node
+  survives and the copy verifies, else the copy on its buddy when that node survives and the copy
+  verifies, else shared storage.  Every newer checkpoint passed over is said with its reason.  A
+  checkpoint whose resume already failed FAILED_RESUMES_BEFORE_FALLBACK times is passed over for
+  the newest checkpoint complete on shared storage alone (the last flushed one), and the plan says why.
+
+Reading manifests and checking shards' checksums happen elsewhere; their results come in as data
+(`CopyCheck`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from clusterctl.records.checkpoint_manifest import CheckpointManifest
+from clusterctl.text import one_line
+
+FAILED_RESUMES_BEFORE_FALLBACK = 2
+"""A checkpoint whose resume failed this many times is passed over for the last flushed checkpoint."""
+NAMED_NODES = 5
+"""A skipped checkpoint's reason names this many nodes' troubles, then counts the rest."""
+
+
+def buddy_map(nodes: Iterable[str], leaf_of: Mapping[str, str]) -> dict[str, str]:
+    """Each node's buddy: `{node: the node that keeps a copy of node's shards}`.
+
+    The map is a bijection on `nodes` (every node keeps exactly one other node's copy), no node is
+    its own buddy, and it depends only on the set of nodes and their leaves (not on the order
+    given).  A node's buddy is under another leaf switch whenever the largest leaf's group holds at
+    most half of the nodes; when one leaf holds more, as many nodes as possible (twice the nodes
+    outside that leaf) have a buddy under another leaf and the rest of that leaf's nodes keep each
+    other's copies.  A node missing from `leaf_of` counts in one group of nodes whose leaf is
+    unknown (no claim is made that its copy crosses a switch).
+
+    Fewer than two nodes: an empty map (one node has no other node to keep its copy; its
+    checkpoints are safe only once flushed to shared storage).  A node listed twice: ValueError.
+    """
+    listed = list(nodes)
+    if len(set(listed)) != len(listed):
+        twice = sorted(node for node, count in Counter(listed).items() if count > 1)
+        raise ValueError(f"node {twice[0]!r} is listed twice")
+    if len(listed) < 2:
+        return {}
+    groups: dict[str, list[str]] = {}
+    for node in listed:
+        groups.setdefault(leaf_of.get(node, ""), []).append(node)
+    ordered = [sorted(groups[leaf]) for leaf in sorted(groups)]
+    largest = max(len(g) for g in ordered)
+    total = len(listed)
+    if 2 * largest <= total:
+        # Leaves laid end to end; each node's buddy is `largest` places on, cyclically.  A leaf's
+        # block is at most `largest` long and the way round is at least twice that, so the node
+        # `largest` places on lies past the end of its leaf's block and before its start again.
+        ring = [node for group in ordered for node in group]
+        return {node: ring[(i + largest) % total] for i, node in enumerate(ring)}
+    # One leaf holds more than half: one cycle through every node that alternates a node of the big
+    # leaf with one of the others while the others last, then runs through the rest of the big leaf.
+    big_index = next(i for i, g in enumerate(ordered) if len(g) == largest)
+    big = ordered[big_index]
+    others = [node for i, group in enumerate(ordered) if i != big_index for node in group]
+    cycle = [node for pair in zip(big, others) for node in pair] + big[len(others):]
+    return {node: cycle[(i + 1) % total] for i, node in enumerate(cycle)}
+
+
+@dataclass(frozen=True)
+class CopyCheck:
+    """One copy (its manifest) and what verifying its shards against the manifest found.
+
+    `problem` is '' for a copy whose every shard is there with its size and checksum; else a phrase
+    that follows "the copy", as a user reads it: `fails its checksum (shard 7.distcp)`,
+    `is missing shard 3.distcp`.
+    """
+
+    manifest: CheckpointManifest
+    problem: str = ""
+
+    @property
+    def verified(self) -> bool:
+        """Every shard of the copy checked out."""
+        return not self.problem
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """One checkpoint: its step, the nodes of the map that saved it (each saved a part: take them from
+    the rank map at save time, not from the manifests found, or a node that wrote none goes unnoticed),
+    and every copy of those parts found, in any tier (copies of other nodes are not looked at)."""
+
+    step: int
+    nodes: frozenset[str]
+    copies: tuple[CopyCheck, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError(f"step {self.step}: a checkpoint is saved by at least one node")
+        wrong = [c.manifest for c in self.copies if c.manifest.step != self.step]
+        if wrong:
+            raise ValueError(f"step {self.step}: {wrong[0].where} is of step {wrong[0].step}")
+
+
+@dataclass(frozen=True)
+class ResumeFacts:
+    """What a resume is planned from: the checkpoints, the nodes gone now (their tiers with them),
+    and how many resumes from each step have failed already (`{step: count}`)."""
+
+    checkpoints: tuple[SavedCheckpoint, ...]
+    gone: frozenset[str] = frozenset()
+    failed_resumes: Mapping[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        steps = [c.step for c in self.checkpoints]
+        if len(set(steps)) != len(steps):
+            raise ValueError(f"step {sorted(s for s in steps if steps.count(s) > 1)[0]} is given twice")
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """Where one node's shards are loaded from: `node` saved them; `copy` is the verified copy to
+    load (its tier, the node holding it, its shards).  The node that loads them is the one in
+    `node`'s slot of the new map: `node` itself when it survives, else its replacement."""
+
+    node: str
+    copy: CheckpointManifest
+
+    @property
+    def tier(self) -> str:
+        """`local`, `buddy` or `shared`."""
+        return self.copy.tier
+
+    @property
+    def held_on(self) -> str | None:
+        """The node whose tier holds the copy (None: shared storage)."""
+        return self.copy.held_on
+
+
+@dataclass(frozen=True)
+class SkippedCheckpoint:
+    """A checkpoint newer than the one chosen, and why it was passed over (`why` reads
+    `step 40: node3's shards: local copy gone with node3; ...`).  `missing`: the nodes whose shards
+    no usable copy holds (empty when the checkpoint was passed over for its failed resumes)."""
+
+    step: int
+    why: str
+    missing: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """The checkpoint to resume from (`step`; None: none is complete, the program starts from its
+    beginning), each node's source (one per node of the map that saved it, by node name), every
+    newer checkpoint passed over (newest first), and `fallback`: why only checkpoints complete on
+    shared storage were taken ('' when resumes failed too few times for that)."""
+
+    step: int | None
+    sources: tuple[ShardSource, ...] = ()
+    skipped: tuple[SkippedCheckpoint, ...] = ()
+    fallback: str = ""
+
+    def lines(self) -> list[str]:
+        """What a user reads about this plan: each checkpoint passed over, the fallback, the choice."""
+        said = [f"skipping checkpoint {s.why}" for s in self.skipped]
+        if self.fallback:
+            said.append(self.fallback)
+        if self.step is None:
+            said.append("no checkpoint is complete across its tiers: the program starts from its beginning")
+            return said
+        by_tier: dict[str, list[ShardSource]] = {"local": [], "buddy": [], "shared": []}
+        for source in self.sources:
+            by_tier[source.tier].append(source)
+        parts = []
+        if by_tier["local"]:
+            parts.append(f"{len(by_tier['local'])} node(s) from their own copies")
+        if by_tier["buddy"]:
+            parts.append(f"{len(by_tier['buddy'])} node(s) from a buddy's copy ("
+                         + _named([f"{s.node}'s on {s.held_on}" for s in by_tier["buddy"]]) + ")")
+        if by_tier["shared"]:
+            parts.append(f"{len(by_tier['shared'])} node(s) from shared storage")
+        said.append(f"resuming from step {self.step}: " + ", ".join(parts))
+        return said
+
+
+def plan_resume(facts: ResumeFacts) -> ResumePlan:
+    """The newest checkpoint whose every node's shards have a usable copy, and where each comes from.
+
+    A copy is usable when it verified and the node holding it is not gone (a shared copy is held on
+    no node).  Each node's shards come from its own local copy when it can, else from a copy on
+    another node (its buddy), else from shared storage.  A checkpoint whose resume failed
+    FAILED_RESUMES_BEFORE_FALLBACK times or more is passed over, and from then on only a checkpoint
+    complete on shared storage alone is taken, every node's shards from there: the same failure
+    twice says the fast tiers cannot be trusted with it.
+    """
+    skipped: list[SkippedCheckpoint] = []
+    fallback = ""
+    for checkpoint in sorted(facts.checkpoints, key=lambda c: c.step, reverse=True):
+        failures = facts.failed_resumes.get(checkpoint.step, 0)
+        if failures >= FAILED_RESUMES_BEFORE_FALLBACK:
+            skipped.append(SkippedCheckpoint(checkpoint.step, f"step {checkpoint.step}: resuming from it failed "
+                                             f"{failures} times; falling back to the newest checkpoint on shared "
+                                             "storage"))
+            fallback = fallback or (f"resuming from step {checkpoint.step} failed {failures} times: only a "
+                                    "checkpoint flushed to shared storage is taken")
+            continue
+        sources, troubles = _sources(checkpoint, facts.gone, shared_only=bool(fallback))
+        if troubles:
+            missing = tuple(node for node, _ in troubles)
+            said = [f"{node}'s shards: {why}" for node, why in troubles[:NAMED_NODES]]
+            if len(troubles) > NAMED_NODES:
+                said.append(f"and {len(troubles) - NAMED_NODES} more nodes' shards have no usable copy")
+            prefix = f"step {checkpoint.step}: " + ("not complete on shared storage: " if fallback else "")
+            skipped.append(SkippedCheckpoint(checkpoint.step, prefix + ". ".join(said), missing))
+            continue
+        return ResumePlan(checkpoint.step, tuple(sources), tuple(skipped), fallback)
+    return ResumePlan(None, (), tuple(skipped), fallback)
+
+
+def _sources(checkpoint: SavedCheckpoint, gone: frozenset[str], *, shared_only: bool
+             ) -> tuple[list[ShardSource], list[tuple[str, str]]]:
+    """Each node's source, or for each node without one why not (node, reasons joined by '; ')."""
+    copies: dict[tuple[str, str], list[CopyCheck]] = {}
+    # Sorted, so that which of two equal copies is taken never depends on the order they were found in.
+    for check in sorted(checkpoint.copies, key=lambda c: (c.manifest.held_on or "", c.manifest.written_at, c.problem)):
+        copies.setdefault((check.manifest.of_node, check.manifest.tier), []).append(check)
+    sources: list[ShardSource] = []
+    troubles: list[tuple[str, str]] = []
+    for node in sorted(checkpoint.nodes):
+        reasons: list[str] = []
+        chosen = None
+        if not shared_only:
+            chosen = _local(node, copies.get((node, "local"), []), gone, reasons)
+            chosen = chosen or _buddy(node, copies.get((node, "buddy"), []), gone, reasons)
+        chosen = chosen or _shared(copies.get((node, "shared"), []), reasons)
+        if chosen is not None:
+            sources.append(ShardSource(node, chosen.manifest))
+        else:
+            troubles.append((node, "; ".join(reasons)))
+    return sources, troubles
+
+
+def _local(node: str, checks: list[CopyCheck], gone: frozenset[str], reasons: list[str]) -> CopyCheck | None:
+    if node in gone:
+        reasons.append(f"local copy gone with {node}")
+        return None
+    if not checks:
+        reasons.append("no local copy")
+        return None
+    usable = [c for c in checks if c.verified]
+    if usable:
+        return usable[0]
+    reasons.append(f"local copy {_problem(checks[0])}")
+    return None
+
+
+def _buddy(node: str, checks: list[CopyCheck], gone: frozenset[str], reasons: list[str]) -> CopyCheck | None:
+    if not checks:
+        reasons.append("no copy on a buddy node")
+        return None
+    for check in sorted(checks, key=lambda c: c.manifest.held_on or ""):
+        held_on = check.manifest.held_on
+        if held_on in gone:
+            reasons.append(f"buddy copy on {held_on} gone with {held_on}")
+        elif not check.verified:
+            reasons.append(f"buddy copy on {held_on} {_problem(check)}")
+        else:
+            return check
+    return None
+
+
+def _shared(checks: list[CopyCheck], reasons: list[str]) -> CopyCheck | None:
+    if not checks:
+        reasons.append("not flushed to shared storage")
+        return None
+    usable = [c for c in checks if c.verified]
+    if usable:
+        return usable[0]
+    reasons.append(f"copy on shared storage {_problem(checks[0])}")
+    return None
+
+
+def _problem(check: CopyCheck) -> str:
+    return one_line(check.problem[:200])
+
+
+def _named(items: list[str]) -> str:
+    """The first NAMED_NODES items by name, then how many more."""
+    shown = ", ".join(items[:NAMED_NODES])
+    return shown + (f" and {len(items) - NAMED_NODES} more" if len(items) > NAMED_NODES else "")

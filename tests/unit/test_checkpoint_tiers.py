@@ -1,0 +1,283 @@
+"""Multi-level checkpoints: which node keeps whose copy, and where a resume loads each node's shards
+from when nodes are gone, copies fail their checksums or resumes failed before."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clusterctl.launcher.pure.checkpoint_tiers import (
+    FAILED_RESUMES_BEFORE_FALLBACK, CopyCheck, ResumeFacts, SavedCheckpoint, buddy_map, plan_resume)
+from clusterctl.records.checkpoint_manifest import CheckpointManifest, Shard
+
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+NODES = ("node1", "node2", "node3", "node4")
+CHECKSUM_FAILS = "fails its checksum (shard 7.distcp)"
+
+
+def copy(step: int, of_node: str, tier: str, held_on: str | None = None, problem: str = "") -> CopyCheck:
+    held_on = of_node if tier == "local" else held_on
+    shards = (Shard("7.distcp", 100, "0" * 64), Shard(".metadata", 10, "1" * 64))
+    return CopyCheck(CheckpointManifest(step, of_node, tier, held_on, shards, 1000.0 + step, 3.0), problem)
+
+
+def saved_everywhere(step: int, *, flushed: bool, buddies: dict[str, str] | None = None) -> list[CopyCheck]:
+    """Every node's local copy, its copy on its buddy, and (when flushed) its copy on shared storage."""
+    buddies = buddies or buddy_map(NODES, {})
+    copies = [copy(step, n, "local") for n in NODES] + [copy(step, n, "buddy", buddies[n]) for n in NODES]
+    return copies + ([copy(step, n, "shared") for n in NODES] if flushed else [])
+
+
+def checkpoint(step: int, copies: list[CopyCheck]) -> SavedCheckpoint:
+    return SavedCheckpoint(step, frozenset(NODES), tuple(copies))
+
+
+# ---- the buddy map ---------------------------------------------------------------------------------
+def test_buddies_sit_under_another_leaf_switch():
+    leaf_of = {"node1": "leaf1", "node2": "leaf1", "node3": "leaf2", "node4": "leaf2"}
+    assert buddy_map(NODES, leaf_of) == {"node1": "node3", "node2": "node4", "node3": "node1", "node4": "node2"}
+
+
+def test_one_node_has_no_buddy():
+    assert buddy_map(["node1"], {"node1": "leaf1"}) == {}
+    assert buddy_map([], {}) == {}
+
+
+def test_without_a_topology_every_node_still_has_another_node_as_buddy():
+    buddies = buddy_map(NODES, {})
+    assert sorted(buddies) == sorted(buddies.values()) == list(NODES)
+    assert all(node != buddy for node, buddy in buddies.items())
+
+
+def test_a_node_listed_twice_is_a_mistake_said_by_name():
+    with pytest.raises(ValueError, match="node2"):
+        buddy_map(["node1", "node2", "node2"], {})
+
+
+@st.composite
+def nodes_and_leaves(draw) -> tuple[list[str], dict[str, str]]:
+    count = draw(st.integers(0, 40))
+    leaves = draw(st.integers(1, 6))
+    nodes = [f"node{i}" for i in range(count)]
+    leaf_of = {n: f"leaf{draw(st.integers(0, leaves - 1))}" for n in nodes if draw(st.integers(0, 9))}
+    return draw(st.permutations(nodes)), leaf_of
+
+
+@SETTINGS
+@given(nodes_and_leaves(), st.randoms())
+def test_the_buddy_map_is_balanced_never_the_node_itself_and_crosses_leaves_all_it_can(given_nodes, shuffle):
+    nodes, leaf_of = given_nodes
+    buddies = buddy_map(nodes, leaf_of)
+    if len(nodes) < 2:
+        assert buddies == {}
+        return
+    assert sorted(buddies) == sorted(buddies.values()) == sorted(nodes)  # each keeps exactly one copy
+    assert all(node != buddy for node, buddy in buddies.items())
+    leaf = {n: leaf_of.get(n, "") for n in nodes}
+    largest = max(Counter(leaf.values()).values())
+    crossing = sum(leaf[n] != leaf[b] for n, b in buddies.items())
+    if 2 * largest <= len(nodes):
+        assert crossing == len(nodes)
+    else:  # the big leaf's nodes can only cross to the others, the others only back: at most twice the others
+        assert crossing == 2 * (len(nodes) - largest)
+    reordered = list(nodes)
+    shuffle.shuffle(reordered)
+    assert buddy_map(reordered, dict(sorted(leaf_of.items(), reverse=True))) == buddies
+
+
+# ---- the resume plan: stories ------------------------------------------------------------------------
+def test_with_every_node_alive_each_loads_its_own_local_copy():
+    plan = plan_resume(ResumeFacts((checkpoint(10, saved_everywhere(10, flushed=True)),
+                                    checkpoint(20, saved_everywhere(20, flushed=False)))))
+    assert plan.step == 20
+    assert [(s.node, s.tier, s.held_on) for s in plan.sources] == [(n, "local", n) for n in NODES]
+    assert plan.skipped == () and plan.fallback == ""
+    assert plan.lines() == ["resuming from step 20: 4 node(s) from their own copies"]
+
+
+def test_a_replacement_for_a_gone_node_loads_the_copy_its_buddy_kept():
+    buddies = buddy_map(NODES, {})
+    plan = plan_resume(ResumeFacts((checkpoint(20, saved_everywhere(20, flushed=False)),), gone=frozenset({"node3"})))
+    assert plan.step == 20
+    sources = {s.node: s for s in plan.sources}
+    assert (sources["node3"].tier, sources["node3"].held_on) == ("buddy", buddies["node3"])
+    assert all(sources[n].tier == "local" for n in NODES if n != "node3")
+    assert plan.lines()[-1] == (f"resuming from step 20: 3 node(s) from their own copies, "
+                                f"1 node(s) from a buddy's copy (node3's on {buddies['node3']})")
+
+
+def test_a_node_and_its_buddy_both_gone_resume_from_the_last_flushed_checkpoint_and_say_why():
+    assert buddy_map(NODES, {})["node3"] == "node4"
+    plan = plan_resume(ResumeFacts((checkpoint(30, saved_everywhere(30, flushed=True)),
+                                    checkpoint(40, saved_everywhere(40, flushed=False))),
+                                   gone=frozenset({"node3", "node4"})))
+    assert plan.step == 30
+    assert {s.node: s.tier for s in plan.sources} == {"node1": "local", "node2": "local", "node3": "shared",
+                                                      "node4": "buddy"}
+    assert [s.step for s in plan.skipped] == [40]
+    assert plan.skipped[0].missing == ("node3",)
+    assert plan.skipped[0].why == ("step 40: node3's shards: local copy gone with node3; buddy copy on node4 "
+                                   "gone with node4; not flushed to shared storage")
+
+
+def test_a_buddy_copy_failing_its_checksum_falls_through_to_shared_storage_and_is_said():
+    buddies = buddy_map(NODES, {})
+    copies = [c for c in saved_everywhere(40, flushed=False) if c.manifest.where != f"node3's copy on {buddies['node3']}"]
+    copies.append(copy(40, "node3", "buddy", buddies["node3"], CHECKSUM_FAILS))
+    plan = plan_resume(ResumeFacts((checkpoint(20, saved_everywhere(20, flushed=True)), checkpoint(40, copies)),
+                                   gone=frozenset({"node3"})))
+    assert plan.step == 20
+    assert plan.skipped[0].why == (f"step 40: node3's shards: local copy gone with node3; buddy copy on "
+                                   f"{buddies['node3']} fails its checksum (shard 7.distcp); not flushed to "
+                                   "shared storage")
+    assert plan.lines()[0].startswith("skipping checkpoint step 40: node3's shards")
+    copies.extend(copy(40, n, "shared") for n in NODES)  # the same checkpoint, flushed: node3 from there
+    plan = plan_resume(ResumeFacts((checkpoint(40, copies),), gone=frozenset({"node3"})))
+    assert (plan.step, {s.node: s.tier for s in plan.sources}["node3"]) == (40, "shared")
+
+
+def test_a_local_copy_failing_its_checksum_is_replaced_by_the_buddys_copy():
+    copies = [c for c in saved_everywhere(40, flushed=False) if c.manifest.where != "node2's local copy"]
+    copies.append(copy(40, "node2", "local", problem=CHECKSUM_FAILS))
+    plan = plan_resume(ResumeFacts((checkpoint(40, copies),)))
+    assert plan.step == 40
+    assert {s.node: s.tier for s in plan.sources}["node2"] == "buddy"
+
+
+def test_a_checkpoint_whose_resume_failed_twice_gives_way_to_the_last_flushed_one():
+    history = (checkpoint(20, saved_everywhere(20, flushed=True)), checkpoint(30, saved_everywhere(30, flushed=False)),
+               checkpoint(40, saved_everywhere(40, flushed=False)))
+    once = plan_resume(ResumeFacts(history, failed_resumes={40: 1}))
+    assert once.step == 40 and once.fallback == ""
+    twice = plan_resume(ResumeFacts(history, failed_resumes={40: FAILED_RESUMES_BEFORE_FALLBACK}))
+    assert twice.step == 20
+    assert all(s.tier == "shared" for s in twice.sources)
+    assert twice.fallback == "resuming from step 40 failed 2 times: only a checkpoint flushed to shared storage is taken"
+    assert [s.why for s in twice.skipped] == [
+        "step 40: resuming from it failed 2 times; falling back to the newest checkpoint on shared storage",
+        "step 30: not complete on shared storage: node1's shards: not flushed to shared storage. node2's shards: "
+        "not flushed to shared storage. node3's shards: not flushed to shared storage. node4's shards: not flushed "
+        "to shared storage"]
+    assert twice.lines()[-2:] == [twice.fallback, "resuming from step 20: 4 node(s) from shared storage"]
+
+
+def test_nothing_complete_means_the_program_starts_from_its_beginning_and_says_so():
+    plan = plan_resume(ResumeFacts((checkpoint(10, [copy(10, "node1", "local")]),)))
+    assert plan.step is None and plan.sources == ()
+    assert plan.skipped[0].missing == ("node2", "node3", "node4")
+    assert plan.lines()[-1] == "no checkpoint is complete across its tiers: the program starts from its beginning"
+
+
+def test_a_skipped_checkpoint_names_five_nodes_then_counts_the_rest():
+    nodes = frozenset(f"n{i:02d}" for i in range(12))
+    plan = plan_resume(ResumeFacts((SavedCheckpoint(10, nodes, ()),)))
+    assert plan.skipped[0].why.count("'s shards:") == 5
+    assert plan.skipped[0].why.endswith("and 7 more nodes' shards have no usable copy")
+    assert len(plan.skipped[0].missing) == 12
+
+
+def test_copies_of_another_step_or_two_checkpoints_of_one_step_are_mistakes():
+    with pytest.raises(ValueError, match="step 20"):
+        SavedCheckpoint(10, frozenset(NODES), (copy(20, "node1", "local"),))
+    with pytest.raises(ValueError, match="step 10 is given twice"):
+        ResumeFacts((checkpoint(10, []), checkpoint(10, [])))
+
+
+# ---- the resume plan: properties ---------------------------------------------------------------------
+@st.composite
+def resume_facts(draw) -> ResumeFacts:
+    """Up to five checkpoints of up to five nodes; each node's copies in each tier present or not,
+    verified or not; some nodes gone; some resumes failed."""
+    nodes = [f"node{i}" for i in range(draw(st.integers(1, 5)))]
+    checkpoints = []
+    for step in draw(st.sets(st.integers(0, 60), max_size=5)):
+        saving = draw(st.lists(st.sampled_from(nodes), min_size=1, unique=True))
+        copies = []
+        for node in saving:
+            for tier in ("local", "buddy", "shared"):
+                for _ in range(draw(st.integers(0, 2 if tier == "buddy" else 1))):
+                    held_on = node if tier == "local" else None
+                    if tier == "buddy":
+                        others = [n for n in nodes if n != node]
+                        if not others:
+                            continue
+                        held_on = draw(st.sampled_from(others))
+                    problem = draw(st.sampled_from(["", "", CHECKSUM_FAILS]))
+                    copies.append(copy(step, node, tier, held_on, problem))
+        checkpoints.append(SavedCheckpoint(step, frozenset(saving), tuple(copies)))
+    gone = frozenset(draw(st.lists(st.sampled_from(nodes), unique=True)))
+    failed = draw(st.dictionaries(st.sampled_from([c.step for c in checkpoints] or [0]), st.integers(0, 3)))
+    return ResumeFacts(tuple(checkpoints), gone, failed)
+
+
+def usable(check: CopyCheck, gone: frozenset[str]) -> bool:
+    return check.verified and check.manifest.held_on not in gone
+
+
+def complete(saved: SavedCheckpoint, gone: frozenset[str], *, shared_only: bool = False) -> bool:
+    """Every node of the saving map has a usable copy (only on shared storage, when asked)."""
+    return all(any(c.manifest.of_node == node and usable(c, gone) and (c.manifest.tier == "shared" or not shared_only)
+                   for c in saved.copies) for node in saved.nodes)
+
+
+@SETTINGS
+@given(resume_facts())
+def test_the_chosen_checkpoint_is_complete_from_usable_copies(facts):
+    plan = plan_resume(facts)
+    if plan.step is None:
+        assert plan.sources == ()
+        return
+    chosen = next(c for c in facts.checkpoints if c.step == plan.step)
+    assert sorted(s.node for s in plan.sources) == sorted(chosen.nodes)
+    checks = {(c.manifest, c.problem) for c in chosen.copies}
+    for source in plan.sources:
+        assert source.copy.of_node == source.node and source.copy.step == plan.step
+        assert (source.copy, "") in checks  # a verified copy of this checkpoint
+        assert source.held_on not in facts.gone  # a gone node's copies, its local one first, never
+        if plan.fallback:
+            assert source.tier == "shared"
+
+
+@SETTINGS
+@given(resume_facts())
+def test_no_newer_checkpoint_could_have_been_taken_and_each_says_why(facts):
+    plan = plan_resume(facts)
+    newer = sorted((c for c in facts.checkpoints if plan.step is None or c.step > plan.step),
+                   key=lambda c: c.step, reverse=True)
+    assert [s.step for s in plan.skipped] == [c.step for c in newer]
+    failed_twice_above = False
+    for saved, skipped in zip(newer, plan.skipped):
+        assert skipped.why.startswith(f"step {saved.step}: ") and len(skipped.why) > len(f"step {saved.step}: ")
+        if facts.failed_resumes.get(saved.step, 0) >= FAILED_RESUMES_BEFORE_FALLBACK:
+            failed_twice_above = True
+            continue
+        assert not complete(saved, facts.gone, shared_only=failed_twice_above)
+        assert skipped.missing
+    assert bool(plan.fallback) == failed_twice_above
+
+
+@SETTINGS
+@given(resume_facts(), st.randoms())
+def test_the_plan_does_not_depend_on_the_order_things_were_found_in(facts, shuffle):
+    checkpoints = []
+    for saved in facts.checkpoints:
+        copies = list(saved.copies)
+        shuffle.shuffle(copies)
+        checkpoints.append(SavedCheckpoint(saved.step, saved.nodes, tuple(copies)))
+    shuffle.shuffle(checkpoints)
+    assert plan_resume(ResumeFacts(tuple(checkpoints), facts.gone, facts.failed_resumes)) == plan_resume(facts)
+
+
+def test_a_resume_at_a_thousand_nodes_is_planned_quickly():
+    nodes = [f"node{i:04d}" for i in range(1000)]
+    buddies = buddy_map(nodes, {n: f"leaf{i // 32}" for i, n in enumerate(nodes)})
+    rng = random.Random(7)
+    gone = frozenset(rng.sample(nodes, 3))
+    copies = [copy(100, n, "local") for n in nodes] + [copy(100, n, "buddy", buddies[n]) for n in nodes]
+    plan = plan_resume(ResumeFacts((SavedCheckpoint(100, frozenset(nodes), tuple(copies)),), gone))
+    assert plan.step == 100
+    assert {s.node for s in plan.sources if s.tier == "buddy"} == gone
