@@ -270,6 +270,10 @@ class Testbed:
         pids = sorted({p for ns in mine for p in namespace_pids(ns)} | {
             p for p in self._pids().values() if is_alive(p)})
         kill_all(pids)
+        # A daemon may fork after the list was taken (slurmd its prolog or epilog, as it is told to
+        # stop): such a child would outlive the testbed and write its record into the next one, where
+        # job ids start at 1 again.  Killed until the namespaces hold nothing.
+        power_off(lambda: [p for ns in mine for p in namespace_pids(ns)])
         for ns in mine:
             run(["ip", "netns", "del", ns], check=False, timeout=10)
         # Everything but the last run's logs: job ids restart at 1, so any record left behind
