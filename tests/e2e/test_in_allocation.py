@@ -294,6 +294,9 @@ def _straggler_run(cluster, tmp_path: Path, spares: int, steps: int, extra: str)
     return proc, run_dir, job, job_dir
 
 
+# Slurm's side (the evidence step, the straggler drain, a swap) runs everywhere in test_node_trust's evidence,
+# test_drain_door's and the Xid swap stories.
+@pytest.mark.one_release
 def test_a_thermally_throttled_gpu_makes_its_node_a_straggler_swapped_for_the_spare_and_drained(cluster, tmp_path):
     """A whole-job slowdown and a short blip first: neither is a straggler.  Then one GPU of the
     second node keeps 40% of its clocks: its rank computes 2.5x slower, the node is found with its
@@ -349,6 +352,7 @@ def test_a_thermally_throttled_gpu_makes_its_node_a_straggler_swapped_for_the_sp
     assert f"straggler {slow} (swapped)" in report and "slow nodes" in report, report
 
 
+@pytest.mark.one_release  # the same Slurm side as the thermal straggler's and the resubmission stories'
 def test_without_spares_the_supervisor_finds_the_straggler_drains_it_and_excludes_it_from_the_next_submission(
         cluster, tmp_path):
     """No spare, so no agent: the supervisor reads the ranks' progress from the run directory.  One GPU

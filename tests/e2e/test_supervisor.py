@@ -192,6 +192,7 @@ def test_a_program_that_fails_by_itself_stops_after_its_retries_with_no_node_bla
     assert "run stopped:" in out
 
 
+@pytest.mark.one_release  # clusterctl's journal; Slurm's side (squeue, sacct of its jobs) as in the Xid story
 def test_a_supervisor_killed_mid_run_is_reattached_with_no_duplicate_job_or_decision(cluster, tmp_path, reference):
     proc, run_dir = _supervised(cluster, tmp_path)
     _wait_for(run_dir / "checkpoints" / "step-00000020", proc)
