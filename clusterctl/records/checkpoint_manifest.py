@@ -43,27 +43,28 @@ MANIFEST_LIMIT = 4 << 20
 """The largest manifest file read (bytes): MAX_SHARDS entries of the longest names fit."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FIELDS = frozenset({"kind", "version", "step", "of_node", "held_on", "tier", "shards", "written_at",
-                     "save_seconds"})
+                     "save_seconds", "slot", "slots"})
 _SHARD_FIELDS = frozenset({"name", "size", "sha256"})
 
 
 def shard_name_problem(name: object) -> str | None:
-    """Why `name` is not one plain file name a shard may have, or None when it is one.
+    """Why `name` is not a name a shard may have, or None when it is one.
 
-    Refused: empty, `.`, anything with `/` or `..` in it (stricter than a path needs, so that no
+    A shard is one plain file name (`.metadata`, `__0_0.distcp`), or one plain folder name and one
+    plain file name joined by `/` (`rank-3/__0_0.distcp`: a rank's own folder in its node's copy).
+    Refused: empty parts, `.`, `..` anywhere in it, a leading `/`, more than one `/` (so no
     reader has to think about climbing out of a directory), control or other unprintable
-    characters, more than MAX_NAME_BYTES bytes.  `.metadata` (PyTorch DCP's) and `__0_0.distcp` pass.
+    characters, more than MAX_NAME_BYTES bytes in all.
     """
     if not isinstance(name, str):
         return f"{name!r} is not a file name"
-    if not name or name == ".":
-        return f"{name!r} is not a file name"
-    if "/" in name or ".." in name:
-        return f"{name!r} is not one plain file name (no '/', no '..')"
-    if not name.isprintable():
-        return f"{name!r} holds a control or unprintable character"
     if len(name.encode("utf-8")) > MAX_NAME_BYTES:
         return f"a shard name of {len(name.encode('utf-8'))} bytes: at most {MAX_NAME_BYTES}"
+    if not name.isprintable():
+        return f"{name!r} holds a control or unprintable character"
+    parts = name.split("/")
+    if len(parts) > 2 or ".." in name or any(part in ("", ".") for part in parts):
+        return f"{name!r} is not a plain file name or folder/file (no '..', no leading or second '/')"
     return None
 
 
@@ -90,7 +91,9 @@ class CheckpointManifest:
 
     `of_node` saved the shards; `held_on` is the node whose tier holds this copy (`of_node` itself
     for `local`, another node for `buddy`, None for `shared`).  `written_at` is when the copy was
-    complete (epoch s), `save_seconds` what writing it took.
+    complete (epoch s), `save_seconds` what writing it took.  `slot` is the node's slot in the rank
+    map it saved under (its ranks are slot × gpus_per_node onwards), `slots` that map's size: a
+    resume loads slot s's shards on whichever node takes slot s.
     """
 
     step: int
@@ -100,6 +103,8 @@ class CheckpointManifest:
     shards: tuple[Shard, ...]
     written_at: float
     save_seconds: float
+    slot: int = 0
+    slots: int = 1
 
     def __post_init__(self) -> None:
         if (problem := _manifest_problem(self)):
@@ -123,7 +128,7 @@ class CheckpointManifest:
         """The record as stored."""
         return {**header(KIND, VERSION), "step": self.step, "of_node": self.of_node, "held_on": self.held_on,
                 "tier": self.tier, "shards": [s.to_json() for s in self.shards], "written_at": self.written_at,
-                "save_seconds": self.save_seconds}
+                "save_seconds": self.save_seconds, "slot": self.slot, "slots": self.slots}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> CheckpointManifest:
@@ -148,8 +153,13 @@ class CheckpointManifest:
         shards = tuple(_shard(entry, f"{where}: shards[{i}]") for i, entry in enumerate(entries))
         if (problem := _duplicate_problem(shards)):
             raise RecordError(where, f"field `shards`: {problem}")
+        slots = _whole(body, "slots", where)
+        slot = _whole(body, "slot", where)
+        if not 0 <= slot < slots:
+            raise RecordError(where, f"field `slot` is {slot}: a slot of a map of {slots} (0 to {slots - 1})")
         return cls(step=step, of_node=of_node, tier=tier, held_on=held_on, shards=shards,
-                   written_at=_seconds(body, "written_at", where), save_seconds=_seconds(body, "save_seconds", where))
+                   written_at=_seconds(body, "written_at", where), save_seconds=_seconds(body, "save_seconds", where),
+                   slot=slot, slots=slots)
 
 
 def read_checkpoint_manifest(path: Path) -> CheckpointManifest:
@@ -237,6 +247,11 @@ def _manifest_problem(manifest: CheckpointManifest) -> str | None:
             return f"{key}: {problem}"
     if (problem := _held_on_problem(manifest.tier, manifest.of_node, manifest.held_on)):
         return problem
+    for key, value in (("slot", manifest.slot), ("slots", manifest.slots)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_WHOLE:
+            return f"{key} {value!r} is not a whole number"
+    if not 0 <= manifest.slot < manifest.slots:
+        return f"slot {manifest.slot} is not a slot of a map of {manifest.slots}"
     if not isinstance(manifest.shards, tuple) or not all(isinstance(s, Shard) for s in manifest.shards):
         return "shards must be a tuple of Shard"
     if len(manifest.shards) > MAX_SHARDS:

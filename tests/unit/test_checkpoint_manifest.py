@@ -49,7 +49,10 @@ def stored(**changes: object) -> dict:
     (stored(compression="zstd"), "unknown field `compression`"),
     (stored(shards=[{"name": "a.distcp", "size": 1, "sha256": SHA, "owner": "x"}]), "shards[0]: unknown field `owner`"),
     (stored(shards=[{"name": "../../etc/passwd", "size": 1, "sha256": SHA}]), "shards[0]: field `name`"),
-    (stored(shards=[{"name": "a/b", "size": 1, "sha256": SHA}]), "no '/'"),
+    (stored(shards=[{"name": "a/b/c", "size": 1, "sha256": SHA}]), "second '/'"),
+    (stored(shards=[{"name": "/etc", "size": 1, "sha256": SHA}]), "leading"),
+    (stored(slot=3, slots=3), "field `slot` is 3"),
+    (stored(slots=-1), "field `slots`"),
     (stored(shards=[{"name": "a\x1b[2Jb", "size": 1, "sha256": SHA}]), "control"),
     (stored(shards=[{"name": "x" * 256, "size": 1, "sha256": SHA}]), "at most 255"),
     (stored(shards=[{"name": "a", "size": 1, "sha256": SHA}] * 2), "listed twice"),
@@ -87,9 +90,11 @@ def test_a_manifest_that_is_a_symlink_or_not_json_is_refused(tmp_path):
 
 
 def test_shard_names_are_plain_file_names():
-    for name in ("__0_0.distcp", ".metadata", "model_optim_rng.pt", "shard 7.distcp", "模型.pt"):
+    for name in ("__0_0.distcp", ".metadata", "model_optim_rng.pt", "shard 7.distcp", "模型.pt",
+                 "rank-3/__0_0.distcp", "rank-3/.metadata"):
         assert shard_name_problem(name) is None, name
-    for name in ("", ".", "..", "../x", "a/b", "x..y", "a\nb", "a\x00b", "a\u202eb", "é" * 128):
+    for name in ("", ".", "..", "../x", "a/b/c", "/a", "a/", "./a", "a/..", "x..y", "a\nb", "a\x00b", "a\u202eb",
+                 "é" * 128):
         assert shard_name_problem(name) is not None, name
 
 
@@ -116,8 +121,9 @@ def manifests(draw) -> CheckpointManifest:
     held_on = of_node if tier == "local" else None if tier == "shared" else \
         draw(node_names.filter(lambda n: n != of_node))
     unique = draw(st.lists(shards, max_size=8, unique_by=lambda s: s.name))
+    slots = draw(st.integers(1, 12_500))
     return CheckpointManifest(draw(st.integers(0, 2**63 - 1)), of_node, tier, held_on, tuple(unique),
-                              draw(seconds), draw(seconds))
+                              draw(seconds), draw(seconds), draw(st.integers(0, slots - 1)), slots)
 
 
 @SETTINGS
