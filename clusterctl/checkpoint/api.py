@@ -355,7 +355,6 @@ class Checkpointer:
                                    shards=source.shards, written_at=source.written_at,
                                    save_seconds=source.save_seconds, slot=self.slot, slots=self.slots)
         commit_copy(staging, self.tier.local_copy(step), local)
-        self._handled.add(step)  # a resumed copy came from another tier: it is not flushed again
         return Resume(step, self.tier.local_copy(step))
 
     def _fresh_dir(self, name: str) -> Path:
@@ -456,8 +455,8 @@ class Checkpointer:
                                           f".tmp-step-{step:012d}-{self._attempt}"))
         try:
             copies = self.tier.copies_on_disk()
-            estimate = max((c.size for c in copies if c.tier == LOCAL and c.step == max(
-                d.step for d in copies if d.tier == LOCAL)), default=0)
+            own = sorted((c for c in copies if c.tier == LOCAL), key=lambda c: c.step)
+            estimate = own[-1].size if own else 0  # a save is about as large as the one before it
             budget = budget_bytes(self.settings.local_budget_bytes, self.tier.filesystem_bytes())
             room = plan_room(copies, estimate, self.settings.keep, budget)
             if room is None:
@@ -523,11 +522,9 @@ class Checkpointer:
         except Exception as exc:  # no server: this node's copies cannot be fetched, training goes on
             self._say_once("serve", f"cannot serve copies on port {self.settings.port}: {exc}; other nodes "
                                     "cannot fetch this node's copies")
-        existing = self.tier.local_copies()
-        self._handled.update(m.step for _, m in existing[:-1])
-        self._flushed.update(m.step for m in self.tier.flushed())
-        if existing:
-            self._flushed.add(existing[-1][1].step)  # a copy from before this step: flushed then, if due
+        # Copies from before this step: the newest is sent to the (maybe new) buddy again and flushed
+        # when due and not on shared storage yet; older ones were dealt with then.
+        self._handled.update(m.step for _, m in self.tier.local_copies()[:-1])
         if poll_seconds is not None:
             self._thread = threading.Thread(target=self._run, args=(poll_seconds,), name="clusterctl-checkpoint",
                                             daemon=True)
@@ -545,12 +542,12 @@ class Checkpointer:
         try:
             copies = self.tier.local_copies()
             new = [(path, m) for path, m in copies if m.step not in self._handled]
-            for path, manifest in new:
-                if manifest.step not in self._flushed and flush_due(manifest.step, self.settings.flush_every_steps):
-                    self._flush(path, manifest)
             if new:
-                self._push(*new[-1])
-                self._handled.update(m.step for _, m in new)
+                self._push(*new[-1])  # only the newest: when saves outpace the network, older ones are moot
+            for path, manifest in new:
+                if flush_due(manifest.step, self.settings.flush_every_steps) and not self._on_shared(manifest):
+                    self._flush(path, manifest)
+            self._handled.update(m.step for _, m in new)
             with self._lock:
                 if new:
                     self.tier.apply_retention(self.settings.keep)
@@ -558,6 +555,21 @@ class Checkpointer:
         except Exception as exc:  # the contract: never break training; the next round tries again
             self._say_once("tend", f"checkpoint background work failed ({type(exc).__name__}: {exc}); "
                                    "it is tried again")
+
+    def _on_shared(self, manifest: CheckpointManifest) -> bool:
+        """Whether this copy is on shared storage already: flushed by this node, or the copy a resume
+        staged from (its shards are there, the same ones)."""
+        if manifest.step in self._flushed:
+            return True
+        try:
+            shared = read_checkpoint_manifest(shared_copy_dir(self.shared_dir, manifest.step, self.slot)
+                                              / MANIFEST_NAME)
+        except (OSError, RecordError):
+            return False
+        if shared.shards != manifest.shards:
+            return False  # an older save of the same step, before a resume from an earlier one
+        self._flushed.add(manifest.step)
+        return True
 
     def _flush(self, path: Path, manifest: CheckpointManifest) -> None:
         assert self.tier is not None
@@ -620,7 +632,7 @@ class Checkpointer:
             self._thread.join()
         self.tend()
         copies = self.tier.local_copies()
-        if self.settings.flush_at_end and copies and copies[-1][1].step not in self._flushed:
+        if self.settings.flush_at_end and copies and not self._on_shared(copies[-1][1]):
             self._flush(*copies[-1])
             with self._lock:
                 self._rewrite_holdings()

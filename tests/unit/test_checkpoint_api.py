@@ -256,3 +256,19 @@ def test_torch_state_saves_and_loads_through_the_tiers(tmp_path: Path) -> None:
             state: dict[str, Any] = {"model": {"w": torch.zeros(6)}, "step": 0}
             ckpt.load_state(state)
             assert torch.equal(state["model"]["w"], weights[ckpt.rank]) and state["step"] == 7
+
+
+def test_a_node_whose_local_tier_cannot_be_made_saves_to_shared_storage(tmp_path: Path) -> None:
+    (tmp_path / "nodes").mkdir()
+    (tmp_path / "nodes" / "node1").write_text("a file where the node's local directory should be")
+    network = FakeCopyNetwork()
+    job = Job(tmp_path, network, two_nodes(), flush_every=100)
+    job.save(1)
+    job.save(2)
+    job.close()
+    assert (job.shared / "tiers" / "step-000000000002" / "slot-000000" / "manifest.json").is_file()
+    assert (job.shared / "tiers" / "step-000000000001" / "slot-000000" / "manifest.json").is_file()
+    assert steps_in(job.tier("node2") / "local") == [1, 2]
+    assert not (job.shared / "tiers" / "step-000000000001" / "slot-000001").exists(), "node2 is not affected"
+    said = job.stderr.getvalue()
+    assert said.count("go to shared storage directly") == 1 and "cannot be made" in said
