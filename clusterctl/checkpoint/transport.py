@@ -160,8 +160,8 @@ class CopyServer:
     `tier_root` is the node's tier root (local/, buddy/); `node` this node's name (as in the rank
     map); `key` the job's KEY_BYTES-byte key; `port` the TCP port (0: any free one, see `port`
     after start), `host` the address to listen on ('' : every interface).  After a pushed copy is
-    in place, `on_received(manifest)` is called with its manifest as held here (tier buddy); an
-    exception from it is reported through `on_problem` (default: one line on stderr), as is
+    in place, `on_received(manifest)` is called with its manifest as held here (tier buddy), before
+    the sender hears that the copy is kept; an exception from it is reported through `on_problem` (default: one line on stderr), as is
     anything unexpected in a connection.  `timeout` bounds every socket operation.
     """
 
@@ -359,20 +359,21 @@ class CopyServer:
                         _complete(tmp, folder / copy_dir_name(step), held)
                 except OSError as exc:
                     problem = f"{what}: cannot store it in {folder}: {exc.strerror or exc}"
-            if problem:
-                channel.respond(error=problem)
-                return
-            channel.respond(manifest=held)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             with self._lock:
                 self._writing.discard(tmp)
+        if problem:
+            channel.respond(error=problem)
+            return
+        # Before the answer: once push_copy returns, the buddy's holdings already list the copy.
         if self._on_received is not None:
             try:
                 self._on_received(held)
             except Exception as exc:  # noqa: BLE001 - the copy is kept; the caller's hook failing is reported
                 self._problem(f"after keeping {held.where} of step {step}: on_received failed: "
                               f"{type(exc).__name__}: {exc}")
+        channel.respond(manifest=held)
 
     def _remove_stale_temporaries(self, folder: Path) -> None:
         # A push that died with its process (the previous step's server) leaves a .tmp-* behind;

@@ -4,7 +4,11 @@ TransferError that says what failed, with which node."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import socket
+import struct
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +19,7 @@ from hypothesis import strategies as st
 
 from clusterctl.checkpoint.copies import MANIFEST_NAME, shards_of
 from clusterctl.checkpoint.transport import (
-    CopyRequest, CopyServer, TransferError, copy_dir_name, fetch_copy, parse_copy_request, push_copy)
+    MAGIC, NONCE_BYTES, REQUEST_LABEL, CopyRequest, CopyServer, TransferError, copy_dir_name, fetch_copy, parse_copy_request, push_copy)
 from clusterctl.records.checkpoint_manifest import (
     CheckpointManifest, Shard, read_checkpoint_manifest, write_checkpoint_manifest)
 
@@ -139,6 +143,45 @@ def test_a_node_whose_server_is_gone_is_a_transfer_error_within_the_timeout(tmp_
     with pytest.raises(TransferError, match="connection refused"):
         fetch_copy("127.0.0.1", port, KEY, "node3", 40, tmp_path / "dest", timeout=2.0)
     assert time.monotonic() - started < 4.0
+
+
+def test_a_sender_that_goes_away_mid_shard_leaves_nothing_on_its_buddy(tmp_path):
+    copy, manifest = node3_saves_step_40(tmp_path / "node3")
+    node1 = CopyServer(tmp_path / "node1", "node1", KEY, 0, "127.0.0.1").start()
+    try:
+        with socket.create_connection(("127.0.0.1", node1.port), timeout=SHORT) as sock:
+            greeting = sock.recv(len(MAGIC) + NONCE_BYTES, socket.MSG_WAITALL)
+            assert greeting.startswith(MAGIC)
+            server_nonce, client_nonce = greeting[len(MAGIC):], os.urandom(NONCE_BYTES)
+            header = CopyRequest("push", "node3", 40, manifest).to_bytes()
+            mac = hmac.new(KEY, REQUEST_LABEL + server_nonce + client_nonce + header, hashlib.sha256).digest()
+            sock.sendall(client_nonce + struct.pack(">I", len(header)) + header + mac)
+            for shard in manifest.shards:  # every shard whole but the last, of which half is sent
+                data = (copy / shard.name).read_bytes()
+                sock.sendall(struct.pack(">H", len(shard.name)) + shard.name.encode() + struct.pack(">Q", shard.size))
+                sock.sendall(data if shard is not manifest.shards[-1] else data[:len(data) // 2])
+            assert manifest.shards[-1].name == "rank-3/__0_0.distcp"
+    finally:
+        node1.close()  # waits for the transfer to end
+    assert list((tmp_path / "node1" / "buddy" / "node3").iterdir()) == []
+
+
+def test_a_server_running_its_limit_of_transfers_asks_the_next_one_to_try_again(tmp_path):
+    with CopyServer(tmp_path / "node1", "node1", KEY, 0, "127.0.0.1", max_connections=1) as node1:
+        with socket.create_connection(("127.0.0.1", node1.port), timeout=SHORT) as slow:
+            assert slow.recv(len(MAGIC), socket.MSG_WAITALL) == MAGIC
+            with pytest.raises(TransferError, match="node1's copy of step 40 from 127.0.0.1: 127.0.0.1 is busy"):
+                fetch_copy("127.0.0.1", node1.port, KEY, "node1", 40, tmp_path / "dest", timeout=SHORT)
+        deadline = time.monotonic() + SHORT
+        while True:  # the slow client is gone: its slot frees as soon as the server notices
+            try:
+                fetch_copy("127.0.0.1", node1.port, KEY, "node1", 40, tmp_path / "dest", timeout=SHORT)
+            except TransferError as exc:
+                if "busy" in str(exc) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                assert "node1 holds no complete copy" in str(exc)
+                break
 
 
 def test_a_request_reads_back_as_sent_and_only_a_local_copy_is_pushed():
