@@ -252,7 +252,9 @@ class CopyServer:
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError as exc:
+                    # Out of file descriptors, say: the listener stays readable, so wait rather than spin.
                     self._problem(f"cannot accept a connection: {exc.strerror or exc}")
+                    self._stop.wait(1.0)
                     continue
                 conn.setblocking(True)
                 conn.settimeout(self._timeout)

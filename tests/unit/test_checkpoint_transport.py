@@ -89,6 +89,21 @@ def test_pushing_the_same_step_again_replaces_the_older_copy(tmp_path):
     assert read_checkpoint_manifest(folder / copy_dir_name(40) / MANIFEST_NAME).written_at == again.written_at
 
 
+def test_a_buddy_whose_holdings_hook_fails_still_keeps_the_copy_and_says_why(tmp_path):
+    copy, manifest = node3_saves_step_40(tmp_path / "node3")
+    said: list[str] = []
+
+    def holdings_unwritable(_: CheckpointManifest) -> None:
+        raise PermissionError("holdings.json: read-only file system")
+
+    with CopyServer(tmp_path / "node1", "node1", KEY, 0, "127.0.0.1", on_received=holdings_unwritable,
+                    on_problem=said.append) as node1:
+        push_copy("127.0.0.1", node1.port, KEY, copy, manifest, timeout=SHORT)
+    assert files_in(tmp_path / "node1" / "buddy" / "node3" / copy_dir_name(40)) == files_in(copy)
+    assert said == ["clusterctl copy server on node1: after keeping node3's copy on node1 of step 40: on_received "
+                    "failed: PermissionError: holdings.json: read-only file system"]
+
+
 def test_a_client_without_the_jobs_key_is_refused_and_nothing_is_written(tmp_path):
     copy, manifest = node3_saves_step_40(tmp_path / "node3")
     with CopyServer(tmp_path / "node1", "node1", KEY, 0, "127.0.0.1") as node1:
