@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from clusterctl.slurm.names import node_name_problem
 from clusterctl.records.versioned import (
     RecordError, check_header, field, header, parse_json_record, refuse_unknown, whole_field,
 )
@@ -57,9 +58,16 @@ class CheckpointSettings:
         if (problem := _settings_problem(self)):
             raise ValueError(problem)
 
-    def tier_root(self, uid: int | None = None) -> Path:
-        """The node's fast tier of this run: `<local_base>/clusterctl-<uid>/ckpt-<run_key>`."""
-        return Path(self.local_base) / f"clusterctl-{os.getuid() if uid is None else uid}" / f"ckpt-{self.run_key}"
+    def tier_root(self, node: str, uid: int | None = None) -> Path:
+        """The fast tier of this run on `node`: `<local_base>/clusterctl-<uid>/ckpt-<run_key>/<node>`.
+
+        The node's own name is part of the path so that a `local_dir` that is not node-local after all
+        (a shared mount by mistake, or the testbed's nodes sharing one /dev/shm) never mixes two nodes'
+        copies: each node still reads and writes only its own folder.  ValueError for a name that is
+        not a node name."""
+        if (problem := node_name_problem(node)):
+            raise ValueError(problem)
+        return Path(self.local_base) / f"clusterctl-{os.getuid() if uid is None else uid}" / f"ckpt-{self.run_key}" / node
 
     def to_json(self) -> dict[str, Any]:
         """The record as sent."""

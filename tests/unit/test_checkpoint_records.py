@@ -27,7 +27,9 @@ TIER_SETTINGS = CheckpointSettings(run_key="0123456789abcdef", local_base="/dev/
 def test_the_steps_settings_travel_in_one_environment_variable_and_read_back_the_same():
     assert CheckpointSettings.from_env(TIER_SETTINGS.to_env()) == TIER_SETTINGS
     assert CheckpointSettings.from_env({}) is None
-    assert str(TIER_SETTINGS.tier_root(1000)) == "/dev/shm/clusterctl-1000/ckpt-0123456789abcdef"
+    assert str(TIER_SETTINGS.tier_root("node3", 1000)) == "/dev/shm/clusterctl-1000/ckpt-0123456789abcdef/node3"
+    with pytest.raises(ValueError, match="not a node name"):
+        TIER_SETTINGS.tier_root("../node3")
 
 
 @pytest.mark.parametrize(("change", "said"), [
