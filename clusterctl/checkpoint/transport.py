@@ -52,10 +52,10 @@ from typing import Any, BinaryIO
 from clusterctl.checkpoint.copies import MANIFEST_NAME
 from clusterctl.errors import ClusterctlError
 from clusterctl.records.checkpoint_manifest import (
-    MANIFEST_LIMIT, MAX_NAME_BYTES, MAX_WHOLE, CheckpointManifest, Shard, read_checkpoint_manifest,
+    MANIFEST_LIMIT, MAX_NAME_BYTES, CheckpointManifest, Shard, read_checkpoint_manifest,
     write_checkpoint_manifest)
 from clusterctl.records.node_report import KEY_BYTES
-from clusterctl.records.versioned import RecordError
+from clusterctl.records.versioned import MAX_WHOLE, RecordError
 from clusterctl.slurm.names import node_name_problem
 from clusterctl.text import one_line
 
