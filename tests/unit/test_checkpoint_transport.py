@@ -181,6 +181,28 @@ def test_a_sender_that_goes_away_mid_shard_leaves_nothing_on_its_buddy(tmp_path)
     assert list((tmp_path / "node1" / "buddy" / "node3").iterdir()) == []
 
 
+def test_whatever_a_stranger_sends_the_server_refuses_and_keeps_serving(tmp_path):
+    copy, manifest = node3_saves_step_40(tmp_path / "node3")
+    header = CopyRequest("push", "node3", 40, manifest).to_bytes()
+    strangers = [
+        b"",                                                          # connects and goes
+        b"GET / HTTP/1.1\r\nHost: node1\r\n\r\n",                     # the wrong program
+        os.urandom(NONCE_BYTES) + struct.pack(">I", 0xFFFFFFFF),      # a header too large to read
+        os.urandom(NONCE_BYTES) + struct.pack(">I", len(header)) + header + os.urandom(32),  # a guessed MAC
+    ]
+    said: list[str] = []
+    with CopyServer(tmp_path / "node1", "node1", KEY, 0, "127.0.0.1", on_problem=said.append) as node1:
+        for garbage in strangers:
+            with socket.create_connection(("127.0.0.1", node1.port), timeout=SHORT) as sock:
+                sock.sendall(garbage)
+                sock.shutdown(socket.SHUT_WR)
+                while sock.recv(1 << 16):
+                    pass
+        push_copy("127.0.0.1", node1.port, KEY, copy, manifest, timeout=SHORT)
+    assert said == []
+    assert [p.name for p in (tmp_path / "node1" / "buddy" / "node3").iterdir()] == [copy_dir_name(40)]
+
+
 def test_a_server_running_its_limit_of_transfers_asks_the_next_one_to_try_again(tmp_path):
     with CopyServer(tmp_path / "node1", "node1", KEY, 0, "127.0.0.1", max_connections=1) as node1:
         with socket.create_connection(("127.0.0.1", node1.port), timeout=SHORT) as slow:
