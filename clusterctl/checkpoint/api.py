@@ -17,7 +17,6 @@ only when used), so tests pass a fake.
 from __future__ import annotations
 
 import fcntl
-import importlib
 import os
 import shutil
 import sys
@@ -106,34 +105,29 @@ class CopyTransport(Protocol):
 
 
 class TcpTransport:
-    """The default transport: clusterctl.checkpoint.transport, imported when first used."""
+    """The default transport: clusterctl.checkpoint.transport, imported when first used (a training
+    program that never moves a copy never loads the socket code)."""
 
     def push(self, host: str, port: int, key: bytes, copy_dir: Path, manifest: CheckpointManifest, *,
              timeout: float) -> None:
         """See CopyTransport.push."""
-        _transport_module().push_copy(host, port, key, copy_dir, manifest, timeout=timeout)
+        from clusterctl.checkpoint.transport import push_copy
+
+        push_copy(host, port, key, copy_dir, manifest, timeout=timeout)
 
     def fetch(self, host: str, port: int, key: bytes, of_node: str, step: int, dest_dir: Path, *,
               timeout: float) -> CheckpointManifest:
         """See CopyTransport.fetch."""
-        manifest: CheckpointManifest = _transport_module().fetch_copy(host, port, key, of_node, step, dest_dir,
-                                                            timeout=timeout)
-        return manifest
+        from clusterctl.checkpoint.transport import fetch_copy
+
+        return fetch_copy(host, port, key, of_node, step, dest_dir, timeout=timeout)
 
     def serve(self, tier_root: Path, node: str, key: bytes, port: int,
               on_received: Callable[[CheckpointManifest], None]) -> CopyService:
         """See CopyTransport.serve."""
-        server: Any = _transport_module().CopyServer(tier_root, node, key, port)
-        server.on_received = on_received
-        server.start()
-        service: CopyService = server
-        return service
+        from clusterctl.checkpoint.transport import CopyServer
 
-
-def _transport_module() -> Any:
-    # Imported when first used, by name: a training program that never moves a copy never loads the
-    # socket code, and this module type-checks on its own (the transport is a sibling part).
-    return importlib.import_module(".transport", __package__)
+        return CopyServer(tier_root, node, key, port, on_received=on_received).start()
 
 
 @dataclass(frozen=True)
@@ -176,13 +170,13 @@ class Checkpointer:
                 self._resume_step = index_step
         self.tier: NodeTier | None = None
         self._tier_problem = ""
+        root = settings.tier_root(node, uid)
         try:
-            self.tier = NodeTier(open_tier_root(settings.tier_root(uid), uid=uid), node)
+            self.tier = NodeTier(open_tier_root(root, Path(settings.local_base), uid=uid), node)
         except TierRootError:
             raise
         except OSError as exc:
-            self._tier_problem = (f"the node's checkpoint directory {settings.tier_root(uid)} cannot be made "
-                                  f"({exc.strerror or exc})")
+            self._tier_problem = f"the node's checkpoint directory {root} cannot be made ({exc.strerror or exc})"
         self._resumed: Resume | None = None
         self._last_saved: tuple[int, str] | None = None
         self._lock = threading.Lock()  # holdings and retention: the thread and the server's callback
@@ -262,10 +256,10 @@ class Checkpointer:
             for copy in bad:
                 self._print(f"step {step}: passed over {copy.of_node}'s {copy.tier} copy"
                             f"{f' on {copy.held_on}' if copy.held_on and copy.tier == 'buddy' else ''}: "
-                            f"{copy.problem}")
+                            f"the copy {copy.problem}")
             self._resumed = resumed
             return resumed
-        problems = "; ".join(f"{b.tier} copy: {b.problem}" for b in bad) or "no copy was found"
+        problems = "; ".join(f"the {b.tier} copy {b.problem}" for b in bad) or "no copy was found"
         why = f"no copy of slot {self.slot}'s files of step {step} verifies ({problems})"
         where = ""
         if first and self.settings.tier_index:
@@ -284,7 +278,7 @@ class Checkpointer:
             problem = verify_copy(own, manifest)
             if not problem:
                 return Resume(step, own), bad
-            bad.append(BadCopy(step, manifest.of_node, "local", self.node, f"the copy {problem}"))
+            bad.append(BadCopy(step, manifest.of_node, "local", self.node, problem))
         line = self._line
         if line is not None and line.tier == "buddy" and line.held_on not in (_NONE, ""):
             staging = self._fresh_dir(f".tmp-stage-{step:012d}-{self._attempt}")
@@ -301,7 +295,7 @@ class Checkpointer:
                 problem = f"cannot be fetched ({exc})"
             if not problem:
                 return self._commit_staged(staging, fetched, step), bad
-            bad.append(BadCopy(step, line.of_node, "buddy", line.held_on, f"the copy {problem}"))
+            bad.append(BadCopy(step, line.of_node, "buddy", line.held_on, problem))
             shutil.rmtree(staging, ignore_errors=True)
         return self._resume_from_shared(step, bad)
 
@@ -312,10 +306,10 @@ class Checkpointer:
         try:
             manifest = read_checkpoint_manifest(source / MANIFEST_NAME)
         except FileNotFoundError:
-            bad.append(BadCopy(step, of_node, "shared", None, f"the copy is not on shared storage ({source})"))
+            bad.append(BadCopy(step, of_node, "shared", None, f"is not on shared storage ({source})"))
             return None, bad
         except (OSError, RecordError) as exc:
-            bad.append(BadCopy(step, of_node, "shared", None, f"the copy's manifest is unreadable ({exc})"))
+            bad.append(BadCopy(step, of_node, "shared", None, f"has an unreadable manifest ({exc})"))
             return None, bad
         staging = self._fresh_dir(f".tmp-stage-{step:012d}-{self._attempt}")
         try:
@@ -326,7 +320,7 @@ class Checkpointer:
         problem = self._check_staged(staging, manifest, step)
         if problem:
             shutil.rmtree(staging, ignore_errors=True)
-            bad.append(BadCopy(step, manifest.of_node, "shared", None, f"the copy {problem}"))
+            bad.append(BadCopy(step, manifest.of_node, "shared", None, problem))
             return None, bad
         return self._commit_staged(staging, manifest, step), bad
 
@@ -335,11 +329,11 @@ class Checkpointer:
         try:
             manifest = read_checkpoint_manifest(source / MANIFEST_NAME)
         except (OSError, RecordError) as exc:
-            bad.append(BadCopy(step, self.node, "shared", None, f"the copy cannot be read ({exc})"))
+            bad.append(BadCopy(step, self.node, "shared", None, f"cannot be read ({exc})"))
             return None, bad
         problem = self._check_staged(source, manifest, step)
         if problem:
-            bad.append(BadCopy(step, manifest.of_node, "shared", None, f"the copy {problem}"))
+            bad.append(BadCopy(step, manifest.of_node, "shared", None, problem))
             return None, bad
         return Resume(step, source), bad
 

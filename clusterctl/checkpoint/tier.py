@@ -2,7 +2,7 @@
 ranks commit one copy together, what retention removes, whether a save fits the budget, and the
 holdings record that tells the agent what the node holds.
 
-    <tier root>/                       settings.tier_root(): 0700, ours, never a symlink
+    <tier root>/                       settings.tier_root(node): 0700, ours, never a symlink
       local/step-<N:012d>/             this node's part of step N + manifest.json (tier local)
       buddy/<of_node>/step-<N:012d>/   of_node's part, kept for it (tier buddy)
       flushed/step-<N:012d>.json       the manifest of a copy this node wrote to shared storage
@@ -137,29 +137,33 @@ def holdings_of(node: str, manifests: Iterable[CheckpointManifest], flushed: Ite
 
 # ---- the tier root ------------------------------------------------------------------------------
 
-def open_tier_root(root: Path, *, uid: int | None = None) -> Path:
-    """Make (or reuse) the tier root `<base>/clusterctl-<uid>/ckpt-<run key>`; its path.
+def open_tier_root(root: Path, base: Path, *, uid: int | None = None) -> Path:
+    """Make (or reuse) the node's tier root `root` below `base`
+    (`<base>/clusterctl-<uid>/ckpt-<run key>/<node>`: settings.tier_root); its path.
 
-    `clusterctl-<uid>` and the root are made 0700 and must be real directories of `uid`, private
-    to it: TierRootError (saying what to do) when one is planted, a symlink or open to others.
-    OSError when they cannot be made (a read-only or full filesystem): the caller saves to shared
-    storage instead."""
+    Every folder below `base` is made 0700 and must be a real directory of `uid`, private to it:
+    TierRootError (saying what to do) when one is planted, a symlink or open to others; each is
+    opened relative to the one checked before it, so none can be swapped for a symlink between the
+    check and the use.  OSError when they cannot be made (a read-only or full filesystem): the caller
+    saves to shared storage instead."""
     uid = os.getuid() if uid is None else uid
-    mine, base = root.parent, root.parent.parent
+    parts = root.relative_to(base).parts
     os.makedirs(base, mode=0o700, exist_ok=True)
     try:
-        base_fd = open_checked_dir(base)
+        fd = open_checked_dir(base)
     except UnsafePathError as exc:
-        raise TierRootError(f"cannot keep checkpoints in {base}: {exc}") from None
+        raise TierRootError(f"cannot keep checkpoints in {base}: {exc}; point the job's local checkpoint "
+                            "directory elsewhere") from None
     try:
-        _make_private(base_fd, mine.name, mine, uid)
-        mine_fd = os.open(mine.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=base_fd)
+        path = base
+        for name in parts:
+            path = path / name
+            _make_private(fd, name, path, uid)
+            inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
     finally:
-        os.close(base_fd)
-    try:
-        _make_private(mine_fd, root.name, root, uid)
-    finally:
-        os.close(mine_fd)
+        os.close(fd)
     return root
 
 

@@ -6,8 +6,11 @@ and only when called: the rest of clusterctl.checkpoint works without it.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
+
+_SINGLE_PROCESS = "torch.distributed is disabled, unavailable or uninitialized"
 
 
 def save_rank_state(directory: Path, state_dict: dict[str, Any]) -> None:
@@ -16,7 +19,9 @@ def save_rank_state(directory: Path, state_dict: dict[str, Any]) -> None:
 
     directory.mkdir(mode=0o700, exist_ok=True)
     try:
-        dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)  # no_dist says so: one rank, its own files
+            dcp.save(state_dict, storage_writer=dcp.FileSystemWriter(str(directory)), no_dist=True)
     except OSError:
         raise
     except Exception as exc:
@@ -31,7 +36,9 @@ def load_rank_state(directory: Path, state_dict: dict[str, Any]) -> None:
     """Load, in place, `state_dict` from `directory` (written by save_rank_state)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(state_dict, storage_reader=dcp.FileSystemReader(str(directory)), no_dist=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_SINGLE_PROCESS)
+        dcp.load(state_dict, storage_reader=dcp.FileSystemReader(str(directory)), no_dist=True)
 
 
 def _os_error_in(exc: BaseException) -> OSError | None:

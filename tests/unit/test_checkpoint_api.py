@@ -55,7 +55,7 @@ class Job:
                 for lr in range(RANKS_PER_NODE)]
 
     def tier(self, node: str) -> Path:
-        return self.tmp_path / "nodes" / node / f"clusterctl-{os.getuid()}" / f"ckpt-{RUN_KEY}"
+        return self.tmp_path / "nodes" / node / f"clusterctl-{os.getuid()}" / f"ckpt-{RUN_KEY}" / node
 
     def save(self, step: int) -> None:
         """Every rank saves its file; then each node's first rank does its background round."""

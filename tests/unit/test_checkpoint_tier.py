@@ -71,21 +71,23 @@ def test_the_budget_is_the_setting_or_a_quarter_of_the_filesystem() -> None:
 
 
 def test_the_tier_root_is_made_private(tmp_path: Path) -> None:
-    root = tmp_path / "base" / f"clusterctl-{os.getuid()}" / "ckpt-0123456789abcdef"
-    assert open_tier_root(root) == root
-    assert (root.stat().st_mode & 0o777, root.parent.stat().st_mode & 0o777) == (0o700, 0o700)
-    assert open_tier_root(root) == root, "reused as it is"
+    base = tmp_path / "base"
+    root = base / f"clusterctl-{os.getuid()}" / "ckpt-0123456789abcdef" / "node1"
+    assert open_tier_root(root, base) == root
+    assert {p.stat().st_mode & 0o777 for p in (root, root.parent, root.parent.parent)} == {0o700}
+    assert open_tier_root(root, base) == root, "reused as it is"
 
 
 def test_a_tier_root_open_to_others_or_planted_as_a_symlink_is_refused(tmp_path: Path) -> None:
-    root = tmp_path / "base" / f"clusterctl-{os.getuid()}" / "ckpt-0123456789abcdef"
-    open_tier_root(root)
+    base = tmp_path / "base"
+    root = base / f"clusterctl-{os.getuid()}" / "ckpt-0123456789abcdef" / "node1"
+    open_tier_root(root, base)
     root.chmod(0o755)
     with pytest.raises(TierRootError, match="open to group or others"):
-        open_tier_root(root)
+        open_tier_root(root, base)
     root.rmdir()
     elsewhere = tmp_path / "theirs"
     elsewhere.mkdir(mode=0o700)
     root.symlink_to(elsewhere)
     with pytest.raises(TierRootError, match="a symlink"):
-        open_tier_root(root)
+        open_tier_root(root, base)
