@@ -178,7 +178,7 @@ class Checkpointer:
         except OSError as exc:
             self._tier_problem = f"the node's checkpoint directory {root} cannot be made ({exc.strerror or exc})"
         self._resumed: Resume | None = None
-        self._last_saved: tuple[int, str] | None = None
+        self._last_saved: _SaveTarget | None = None
         self._lock = threading.Lock()  # holdings and retention: the thread and the server's callback
         self._stop = threading.Event()
         self._handled: set[int] = set()
@@ -272,14 +272,17 @@ class Checkpointer:
     def _stage(self, step: int) -> tuple[Resume | None, list[BadCopy]]:
         assert self.tier is not None
         bad: list[BadCopy] = []
+        line = self._line
+        planned = line.tier if line is not None else _NONE
         own = self.tier.local_copy(step)
-        manifest = self.tier.manifest(own)
+        manifest = self.tier.manifest(own) if planned in (LOCAL, _NONE) else None
+        # The plan's tier first, then the farther ones: a nearer copy the plan passed over may be of
+        # an earlier save of the same step (before a resume from an older one), not the plan's.
         if manifest is not None and (manifest.slot, manifest.slots) == (self.slot, self.slots):
             problem = verify_copy(own, manifest)
             if not problem:
                 return Resume(step, own), bad
             bad.append(BadCopy(step, manifest.of_node, "local", self.node, problem))
-        line = self._line
         if line is not None and line.tier == "buddy" and line.held_on not in (_NONE, ""):
             staging = self._fresh_dir(f".tmp-stage-{step:012d}-{self._attempt}")
             try:
@@ -467,8 +470,8 @@ class Checkpointer:
 
     def _finish_save(self, target: _SaveTarget, seconds: float) -> None:
         try:
+            self._last_saved = target
             if not mark_done(target.control, self.local_rank, self.local_ranks):
-                self._last_saved = (target.step, target.tier)
                 return
             shards = shards_of(target.staging)
             if target.tier == LOCAL:
@@ -476,8 +479,8 @@ class Checkpointer:
             else:
                 self._commit_shared(target.staging, target.step, shards, seconds)
             shutil.rmtree(target.control, ignore_errors=True)
-            self._last_saved = (target.step, target.tier)
         except (OSError, CopyError, ValueError) as exc:
+            shutil.rmtree(target.control, ignore_errors=True)
             self._print(f"step {target.step} is not saved on {self.node}: committing the node's copy failed "
                         f"({exc}); training goes on")
 
@@ -615,11 +618,12 @@ class Checkpointer:
         self._closed = True
         if self.local_rank != 0 or self.tier is None:
             return
-        if self._last_saved is not None and self._last_saved[1] == LOCAL:
+        last = self._last_saved
+        if last is not None and last.tier == LOCAL:
             deadline = time.monotonic() + self._timeout
-            # The last local rank commits: wait for it (rank 0 may finish its part first).
-            while self.tier.manifest(self.tier.local_copy(self._last_saved[0])) is None \
-                    and time.monotonic() < deadline:
+            # The last local rank commits (rank 0 may finish its part first): wait until the commit is
+            # done, whichever way it went (the committer removes the control folder).
+            while last.control.exists() and time.monotonic() < deadline:
                 time.sleep(0.05)
         self._stop.set()
         if self._thread is not None:
