@@ -431,8 +431,9 @@ class Checkpointer:
             else:
                 tier = "shared"
                 if won:
-                    self._say_once("shared", f"step {step} and later saves go to shared storage directly, "
-                                             f"not the node's local tier: {reason}")
+                    self._say_once("shared", f"{self.node}: saving step {step} to shared storage directly, not "
+                                             f"the node's local tier: {reason} (said once; any later save "
+                                             "that does not fit goes there too)")
                 staging = (self.shared_dir / "tiers" / step_name(step)
                            / f".tmp-{slot_name(self.slot)}-{self._attempt}")
             staging.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -496,7 +497,7 @@ class Checkpointer:
             shared = flush_copy(target.staging, manifest, self.shared_dir, self.slot, Throttle(0))
             self.tier.note_flushed(shared)
             shutil.rmtree(target.staging, ignore_errors=True)
-            self._say_once("shared", f"step {target.step}'s copy ({manifest.total_bytes} bytes) went to shared "
+            self._say_once("shared", f"{self.node}: step {target.step}'s copy ({manifest.total_bytes} bytes) went to shared "
                                      f"storage: the local tier's budget is {budget} bytes and it holds {others}")
             return
         commit_copy(target.staging, self.tier.local_copy(target.step), manifest)

@@ -271,4 +271,49 @@ def test_a_node_whose_local_tier_cannot_be_made_saves_to_shared_storage(tmp_path
     assert steps_in(job.tier("node2") / "local") == [1, 2]
     assert not (job.shared / "tiers" / "step-000000000001" / "slot-000001").exists(), "node2 is not affected"
     said = job.stderr.getvalue()
-    assert said.count("go to shared storage directly") == 1 and "cannot be made" in said
+    assert said.count("to shared storage directly") == 1 and "cannot be made" in said
+
+
+def test_the_background_thread_sends_and_flushes_without_being_driven(tmp_path: Path) -> None:
+    network = FakeCopyNetwork()
+    index = tmp_path / "launch" / "tiers.idx"
+    write_tier_index(index, None, two_nodes())
+    shared = tmp_path / "checkpoints"
+    ranks = []
+    for slot, node in enumerate(("node1", "node2")):
+        settings = CheckpointSettings(run_key=RUN_KEY, local_base=str(tmp_path / node), shared_dir=str(shared),
+                                      tier_index=str(index), port=4711, flush_every_steps=3)
+        ranks.append(Checkpointer(settings, node=node, slot=slot, slots=2, rank=slot, local_rank=0, local_ranks=1,
+                                  key=KEY, transport=network, stderr=io.StringIO(), poll_seconds=0.01))
+    for step in (1, 2, 3, 4):
+        for ckpt in ranks:
+            with ckpt.save_files(step) as directory:
+                (directory / "weights.bin").write_bytes(payload(ckpt.rank, step))
+    for ckpt in ranks:
+        ckpt.close()
+    node2 = tmp_path / "node2" / f"clusterctl-{os.getuid()}" / f"ckpt-{RUN_KEY}" / "node2"
+    assert steps_in(node2 / "buddy" / "node1")[-1] == 4
+    assert steps_in(shared / "tiers") == [3, 4], "step 3 is due; step 4 is flushed at the end"
+    assert network.servers == {}, "close stops the copy servers"
+
+
+def test_a_save_estimated_beyond_the_budget_goes_to_shared_storage(tmp_path: Path) -> None:
+    network = FakeCopyNetwork()
+    job = Job(tmp_path, network, two_nodes(), flush_every=100, budget=400)
+    job.save(1)  # node1: its own ~120 bytes fit; then it keeps node2's ~190 bytes for it
+    job.save(2)  # a second copy of ~120 bytes would not: to shared storage, said once
+    job.save(3)
+    assert steps_in(job.tier("node1") / "local") == [1]
+    assert (job.shared / "tiers" / "step-000000000002" / "slot-000000" / "manifest.json").is_file()
+    said = [line for line in job.stderr.getvalue().splitlines() if "node1: " in line]
+    assert len(said) == 1 and "budget is 400 bytes" in said[0] and "saving step 2 to shared storage" in said[0]
+
+
+def test_a_tier_index_without_this_slot_is_a_setup_error(tmp_path: Path) -> None:
+    index = tmp_path / "tiers.idx"
+    write_tier_index(index, None, [TierSlot(node="node1")])
+    settings = CheckpointSettings(run_key=RUN_KEY, local_base=str(tmp_path), shared_dir=str(tmp_path / "shared"),
+                                  tier_index=str(index), port=4711)
+    with pytest.raises(CheckpointSetupError, match=r"slot 3\) of the tier index"):
+        Checkpointer(settings, node="node4", slot=3, slots=4, rank=12, local_rank=0, local_ranks=4, key=KEY,
+                     transport=FakeCopyNetwork())
