@@ -461,9 +461,10 @@ class Checkpointer:
         or `shared` and why."""
         if self.tier is None:
             return f"shared\n{self._tier_problem}"
-        mine = (".tmp-save-", ".tmp-step-", ".tmp-stage-")
+        mine = (".tmp-save-", ".tmp-step-", ".tmp-stage-", ".tmp-resume-")
         self.tier.clean_stale(mine, keep=(f".tmp-save-{step:012d}-{self._attempt}",
-                                          f".tmp-step-{step:012d}-{self._attempt}"))
+                                          f".tmp-step-{step:012d}-{self._attempt}",
+                                          f".tmp-resume-{self._attempt}"))
         try:
             copies = self.tier.copies_on_disk()
             own = sorted((c for c in copies if c.tier == LOCAL), key=lambda c: c.step)

@@ -368,11 +368,12 @@ class NodeTier:
         info = os.statvfs(self.root)
         return info.f_blocks * info.f_frsize
 
-    def clean_stale(self, prefixes: Sequence[str], keep: Sequence[str]) -> None:
-        """Remove the root's entries whose names start with one of `prefixes` but none of `keep`
-        (what a crashed save or an earlier attempt left)."""
+    def clean_stale(self, prefixes: Sequence[str], keep: Iterable[str]) -> None:
+        """Remove the root's entries whose names start with one of `prefixes`, except those named in
+        `keep` (what a crashed save or an earlier attempt left)."""
+        kept = set(keep)
         for entry in os.scandir(self.root):
-            if not entry.name.startswith(tuple(prefixes)) or entry.name.startswith(tuple(keep)):
+            if not entry.name.startswith(tuple(prefixes)) or entry.name in kept:
                 continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)

@@ -360,3 +360,17 @@ def test_copies_move_over_the_real_tcp_transport(tmp_path: Path) -> None:
     finally:
         for ckpt in (keeper, *node1):
             ckpt.close()
+
+
+def test_what_a_crashed_save_left_never_gets_into_a_copy(tmp_path: Path) -> None:
+    network = FakeCopyNetwork()
+    job = Job(tmp_path, network, two_nodes(), flush_every=100)
+    crashed = job.tier("node1") / ".tmp-step-000000000001-0badc0de"  # the same step, an earlier attempt
+    crashed.mkdir()
+    (crashed / "rank-0.bin").write_text("half of an earlier attempt's file")
+    job.save(1)
+    manifest = read_checkpoint_manifest(job.tier("node1") / "local" / "step-000000000001" / "manifest.json")
+    assert [s.name for s in manifest.shards] == ["rank-0.bin", "rank-1.bin"]
+    assert (job.tier("node1") / "local" / "step-000000000001" / "rank-0.bin").read_bytes() == payload(0, 1)
+    assert not crashed.exists()
+    assert sorted(p.name for p in job.tier("node1").iterdir() if p.name.startswith(".tmp-")) == []
