@@ -16,6 +16,7 @@ functions of what is on disk, given as `CopyOnDisk` values; `NodeTier` reads the
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -192,8 +193,6 @@ def remove_tree(path: Path) -> None:
 def attempt_token(environ: Mapping[str, str]) -> str:
     """Names this step's attempt in staging folders, the same in every local rank of the node: what a
     crashed attempt left (for the same step, even) is never mistaken for this one's files."""
-    import hashlib
-
     seed = environ.get("CLUSTERCTL_NODE_DIR") or ":".join(
         environ.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"))
     return hashlib.sha256(seed.encode()).hexdigest()[:8]
