@@ -278,11 +278,14 @@ class FakeCopyNetwork:
     """Every node's copy server in one process (clusterctl.checkpoint.api.CopyTransport): a push or a
     fetch copies files between the nodes' tier roots, byte for byte, as the TCP transport would.
 
-    `gone`: nodes whose server refuses (a dead or unreachable node).  `pushes`: (from, to, step) sent."""
+    `gone`: nodes whose server refuses (a dead or unreachable node).  `starting`: nodes whose server
+    refuses the next N calls as one not listening yet would (a retryable TransferError).  `pushes`:
+    (from, to, step) sent."""
 
     def __init__(self) -> None:
         self.servers: dict[str, FakeCopyServer] = {}
         self.gone: set[str] = set()
+        self.starting: dict[str, int] = {}
         self.pushes: list[tuple[str, str, int]] = []
 
     def serve(self, tier_root: Path, node: str, key: bytes, port: int,
@@ -292,6 +295,10 @@ class FakeCopyNetwork:
         return server
 
     def _server(self, host: str) -> FakeCopyServer:
+        if self.starting.get(host, 0) > 0:
+            self.starting[host] -= 1
+            from clusterctl.checkpoint.transport import TransferError
+            raise TransferError(f"{host}: connection refused: its server is not up yet", retryable=True)
         if host in self.gone or host not in self.servers:
             raise ConnectionRefusedError(f"{host}: connection refused")
         return self.servers[host]

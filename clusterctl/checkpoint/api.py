@@ -16,7 +16,9 @@ only when used), so tests pass a fake.
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import json
 import os
 import shutil
 import sys
@@ -32,6 +34,7 @@ from typing import Any, Protocol, TextIO
 from clusterctl.checkpoint.copies import MANIFEST_NAME, CopyError, shards_of, verify_copy
 from clusterctl.checkpoint.flush import Throttle, flush_copy
 from clusterctl.checkpoint.tier import (
+    abandoned_copies,
     LOCAL,
     NodeTier,
     TierRootError,
@@ -60,6 +63,11 @@ REPORT_KEY_ENV = "CLUSTERCTL_REPORT_KEY"
 TRANSFER_TIMEOUT = 120.0
 """Seconds a push to the buddy or a fetch from it may take before it counts as failed."""
 POLL_SECONDS = 0.2
+PEER_START_SECONDS = 60.0
+"""How long a fetch waits for the peer's copy server to come up (every node's first rank starts one as
+the step starts, so a resume on one node may ask before another node's server listens)."""
+PUSH_RETRY_SECONDS = 5.0
+"""After a buddy refused a push (no server yet, or busy), the next try comes this much later."""
 """How often local rank 0's thread looks for a newly committed copy (node-local tmpfs: a free listing)."""
 _NONE = "-"
 
@@ -73,10 +81,14 @@ class CheckpointSetupError(ClusterctlError):
 @dataclass(frozen=True)
 class Resume:
     """The checkpoint to resume from: its step, and the directory holding this node's slot's files
-    (in the node's local tier, staged and verified; on shared storage when the local tier is unusable)."""
+    (in the node's local tier, staged and verified; on shared storage when the local tier is unusable).
+    `source` says where the files came from in a user's words (`this node's own copy`, `node2's copy
+    on node3`, `shared storage`), `seconds` what staging them took."""
 
     step: int
     directory: Path
+    source: str = ""
+    seconds: float = 0.0
 
 
 class CopyService(Protocol):
@@ -182,6 +194,8 @@ class Checkpointer:
         self._lock = threading.Lock()  # holdings and retention: the thread and the server's callback
         self._stop = threading.Event()
         self._handled: set[int] = set()
+        self._pushed: set[int] = set()
+        self._next_push = 0.0
         self._flushed: set[int] = set()
         self._holdings_seen: object = None
         self._server: CopyService | None = None
@@ -234,21 +248,48 @@ class Checkpointer:
         raises SystemExit(EXIT_RESUME_FAILED)."""
         step = self._resume_step
         if step is None:
+            if self.local_rank == 0:
+                self._drop_abandoned(None)
             return None
+        began = time.monotonic()
         if self.tier is None:
             resumed, bad = self._resume_in_place(step, [])
-            return self._resumed_or_exit(step, resumed, bad, first=True)
+            return self._resumed_or_exit(step, self._timed(resumed, began), bad, first=True)
         note = self.tier.root / f".tmp-resume-{self._attempt}"
         with _flock(self.tier.stage_lock):
             if note.exists():
                 text = note.read_text()
                 if text.startswith("ok "):
-                    self._resumed = Resume(step, Path(text[3:]))
+                    staged = json.loads(text[3:])
+                    self._resumed = Resume(step, Path(staged["directory"]), staged["source"], staged["seconds"])
                     return self._resumed
                 return self._resumed_or_exit(step, None, [], first=False)
             resumed, bad = self._stage(step)
-            note.write_text(f"ok {resumed.directory}" if resumed else "failed")
+            resumed = self._timed(resumed, began)
+            if resumed is not None:
+                self._drop_abandoned(step)
+            note.write_text("ok " + json.dumps({"directory": str(resumed.directory), "source": resumed.source,
+                                                "seconds": resumed.seconds}) if resumed else "failed")
         return self._resumed_or_exit(step, resumed, bad, first=True)
+
+    def _drop_abandoned(self, step: int | None) -> None:
+        """Remove this node's copies of steps after `step` (all for a fresh start): the old timeline's."""
+        if self.tier is None:
+            return
+        with self._lock:
+            gone = abandoned_copies(self.tier.copies_on_disk(), step)
+            self.tier.remove(gone)
+            if gone:
+                self._rewrite_holdings(force=True)
+
+    def _timed(self, resumed: Resume | None, began: float) -> Resume | None:
+        """`resumed` with the time staging took, said in one line (by the rank that staged it)."""
+        if resumed is None:
+            return None
+        resumed = dataclasses.replace(resumed, seconds=round(time.monotonic() - began, 3))
+        self._print(f"resuming step {resumed.step} on {self.node}: slot {self.slot}'s files from "
+                    f"{resumed.source} in {resumed.seconds:.2f} s")
+        return resumed
 
     def _resumed_or_exit(self, step: int, resumed: Resume | None, bad: list[BadCopy], *, first: bool) -> Resume:
         self.bad_copies = tuple(bad)
@@ -281,7 +322,7 @@ class Checkpointer:
         if manifest is not None and (manifest.slot, manifest.slots) == (self.slot, self.slots):
             problem = verify_copy(own, manifest)
             if not problem:
-                return Resume(step, own), bad
+                return Resume(step, own, "this node's own copy"), bad
             bad.append(BadCopy(step, manifest.of_node, "local", self.node, problem))
         if line is not None and line.tier == "buddy" and line.held_on not in (_NONE, ""):
             try:
@@ -294,8 +335,7 @@ class Checkpointer:
                     fetched = read_checkpoint_manifest(source / MANIFEST_NAME)
                     copy_tree_files(source, staging, [s.name for s in fetched.shards])
                 else:
-                    fetched = self._transport.fetch(line.held_on, self.settings.port, self._key, line.of_node,
-                                                    step, staging, timeout=self._timeout)
+                    fetched = self._fetch_waiting(line.held_on, line.of_node, step, staging)
                 problem = self._check_staged(staging, fetched, step)
             except Exception as exc:  # a dead, unreachable or refusing buddy is one more bad copy
                 problem = f"cannot be fetched ({exc})"
@@ -306,6 +346,21 @@ class Checkpointer:
             bad.append(BadCopy(step, line.of_node, "buddy", line.held_on, problem))
             shutil.rmtree(staging, ignore_errors=True)
         return self._resume_from_shared(step, bad)
+
+    def _fetch_waiting(self, host: str, of_node: str, step: int, staging: Path) -> CheckpointManifest:
+        """Fetch through the transport, trying again while the peer's server is not up yet (every node's
+        first rank starts its server as the step starts), for at most PEER_START_SECONDS."""
+        deadline = time.monotonic() + PEER_START_SECONDS
+        while True:
+            try:
+                return self._transport.fetch(host, self.settings.port, self._key, of_node, step, staging,
+                                             timeout=self._timeout)
+            except Exception as exc:
+                if not getattr(exc, "retryable", False) or time.monotonic() >= deadline:
+                    raise
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(mode=0o700)
+            time.sleep(0.5)
 
     def _resume_from_shared(self, step: int, bad: list[BadCopy]) -> tuple[Resume | None, list[BadCopy]]:
         assert self.tier is not None
@@ -345,7 +400,7 @@ class Checkpointer:
         if problem:
             bad.append(BadCopy(step, manifest.of_node, "shared", None, problem))
             return None, bad
-        return Resume(step, source), bad
+        return Resume(step, source, "shared storage (read in place)"), bad
 
     def _check_staged(self, directory: Path, manifest: CheckpointManifest, step: int) -> str:
         if (manifest.step, manifest.slot) != (step, self.slot):
@@ -365,7 +420,10 @@ class Checkpointer:
         except OSError:
             shutil.rmtree(staging, ignore_errors=True)
             return None
-        return Resume(step, self.tier.local_copy(step))
+        where = "shared storage" if source.tier == "shared" else \
+            f"{source.of_node}'s copy on {source.held_on}" if source.held_on and source.held_on != self.node else \
+            f"{source.of_node}'s copy kept on this node"
+        return Resume(step, self.tier.local_copy(step), where)
 
     def _fresh_dir(self, name: str) -> Path:
         assert self.tier is not None
@@ -554,8 +612,9 @@ class Checkpointer:
         try:
             copies = self.tier.local_copies()
             new = [(path, m) for path, m in copies if m.step not in self._handled]
-            if new:
-                self._push(*new[-1])  # only the newest: when saves outpace the network, older ones are moot
+            # Only the newest goes to the buddy: when saves outpace the network, older ones are moot.
+            if copies and copies[-1][1].step not in self._pushed and time.monotonic() >= self._next_push:
+                self._push(*copies[-1])
             for path, manifest in new:
                 if flush_due(manifest.step, self.settings.flush_every_steps) and not self._on_shared(manifest):
                     self._flush(path, manifest)
@@ -597,14 +656,21 @@ class Checkpointer:
     def _push(self, path: Path, manifest: CheckpointManifest) -> None:
         buddy = self._line.buddy if self._line is not None else _NONE
         if buddy in (_NONE, "", self.node):
+            self._pushed.add(manifest.step)
             self._say_once("no-buddy", "this node has no buddy in the tier index: its copies stay on this node "
                                        "(and on shared storage when flushed)")
             return
         try:
             self._transport.push(buddy, self.settings.port, self._key, path, manifest, timeout=self._timeout)
         except Exception as exc:  # a gone or refusing buddy: the copy stays local
+            if getattr(exc, "retryable", False):  # its server is not up yet, or busy: try again a little later
+                self._next_push = time.monotonic() + PUSH_RETRY_SECONDS
+            else:
+                self._pushed.add(manifest.step)
             self._say_once(f"push:{buddy}", f"cannot send copies to buddy {buddy} ({exc}); they stay on this "
-                                            "node (and on shared storage when flushed); said once")
+                                            "node (and on shared storage when flushed) until it answers; said once")
+            return
+        self._pushed.add(manifest.step)
 
     def _received(self, manifest: CheckpointManifest) -> None:
         """The copy server's callback: a buddy copy landed here."""

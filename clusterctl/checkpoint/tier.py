@@ -99,6 +99,14 @@ def retention_victims(copies: Iterable[CopyOnDisk], keep: int) -> list[CopyOnDis
     return sorted(victims, key=lambda c: (c.tier, c.of_node, c.step))
 
 
+def abandoned_copies(copies: Iterable[CopyOnDisk], resume_step: int | None) -> list[CopyOnDisk]:
+    """The copies a resume from `resume_step` leaves behind for good: those of later steps (saved on the
+    timeline the failure ended; a later save of the same step number on the new timeline must never be
+    mixed with them), every copy for a fresh start (None)."""
+    return sorted((c for c in copies if resume_step is None or c.step > resume_step),
+                  key=lambda c: (c.tier, c.of_node, c.step))
+
+
 def plan_room(copies: Sequence[CopyOnDisk], estimate: int, keep: int, budget: int) -> list[CopyOnDisk] | None:
     """Which copies to remove before a local save of about `estimate` bytes so that the tier stays
     within `budget` bytes while the new copy is written; None when it cannot fit.

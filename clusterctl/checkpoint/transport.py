@@ -85,9 +85,14 @@ _SIZE = struct.Struct(">Q")
 
 class TransferError(ClusterctlError):
     """A copy could not be moved between two nodes; the message says what failed, with which node,
-    and what to do."""
+    and what to do.  `retryable`: nothing was tried yet and the same call may work in a moment (no
+    server listens yet, or it is busy): the peer's first rank may still be starting."""
 
     exit_code = 13
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.retryable = retryable
 
 
 class _StreamError(Exception):
@@ -543,7 +548,7 @@ def _connect(host: str, port: int, key: bytes, request: CopyRequest, timeout: fl
         greeting = _recv_exact(sock, len(MAGIC), "the greeting", allow_short=True)
         if greeting == BUSY:
             raise TransferError(f"{what}: {host} is busy with {MAX_CONNECTIONS} other transfers; try again "
-                                "in a few seconds")
+                                "in a few seconds", retryable=True)
         if greeting != MAGIC:
             raise TransferError(f"{what}: whatever listens on port {port} of {host} is not a clusterctl copy "
                                 "server of this version (another program on that port?)")
@@ -576,7 +581,7 @@ def _network_error(exc: BaseException, what: str, host: str, port: int, timeout:
                              "take the next tier")
     if isinstance(exc, ConnectionRefusedError):
         return TransferError(f"{what}: connection refused on port {port}: no copy server runs on {host} (its node "
-                             "is gone or its first rank has not started it); take the next tier")
+                             "is gone or its first rank has not started it); take the next tier", retryable=True)
     if isinstance(exc, TimeoutError):
         return TransferError(f"{what}: no answer from {host} within {timeout:g} s (the node may be hung or "
                              "unreachable); take the next tier")

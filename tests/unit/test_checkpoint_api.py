@@ -374,3 +374,35 @@ def test_what_a_crashed_save_left_never_gets_into_a_copy(tmp_path: Path) -> None
     assert (job.tier("node1") / "local" / "step-000000000001" / "rank-0.bin").read_bytes() == payload(0, 1)
     assert not crashed.exists()
     assert sorted(p.name for p in job.tier("node1").iterdir() if p.name.startswith(".tmp-")) == []
+
+
+def test_a_replacement_node_waits_for_its_buddys_server_to_come_up_and_says_where_it_resumed_from(
+        tmp_path: Path) -> None:
+    network = FakeCopyNetwork()
+    saved_job(tmp_path, network, range(1, 4))
+    network.gone.add("node1")
+    network.starting["node2"] = 2  # node2's first rank starts its server a moment after node3 asks
+    survivor = Job(tmp_path, network,
+                   two_nodes("buddy", of=("node1", "node2"), held=("node2", "node2"), nodes=("node3", "node2")),
+                   resume_step=3)
+    resumed = survivor.ranks["node3"][0].resume()
+    assert resumed is not None and resumed.source == "node1's copy on node2"
+    assert (resumed.directory / "rank-0.bin").read_bytes() == payload(0, 3)
+    assert "resuming step 3 on node3: slot 0's files from node1's copy on node2 in" in survivor.stderr.getvalue()
+    assert survivor.ranks["node3"][1].resume() == resumed
+
+
+def test_a_resume_drops_the_copies_the_failure_abandoned_so_no_checkpoint_mixes_two_timelines(
+        tmp_path: Path) -> None:
+    network = FakeCopyNetwork()
+    saved_job(tmp_path, network, range(1, 5), flush_every=100)  # node1 and node2 hold steps 3 and 4
+    again = Job(tmp_path, network, two_nodes("local", of=("node1", "node2"), held=("node1", "node2")),
+                resume_step=3, flush_every=100)
+    for ranks in again.ranks.values():
+        assert ranks[0].resume() is not None
+    for node, buddy in (("node1", "node2"), ("node2", "node1")):
+        assert steps_in(again.tier(node) / "local") == [3]
+        assert steps_in(again.tier(node) / "buddy" / buddy) == [3]
+    holdings = read_holdings(again.tier("node1") / "holdings.json")
+    assert holdings is not None
+    assert {(c.tier, c.step) for c in holdings.copies if c.tier != "shared"} == {("local", 3), ("buddy", 3)}

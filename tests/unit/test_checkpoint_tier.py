@@ -7,10 +7,11 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clusterctl.checkpoint.tier import (
+    abandoned_copies,
     CopyOnDisk,
     TierRootError,
     budget_bytes,
@@ -91,3 +92,14 @@ def test_a_tier_root_open_to_others_or_planted_as_a_symlink_is_refused(tmp_path:
     root.symlink_to(elsewhere)
     with pytest.raises(TierRootError, match="a symlink"):
         open_tier_root(root, base)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["local", "buddy"]), st.sampled_from(["node1", "node2"]),
+                          st.integers(0, 50)), max_size=20),
+       st.none() | st.integers(0, 50))
+def test_a_resume_abandons_exactly_the_later_copies_and_a_fresh_start_all(entries, resume_step):
+    copies = [CopyOnDisk(tier, node, step, 10) for tier, node, step in entries]
+    gone = abandoned_copies(copies, resume_step)
+    assert all(resume_step is None or c.step > resume_step for c in gone)
+    assert sorted(gone, key=repr) == sorted((c for c in copies if resume_step is None or c.step > resume_step), key=repr)
