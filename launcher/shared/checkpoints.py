@@ -109,8 +109,23 @@ def _megatron(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
     return [Checkpoint(str(path), iteration, "megatron", tracker.stat().st_mtime)], []
 
 
+def _tiers(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
+    """Multi-level checkpoints' shared tier: `tiers/step-N/` is complete once the job's agent wrote
+    complete.json (every slot's copy flushed); each slot's manifest is verified where it is loaded."""
+    good, skipped = [], []
+    for candidate in sorted((directory / "tiers").glob("step-*")):
+        step = _step_of(candidate.name)
+        if step is None or not candidate.is_dir():
+            continue
+        if not (candidate / "complete.json").is_file():
+            skipped.append(Skipped(str(candidate), "no complete.json (not every node's part flushed yet)"))
+            continue
+        good.append(Checkpoint(str(candidate), step, "tiers", _mtime_ns(candidate / "complete.json") / 1e9))
+    return good, skipped
+
+
 VALIDATORS: dict[str, Callable[[Path], tuple[list[Checkpoint], list[Skipped]]]] = {
-    "manifest": _manifest, "dcp": _dcp, "megatron": _megatron,
+    "manifest": _manifest, "dcp": _dcp, "megatron": _megatron, "tiers": _tiers,
 }
 
 
@@ -118,7 +133,7 @@ def find_checkpoints(directory: Path, validator: str = "auto") -> tuple[list[Che
     """Every complete checkpoint (oldest step first) and every skipped candidate."""
     if not directory.is_dir():
         return [], []
-    names = list(VALIDATORS) if validator == "auto" else [validator]
+    names = [n for n in VALIDATORS if n != "tiers"] if validator == "auto" else [validator]
     good: list[Checkpoint] = []
     skipped: list[Skipped] = []
     for name in names:
