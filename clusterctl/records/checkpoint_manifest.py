@@ -25,9 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import RecordError, check_header, field, header, indented_json, read_json_record
+from clusterctl.records.versioned import (
+    MAX_WHOLE, RecordError, check_header, field, header, indented_json, read_json_record,
+)
+from clusterctl.records.versioned import refuse_unknown as _refuse_unknown
+from clusterctl.records.versioned import seconds_field as _seconds
+from clusterctl.records.versioned import whole_field as _whole
 from clusterctl.slurm.names import node_name_problem
-from clusterctl.text import one_line
 
 KIND = "checkpoint-manifest"
 VERSION = 1
@@ -37,8 +41,6 @@ MAX_SHARDS = 4096
 """The most shards one node's part of a checkpoint may list (8 GPUs writing a few files each need tens)."""
 MAX_NAME_BYTES = 255
 """The longest shard name, in UTF-8 bytes (a file name's limit on Linux filesystems)."""
-MAX_WHOLE = 2**63 - 1
-"""The largest step or shard size taken (what a signed 64-bit counter holds)."""
 MANIFEST_LIMIT = 4 << 20
 """The largest manifest file read (bytes): MAX_SHARDS entries of the longest names fit."""
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -173,11 +175,6 @@ def write_checkpoint_manifest(path: Path, manifest: CheckpointManifest) -> Path:
     return atomic_write(path, indented_json(manifest.to_json()) + "\n")
 
 
-def _refuse_unknown(body: Mapping[str, Any], known: frozenset[str], where: str) -> None:
-    unknown = sorted(str(key) for key in body if key not in known)
-    if unknown:
-        raise RecordError(where, f"unknown field `{one_line(unknown[0][:64])}` (written by a newer clusterctl?): "
-                                 "this reader does not guess what it means")
 
 
 def _shard(entry: object, where: str) -> Shard:
@@ -194,18 +191,8 @@ def _shard(entry: object, where: str) -> Shard:
     return Shard(name, size, sha256)
 
 
-def _whole(body: Mapping[str, Any], key: str, where: str) -> int:
-    value = field(body, key, int, where)
-    if not 0 <= value <= MAX_WHOLE:
-        raise RecordError(where, f"field `{key}` is {value}: a whole number from 0 to {MAX_WHOLE}")
-    return int(value)
 
 
-def _seconds(body: Mapping[str, Any], key: str, where: str) -> float:
-    value = field(body, key, (int, float), where)
-    if not math.isfinite(value) or value < 0:
-        raise RecordError(where, f"field `{key}` is {value!r}: a finite number of seconds, not negative")
-    return float(value)
 
 
 def _shard_problem(name: str, size: int, sha256: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from itertools import islice
@@ -10,6 +11,8 @@ from typing import Any
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.files import UnreadableFileError, read_regular_file
+from clusterctl.slurm.names import node_name_problem
+from clusterctl.text import one_line
 
 
 class RecordError(ClusterctlError):
@@ -97,3 +100,47 @@ def read_json_record(path: Path, *, missing_ok: bool = False, limit: int = RECOR
     except UnreadableFileError as exc:
         raise RecordError(str(path), exc.reason) from None
     return parse_json_record(raw, str(path))
+
+
+MAX_WHOLE = 2**63 - 1
+"""The largest whole number a record field takes (what a signed 64-bit counter holds)."""
+
+
+def refuse_unknown(body: Mapping[str, Any], known: frozenset[str], where: str) -> None:
+    """RecordError naming the first field of `body` not in `known` (written by a newer clusterctl?)."""
+    unknown = sorted(str(key) for key in body if key not in known)
+    if unknown:
+        raise RecordError(where, f"unknown field `{one_line(unknown[0][:64])}` (written by a newer clusterctl?): "
+                                 "this reader does not guess what it means")
+
+
+def whole_field(body: Mapping[str, Any], key: str, where: str, *, maximum: int = MAX_WHOLE) -> int:
+    """A required whole-number field from 0 to `maximum` (bool refused)."""
+    value = field(body, key, int, where)
+    if not 0 <= value <= maximum:
+        raise RecordError(where, f"field `{key}` is {value}: a whole number from 0 to {maximum}")
+    return int(value)
+
+
+def seconds_field(body: Mapping[str, Any], key: str, where: str) -> float:
+    """A required field of seconds (or an epoch time): a finite number, not negative."""
+    value = field(body, key, (int, float), where)
+    if not math.isfinite(value) or value < 0:
+        raise RecordError(where, f"field `{key}` is {value!r}: a finite number of seconds, not negative")
+    return float(value)
+
+
+def node_field(body: Mapping[str, Any], key: str, where: str) -> str:
+    """A required field holding a Slurm node name (what may be put in an argv)."""
+    value = field(body, key, str, where)
+    if (problem := node_name_problem(value)):
+        raise RecordError(where, f"field `{key}`: {problem}")
+    return str(value)
+
+
+def choice_field(body: Mapping[str, Any], key: str, choices: tuple[str, ...], where: str) -> str:
+    """A required text field that is one of `choices`."""
+    value = field(body, key, str, where)
+    if value not in choices:
+        raise RecordError(where, f"field `{key}` is {value[:64]!r}: one of {', '.join(choices)}")
+    return str(value)

@@ -1,0 +1,115 @@
+"""What one node holds of a run's multi-level checkpoints: `<tier root>/holdings.json`.
+
+Rewritten by the training program's checkpoint thread on the node (clusterctl.checkpoint) after every
+change (a copy saved, received from another node, flushed to shared storage, or removed by retention);
+read by the node's reporter, which carries it to the job's agent in its node reports.  The agent plans a
+resume from the holdings of every node (launcher/pure/checkpoint_tiers.py): no file per node on shared
+storage, no Slurm call.
+
+A copy is named by (step, of_node, tier): `local`, the node's own part; `buddy`, `of_node`'s part kept
+here for it; `shared`, `of_node`'s part this node flushed to shared storage.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from clusterctl.files import atomic_write
+from clusterctl.records.checkpoint_manifest import TIERS
+from clusterctl.records.versioned import (
+    RecordError, check_header, choice_field, field, header, node_field, read_json_record, refuse_unknown,
+    seconds_field, whole_field,
+)
+from clusterctl.slurm.names import node_name_problem
+
+KIND = "checkpoint-holdings"
+VERSION = 1
+HOLDINGS_NAME = "holdings.json"
+MAX_HELD = 256
+"""The most copies one node's holdings list (retention keeps a handful)."""
+HOLDINGS_LIMIT = 256 << 10
+_FIELDS = frozenset({"kind", "version", "node", "copies", "written_at"})
+_COPY_FIELDS = frozenset({"step", "of_node", "tier", "slot", "slots", "written_at", "save_seconds"})
+
+
+@dataclass(frozen=True)
+class HeldCopy:
+    """One complete, verified copy a node holds (or, tier `shared`, flushed): whose part of which step, the
+    slot it was saved under in a map of `slots` nodes, when it was complete and what saving it took."""
+
+    step: int
+    of_node: str
+    tier: str  # one of checkpoint_manifest.TIERS
+    slot: int
+    slots: int
+    written_at: float
+    save_seconds: float
+
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"tier {self.tier!r} is not one of {', '.join(TIERS)}")
+        if (problem := node_name_problem(self.of_node)):
+            raise ValueError(f"of_node: {problem}")
+        if not 0 <= self.slot < self.slots:
+            raise ValueError(f"slot {self.slot} is not a slot of a map of {self.slots}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The copy's entry."""
+        return {"step": self.step, "of_node": self.of_node, "tier": self.tier, "slot": self.slot,
+                "slots": self.slots, "written_at": self.written_at, "save_seconds": self.save_seconds}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> HeldCopy:
+        """Parse one entry; RecordError for anything not understood."""
+        if not isinstance(data, dict):
+            raise RecordError(where, "must be an object")
+        refuse_unknown(data, _COPY_FIELDS, where)
+        slots = whole_field(data, "slots", where)
+        slot = whole_field(data, "slot", where)
+        if not 0 <= slot < slots:
+            raise RecordError(where, f"field `slot` is {slot}: a slot of a map of {slots} (0 to {slots - 1})")
+        return cls(step=whole_field(data, "step", where), of_node=node_field(data, "of_node", where),
+                   tier=choice_field(data, "tier", TIERS, where), slot=slot, slots=slots,
+                   written_at=seconds_field(data, "written_at", where),
+                   save_seconds=seconds_field(data, "save_seconds", where))
+
+
+@dataclass(frozen=True)
+class CheckpointHoldings:
+    """Everything one node holds, as of `written_at` (epoch s)."""
+
+    node: str
+    copies: tuple[HeldCopy, ...] = ()
+    written_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as stored and as carried in a node report."""
+        return {**header(KIND, VERSION), "node": self.node, "copies": [c.to_json() for c in self.copies],
+                "written_at": self.written_at}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> CheckpointHoldings:
+        """Parse the record; RecordError naming `where` and the key for anything not exactly understood."""
+        body = check_header(data, KIND, VERSION, where)
+        refuse_unknown(body, _FIELDS, where)
+        entries = field(body, "copies", list, where)
+        if len(entries) > MAX_HELD:
+            raise RecordError(where, f"field `copies` lists {len(entries)} copies: at most {MAX_HELD}")
+        return cls(node=node_field(body, "node", where),
+                   copies=tuple(HeldCopy.from_json(e, f"{where}: copies[{i}]") for i, e in enumerate(entries)),
+                   written_at=seconds_field(body, "written_at", where))
+
+
+def write_holdings(path: Path, holdings: CheckpointHoldings) -> Path:
+    """Write the node's holdings atomically (the reporter reads the old file or the new one)."""
+    return atomic_write(path, json.dumps(holdings.to_json(), sort_keys=True) + "\n", mode=0o600)
+
+
+def read_holdings(path: Path) -> CheckpointHoldings | None:
+    """The node's holdings; None when there is no file yet; RecordError when damaged, too large, not a
+    regular file (never followed through a symlink) or from a newer clusterctl."""
+    data = read_json_record(path, missing_ok=True, limit=HOLDINGS_LIMIT, follow_symlinks=False)
+    return None if data is None else CheckpointHoldings.from_json(data, str(path))

@@ -1,0 +1,123 @@
+"""The records multi-level checkpoints pass between processes (settings, a node's holdings, the step's
+tier index, a node's failed resume): each reads back as written, and anything a reader does not exactly
+understand is a RecordError naming where and what, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, read_holdings, write_holdings
+from clusterctl.records.checkpoint_settings import SETTINGS_ENV, CheckpointSettings
+from clusterctl.records.resume_failure import (
+    BadCopy, ResumeFailure, read_resume_failures, write_resume_failure)
+from clusterctl.records.tier_index import TierSlot, read_tier_slot, tier_index_text, write_tier_index
+from clusterctl.records.versioned import RecordError
+
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+TIER_SETTINGS = CheckpointSettings(run_key="0123456789abcdef", local_base="/dev/shm", shared_dir="/runs/r/ckpt",
+                                   tier_index="/runs/r/jobs/7/launch-2/tiers.idx", port=23456, keep=3,
+                                   flush_every_steps=100, local_budget_bytes=10**9, shared_bytes_per_second=1e9,
+                                   resume_step=200)
+
+
+def test_the_steps_settings_travel_in_one_environment_variable_and_read_back_the_same():
+    assert CheckpointSettings.from_env(TIER_SETTINGS.to_env()) == TIER_SETTINGS
+    assert CheckpointSettings.from_env({}) is None
+    assert str(TIER_SETTINGS.tier_root(1000)) == "/dev/shm/clusterctl-1000/ckpt-0123456789abcdef"
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"port": 70000}, "field `port` is 70000"),
+    ({"local_base": "scratch"}, "local_base 'scratch' must be an absolute path"),
+    ({"version": 2}, "newer than this clusterctl understands"),
+    ({"colour": "red"}, "unknown field `colour`"),
+    ({"flush_at_end": "yes"}, "field `flush_at_end` has the wrong type"),
+])
+def test_settings_not_understood_are_refused_naming_the_variable_and_the_key(change, said):
+    data = {**TIER_SETTINGS.to_json(), **change}
+    with pytest.raises(RecordError, match=said) as caught:
+        CheckpointSettings.from_env({SETTINGS_ENV: json.dumps(data)})
+    assert str(caught.value).startswith(SETTINGS_ENV)
+    with pytest.raises(RecordError, match="not a readable JSON record"):
+        CheckpointSettings.from_env({SETTINGS_ENV: "{not json"})
+
+
+def test_a_nodes_holdings_read_back_as_written_and_a_missing_file_is_none(tmp_path):
+    holdings = CheckpointHoldings("node3", (HeldCopy(200, "node3", "local", 2, 4, 1.7e9, 0.5),
+                                            HeldCopy(200, "node2", "buddy", 1, 4, 1.7e9, 0.25),
+                                            HeldCopy(100, "node3", "shared", 2, 4, 1.6e9, 3.0)), 1.7e9)
+    path = write_holdings(tmp_path / "holdings.json", holdings)
+    assert read_holdings(path) == holdings
+    assert read_holdings(tmp_path / "none.json") is None
+    path.write_text(json.dumps({**holdings.to_json(), "copies": [{**holdings.copies[0].to_json(), "slot": 9}]}))
+    with pytest.raises(RecordError, match=r"copies\[0\]: field `slot` is 9: a slot of a map of 4"):
+        read_holdings(path)
+    (tmp_path / "link.json").symlink_to(path)
+    with pytest.raises(RecordError):
+        read_holdings(tmp_path / "link.json")
+
+
+def test_each_node_reads_only_its_own_slots_line_of_the_tier_index(tmp_path):
+    slots = [TierSlot("node3", "node7", "local", "node3", "node3"), TierSlot("spare1", "node1", "buddy", "node2", "node4"),
+             TierSlot("node1", "-", "shared", "node1", "-")]
+    path = write_tier_index(tmp_path / "tiers.idx", 200, slots)
+    assert [read_tier_slot(path, s) for s in range(3)] == [(200, 3, slot) for slot in slots]
+    assert read_tier_slot(write_tier_index(tmp_path / "fresh.idx", None, [TierSlot("node1", "node2")]), 0) == \
+        (None, 1, TierSlot("node1", "node2"))
+    with pytest.raises(RecordError, match="no slot 3: the map has 3"):
+        read_tier_slot(path, 3)
+    path.write_bytes(path.read_bytes()[:-4])
+    with pytest.raises(RecordError, match="damaged or half-copied"):
+        read_tier_slot(path, 0)
+
+
+def test_a_fresh_start_names_no_copy_and_a_resume_names_every_slots():
+    with pytest.raises(ValueError, match="a resume step names where every slot's part is"):
+        tier_index_text(200, [TierSlot("node1"), TierSlot("node2", "-", "shared", "node2")])
+    with pytest.raises(ValueError, match="names whose part it is"):
+        TierSlot("node1", "-", "shared")
+
+
+def test_a_nodes_failed_resume_reads_back_and_outside_text_stays_on_one_line(tmp_path):
+    failure = ResumeFailure("node2", 200, "no copy of slot 1 verified\n(tried 2)",
+                            (BadCopy(200, "node2", "buddy", "node3", "fails its checksum (shard rank-1.json)"),))
+    write_resume_failure(tmp_path, failure)
+    [read] = read_resume_failures(tmp_path)
+    assert read.why == "no copy of slot 1 verified\\n(tried 2)" and read.bad_copies == failure.bad_copies
+    assert read.bad_copies[0].key == (200, "node2", "buddy", "node3")
+    assert read_resume_failures(tmp_path / "elsewhere") == []
+
+
+@SETTINGS
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=6),
+                    max_leaves=20),
+       st.sampled_from(["settings", "holdings", "failure"]))
+def test_any_json_is_read_as_a_record_or_refused_as_one(data, which):
+    base = {"settings": TIER_SETTINGS.to_json(), "holdings": CheckpointHoldings("node1").to_json(),
+            "failure": ResumeFailure("node1", 1, "why").to_json()}[which]
+    for candidate in (data, {**base, **data} if isinstance(data, dict) else data):
+        try:
+            if which == "settings":
+                CheckpointSettings.from_json(candidate, "x")
+            elif which == "holdings":
+                CheckpointHoldings.from_json(candidate, "x")
+            else:
+                ResumeFailure.from_json(candidate, "x")
+        except RecordError:
+            pass
+
+
+@SETTINGS
+@given(st.binary(max_size=300), st.integers(min_value=0, max_value=5))
+def test_any_bytes_as_a_tier_index_are_read_or_refused(tmp_path_factory, raw, slot):
+    path = tmp_path_factory.mktemp("idx") / "tiers.idx"
+    path.write_bytes(raw)
+    try:
+        read_tier_slot(path, slot)
+    except RecordError:
+        pass
