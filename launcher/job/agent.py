@@ -473,7 +473,7 @@ class Agent:
             # The program resumes through clusterctl.checkpoint, which reads the step's tier index.
             leaf_of = {str(n.get("node")): str(n.get("leaf")) for n in rank_map.plan.get("nodes", ())
                        if isinstance(n, Mapping)}
-            env.update(self.tiers.launch_env(job_dir, rank_map.rank_map.slots, leaf_of))
+            env.update(self.tiers.launch_env(job_dir, rank_map.rank_map.slots, leaf_of, rank_map.master_port))
             resume_from = None
         if resume_from:
             env[self.spec.checkpoint.resume_env] = resume_from
@@ -512,7 +512,7 @@ class Agent:
         self.launches = 0
         self.tiers: TierPlanner | None = None
         if self.spec.checkpoint.tiers:
-            self.tiers = TierPlanner(self.run_dir, self.job_dir, self.spec, self.environ, doors.say)
+            self.tiers = TierPlanner(self.run_dir, self.job_dir, self.spec, self.environ, doors.say, doors.monotonic)
             self.tiers.load_previous()
 
     def _lead(self, why: str = "") -> None:
@@ -659,12 +659,15 @@ class Agent:
             if code != 0 and not suspects and watched.hang is None and self.spec.restart.exit_actions:
                 lines, _ = self.doors.read_log(self.log_path, launched.log_offset)
                 log = "\n".join(lines) + "\n"
+            failed_resume: list[str] = []
+            if self.tiers is not None:
+                if launched.signals is not None:  # the holdings the nodes reported last, before planning
+                    launched.signals.poll()
+                    self.tiers.observe(launched.signals.holdings())
+                if code != 0 and not suspects and watched.hang is None:
+                    failed_resume = self.tiers.resume_failed(launched.job_dir)
             outcome = step_outcome(code, suspects, watched.hang.evidence if watched.hang else None, log,
-                                   self.spec.restart.exit_actions)
-            if self.tiers is not None and code != 0 and not suspects:
-                failed_resume = self.tiers.resume_failed(launched.job_dir)
-                if failed_resume:  # not the program's failure: start again from another copy or checkpoint
-                    outcome = Outcome(OutcomeKind.RESUBMIT, "; ".join(failed_resume))
+                                   self.spec.restart.exit_actions, failed_resume)
             blamed = {b.node for b in outcome.blame}
             checkpoint = self._checkpoint([n for n in in_use if n not in blamed]) \
                 if outcome.kind != OutcomeKind.COMPLETED else None
