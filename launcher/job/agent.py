@@ -474,6 +474,7 @@ class Agent:
             leaf_of = {str(n.get("node")): str(n.get("leaf")) for n in rank_map.plan.get("nodes", ())
                        if isinstance(n, Mapping)}
             env.update(self.tiers.launch_env(job_dir, rank_map.rank_map.slots, leaf_of, rank_map.master_port))
+            env.pop(self.spec.checkpoint.resume_env, None)  # the batch script's, from the supervisor's choice
             resume_from = None
         if resume_from:
             env[self.spec.checkpoint.resume_env] = resume_from
