@@ -128,9 +128,11 @@ FIELDS: tuple[Field, ...] = (
           "from.", DEFAULT_RESUME_ENV),
     Field("checkpoint", "tiers", "bool", "Multi-level checkpoints (docs/checkpoint-tiers.md): the program saves "
           "through clusterctl.checkpoint to node-local storage, each node's part is copied to a buddy node and every "
-          "flush_every_steps-th step to `dir`; a resume takes each node's part from the nearest verified copy.", False),
-    Field("checkpoint", "local_dir", "str", "With tiers: the node-local folder the fast tier lives under; default "
-          "$CLUSTERCTL_NODE_TMP, else /dev/shm (RAM), else $TMPDIR or /tmp.", ""),
+          "flush_every_steps-th step to `dir`; a resume takes each node's part from the nearest verified copy "
+          "(resume_args and resume_env are not used: the program asks clusterctl.checkpoint).", False),
+    Field("checkpoint", "local_dir", "str", "With tiers: the node-local folder the fast tier lives under, the same "
+          "path on every node; default: what the job's agent picks on its own node ($CLUSTERCTL_NODE_TMP, else "
+          "/dev/shm (RAM), else $TMPDIR or /tmp): set this when the nodes differ there.", ""),
     Field("checkpoint", "local_budget_gb", "float", "With tiers: the most the fast tier (own and buddy copies) "
           "may hold on a node, in GB; 0: a quarter of that filesystem's size.  A save that would not fit goes "
           "straight to `dir` (the node is not failed).", 0.0, minimum=0, maximum=1e6),
@@ -258,6 +260,12 @@ class CheckpointSection:
     flush_every_steps: int = 0
     flush_at_end: bool = True
     shared_mb_per_s: float = 0.0
+
+    @property
+    def recognised_by(self) -> str:
+        """The validator that tells a complete checkpoint in `dir` (launcher/shared/checkpoints.py): with
+        tiers, `tiers` (a step the job's agent marked flushed whole); else `validator`."""
+        return "tiers" if self.tiers else self.validator
 
 
 @dataclass(frozen=True)

@@ -176,3 +176,8 @@ def test_multi_level_checkpoints_are_off_unless_asked_and_say_what_they_need():
         _error(tiers.replace("tiers = true", 'tiers = "yes"'))
     assert "needs [checkpoint] dir" in _error(MINIMAL + "[checkpoint]\ntiers = true\n")
     assert "'scratch' is not an absolute path" in _error(tiers + 'local_dir = "scratch"\n')
+    assert "needs the built-in templates" in _error(tiers.replace("[launch]\n", '[launch]\ntemplate = "my.sbatch"\n'))
+    assert "`checkpoint.keep`: expected a whole number of at least 1" in _error(tiers + "keep = 0\n")
+    # which checkpoints the supervisor and `clusterctl report` take as complete
+    assert spec.checkpoint.recognised_by == "tiers"
+    assert parse_spec(MINIMAL, "job.toml", base_dir=Path("/base")).checkpoint.recognised_by == "auto"
