@@ -42,6 +42,7 @@ from pathlib import Path
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
+from clusterctl.launcher.job.checkpoint_plan import TierPlanner
 from clusterctl.launcher.job.report_channel import ReportInbox
 from clusterctl.launcher.job.signal_watch import Inbox, SignalWatch
 from clusterctl.launcher.pure.classify import (
@@ -433,6 +434,8 @@ class Agent:
 
     def _summarize(self, launched: Launched, watch: SignalWatch, signals: Signals, state: str = "watching") -> None:
         """Rewrite the agent summary the supervisor and `clusterctl status` read (one file per interval)."""
+        if self.tiers is not None:
+            self.tiers.observe(watch.holdings())
         steps = [r.step for r in watch.records()]
         stopped = tuple(sorted({h.report.node for h in watch.signals.heard.values()
                                 for b in h.report.ranks if b.process in ("stopped", "gone")}))
@@ -466,6 +469,13 @@ class Agent:
         from clusterctl.launcher.pure.render import launch_command
         env = resized_environment(self.environ, nodes)
         rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm)
+        if self.tiers is not None:
+            # The program resumes through clusterctl.checkpoint, which reads the step's tier index.
+            leaf_of = {str(n.get("node")): str(n.get("leaf")) for n in rank_map.plan.get("nodes", ())
+                       if isinstance(n, Mapping)}
+            env.update(self.tiers.launch_env(job_dir, rank_map.rank_map.slots, leaf_of, rank_map.master_port))
+            env.pop(self.spec.checkpoint.resume_env, None)  # the batch script's, from the supervisor's choice
+            resume_from = None
         if resume_from:
             env[self.spec.checkpoint.resume_env] = resume_from
         command = launch_command(self.spec, str(self.run_dir), resume_from)
@@ -501,6 +511,10 @@ class Agent:
             doors.say(f"cannot open the report inbox ({exc.strerror}): watching the nodes through Slurm only "
                       f"(every {slurm_sweep_seconds(len(self.allocated)):g} s), with no hang or straggler watch")
         self.launches = 0
+        self.tiers: TierPlanner | None = None
+        if self.spec.checkpoint.tiers:
+            self.tiers = TierPlanner(self.run_dir, self.job_dir, self.spec, self.environ, doors.say, doors.monotonic)
+            self.tiers.load_previous()
 
     def _lead(self, why: str = "") -> None:
         """Take this agent's epoch of the job's lease (StoodDown when another agent holds it)."""
@@ -533,6 +547,9 @@ class Agent:
         self._prepare()
         try:
             self._lead()
+            if self.tiers is not None:
+                first = self._checkpoint(present=self.allocated)
+                resume_from = first.path if first else None
             launched = self._launch(self.job_dir, self.allocated, resume_from)
             self._keep_standby(launched, self.allocated, resume_from)
             return self._drive(launched, self.allocated, resume_from, 0)
@@ -566,7 +583,7 @@ class Agent:
         ended = self.doors.monotonic()
         blame = Blame(taken.node, "the batch host died with the job's agent", taken.evidence)
         outcome = Outcome(NODE_FAILURE, f"the batch host {taken.node} died", (blame,))
-        checkpoint = self._checkpoint()
+        checkpoint = self._checkpoint([n for n in in_use if n != taken.node])
         self.budget = self._budget(self.budget)
         decision = judge(Happened(outcome, checkpoint.step if checkpoint else None,
                                   Allocation(tuple(in_use), self._needed(in_use), self.batch_host)),
@@ -643,9 +660,18 @@ class Agent:
             if code != 0 and not suspects and watched.hang is None and self.spec.restart.exit_actions:
                 lines, _ = self.doors.read_log(self.log_path, launched.log_offset)
                 log = "\n".join(lines) + "\n"
+            failed_resume: list[str] = []
+            if self.tiers is not None:
+                if launched.signals is not None:  # the holdings the nodes reported last, before planning
+                    launched.signals.poll()
+                    self.tiers.observe(launched.signals.holdings())
+                if code != 0 and not suspects and watched.hang is None:
+                    failed_resume = self.tiers.resume_failed(launched.job_dir)
             outcome = step_outcome(code, suspects, watched.hang.evidence if watched.hang else None, log,
-                                   self.spec.restart.exit_actions)
-            checkpoint = self._checkpoint() if outcome.kind != OutcomeKind.COMPLETED else None
+                                   self.spec.restart.exit_actions, failed_resume)
+            blamed = {b.node for b in outcome.blame}
+            checkpoint = self._checkpoint([n for n in in_use if n not in blamed]) \
+                if outcome.kind != OutcomeKind.COMPLETED else None
             self.budget = self._budget(self.budget)
             decision = judge(Happened(outcome, checkpoint.step if checkpoint else None,
                                       Allocation(in_use, self._needed(in_use), self.batch_host, hang_restarts),
@@ -719,5 +745,9 @@ class Agent:
                        f"{resume_from or 'the start'} (no queue wait)")
         return launched
 
-    def _checkpoint(self) -> Checkpoint | None:
+    def _checkpoint(self, present: Sequence[str] = ()) -> Checkpoint | None:
+        """The checkpoint the next step resumes from; with tiers, the newest complete across the tiers of
+        the nodes `present` (every other node's fast tier counts as gone)."""
+        if self.tiers is not None:
+            return self.tiers.resume_point(present)
         return resume_point(self.spec.checkpoint_dir(str(self.run_dir)), self.spec.checkpoint.validator, self.doors.say)

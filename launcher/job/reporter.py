@@ -10,7 +10,10 @@ Every 0.25 s it reads, all on its own node:
 - `/proc/<pid>/stat` of each rank's process (stopped by a signal, exited, or running);
 - healthd's state file (`$CLUSTERCTL_HEALTHD_STATE_DIR/state.json`, default /run/healthd), at
   most once a second;
-and sends one signed UDP datagram (~1.6 KB for 8 ranks; clusterctl.records.node_report) to the
+- with multi-level checkpoints on, the node's checkpoint holdings (`holdings.json` in the
+  node's tier root, from `$CLUSTERCTL_CHECKPOINT`: one stat per tick, read again only when its size or modification time changed;
+  a damaged one is said once in the reporter's log and reported as none);
+and sends one signed UDP datagram (~1.6 KB for 8 ranks, ~5.9 KB with 32 checkpoint copies; clusterctl.records.node_report) to the
 agent: at once when something the agent acts on changed, else once per heartbeat
 ($CLUSTERCTL_REPORT_INTERVAL).  What to send and when is `clusterctl.launcher.pure.node_report_build`.
 Sends never block (a non-blocking socket: an absent agent costs a failed sendto), so a busy or
@@ -41,11 +44,15 @@ from clusterctl.launcher.job.report_channel import ReportSender, parse_address
 from clusterctl.launcher.pure.node_report_build import (
     ReporterIdentity, ReporterMemory, next_report, node_health, process_state,
 )
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, read_holdings
 from clusterctl.node_dir import NODE_DIR_ENV
 from clusterctl.text import one_line
 from clusterctl.records.healthd_state import read_healthd_state
+from clusterctl.records.checkpoint_holdings import HOLDINGS_NAME
+from clusterctl.records.checkpoint_settings import SETTINGS_ENV, CheckpointSettings
 from clusterctl.records.node_report import (
-    MAX_TEXT, REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV, NodeHealth, NodeReport, parse_key,
+    MAX_TEXT, REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV,
+    NodeHealth, NodeReport, parse_key,
 )
 from clusterctl.records.rank_progress import RankProgress, progress_dir, read_rank_progress
 from clusterctl.records.versioned import RecordError
@@ -83,6 +90,8 @@ class ReportSettings:
     address: tuple[str, int]
     heartbeat: float
     healthd_state_dir: Path
+    holdings_path: Path | None = None
+    """The node's checkpoint holdings file (None: multi-level checkpoints are off)."""
 
 
 def report_settings(environ: Mapping[str, str]) -> ReportSettings:
@@ -121,7 +130,12 @@ def report_settings(environ: Mapping[str, str]) -> ReportSettings:
     if problem:
         raise ReporterSettingError("SLURMD_NODENAME", f"{one_line(node[:80])!r}: {problem}")
     state_dir = Path(environ.get(HEALTHD_STATE_DIR_ENV) or DEFAULT_HEALTHD_STATE_DIR)
-    return ReportSettings(ReporterIdentity(job_id, launch, node), key, address, heartbeat, state_dir)
+    try:
+        checkpoints = CheckpointSettings.from_env(environ)
+    except RecordError as exc:
+        raise ReporterSettingError(SETTINGS_ENV, f"{str(exc).removeprefix(f'{SETTINGS_ENV}: ')}") from None
+    holdings = checkpoints.tier_root(node) / HOLDINGS_NAME if checkpoints is not None else None
+    return ReportSettings(ReporterIdentity(job_id, launch, node), key, address, heartbeat, state_dir, holdings)
 
 
 def node_dir_setting(environ: Mapping[str, str]) -> Path:
@@ -174,6 +188,47 @@ def read_node_health(state_dir: Path, now: float) -> NodeHealth:
     return node_health(state, now)
 
 
+def no_holdings() -> CheckpointHoldings | None:
+    """Multi-level checkpoints off: nothing to tell."""
+    return None
+
+
+class HoldingsReader:
+    """The node's checkpoint holdings, read again only when the file changed (its size, modification time
+    or inode: one stat of tmpfs per tick, free); None while there is no file or it is damaged (said once
+    until it reads again)."""
+
+    def __init__(self, path: Path, node: str, say: Callable[[str], None]) -> None:
+        self.path, self.node, self.say = path, node, say
+        self.seen: tuple[int, int, int] | None = None
+        self.holdings: CheckpointHoldings | None = None
+        self.bad = False
+
+    def __call__(self) -> CheckpointHoldings | None:
+        """The holdings now."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+            seen: tuple[int, int, int] | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            seen = None
+        if seen == self.seen:
+            return self.holdings
+        self.seen = seen
+        try:
+            self.holdings = read_holdings(self.path) if seen is not None else None
+            if self.holdings is not None and self.holdings.node != self.node:
+                raise RecordError(str(self.path), f"the holdings of {self.holdings.node}, not of this node "
+                                                  f"{self.node}")
+            self.bad = False
+        except (RecordError, OSError) as exc:
+            self.holdings = None
+            if not self.bad:
+                self.say(f"cannot read the node's checkpoint holdings ({one_line(str(exc))[:300]}): reporting none "
+                         "until the file is rewritten")
+            self.bad = True
+        return self.holdings
+
+
 @dataclass(frozen=True)
 class ReporterDoors:
     """Everything the reporter's loop does to the world, passed in (tests drive it with a fake clock)."""
@@ -185,15 +240,21 @@ class ReporterDoors:
     send: Callable[[NodeReport], bool]
     stop_requested: Callable[[], bool] = lambda: False
     say: Callable[[str], None] = lambda message: None
+    holdings: Callable[[], CheckpointHoldings | None] = no_holdings
+    """The node's checkpoint holdings now (HoldingsReader; None: none to tell)."""
 
 
-def default_doors(sender: ReportSender, stop_requested: Callable[[], bool]) -> ReporterDoors:
+def default_doors(sender: ReportSender, stop_requested: Callable[[], bool],
+                  settings: ReportSettings | None = None) -> ReporterDoors:
     """The real ones: the system clock, this node's files and /proc, `sender`."""
     def say(message: str) -> None:
         print(f"clusterctl reporter: {message}", file=sys.stderr, flush=True)
 
+    holdings: Callable[[], CheckpointHoldings | None] = no_holdings
+    if settings is not None and settings.holdings_path is not None:
+        holdings = HoldingsReader(settings.holdings_path, settings.identity.node, say)
     return ReporterDoors(SYSTEM_CLOCK, read_node_progress, read_process_state, read_node_health, sender.send,
-                         stop_requested, say)
+                         stop_requested, say, holdings)
 
 
 def run_reporter(settings: ReportSettings, node_dir: Path, watch_pid: int, doors: ReporterDoors) -> int:
@@ -217,7 +278,7 @@ def run_reporter(settings: ReportSettings, node_dir: Path, watch_pid: int, doors
         records = doors.read_progress(node_dir, now)
         processes = {record.pid: doors.process_state(record.pid) for record in records}
         decision = next_report(settings.identity, records, processes, health, memory, now=now, monotonic=monotonic,
-                               heartbeat=settings.heartbeat, force=last)
+                               heartbeat=settings.heartbeat, force=last, checkpoints=doors.holdings())
         memory = decision.memory
         if decision.report is not None:
             delivered = doors.send(decision.report)
@@ -249,7 +310,7 @@ def main(watch_pid: int, environ: Mapping[str, str]) -> int:
     signal.signal(signal.SIGINT, stop)
     sender = ReportSender(settings.key, settings.address)
     try:
-        return run_reporter(settings, node_dir, watch_pid, default_doors(sender, lambda: bool(stopping)))
+        return run_reporter(settings, node_dir, watch_pid, default_doors(sender, lambda: bool(stopping), settings))
     finally:
         sender.close()
         remove_node_progress(node_dir)

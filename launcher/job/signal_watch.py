@@ -3,7 +3,7 @@
 One `SignalWatch` per launched step: `poll()` drains the inbox (clusterctl.launcher.job.
 report_channel: UDP, signed per job) and returns what the reports say now (launcher/pure/
 node_signals.py); `records()` are the ranks' newest progress records for the hang and straggler
-watches.  What it costs: one recvfrom and ~70 µs of checking and parsing per report; at 12,500
+watches; `holdings()` the nodes' newest checkpoint holdings (multi-level checkpoints).  What it costs: one recvfrom and ~70 µs of checking and parsing per report; at 12,500
 nodes and a 20 s heartbeat, 625 reports a second (docs/measured.md).  Nothing here touches Slurm
 or shared storage.
 """
@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from clusterctl.launcher.pure.node_signals import NodeSignals, SignalPolicy, Signals
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings
 from clusterctl.records.node_report import NodeReport
 from clusterctl.records.rank_progress import RankProgress
 
@@ -55,6 +56,10 @@ class SignalWatch:
             self.received += len(reports)
             self.signals = self.signals.observe(reports, now)
         return self.signals.judge(now)
+
+    def holdings(self) -> dict[str, CheckpointHoldings]:
+        """Each node's newest checkpoint holdings (see NodeSignals.holdings)."""
+        return dict(self.signals.holdings)
 
     def records(self) -> tuple[RankProgress, ...]:
         """Every rank's newest progress record, from its node's newest report."""

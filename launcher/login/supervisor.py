@@ -251,7 +251,8 @@ class Supervisor:
         return self._interval
 
     def _checkpoint(self) -> Checkpoint | None:
-        return resume_point(self.spec.checkpoint_dir(str(self.run.path)), self.spec.checkpoint.validator, self.hooks.say)
+        return resume_point(self.spec.checkpoint_dir(str(self.run.path)), self.spec.checkpoint.recognised_by,
+                            self.hooks.say)
 
     def _usable_nodes(self, nodes: dict[str, NodeState], excluded: list[str]) -> list[str]:
         partition = self.spec.job.partition

@@ -200,7 +200,7 @@ def gather_report(run: RunDir, now: float) -> RunReport:
     """The report of a run: its journal and the checkpoints in its checkpoint directory."""
     spec = run.spec()
     directory = spec.checkpoint_dir(str(run.path))
-    checkpoints, skipped = find_checkpoints(Path(directory), spec.checkpoint.validator) if directory else ([], [])
+    checkpoints, skipped = find_checkpoints(Path(directory), spec.checkpoint.recognised_by) if directory else ([], [])
     journal = run.journal()
     events = journal.events
     slow = 0.0

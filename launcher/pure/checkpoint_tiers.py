@@ -22,7 +22,7 @@ Reading manifests and checking shards' checksums happen elsewhere; their results
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from clusterctl.records.checkpoint_manifest import CheckpointManifest
@@ -297,3 +297,75 @@ def _named(items: list[str]) -> str:
     """The first NAMED_NODES items by name, then how many more."""
     shown = ", ".join(items[:NAMED_NODES])
     return shown + (f" and {len(items) - NAMED_NODES} more" if len(items) > NAMED_NODES else "")
+
+
+def copy_key(manifest: CheckpointManifest) -> tuple[int, str, str, str | None]:
+    """What names one copy: (step, of_node, tier, held_on)."""
+    return (manifest.step, manifest.of_node, manifest.tier, manifest.held_on)
+
+
+def resume_facts(copies: Iterable[CheckpointManifest], *, gone: Iterable[str] = (),
+                 problems: Mapping[tuple[int, str, str, str | None], str] | None = None,
+                 failed_resumes: Mapping[int, int] | None = None) -> ResumeFacts:
+    """The facts `plan_resume` plans from, given every copy known (from the nodes' holdings and shared
+    storage; their shards need not be listed: they are verified where they are loaded), the problems
+    found with some of them (by `copy_key`: a copy a resume could not load), the nodes gone and the
+    failed resumes so far.
+
+    A checkpoint's nodes are the nodes that saved each slot of its map (`slot`, `slots` of its copies);
+    a slot no copy is known of is named `slot <s>`, so that such a checkpoint is never taken as complete.
+    """
+    problems = problems or {}
+    by_step: dict[int, list[CheckpointManifest]] = {}
+    for manifest in copies:
+        by_step.setdefault(manifest.step, []).append(manifest)
+    checkpoints = []
+    for step, found in sorted(by_step.items()):
+        slots = max(m.slots for m in found)
+        saver = {m.slot: m.of_node for m in sorted(found, key=lambda m: (m.written_at, m.of_node))}
+        nodes = frozenset(saver.get(slot, f"slot {slot}") for slot in range(slots))
+        unique = {copy_key(m): m for m in found}
+        checks = tuple(CopyCheck(m, problems.get(key, "")) for key, m in sorted(unique.items(), key=lambda kv: str(kv[0]))
+                       if m.of_node in nodes)
+        checkpoints.append(SavedCheckpoint(step, nodes, checks))
+    return ResumeFacts(tuple(checkpoints), frozenset(gone), dict(failed_resumes or {}))
+
+
+@dataclass(frozen=True)
+class SlotSource:
+    """Where the node in one slot of a new map finds that slot's shards: `tier` `local` (its own copy),
+    `buddy` (the copy of `of_node`'s shards held on node `held_on`, fetched over the network),
+    `shared`, or '' (a fresh start: nothing to load)."""
+
+    slot: int
+    node: str
+    buddy: str
+    tier: str = ""
+    of_node: str = ""
+    held_on: str = ""
+
+
+def slot_sources(plan: ResumePlan, slots: Sequence[str], buddies: Mapping[str, str]) -> list[SlotSource]:
+    """For each slot of the new map (`slots`: its nodes in slot order), where its shards come from.
+
+    The shards of slot s are the ones saved by the node that had slot s when the checkpoint was saved
+    (the copy's `slot`).  A copy local to another node than the one now in the slot is fetched from
+    that node like a buddy's copy.  ValueError when the plan's checkpoint was saved by a map of
+    another size (its ranks would not match the new map's)."""
+    by_slot = {source.copy.slot: source for source in plan.sources}
+    if plan.step is not None and (len(by_slot) != len(slots) or any(s.copy.slots != len(slots) for s in plan.sources)):
+        raise ValueError(f"the checkpoint of step {plan.step} was saved by a map of "
+                         f"{plan.sources[0].copy.slots if plan.sources else 0} nodes, the new map has {len(slots)}")
+    result = []
+    for slot, node in enumerate(slots):
+        buddy = buddies.get(node, "")
+        source = by_slot.get(slot)
+        if source is None:
+            result.append(SlotSource(slot, node, buddy))
+        elif source.tier == "shared":
+            result.append(SlotSource(slot, node, buddy, "shared", source.node))
+        elif source.held_on == node and source.tier == "local":
+            result.append(SlotSource(slot, node, buddy, "local", source.node, node))
+        else:
+            result.append(SlotSource(slot, node, buddy, "buddy", source.node, source.held_on or ""))
+    return result

@@ -248,16 +248,27 @@ def asked_outcome(request: ExitRequest, restarting: str) -> Outcome:
 
 
 def step_outcome(exit_code: int, suspects: Sequence[Blame], hang_evidence: Sequence[str] | None = None,
-                 log_tail: str = "", exit_actions: Sequence[tuple[int, str]] = ()) -> Outcome:
+                 log_tail: str = "", exit_actions: Sequence[tuple[int, str]] = (),
+                 resume_failures: Sequence[str] = ()) -> Outcome:
     """How a step of the in-allocation agent ended: `exit_code` (srun's), the nodes that failed under it
     (`suspects`: hardware, or ranks that stopped progressing first), `hang_evidence` when the step was
-    ended because its ranks stopped progressing (None: it was not), and the step's log (its exit codes)."""
+    ended because its ranks stopped progressing (None: it was not), the step's log (its exit codes), and
+    what the step's nodes wrote when they could not load their part of the resume checkpoint
+    (`resume_failures`, multi-level checkpoints: each such rank exits EXIT_RESUME_FAILED, 87).
+
+    A failed resume with no node to blame is not the program's failure: the step starts again (one
+    restart of the budget) from the next plan, which passes over the copies that failed.  It is told by
+    the nodes' failure records, not by srun's exit code: srun ends the other ranks of the step
+    (--kill-on-bad-exit) and returns the highest code, 128 + SIGKILL, as often as 87."""
     if suspects:
         return Outcome(NODE_FAILURE, "; ".join(f"{b.node}: {b.reason}" for b in suspects), tuple(suspects))
     if hang_evidence is not None:  # every rank stopped at once: no node to blame, start again
         return Outcome(RESUBMIT, " ".join(hang_evidence) or "every rank stopped progressing at once")
     if exit_code == 0:
         return Outcome(COMPLETED, "the step completed")
+    if resume_failures:
+        return Outcome(RESUBMIT, f"resuming failed (the step exited {exit_code}): " + "; ".join(resume_failures)
+                       + "; starting again from the next copy or checkpoint")
     request = exit_request(log_tail, exit_actions)
     if request is not None:
         return asked_outcome(request, "starting the step again")

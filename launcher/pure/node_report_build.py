@@ -4,7 +4,9 @@ The reporter (clusterctl.launcher.job.reporter, one per node of a step) reads, e
 ranks' progress files (node-local), each rank's process state (/proc/<pid>/stat) and healthd's
 state file, and asks `next_report` whether to send: at once when something the agent acts on
 changed since the last report sent (a rank's process state, pid or phase, a rank that appeared or
-left, healthd's verdict), else once per heartbeat.  Steps, compute time and liveness ride along
+left, healthd's verdict, the node's checkpoint holdings), else once per heartbeat.  With multi-level
+checkpoints on, every report carries the node's newest checkpoint copies (`reported_holdings`), so a
+lost datagram is made good by the next heartbeat.  Steps, compute time and liveness ride along
 with the next report; they are not changes on their own (the agent judges them per heartbeat).
 
 Nothing here runs: the reader of each fact is the reporter's, passed in as data.
@@ -17,9 +19,11 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
 from clusterctl.records.healthd_state import HealthdState, StateFinding
 from clusterctl.records.node_report import (
-    DIGEST_BYTES, MAGIC, MAX_DATAGRAM, MAX_EVIDENCE, MAX_RANKS, MAX_TEXT, NodeHealth, NodeReport, RankBeat,
+    DIGEST_BYTES, MAGIC, MAX_DATAGRAM, MAX_EVIDENCE, MAX_RANKS, MAX_REPORTED_COPIES, MAX_TEXT, NodeHealth, NodeReport,
+    RankBeat,
 )
 from clusterctl.records.rank_progress import RankProgress
 from clusterctl.text import one_line
@@ -87,6 +91,19 @@ def _evidence(findings: Iterable[StateFinding]) -> Iterable[str]:
         yield one_line(line)[:MAX_TEXT]
 
 
+def reported_holdings(holdings: CheckpointHoldings | None) -> CheckpointHoldings | None:
+    """What a report says of the node's holdings: its newest MAX_REPORTED_COPIES copies (by step, then
+    when each was complete), newest first, times to the millisecond (what the agent plans with; about
+    125 bytes a copy on the wire)."""
+    if holdings is None:
+        return None
+    newest = sorted(holdings.copies, key=lambda c: (c.step, c.written_at, c.tier, c.of_node), reverse=True)
+    return CheckpointHoldings(holdings.node, tuple(replace(c, written_at=round(c.written_at, 3),
+                                                           save_seconds=round(c.save_seconds, 3))
+                                                   for c in newest[:MAX_REPORTED_COPIES]),
+                              round(holdings.written_at, 3))
+
+
 @dataclass(frozen=True)
 class ReporterIdentity:
     """Who sends: the job, the agent's step (`launch`) and the node, as every report carries them."""
@@ -107,6 +124,8 @@ class ReporterMemory:
     """False when the last send failed: it is tried again after RETRY_AFTER, not a whole heartbeat."""
     down_since: Mapping[int, tuple[int, str, float]] = field(default_factory=dict)
     """Per rank: (pid, state, epoch s when the reporter first saw that pid stopped or gone)."""
+    holdings: CheckpointHoldings | None = None
+    """The node's checkpoint holdings as last reported (`reported_holdings`, before a report is fitted)."""
 
     def after_send(self, report: NodeReport, at: float, *, delivered: bool) -> ReporterMemory:
         """The memory once `report` was sent at `at` (monotonic), or failed to leave (`delivered` False)."""
@@ -172,20 +191,25 @@ def changes(before: NodeReport | None, after: NodeReport) -> tuple[str, ...]:
 
 def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], processes: Mapping[int, str],
                 health: NodeHealth, memory: ReporterMemory, *, now: float, monotonic: float, heartbeat: float,
-                force: bool = False) -> ReportDecision:
+                force: bool = False, checkpoints: CheckpointHoldings | None = None) -> ReportDecision:
     """The report to send now, if any: at once on a change (see `changes`), else once per `heartbeat` s.
 
     `now` is the node's wall clock (the report's `sent_at`, `stopped_since`), `monotonic` its
     monotonic clock (the heartbeat).  `seq` counts the reports sent, from 1.  `force` sends
-    whatever changed (the reporter's last report before it exits).  The caller sends the report
-    and keeps `memory.after_send(...)`; with no report, it keeps `decision.memory`.
+    whatever changed (the reporter's last report before it exits).  `checkpoints`: the node's
+    holdings as read (None: none to tell); the report carries `reported_holdings` of them.  The
+    caller sends the report and keeps `memory.after_send(...)`; with no report, it keeps
+    `decision.memory`.
     """
     beats, down_since = rank_beats(records, processes, now, memory.down_since)
     last = memory.last_sent
+    held = reported_holdings(checkpoints)
     report = NodeReport(identity.job_id, identity.launch, identity.node, (last.seq + 1) if last else 1,
-                        max(now, 0.0), beats, health)
-    memory = replace(memory, down_since=down_since)
+                        max(now, 0.0), beats, health, held)
     changed = changes(last, report)
+    if last is not None and held != memory.holdings:  # compared before `fitted` may drop the oldest copies
+        changed += ("checkpoint holdings " + ("gone" if held is None else f"now {len(held.copies)} copies"),)
+    memory = replace(memory, down_since=down_since, holdings=held)
     if changed:
         return ReportDecision(fitted(report), "; ".join(changed), memory)
     if force:
@@ -204,10 +228,12 @@ def datagram_size(report: NodeReport) -> int:
 
 def fitted(report: NodeReport) -> NodeReport:
     """`report` cut to one datagram (MAX_DATAGRAM): evidence lines dropped from the end down to the first,
-    that line cut to SHORT_EVIDENCE characters, and only then the last ranks dropped.
+    that line cut to SHORT_EVIDENCE characters, then the oldest checkpoint copies, and only then the
+    last ranks dropped.
 
     Only a node with many ranks and healthd quoting long text (non-ASCII text is sent escaped, up to
-    six bytes a character) comes near the limit; the agent still hears the verdict and its first reason.
+    six bytes a character) comes near the limit; the agent still hears the verdict and its first reason,
+    and the node's newest checkpoint copies.
     """
     def evidence(lines: tuple[str, ...]) -> NodeReport:
         return replace(report, health=replace(report.health, evidence=lines))
@@ -216,6 +242,9 @@ def fitted(report: NodeReport) -> NodeReport:
         report = evidence(report.health.evidence[:-1])
     if datagram_size(report) > MAX_DATAGRAM and report.health.evidence:
         report = evidence((report.health.evidence[0][:SHORT_EVIDENCE],))
+    while datagram_size(report) > MAX_DATAGRAM and report.checkpoints is not None and report.checkpoints.copies:
+        kept: tuple[HeldCopy, ...] = report.checkpoints.copies[:-1]  # newest first: the oldest goes
+        report = replace(report, checkpoints=replace(report.checkpoints, copies=kept))
     while datagram_size(report) > MAX_DATAGRAM and report.ranks:
         report = replace(report, ranks=report.ranks[:-1])
     return report

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from clusterctl.launcher.pure.hang_watch import HangVerdict, StuckNode, ranks_text
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings
 from clusterctl.records.node_report import NodeReport
 from clusterctl.records.rank_progress import RankProgress
 
@@ -123,6 +124,10 @@ class NodeSignals:
     stopping: frozenset[str] = frozenset()
     idle: frozenset[str] = frozenset()
     draining: frozenset[str] = frozenset()
+    holdings: Mapping[str, CheckpointHoldings] = field(default_factory=dict)
+    """Each node's newest checkpoint holdings (multi-level checkpoints), from the newest report taken that
+    carried any: a report without holdings (the node's file damaged, none yet) leaves what it said before.
+    An unchanged node's entry stays the same object, so a caller compares cheaply."""
 
     @classmethod
     def start(cls, policy: SignalPolicy, job_id: str, launch: str, nodes: Sequence[str],
@@ -138,6 +143,7 @@ class NodeSignals:
         by its send time) replaces the one held; others' reports are counted and dropped."""
         heard, ignored, members = dict(self.heard), self.ignored, self.members
         stopping, idle, draining = set(self.stopping), set(self.idle), set(self.draining)
+        holdings: dict[str, CheckpointHoldings] | None = None  # copied at the first change
         for report in reports:
             node = report.node
             held = heard.get(node)
@@ -146,6 +152,10 @@ class NodeSignals:
                 ignored += 1
                 continue
             heard[node] = Heard(report, at)
+            told = report.checkpoints
+            if told is not None and (holdings or self.holdings).get(node) != told:
+                holdings = dict(self.holdings) if holdings is None else holdings
+                holdings[node] = told
             processes = {beat.process for beat in report.ranks}
             for marked, now_true in ((stopping, "stopped" in processes), (idle, "running" not in processes),
                                      (draining, report.health.verdict == "drain")):
@@ -154,7 +164,8 @@ class NodeSignals:
                 else:
                     marked.discard(node)
         return replace(self, heard=heard, ignored=ignored, stopping=frozenset(stopping), idle=frozenset(idle),
-                       draining=frozenset(draining))
+                       draining=frozenset(draining),
+                       holdings=self.holdings if holdings is None else holdings)
 
     def records(self) -> tuple[RankProgress, ...]:
         """Every rank's newest progress record, as the hang and straggler watches take them."""

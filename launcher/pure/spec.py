@@ -126,6 +126,25 @@ FIELDS: tuple[Field, ...] = (
           "'{path}' becomes the checkpoint, e.g. ['--resume', '{path}'].", ()),
     Field("checkpoint", "resume_env", "str", "Environment variable that carries the checkpoint to resume "
           "from.", DEFAULT_RESUME_ENV),
+    Field("checkpoint", "tiers", "bool", "Multi-level checkpoints (docs/checkpoint-tiers.md): the program saves "
+          "through clusterctl.checkpoint to node-local storage, each node's part is copied to a buddy node and every "
+          "flush_every_steps-th step to `dir`; a resume takes each node's part from the nearest verified copy "
+          "(resume_args and resume_env are not used: the program asks clusterctl.checkpoint).", False),
+    Field("checkpoint", "local_dir", "str", "With tiers: the node-local folder the fast tier lives under, the same "
+          "path on every node; default: what the job's agent picks on its own node ($CLUSTERCTL_NODE_TMP, else "
+          "/dev/shm (RAM), else $TMPDIR or /tmp): set this when the nodes differ there.", ""),
+    Field("checkpoint", "local_budget_gb", "float", "With tiers: the most the fast tier (own and buddy copies) "
+          "may hold on a node, in GB; 0: a quarter of that filesystem's size.  A save that would not fit goes "
+          "straight to `dir` (the node is not failed).", 0.0, minimum=0, maximum=1e6),
+    Field("checkpoint", "keep", "int", "With tiers: the newest checkpoints each node keeps (own and buddy copies).",
+          2, minimum=1, maximum=100),
+    Field("checkpoint", "flush_every_steps", "int", "With tiers: a checkpoint whose step is a multiple of this "
+          "is also copied to `dir` in the background; 0: every checkpoint.", 0, minimum=0, maximum=10**12),
+    Field("checkpoint", "flush_at_end", "bool", "With tiers: when the program ends, its newest checkpoint is "
+          "copied to `dir` if it is not there yet.", True),
+    Field("checkpoint", "shared_mb_per_s", "float", "With tiers: the most each node writes to `dir` per second "
+          "while flushing, in MB/s (to be gentle with the parallel filesystem); 0: no limit.", 0.0, minimum=0,
+          maximum=1e6),
     Field("restart", "max_restarts", "int", "Restarts allowed in the whole run before it stops: each recovery "
           "uses one, whether through the queue (a resubmission) or inside the allocation (a spare swapped in, "
           "the step started again in place).", 10, minimum=0, maximum=10_000),
@@ -234,6 +253,19 @@ class CheckpointSection:
     validator: str = "auto"
     resume_args: tuple[str, ...] = ()
     resume_env: str = DEFAULT_RESUME_ENV
+    tiers: bool = False
+    local_dir: str = ""
+    local_budget_gb: float = 0.0
+    keep: int = 2
+    flush_every_steps: int = 0
+    flush_at_end: bool = True
+    shared_mb_per_s: float = 0.0
+
+    @property
+    def recognised_by(self) -> str:
+        """The validator that tells a complete checkpoint in `dir` (launcher/shared/checkpoints.py): with
+        tiers, `tiers` (a step the job's agent marked flushed whole); else `validator`."""
+        return "tiers" if self.tiers else self.validator
 
 
 @dataclass(frozen=True)
@@ -408,6 +440,22 @@ def slurm_time_seconds(text: str) -> int | None:
     return ((days * 24 + amount.get("hours", 0)) * 60 + amount.get("minutes", 0)) * 60 + amount.get("seconds", 0)
 
 
+def _check_tiers(values: dict[str, dict[str, Any]], where: _Where) -> None:
+    """Multi-level checkpoints need a shared directory to flush to, an agent in the job, an absolute local folder."""
+    checkpoint = values["checkpoint"]
+    if not checkpoint["tiers"]:
+        return
+    if checkpoint["dir"] is None:
+        raise where.error("needs [checkpoint] dir: the shared directory every flush_every_steps-th checkpoint is "
+                          "copied to (e.g. '{run_dir}/checkpoints')", "checkpoint", "tiers")
+    if values["launch"]["template"]:
+        raise where.error("needs the built-in templates (their agent plans each resume across tiers); a job with "
+                          "its own [launch] template cannot use it", "checkpoint", "tiers")
+    if checkpoint["local_dir"] and not checkpoint["local_dir"].startswith("/"):
+        raise where.error(f"{checkpoint['local_dir']!r} is not an absolute path: a node-local folder like "
+                          "'/local/scratch' (it is the same path on every node)", "checkpoint", "local_dir")
+
+
 def _has_control(text: str) -> bool:
     """Control characters: C0 (newline, tab, escape...), DEL and C1."""
     return any(unicodedata.category(c) == "Cc" for c in text)
@@ -425,6 +473,10 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
             raise bad(f"a whole number of at least {spec_field.minimum:g}")
         if spec_field.maximum is not None and value > spec_field.maximum:
             raise bad(f"a whole number of at most {spec_field.maximum:,.0f}")
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise bad("true or false")
         return value
     if kind == "float":
         if isinstance(value, bool) or not isinstance(value, int | float):
@@ -624,6 +676,7 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
                           "argument): set checkpoint.dir, e.g. '{run_dir}/checkpoints', or drop the placeholder",
                           "launch", "command")
     _apply_overrides(values, overrides)
+    _check_tiers(values, where)
 
     base = base_dir or Path(path).resolve().parent
     job = values["job"]

@@ -7,7 +7,9 @@ A checkpoint is complete when the marker its writer puts down *last* is there an
 - `dcp`: PyTorch Distributed Checkpoint, whose `.metadata` file is written by the
   coordinator after all ranks saved their shards;
 - `megatron`: `latest_checkpointed_iteration.txt` (rewritten after an iteration is saved)
-  naming an `iter_NNNNNNN/` directory that exists.
+  naming an `iter_NNNNNNN/` directory that exists;
+- `tiers` (multi-level checkpoints, never guessed by `auto`): `tiers/step-NNNNNNNNNNNN/complete.json`,
+  written by the job's agent once every slot's part is flushed.
 
 Anything else — a temp directory, a manifest that does not parse, a checksum that does not
 match — is skipped, and the reason is reported so the supervisor can log it.
@@ -22,6 +24,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
+from clusterctl.launcher.shared.checkpoint_inventory import COMPLETE_NAME, TIERS_DIR, read_complete
+from clusterctl.records.versioned import RecordError
+from clusterctl.text import one_line
 
 
 def _step_of(name: str) -> int | None:
@@ -109,8 +114,33 @@ def _megatron(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
     return [Checkpoint(str(path), iteration, "megatron", tracker.stat().st_mtime)], []
 
 
+def _tiers(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
+    """Multi-level checkpoints' shared tier: `tiers/step-N/` is complete once the job's agent wrote its
+    complete.json (every slot's part flushed; launcher/shared/checkpoint_inventory.py); each slot's part is
+    verified against its manifest where it is loaded."""
+    good, skipped = [], []
+    for candidate in sorted((directory / TIERS_DIR).glob("step-*")):
+        step = _step_of(candidate.name)
+        if step is None or not candidate.is_dir():
+            continue
+        marker = candidate / COMPLETE_NAME
+        try:
+            flushed = read_complete(marker)
+        except FileNotFoundError:
+            skipped.append(Skipped(str(candidate), f"no {COMPLETE_NAME} (not every node's part flushed yet)"))
+            continue
+        except (OSError, RecordError) as exc:
+            skipped.append(Skipped(str(candidate), f"{COMPLETE_NAME} cannot be read: {one_line(str(exc))[:200]}"))
+            continue
+        if flushed.step != step:
+            skipped.append(Skipped(str(candidate), f"{COMPLETE_NAME} names step {flushed.step}"))
+            continue
+        good.append(Checkpoint(str(candidate), step, "tiers", _mtime_ns(marker) / 1e9))
+    return good, skipped
+
+
 VALIDATORS: dict[str, Callable[[Path], tuple[list[Checkpoint], list[Skipped]]]] = {
-    "manifest": _manifest, "dcp": _dcp, "megatron": _megatron,
+    "manifest": _manifest, "dcp": _dcp, "megatron": _megatron, "tiers": _tiers,
 }
 
 
@@ -118,7 +148,7 @@ def find_checkpoints(directory: Path, validator: str = "auto") -> tuple[list[Che
     """Every complete checkpoint (oldest step first) and every skipped candidate."""
     if not directory.is_dir():
         return [], []
-    names = list(VALIDATORS) if validator == "auto" else [validator]
+    names = [n for n in VALIDATORS if n != "tiers"] if validator == "auto" else [validator]
     good: list[Checkpoint] = []
     skipped: list[Skipped] = []
     for name in names:

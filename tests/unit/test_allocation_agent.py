@@ -14,6 +14,7 @@ from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.shared.runs import create_run
 from clusterctl.launcher.pure.spec import load_spec
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
+from clusterctl.records.resume_failure import BadCopy
 from clusterctl.records.run_journal import (
     Decided, DecisionAction, OutcomeKind, RecoveredInAllocation, Submitted, append_run_event, read_run_journal,
 )
@@ -557,3 +558,108 @@ def test_the_agent_summary_says_the_job_ended_when_the_agent_is_done(tmp_path):
     summary = read_agent_summary(shell.job_dir)
     assert summary is not None and summary.state == "ended" and summary.nodes == 2 and summary.reporting == 2
     assert summary.max_step is not None and summary.max_step > 0
+
+
+# ---- multi-level checkpoints: the spare resumes from the lost node's buddy -------------------------------
+
+TIERS_SPEC = SPEC.replace('validator = "manifest"\n', "tiers = true\n")
+
+
+class TiersCluster(ReportingCluster):
+    """The first step saves checkpoint 20 (each node its own part, a copy of its buddy's, flushed too when
+    `flushed`) as the tier index the agent wrote tells it, and the nodes report their holdings; then
+    healthd drains node2.  Later steps complete, unless `fail_resume`: the second step's node in node2's
+    old slot cannot load its part (a resume-failure record, its rank exits 87, srun 137)."""
+
+    def __init__(self, agent_clock, *, flushed: bool = False, fail_resume: bool = False):
+        super().__init__(agent_clock, {})
+        self.flushed, self.fail_resume = flushed, fail_resume
+        self.held: dict[str, tuple] = {}
+        self.indexes: list[list] = []
+
+    def start(self, argv, env):
+        from clusterctl.records.checkpoint_settings import CheckpointSettings
+        from clusterctl.records.tier_index import read_tier_slot
+        settings = CheckpointSettings.from_env(env)
+        index = Path(settings.tier_index)
+        self.indexes.append([read_tier_slot(index, s)[2] for s in range(read_tier_slot(index, 0)[1])])
+        return super().start(argv, env)
+
+    def tick(self, step):
+        from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
+        from clusterctl.records.node_report import NodeReport
+        from clusterctl.records.resume_failure import ResumeFailure, write_resume_failure
+        self.polls += 1
+        now = 1795305600.0 + self.clock[0]
+        lines = self.indexes[-1]
+        if self.launches == 1 and self.polls == 2:  # checkpoint 20, saved, pushed (and flushed)
+            slot_of = {line.node: s for s, line in enumerate(lines)}
+            for s, line in enumerate(lines):
+                kept = next(other.node for other in lines if other.buddy == line.node)
+                self.held[line.node] = (HeldCopy(20, line.node, "local", s, len(lines), now, 1.0),
+                                        HeldCopy(20, kept, "buddy", slot_of[kept], len(lines), now, 1.0)) + (
+                    (HeldCopy(20, line.node, "shared", s, len(lines), now, 1.0),) if self.flushed else ())
+        for line in lines:
+            self.seq += 1
+            held = self.held.get(line.node)
+            self.inbox.pending.append(NodeReport(
+                "42", step.env["CLUSTERCTL_REPORT_LAUNCH"], line.node, self.seq, now,
+                checkpoints=CheckpointHoldings(line.node, held, now) if held else None))
+        if self.launches == 1 and self.polls == 30:
+            self.states["node2"] = NodeState("node2", "mixed", ("DRAIN",), "healthd: xid 79 gpu3 (GPU-x) "
+                                             "drain-reboot 2026-11-22T03:00:00Z", ("gpu",))
+        if self.launches == 2 and self.fail_resume and self.polls == 10:
+            spare = next(line for line in lines if line.of_node == "node2")
+            job_dir = Path(step.argv[step.argv.index("--job-dir") + 1])
+            write_resume_failure(job_dir, ResumeFailure(spare.node, 20, "no copy of slot 1 verified", (
+                BadCopy(20, "node2", spare.tier, spare.held_on, "fails its checksum (shard rank-9.json)"),)))
+            step.code = 137
+        elif self.launches > 1 and self.polls >= 60 and not step.stopped:
+            step.code = 0
+
+
+def tiers_agent(tmp_path, **story):
+    clock = [0.0]
+    cluster = TiersCluster(clock, **story)
+    shell = agent(tmp_path, cluster, TIERS_SPEC)
+    shell.doors.open_inbox = lambda key: cluster.inbox
+    said: list[str] = []
+
+    def sleep(seconds):
+        clock[0] += seconds
+    shell.doors.sleep, shell.doors.monotonic, shell.doors.say = sleep, lambda: clock[0], said.append
+    shell.doors.now = lambda: 1795305600.0 + clock[0]
+    return shell, cluster, said
+
+
+def test_an_agent_with_tiers_resumes_the_swapped_in_spare_from_the_lost_nodes_buddy(tmp_path):
+    shell, cluster, said = tiers_agent(tmp_path)
+    assert shell.run(None) == 0
+    assert cluster.shrinks == [("42", ("node1", "node3"))]
+    first, second = cluster.indexes
+    assert {line.tier for line in first} == {"-"}  # a fresh start: nothing saved yet
+    spare = next(line for line in second if line.node == "node3")
+    assert (spare.tier, spare.of_node, spare.held_on) == ("buddy", "node2", "node1")
+    assert "resuming from step 20: 1 node(s) from their own copies, 1 node(s) from a buddy's copy " \
+           "(node2's on node1)" in said
+    step = cluster.steps[1]
+    assert "--resume" not in step.argv and "CLUSTERCTL_RESUME_FROM" not in step.env  # the program asks the tiers
+    assert "CLUSTERCTL_CHECKPOINT" in step.env
+    event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                 if isinstance(e, RecoveredInAllocation))
+    assert event.checkpoint_step == 20 and [b.node for b in event.blame] == ["node2"]
+    assert (shell.job_dir / "checkpoint-inventory.json").is_file()
+
+
+def test_a_resume_that_fails_on_the_spare_starts_the_step_again_from_the_next_tier_and_uses_a_restart(tmp_path):
+    shell, cluster, said = tiers_agent(tmp_path, flushed=True, fail_resume=True)
+    assert shell.run(None) == 0
+    assert len(cluster.steps) == 3 and cluster.shrinks == [("42", ("node1", "node3"))]  # in place: no node blamed
+    spare = next(line for line in cluster.indexes[2] if line.node == "node3")
+    assert (spare.tier, spare.of_node, spare.held_on) == ("shared", "node2", "-")
+    events = [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+              if isinstance(e, RecoveredInAllocation)]
+    assert [(e.restart, [b.node for b in e.blame]) for e in events] == [(1, ["node2"]), (2, [])]
+    assert "resuming failed (the step exited 137): node3 could not load checkpoint 20" in events[1].reason
+    assert replay(read_run_journal(shell.run_dir / "journal.jsonl").events).budget.restarts == 2
+    assert (shell.run_dir / "checkpoints" / "tiers" / "step-000000000020" / "complete.json").is_file()

@@ -11,7 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterctl.launcher.pure.checkpoint_tiers import (
-    FAILED_RESUMES_BEFORE_FALLBACK, CopyCheck, ResumeFacts, SavedCheckpoint, buddy_map, plan_resume)
+    FAILED_RESUMES_BEFORE_FALLBACK, CopyCheck, ResumeFacts, SavedCheckpoint, buddy_map, copy_key, plan_resume,
+    resume_facts, slot_sources)
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, Shard
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -189,7 +190,7 @@ def test_copies_of_another_step_or_two_checkpoints_of_one_step_are_mistakes():
 
 # ---- the resume plan: properties ---------------------------------------------------------------------
 @st.composite
-def resume_facts(draw) -> ResumeFacts:
+def random_facts(draw) -> ResumeFacts:
     """Up to five checkpoints of up to five nodes; each node's copies in each tier present or not,
     verified or not; some nodes gone; some resumes failed."""
     nodes = [f"node{i}" for i in range(draw(st.integers(1, 5)))]
@@ -225,7 +226,7 @@ def complete(saved: SavedCheckpoint, gone: frozenset[str], *, shared_only: bool 
 
 
 @SETTINGS
-@given(resume_facts())
+@given(random_facts())
 def test_the_chosen_checkpoint_is_complete_from_usable_copies(facts):
     plan = plan_resume(facts)
     if plan.step is None:
@@ -243,7 +244,7 @@ def test_the_chosen_checkpoint_is_complete_from_usable_copies(facts):
 
 
 @SETTINGS
-@given(resume_facts())
+@given(random_facts())
 def test_no_newer_checkpoint_could_have_been_taken_and_each_says_why(facts):
     plan = plan_resume(facts)
     newer = sorted((c for c in facts.checkpoints if plan.step is None or c.step > plan.step),
@@ -261,7 +262,7 @@ def test_no_newer_checkpoint_could_have_been_taken_and_each_says_why(facts):
 
 
 @SETTINGS
-@given(resume_facts(), st.randoms())
+@given(random_facts(), st.randoms())
 def test_the_plan_does_not_depend_on_the_order_things_were_found_in(facts, shuffle):
     checkpoints = []
     for saved in facts.checkpoints:
@@ -281,3 +282,52 @@ def test_a_resume_at_a_thousand_nodes_is_planned_quickly():
     plan = plan_resume(ResumeFacts((SavedCheckpoint(100, frozenset(nodes), tuple(copies)),), gone))
     assert plan.step == 100
     assert {s.node for s in plan.sources if s.tier == "buddy"} == gone
+
+
+# ---- from what the nodes hold to a plan, and to each slot of the new map ---------------------------
+def held(step: int, of_node: str, tier: str, held_on: str | None, slot: int, slots: int = 3) -> CheckpointManifest:
+    return CheckpointManifest(step, of_node, tier, held_on, (), 1000.0 + step, 0.5, slot, slots)
+
+
+def three_nodes_saved(step: int) -> list[CheckpointManifest]:
+    """node1..node3 in slots 0..2, each with its local copy and a copy on the next node."""
+    nodes = ["node1", "node2", "node3"]
+    return [held(step, n, "local", n, s) for s, n in enumerate(nodes)] + \
+        [held(step, n, "buddy", nodes[(s + 1) % 3], s) for s, n in enumerate(nodes)]
+
+
+def test_a_node_lost_after_its_local_save_resumes_on_the_spare_from_its_buddys_copy():
+    facts = resume_facts(three_nodes_saved(20) + three_nodes_saved(10), gone={"node2"})
+    plan = plan_resume(facts)
+    assert plan.step == 20
+    slots = slot_sources(plan, ["node1", "spare", "node3"], {"node1": "spare", "spare": "node3", "node3": "node1"})
+    assert [(s.node, s.tier, s.of_node, s.held_on) for s in slots] == [
+        ("node1", "local", "node1", "node1"), ("spare", "buddy", "node2", "node3"), ("node3", "local", "node3", "node3")]
+    assert "1 node(s) from a buddy's copy (node2's on node3)" in plan.lines()[-1]
+
+
+def test_a_slot_no_node_holds_anything_of_is_never_taken_as_complete():
+    copies = [m for m in three_nodes_saved(20) if m.slot != 1] + three_nodes_saved(10)
+    plan = plan_resume(resume_facts(copies))
+    assert plan.step == 10
+    assert "slot 1's shards" in plan.skipped[0].why
+
+
+def test_a_copy_a_resume_could_not_load_is_passed_over_for_the_next_tier():
+    copies = three_nodes_saved(20) + [held(20, "node2", "shared", None, 1)]
+    bad = {copy_key(held(20, "node2", "buddy", "node3", 1)): "fails its checksum (shard rank-1.json)"}
+    plan = plan_resume(resume_facts(copies, gone={"node2"}, problems=bad))
+    assert plan.step == 20 and {s.node: s.tier for s in plan.sources}["node2"] == "shared"
+
+
+def test_a_survivor_placed_in_another_slot_fetches_the_shards_of_the_slot_it_took():
+    plan = plan_resume(resume_facts(three_nodes_saved(20), gone={"node1"}))
+    slots = slot_sources(plan, ["node3", "node2", "spare"], {})
+    assert [(s.tier, s.of_node, s.held_on) for s in slots] == [
+        ("buddy", "node1", "node2"), ("local", "node2", "node2"), ("buddy", "node3", "node3")]
+
+
+def test_a_checkpoint_of_another_map_size_is_refused_for_the_new_map():
+    plan = plan_resume(resume_facts(three_nodes_saved(20)))
+    with pytest.raises(ValueError, match="map of 3 nodes, the new map has 2"):
+        slot_sources(plan, ["node1", "node2"], {})

@@ -18,12 +18,13 @@ from clusterctl.clock import Clock
 from clusterctl.errors import ClusterctlError
 from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender
 from clusterctl.launcher.job.reporter import (
-    ReporterDoors, ReporterSettingError, read_node_health, read_node_progress, read_process_state, report_settings,
-    run_reporter,
+    HoldingsReader, ReporterDoors, ReporterSettingError, default_doors, read_node_health, read_node_progress,
+    read_process_state, report_settings, run_reporter,
 )
 from clusterctl.launcher.pure.node_report_build import (
-    ReporterIdentity, ReporterMemory, next_report, process_state,
+    ReporterIdentity, ReporterMemory, next_report, node_health, process_state, reported_holdings,
 )
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, write_holdings
 from clusterctl.node_dir import node_dir
 from clusterctl.progress import beat
 from clusterctl.records.actions import Action
@@ -397,3 +398,94 @@ def wait_for(condition, timeout: float = 5.0) -> bool:
         time.sleep(0.01)
     return True
 
+
+
+# ---- the node's checkpoint holdings (multi-level checkpoints) ------------------------------------------
+
+def held_copies(count: int, node: str = "node7") -> CheckpointHoldings:
+    return CheckpointHoldings(node, tuple(HeldCopy(100 * (i + 1), node, "local", 0, 4, T0 + i + 0.0004, 1.23456)
+                                          for i in range(count)), T0 + count)
+
+
+def test_new_holdings_go_at_once_unchanged_ones_ride_the_heartbeat_and_only_the_newest_32_are_sent():
+    records = [progress(0)]
+    memory, sent = ReporterMemory(), []
+
+    def look(at: float, held: CheckpointHoldings | None) -> bool:
+        nonlocal memory
+        decision = next_report(IDENTITY, records, {}, NodeHealth(), memory, now=T0 + at, monotonic=at, heartbeat=5.0,
+                               checkpoints=held)
+        memory = decision.memory
+        if decision.report is not None:
+            sent.append(decision)
+            memory = memory.after_send(decision.report, at, delivered=True)
+        return decision.report is not None
+
+    assert look(0.0, None)
+    assert look(0.25, held_copies(1)) and sent[-1].reason == "checkpoint holdings now 1 copies"
+    assert not look(0.5, held_copies(1))
+    assert look(5.25, held_copies(1))  # the heartbeat carries them again (a lost datagram is made good)
+    assert look(5.5, held_copies(40))
+    carried = sent[-1].report.checkpoints
+    assert [c.step for c in carried.copies] == [100 * i for i in range(40, 8, -1)]  # the newest 32, newest first
+    assert carried.copies[0].written_at == round(T0 + 39.0004, 3) and carried.copies[0].save_seconds == 1.235
+    assert look(5.75, None) and sent[-1].reason == "checkpoint holdings gone"
+
+
+def test_a_full_node_with_long_evidence_and_32_copies_drops_its_oldest_copies_before_any_rank():
+    many = [replace(XID_79, gpu=None, reason="é" * 2000, at_ts=T0 + i) for i in range(40)]
+    state = healthd(T0, *many)
+    health = node_health(state, T0)
+    records = [RankProgress(rank, "node7", 10**12, "checkpoint-save", T0 + 0.123456, 4_000_000 + rank,
+                            123456.123456, 10**12, T0 + 0.123456) for rank in range(64)]
+    held = CheckpointHoldings("node7", tuple(HeldCopy(10**12 - i, "node7", "buddy", 12_345, 12_500, T0, 1.5)
+                                             for i in range(32)), T0)
+    report = next_report(IDENTITY, records, {}, health, ReporterMemory(), now=T0, monotonic=0, heartbeat=1,
+                         checkpoints=held).report
+    assert report is not None and len(report.ranks) == 64 and report.checkpoints is not None
+    assert 0 < len(report.checkpoints.copies) < 32 and report.checkpoints.copies[0].step == 10**12
+    assert decode(encode(report, KEY), KEY, "test") == report
+
+
+def test_the_holdings_file_is_read_again_only_when_it_changed_and_a_damaged_one_is_said_once(tmp_path):
+    path, said = tmp_path / "holdings.json", []
+    read = HoldingsReader(path, "node7", said.append)
+    assert read() is None and said == []  # no file yet: nothing to tell, nothing wrong
+    write_holdings(path, held_copies(2))
+    assert read() == held_copies(2)
+    stat = path.stat()
+    with open(path, "r+b") as f:  # the same size, inode and time, other bytes: not read again
+        f.write(b"X")
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert read() == held_copies(2)
+    path.write_text("{ damaged")
+    assert read() is None and read() is None
+    path.write_text("{ damaged, again and longer")
+    assert read() is None
+    assert len(said) == 1 and "cannot read the node's checkpoint holdings" in said[0] and str(path) in said[0]
+    write_holdings(path, held_copies(3))
+    assert read() == held_copies(3)
+    write_holdings(path, held_copies(1, node="node8"))
+    assert read() is None and "the holdings of node8, not of this node node7" in said[-1]
+
+
+def test_the_reporter_carries_the_holdings_of_its_node_in_the_steps_checkpoint_settings_to_the_inbox(tmp_path):
+    from clusterctl.records.checkpoint_settings import CheckpointSettings
+    tiers = CheckpointSettings(run_key="0123456789abcdef", local_base=str(tmp_path / "shm"), shared_dir="/shared",
+                               tier_index="", port=4711)
+    write_holdings(tiers.tier_root("node7") / "holdings.json", held_copies(2))
+    inbox = ReportInbox(KEY, "127.0.0.1")
+    fake = FakeClock()
+    sender = ReportSender(KEY, ("127.0.0.1", inbox.port))
+    settings = report_settings(settings_env(inbox.port, **tiers.to_env()))
+    doors = replace(default_doors(sender, lambda: fake.t >= 1.0, settings), clock=fake.clock())
+    try:
+        assert run_reporter(settings, tmp_path, 2**22 + 9, doors) == 0
+        got = drain_until(inbox, lambda got: len(got) >= 2)
+    finally:
+        inbox.close()
+        sender.close()
+    assert got and all(r.checkpoints == reported_holdings(held_copies(2)) for r in got)
+    with pytest.raises(ReporterSettingError, match="CLUSTERCTL_CHECKPOINT: .*must be an absolute path"):
+        report_settings(settings_env(9, CLUSTERCTL_CHECKPOINT=tiers.to_env()["CLUSTERCTL_CHECKPOINT"].replace(
+            str(tmp_path / "shm"), "shm")))

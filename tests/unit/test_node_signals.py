@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, strategies as st
 
+from clusterctl.launcher.job.signal_watch import SignalWatch
 from clusterctl.launcher.pure.node_signals import NodeSignals, SignalPolicy, heartbeat_seconds, slurm_sweep_seconds
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
 from clusterctl.records.node_report import NodeHealth, NodeReport, RankBeat
 from clusterctl.records.rank_progress import RankProgress
 
@@ -116,3 +120,38 @@ def test_any_mix_of_reports_judges_without_error_and_names_only_the_step_s_nodes
     named = set(judged.drained) | set(judged.silent) | set(judged.frozen.suspect_nodes if judged.frozen else ())
     assert named <= set(NODES)
     assert judged.reporting + len(judged.silent) + judged.channel_silent <= len(NODES)
+
+
+class Inbox:
+    """Reports waiting to be drained (the agent's UDP inbox, as data)."""
+
+    def __init__(self) -> None:
+        self.waiting: list[NodeReport] = []
+        self.port, self.refused = 9, {}
+
+    def drain(self, limit: int = 1 << 20) -> list[NodeReport]:
+        taken, self.waiting = self.waiting, []
+        return taken
+
+
+def holding(node: str, *steps: int) -> CheckpointHoldings:
+    return CheckpointHoldings(node, tuple(HeldCopy(s, node, "local", NODES.index(node), 4, T0 + s, 1.0)
+                                          for s in steps), T0 + max(steps, default=0))
+
+
+def test_the_watch_keeps_each_nodes_newest_holdings_and_a_report_without_any_leaves_them():
+    inbox = Inbox()
+    watch = SignalWatch(inbox, "42", "0", NODES, POLICY, T0, clock=lambda: T0 + 1)
+    inbox.waiting = [replace(report("node1", 1, T0), checkpoints=holding("node1", 10)),
+                     replace(report("node2", 1, T0), checkpoints=holding("node2", 10)), report("node3", 1, T0)]
+    watch.poll()
+    assert watch.holdings() == {"node1": holding("node1", 10), "node2": holding("node2", 10)}
+    kept = watch.holdings()["node2"]
+    inbox.waiting = [replace(report("node1", 2, T0 + 1), checkpoints=holding("node1", 10, 20)),
+                     replace(report("node2", 2, T0 + 1), checkpoints=holding("node2", 10)),  # unchanged
+                     replace(report("node3", 1, T0), checkpoints=holding("node3", 99)),  # older than the one held
+                     replace(report("node4", 1, T0, launch="1"), checkpoints=holding("node4", 99)),  # another step's
+                     report("node1", 3, T0 + 2)]  # none told (a damaged file): node1's stay
+    watch.poll()
+    assert watch.holdings() == {"node1": holding("node1", 10, 20), "node2": holding("node2", 10)}
+    assert watch.holdings()["node2"] is kept

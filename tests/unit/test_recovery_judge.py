@@ -179,3 +179,24 @@ def test_a_restart_in_the_allocation_without_progress_counts_toward_the_retry_bu
     assert second.act == Act.END_JOB and "restart.retry_budget = 1" in second.message
     progressed = judge(Happened(asked, 30, where), first.budget, policy)
     assert progressed.act == Act.RESTART_IN_PLACE and progressed.budget.without_progress == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([87, 137, 1]), st.lists(st.sampled_from(NODES[1:]), max_size=2, unique=True), budgets,
+       policies)
+def test_a_failed_resume_restarts_from_the_next_plan_and_counts_against_the_budget_unless_a_node_failed(
+        exit_code, failed, budget, policy):
+    # srun's exit code is 87 (the rank that could not load its part) or 128 + SIGKILL (the ranks it killed):
+    # the nodes' resume-failure records tell a failed resume, and a failed node still comes first.
+    said = ["node2 could not load checkpoint 20: no copy of slot 1 verified"]
+    outcome = step_outcome(exit_code, list(_blame(*failed)), None, "", ACTIONS, said)
+    where = Allocation(NODES[:3], 3, BATCH_HOST)
+    recovery = judge(Happened(outcome, 20, where), budget, policy)
+    if failed:
+        assert outcome.kind == OutcomeKind.NODE_FAILURE
+        return
+    assert outcome.kind == OutcomeKind.RESUBMIT and outcome.blame == () and said[0] in outcome.message
+    assert recovery.act in (Act.RESTART_IN_PLACE, Act.END_JOB)
+    if recovery.act == Act.RESTART_IN_PLACE:
+        assert recovery.nodes == NODES[:3] and recovery.budget.restarts == budget.restarts + 1
+    assert step_outcome(exit_code, [], None, "", ACTIONS).kind == OutcomeKind.PROGRAM_FAILURE  # no records: its own

@@ -165,3 +165,19 @@ def test_any_valid_spec_survives_the_run_directory_round_trip(name, nodes, gpn, 
     spec = parse_spec(text, "job.toml", base_dir=Path("/base"))
     assert spec.job.name == name and list(spec.launch.command) == argv and dict(spec.launch.env) == env
     assert spec_from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+def test_multi_level_checkpoints_are_off_unless_asked_and_say_what_they_need():
+    assert parse_spec(MINIMAL, "job.toml", base_dir=Path("/base")).checkpoint.tiers is False
+    tiers = MINIMAL + '[checkpoint]\ndir = "{run_dir}/ckpt"\ntiers = true\nflush_every_steps = 300\n'
+    spec = parse_spec(tiers, "job.toml", base_dir=Path("/base"))
+    assert (spec.checkpoint.tiers, spec.checkpoint.keep, spec.checkpoint.flush_every_steps) == (True, 2, 300)
+    assert "key `checkpoint.tiers`: expected true or false, found a string 'yes'" in \
+        _error(tiers.replace("tiers = true", 'tiers = "yes"'))
+    assert "needs [checkpoint] dir" in _error(MINIMAL + "[checkpoint]\ntiers = true\n")
+    assert "'scratch' is not an absolute path" in _error(tiers + 'local_dir = "scratch"\n')
+    assert "needs the built-in templates" in _error(tiers.replace("[launch]\n", '[launch]\ntemplate = "my.sbatch"\n'))
+    assert "`checkpoint.keep`: expected a whole number of at least 1" in _error(tiers + "keep = 0\n")
+    # which checkpoints the supervisor and `clusterctl report` take as complete
+    assert spec.checkpoint.recognised_by == "tiers"
+    assert parse_spec(MINIMAL, "job.toml", base_dir=Path("/base")).checkpoint.recognised_by == "auto"

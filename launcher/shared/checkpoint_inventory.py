@@ -1,0 +1,145 @@
+"""What a run knows of its multi-level checkpoints from one job to the next (docs/checkpoint-tiers.md).
+
+Two files, both written by the job's agent (launcher/job/checkpoint_plan.py), never by the ranks:
+
+- `<job dir>/checkpoint-inventory.json`: the newest holdings of every node the job heard from (one file
+  per job, rewritten when they change, at most every INVENTORY_EVERY seconds).  The next job of the run
+  reads its predecessor's, so a resubmitted job can resume from the copies on the nodes it got again.
+- `<checkpoint dir>/tiers/step-<N:012d>/complete.json`: written once every slot's part of checkpoint N is
+  reported flushed to shared storage (one file per flushed checkpoint), naming the node whose part each
+  slot holds.  The supervisor's `tiers` validator (launcher/shared/checkpoints.py) takes a step with this
+  file as complete; an agent plans from it when no node holds anything (a fresh allocation).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from clusterctl.files import atomic_write
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings
+from clusterctl.records.versioned import (
+    RecordError, check_header, field, header, node_field, read_json_record, refuse_unknown, whole_field,
+)
+
+INVENTORY_NAME = "checkpoint-inventory.json"
+INVENTORY_KIND = "checkpoint-inventory"
+INVENTORY_VERSION = 1
+INVENTORY_LIMIT = 256 << 20
+"""The largest inventory read (bytes): 100,000 nodes' holdings of a handful of copies are ~100 MB."""
+COMPLETE_NAME = "complete.json"
+COMPLETE_KIND = "checkpoint-flushed"
+COMPLETE_VERSION = 1
+COMPLETE_LIMIT = 16 << 20
+TIERS_DIR = "tiers"
+_STEP_DIR = re.compile(r"step-([0-9]{12})")
+
+
+def step_dir(shared_dir: str | Path, step: int) -> Path:
+    """The shared tier's folder of checkpoint `step`."""
+    return Path(shared_dir) / TIERS_DIR / f"step-{step:012d}"
+
+
+# ---- the inventory ---------------------------------------------------------------------------------
+
+def inventory_text(holdings: Mapping[str, CheckpointHoldings]) -> str:
+    """The inventory of `holdings` (by node), nodes sorted: the same holdings give the same text."""
+    return json.dumps({**header(INVENTORY_KIND, INVENTORY_VERSION),
+                       "nodes": [holdings[node].to_json() for node in sorted(holdings)]},
+                      sort_keys=True, separators=(",", ":")) + "\n"
+
+
+def write_inventory(job_dir: Path, text: str) -> Path:
+    """Write an inventory (`inventory_text`) into `job_dir` atomically; its path."""
+    return atomic_write(job_dir / INVENTORY_NAME, text, mode=0o600)
+
+
+def read_inventory(path: Path) -> dict[str, CheckpointHoldings]:
+    """Every node's holdings an inventory recorded; RecordError when it is damaged, too large, not a regular
+    file or from a newer clusterctl."""
+    body = check_header(read_json_record(path, limit=INVENTORY_LIMIT, follow_symlinks=False), INVENTORY_KIND,
+                        INVENTORY_VERSION, str(path))
+    refuse_unknown(body, frozenset({"kind", "version", "nodes"}), str(path))
+    entries = field(body, "nodes", list, str(path))
+    found: dict[str, CheckpointHoldings] = {}
+    for i, entry in enumerate(entries):
+        held = CheckpointHoldings.from_json(entry, f"{path}: nodes[{i}]")
+        found[held.node] = held
+    return found
+
+
+def newest_inventory(run_dir: Path) -> Path | None:
+    """The newest inventory a job of the run wrote (`<run>/jobs/*/`: the previous job's, or this job's own
+    when an agent takes a job over), or None."""
+    found = []
+    try:
+        jobs = list(os.scandir(run_dir / "jobs"))
+    except OSError:
+        return None
+    for entry in jobs:
+        path = Path(entry.path) / INVENTORY_NAME
+        try:
+            found.append((path.stat().st_mtime_ns, str(path)))
+        except OSError:
+            continue
+    return Path(max(found)[1]) if found else None
+
+
+# ---- complete.json: a checkpoint flushed whole ------------------------------------------------------
+
+@dataclass(frozen=True)
+class FlushedCheckpoint:
+    """Checkpoint `step`, every slot's part on shared storage: `nodes[s]` is the node whose part slot s
+    holds (the node that had slot s when it was saved)."""
+
+    step: int
+    nodes: tuple[str, ...]
+
+
+def write_complete(shared_dir: str | Path, flushed: FlushedCheckpoint) -> Path:
+    """Mark `flushed.step` complete on shared storage; the file's path."""
+    return atomic_write(step_dir(shared_dir, flushed.step) / COMPLETE_NAME, json.dumps(
+        {**header(COMPLETE_KIND, COMPLETE_VERSION), "step": flushed.step, "slots": len(flushed.nodes),
+         "nodes": list(flushed.nodes)}, sort_keys=True) + "\n")
+
+
+def read_complete(path: Path) -> FlushedCheckpoint:
+    """One complete.json; RecordError when it is damaged or from a newer clusterctl."""
+    where = str(path)
+    body = check_header(read_json_record(path, limit=COMPLETE_LIMIT, follow_symlinks=False), COMPLETE_KIND,
+                        COMPLETE_VERSION, where)
+    refuse_unknown(body, frozenset({"kind", "version", "step", "slots", "nodes"}), where)
+    nodes = field(body, "nodes", list, where)
+    if whole_field(body, "slots", where) != len(nodes) or not nodes:
+        raise RecordError(where, f"field `slots` says {body['slots']}, `nodes` names {len(nodes)}")
+    return FlushedCheckpoint(whole_field(body, "step", where),
+                             tuple(node_field({"node": n}, "node", f"{where}: nodes[{i}]") for i, n in enumerate(nodes)))
+
+
+def flushed_checkpoints(shared_dir: str | Path) -> tuple[list[FlushedCheckpoint], list[str]]:
+    """Every checkpoint marked complete on shared storage (oldest first), and a line for each marker that
+    could not be read (such a checkpoint is not taken)."""
+    good: list[FlushedCheckpoint] = []
+    problems: list[str] = []
+    try:
+        names = sorted(e.name for e in os.scandir(Path(shared_dir) / TIERS_DIR) if _STEP_DIR.fullmatch(e.name))
+    except OSError:
+        return [], []
+    for name in names:
+        path = Path(shared_dir) / TIERS_DIR / name / COMPLETE_NAME
+        try:
+            flushed = read_complete(path)
+        except FileNotFoundError:
+            continue
+        except (OSError, RecordError) as exc:
+            problems.append(f"not taking {path}: {exc}")
+            continue
+        if f"step-{flushed.step:012d}" != name:
+            problems.append(f"not taking {path}: it names step {flushed.step}")
+            continue
+        good.append(flushed)
+    return good, problems
