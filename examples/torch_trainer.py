@@ -13,6 +13,10 @@ What clusterctl relies on, in the real library a training job would use:
   `<checkpoint dir>/step-NNNNNNNN/`: model weights, optimizer state, every rank's RNG state, the
   data cursor and the step.  DCP writes `.metadata` last (after every rank's shards), so a
   directory without it was cut off mid-save; such a directory is never resumed from.
+* In a clusterctl job with multi-level checkpoints on (`[checkpoint] tiers = true`), every rank
+  saves its state through `clusterctl.checkpoint` instead (`save_state`: DCP into its node's memory,
+  copied to a buddy node, every k-th flushed to shared storage) and resumes with `resume()` and
+  `load_state`; the state saved is the same.
 * Resume from $CLUSTERCTL_RESUME_FROM (set by clusterctl's supervisor), else --resume: 'auto'
   (the newest complete checkpoint), 'none', or a path.  At the same world size the final state
   is bit-identical with or without interruptions; rank 0 writes its digest to final.json.
@@ -48,6 +52,11 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from toy_trainer import Gpu, GpuLost  # noqa: E402  (next to this file)
+
+try:  # clusterctl's multi-level checkpoints (node memory, a buddy node, shared storage), when the job has them on
+    from clusterctl.checkpoint import Checkpointer
+except ImportError:  # an older clusterctl, or none: DCP checkpoints to --checkpoint-dir as before
+    Checkpointer = None  # type: ignore[assignment,misc]
 
 EXIT_PEER_LOST, EXIT_USAGE, EXIT_GPU_LOST = 1, 2, 3
 RESUME_ENV = "CLUSTERCTL_RESUME_FROM"
@@ -187,6 +196,11 @@ def load(path: Path, model, optimizer, rank: int) -> tuple[int, int]:
     except Exception as exc:  # DCP raises several kinds (CheckpointException, KeyError, RuntimeError)
         raise ValueError(f"{path}: cannot load ({type(exc).__name__}: {exc}); a checkpoint of another "
                          f"world size has no RNG state for rank {rank}") from None
+    return restore(state, model, optimizer, rank)
+
+
+def restore(state: dict, model, optimizer, rank: int) -> tuple[int, int]:
+    """Put a loaded app_state into the model, the optimizer and this rank's RNG; (step, data cursor)."""
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     torch.set_rng_state(state["rng"][f"rank{rank}"])
     return int(state["progress"]["step"]), int(state["progress"]["data_cursor"])
@@ -252,12 +266,22 @@ def train(args: argparse.Namespace) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     torch.manual_seed(args.seed + rank)  # dropout: a stream per rank, saved in every checkpoint
     step, cursor = 0, 0
-    # Rank 0 chooses, everyone loads the same one (a checkpoint appearing meanwhile changes nothing).
-    chosen = [str(pick_resume(args) or "") if rank == 0 else None]
-    dist.broadcast_object_list(chosen, src=0)
-    if chosen[0]:
-        step, cursor = load(Path(chosen[0]), model, optimizer, rank)
-        args.die_during_save = None  # the injected fault strikes once: a resumed run goes on
+    ckpt = Checkpointer.from_env() if Checkpointer is not None else None
+    if ckpt is not None:  # every node was told the same step to resume from (the job's tier index)
+        resumed = ckpt.resume()
+        chosen = [f"step {resumed.step} ({resumed.source})" if resumed else ""]
+        if resumed is not None:
+            state = app_state(model, optimizer, 0, 0, rank)
+            ckpt.load_state(state)
+            step, cursor = restore(state, model, optimizer, rank)
+            args.die_during_save = None
+    else:
+        # Rank 0 chooses, everyone loads the same one (a checkpoint appearing meanwhile changes nothing).
+        chosen = [str(pick_resume(args) or "") if rank == 0 else None]
+        dist.broadcast_object_list(chosen, src=0)
+        if chosen[0]:
+            step, cursor = load(Path(chosen[0]), model, optimizer, rank)
+            args.die_during_save = None  # the injected fault strikes once: a resumed run goes on
     if rank == 0:
         args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         log(f"{'resumed from ' + chosen[0] if chosen[0] else 'fresh start'}; world size {world}; "
@@ -276,7 +300,12 @@ def train(args: argparse.Namespace) -> int:
             time.sleep(args.step_time)
         if step % args.log_every == 0 or step == args.steps:
             log(f"step {step} loss {loss.item():.6f} took {time.monotonic() - started:.3f} s")
-        if step % args.checkpoint_every == 0:
+        if step % args.checkpoint_every == 0 and ckpt is not None:
+            began = time.monotonic()
+            ckpt.save_state(step, app_state(model, optimizer, step, cursor, rank))
+            if rank == 0:
+                log(f"checkpoint step {step} saved to the node tier in {time.monotonic() - began:.3f} s")
+        elif step % args.checkpoint_every == 0:
             save(args.checkpoint_dir, model, optimizer, step, cursor, rank, args.die_during_save)
     digest = state_digest(model, optimizer, step, cursor)
     digests: list[str | None] = [None] * world
@@ -290,6 +319,8 @@ def train(args: argparse.Namespace) -> int:
         tmp.write_text(json.dumps(final))
         os.replace(tmp, args.checkpoint_dir / "final.json")
         log(f"done: step {step} digest {digest}")
+    if ckpt is not None:
+        ckpt.close()  # the node's background copies done, the newest flushed when the spec says so
     dist.barrier()
     dist.destroy_process_group()
     # The store's host leaves last: a rank whose store vanishes while it tears down its gloo group

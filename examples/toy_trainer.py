@@ -16,6 +16,9 @@ It behaves like a real data-parallel training job where that matters to clusterc
 * Rank 0 writes a checkpoint every --checkpoint-every steps atomically: files in a
   temp dir, fsync, manifest.json written last, rename to step-NNNNNNNN, fsync the
   parent.  A checkpoint without a valid manifest is incomplete and never resumed.
+* In a clusterctl job with multi-level checkpoints on (`[checkpoint] tiers = true`), every rank
+  saves its own state through `clusterctl.checkpoint` instead (its node's memory, a copy on a buddy
+  node, every k-th to shared storage) and resumes from what `Checkpointer.resume()` staged.
 * State is integers modulo a prime, so the final state is bit-identical whether or
   not the run was interrupted and resumed; rank 0 writes it to final.json.
 
@@ -42,6 +45,11 @@ except ImportError:  # run by a Python without clusterctl: no progress reports, 
     def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None,
              min_interval: float | None = None) -> None:
         """Without clusterctl: nothing to report to."""
+
+try:  # clusterctl's multi-level checkpoints (node memory, a buddy node, shared storage), when the job has them on
+    from clusterctl.checkpoint import Checkpointer
+except ImportError:  # an older clusterctl, or none: checkpoints go to --checkpoint-dir as before
+    Checkpointer = None  # type: ignore[assignment,misc]
 
 MODULUS = (1 << 61) - 1  # a Mersenne prime: all arithmetic stays exact
 PARAMS = 64
@@ -366,6 +374,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def tiered_state(ckpt, args: argparse.Namespace, rank: int) -> tuple[dict, str]:
+    """The state to start from in a job with multi-level checkpoints: what `resume()` staged on this node
+    (every rank's own file, `rank-<r>.json`, checked against its recorded SHA-256), else a fresh start."""
+    resume = ckpt.resume()
+    if resume is None:
+        return initial_state(args.seed), "fresh start (multi-level checkpoints: none to resume)"
+    return load_tiered(resume.directory, rank), f"resumed step {resume.step} from {resume.source}"
+
+
+def save_tiered(ckpt, state: dict, rank: int) -> None:
+    """This rank's state into the node's fast tier (returns once it is there; copies follow in the background)."""
+    payload = json.dumps({"params": state["params"]}).encode()
+    record = {"format": "clusterctl-toy-trainer-rank/1", "step": state["step"], "data_cursor": state["data_cursor"],
+              "rng": state["rng"], "params": json.loads(payload)["params"],
+              "params_sha256": hashlib.sha256(payload).hexdigest()}
+    with ckpt.save_files(state["step"]) as directory:
+        (Path(directory) / f"rank-{rank}.json").write_text(json.dumps(record))
+
+
+def load_tiered(directory, rank: int) -> dict:
+    """This rank's state from a staged copy; ValueError saying what is wrong with it."""
+    path = Path(directory) / f"rank-{rank}.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: unreadable ({exc})") from None
+    payload = json.dumps({"params": record.get("params")}).encode()
+    if hashlib.sha256(payload).hexdigest() != record.get("params_sha256"):
+        raise ValueError(f"{path}: params do not match the recorded checksum")
+    return {"step": record["step"], "params": record["params"], "rng": record["rng"],
+            "data_cursor": record["data_cursor"]}
+
+
 def resume_state(args: argparse.Namespace) -> tuple[dict, str]:
     choice = os.environ.get(RESUME_ENV) or args.resume
     if choice == "none":
@@ -387,7 +428,8 @@ def train(args: argparse.Namespace) -> int:
     gpu = Gpu(local_rank)
     if rank == 0 and not gpu.present:
         log("no NVML driver on this host: GPU checks are off")
-    state, how = resume_state(args)
+    ckpt = Checkpointer.from_env() if Checkpointer is not None else None
+    state, how = tiered_state(ckpt, args, rank) if ckpt is not None else resume_state(args)
     if rank == 0:
         args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         log(f"{how}; world size {world}; steps {state['step']}..{args.steps}")
@@ -417,12 +459,20 @@ def train(args: argparse.Namespace) -> int:
             if state["step"] % args.log_every == 0 or state["step"] == args.steps:
                 log(f"step {state['step']} took {time.monotonic() - started:.3f} s")
             beat(state["step"], compute_seconds=compute)
-            if rank == 0 and state["step"] % args.checkpoint_every == 0:
+            if ckpt is not None and state["step"] % args.checkpoint_every == 0:
+                beat(state["step"], "checkpoint-save")
+                save_tiered(ckpt, state, rank)
+                if rank == 0:
+                    log(f"checkpoint step {state['step']} saved to the node tier")
+                beat(state["step"])
+            elif rank == 0 and state["step"] % args.checkpoint_every == 0:
                 beat(state["step"], "checkpoint-save")
                 log(f"checkpoint {write_checkpoint(args.checkpoint_dir, state)}")
                 beat(state["step"])
     finally:
         group.close()
+    if ckpt is not None:
+        ckpt.close()
     if rank == 0:
         final = {"step": state["step"], "digest": state_digest(state), "world_size": world}
         tmp = args.checkpoint_dir / f".final.{os.getpid()}"

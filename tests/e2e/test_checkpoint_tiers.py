@@ -1,0 +1,141 @@
+"""Multi-level checkpoints on the real testbed: every rank saves to its node's memory, each node's part
+is copied to a buddy node, every k-th checkpoint flushed to shared storage; a node lost between its save
+and the flush comes back on the spare from its buddy's copy, and a copy that went bad is caught by its
+checksum and passed over for the next tier, without a restart loop.  The run ends bit-identical to an
+uninterrupted one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from clusterctl.launcher.job.checkpoint_plan import read_inventory, run_key
+from clusterctl.records.rank_map import read_rank_map
+from clusterctl.records.run_journal import read_run_journal
+from tests.conftest import REPO, TEST_LAYOUT, clusterctl_on
+
+pytestmark = pytest.mark.e2e
+
+RECORDS = str(TEST_LAYOUT.root / "job-health")
+STEPS = 60
+FLUSH_EVERY = 40
+
+
+def _spec(cluster, tmp_path: Path, *, spares: int, tiers: bool) -> Path:
+    path = tmp_path / "job.toml"
+    tiers_keys = f"tiers = true\nflush_every_steps = {FLUSH_EVERY}\nkeep = 2\n" if tiers else ""
+    path.write_text(f"""\
+[job]
+name = "tiers"
+nodes = 2
+spare_nodes = {spares}
+gpus_per_node = 8
+sbatch_options = ["--exclusive"]
+[launch]
+command = ["{cluster.python}", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "{STEPS}",
+           "--checkpoint-every", "10", "--step-time", "0.3", "--log-every", "10", "--peer-timeout", "15"]
+workdir = "{REPO / 'examples'}"
+[parallel]
+tp = 8
+pp = 2
+[checkpoint]
+dir = "{{run_dir}}/checkpoints"
+{tiers_keys}
+[restart]
+poll_seconds = 0.5
+backoff_seconds = 0.5
+""")
+    return path
+
+
+def _events(run_dir: Path, kind: str) -> list:
+    return [e for e in read_run_journal(run_dir / "journal.jsonl").events if e.event == kind]
+
+
+def _wait(condition, what: str, proc: subprocess.Popen, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"
+        time.sleep(0.1)
+
+
+def _supervised(cluster, tmp_path: Path, spec: Path) -> tuple[subprocess.Popen, Path]:
+    run_dir = tmp_path / "run"
+    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
+            "from clusterctl.launcher.login.cli import main; main()", "submit", str(spec),
+            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), run_dir
+
+
+def _finished(proc: subprocess.Popen, timeout: float = 240) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}") from None
+    assert proc.returncode == 0, out
+    return out
+
+
+def _buddy_copied(run_dir: Path, job: str) -> int | None:
+    """The newest step whose every node's part is in its own tier and on its buddy, not on shared storage."""
+    path = run_dir / "jobs" / job / "checkpoint-inventory.json"
+    if not path.exists():
+        return None
+    copies = [m for held in read_inventory(path).values() for m in held]
+    steps = {m.step for m in copies if m.tier == "buddy"} - {m.step for m in copies if m.tier == "shared"}
+    whole = [s for s in steps if {m.of_node for m in copies if m.step == s and m.tier == "buddy"}
+             == {m.of_node for m in copies if m.step == s and m.tier == "local"} and
+             len({m.of_node for m in copies if m.step == s and m.tier == "local"}) == 2]
+    return max(whole, default=None)
+
+
+def _batch_host(cluster, job: str) -> str:
+    nodes = cluster.run_on("ctl", ["squeue", "-h", "-j", job, "-o", "%N"]).stdout.strip()
+    return cluster.run_on("ctl", ["scontrol", "show", "hostnames", nodes]).stdout.split()[0]
+
+
+@pytest.fixture(scope="module")
+def reference(testbed_session, cluster, tmp_path_factory) -> dict:
+    """The same training on 2 nodes, uninterrupted, saving the classic way (rank 0 to shared storage)."""
+    tmp = tmp_path_factory.mktemp("tiers-reference")
+    clusterctl_on(testbed_session, "submit", str(_spec(cluster, tmp, spares=0, tiers=False)), "--run-dir",
+                  str(tmp / "run"), "--wait", timeout=180)
+    final = json.loads((tmp / "run" / "checkpoints" / "final.json").read_text())
+    assert final["step"] == STEPS
+    return final
+
+
+@pytest.mark.parametrize("corrupt", [False, True], ids=["buddy-copy", "corrupted-buddy-copy"])
+def test_a_node_lost_before_its_checkpoint_was_flushed_resumes_on_the_spare_from_its_buddys_copy(
+        cluster, tmp_path, reference, corrupt):
+    proc, run_dir = _supervised(cluster, tmp_path, _spec(cluster, tmp_path, spares=1, tiers=True))
+    _wait(lambda: _events(run_dir, "submitted"), "the submission", proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    _wait(lambda: (_buddy_copied(run_dir, job) or 0) >= 20, "a checkpoint copied to the buddies", proc)
+    victim = next(n for n in read_rank_map(run_dir / "jobs" / job).slots if n != _batch_host(cluster, job))
+    survivor = next(n for n in read_rank_map(run_dir / "jobs" / job).slots if n != victim)
+    if corrupt:  # every copy of the victim's part its buddy holds goes bad (a flipped byte in one rank's file)
+        tier = Path("/dev/shm") / "clusterctl-0" / f"ckpt-{run_key(run_dir)}" / survivor / "buddy" / victim
+        for step_dir in tier.glob("step-*"):
+            shard = next(step_dir.glob("rank-*.json"))
+            data = bytearray(shard.read_bytes())
+            data[len(data) // 2] ^= 0x01
+            shard.write_bytes(bytes(data))
+    cluster.kill_node(victim)
+    out = _finished(proc)
+    assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
+    assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
+    recovered = _events(run_dir, "recovered-in-allocation")
+    assert [b.node for b in recovered[0].blame] == [victim], out
+    if not corrupt:
+        assert len(recovered) == 1, out
+        assert f"from a buddy's copy ({victim}'s on {survivor})" in out, out
+    else:
+        assert "fails its checksum" in out, out
+        assert len(recovered) <= 3, out  # a bounded number of tries, never a loop
