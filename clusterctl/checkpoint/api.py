@@ -300,6 +300,8 @@ class Checkpointer:
                             f"the copy {copy.problem}")
             self._resumed = resumed
             return resumed
+        if not first:  # the node's stager said why and wrote the record; its other ranks just leave
+            raise SystemExit(EXIT_RESUME_FAILED)
         problems = "; ".join(f"the {b.tier} copy {b.problem}" for b in bad) or "no copy was found"
         why = f"no copy of slot {self.slot}'s files of step {step} verifies ({problems})"
         where = ""

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from clusterctl.launcher.job.checkpoint_plan import read_inventory, run_key
+from clusterctl.launcher.job.checkpoint_plan import run_key
+from clusterctl.records.checkpoint_holdings import read_holdings
 from clusterctl.records.rank_map import read_rank_map
 from clusterctl.records.run_journal import read_run_journal
 from tests.conftest import REPO, TEST_LAYOUT, clusterctl_on
@@ -82,16 +83,21 @@ def _finished(proc: subprocess.Popen, timeout: float = 240) -> str:
     return out
 
 
-def _buddy_copied(run_dir: Path, job: str) -> int | None:
-    """The newest step whose every node's part is in its own tier and on its buddy, not on shared storage."""
-    path = run_dir / "jobs" / job / "checkpoint-inventory.json"
-    if not path.exists():
-        return None
-    copies = [m for held in read_inventory(path).values() for m in held]
-    steps = {m.step for m in copies if m.tier == "buddy"} - {m.step for m in copies if m.tier == "shared"}
-    whole = [s for s in steps if {m.of_node for m in copies if m.step == s and m.tier == "buddy"}
-             == {m.of_node for m in copies if m.step == s and m.tier == "local"} and
-             len({m.of_node for m in copies if m.step == s and m.tier == "local"}) == 2]
+def _tier(run_dir: Path, node: str) -> Path:
+    """A node's fast tier of the run (the testbed's nodes share this machine's /dev/shm; each has its own folder)."""
+    return Path("/dev/shm") / "clusterctl-0" / f"ckpt-{run_key(run_dir)}" / node
+
+
+def _buddy_copied(run_dir: Path, nodes: list[str]) -> int | None:
+    """The newest step whose every node's part is in its own tier and on its buddy, not on shared storage
+    (what the nodes' holdings say: the files their reporters send to the agent)."""
+    copies = [c for node in nodes if (held := read_holdings(_tier(run_dir, node) / "holdings.json"))
+              for c in held.copies]
+    local = {(c.step, c.of_node) for c in copies if c.tier == "local"}
+    buddy = {(c.step, c.of_node) for c in copies if c.tier == "buddy"}
+    shared = {c.step for c in copies if c.tier == "shared"}
+    whole = [step for step in {s for s, _ in local} - shared
+             if all((step, n) in local and (step, n) in buddy for n in nodes)]
     return max(whole, default=None)
 
 
@@ -101,10 +107,10 @@ def _batch_host(cluster, job: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def reference(testbed_session, cluster, tmp_path_factory) -> dict:
+def reference(testbed_session, tmp_path_factory) -> dict:
     """The same training on 2 nodes, uninterrupted, saving the classic way (rank 0 to shared storage)."""
     tmp = tmp_path_factory.mktemp("tiers-reference")
-    clusterctl_on(testbed_session, "submit", str(_spec(cluster, tmp, spares=0, tiers=False)), "--run-dir",
+    clusterctl_on(testbed_session, "submit", str(_spec(testbed_session, tmp, spares=0, tiers=False)), "--run-dir",
                   str(tmp / "run"), "--wait", timeout=180)
     final = json.loads((tmp / "run" / "checkpoints" / "final.json").read_text())
     assert final["step"] == STEPS
@@ -117,12 +123,13 @@ def test_a_node_lost_before_its_checkpoint_was_flushed_resumes_on_the_spare_from
     proc, run_dir = _supervised(cluster, tmp_path, _spec(cluster, tmp_path, spares=1, tiers=True))
     _wait(lambda: _events(run_dir, "submitted"), "the submission", proc)
     job = _events(run_dir, "submitted")[0].job_id
-    _wait(lambda: (_buddy_copied(run_dir, job) or 0) >= 20, "a checkpoint copied to the buddies", proc)
-    victim = next(n for n in read_rank_map(run_dir / "jobs" / job).slots if n != _batch_host(cluster, job))
-    survivor = next(n for n in read_rank_map(run_dir / "jobs" / job).slots if n != victim)
+    _wait(lambda: (run_dir / "jobs" / job / "rankmap.json").exists(), "the rank map", proc)
+    slots = list(read_rank_map(run_dir / "jobs" / job).slots)
+    _wait(lambda: (_buddy_copied(run_dir, slots) or 0) >= 20, "a checkpoint copied to the buddies", proc)
+    victim = next(n for n in slots if n != _batch_host(cluster, job))
+    survivor = next(n for n in slots if n != victim)
     if corrupt:  # every copy of the victim's part its buddy holds goes bad (a flipped byte in one rank's file)
-        tier = Path("/dev/shm") / "clusterctl-0" / f"ckpt-{run_key(run_dir)}" / survivor / "buddy" / victim
-        for step_dir in tier.glob("step-*"):
+        for step_dir in (_tier(run_dir, survivor) / "buddy" / victim).glob("step-*"):
             shard = next(step_dir.glob("rank-*.json"))
             data = bytearray(shard.read_bytes())
             data[len(data) // 2] ^= 0x01
@@ -133,9 +140,12 @@ def test_a_node_lost_before_its_checkpoint_was_flushed_resumes_on_the_spare_from
     assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
     recovered = _events(run_dir, "recovered-in-allocation")
     assert [b.node for b in recovered[0].blame] == [victim], out
+    log = (run_dir / "logs" / f"{job}.out").read_text()  # the job's output: the agent's and the ranks' lines
     if not corrupt:
-        assert len(recovered) == 1, out
-        assert f"from a buddy's copy ({victim}'s on {survivor})" in out, out
+        assert len(recovered) == 1, log
+        assert f"resuming from step {recovered[0].checkpoint_step}: 1 node(s) from their own copies, 1 node(s) " \
+               f"from a buddy's copy ({victim}'s on {survivor})" in log, log
+        assert f"files from {victim}'s copy on {survivor} in" in log, log
     else:
-        assert "fails its checksum" in out, out
-        assert len(recovered) <= 3, out  # a bounded number of tries, never a loop
+        assert "fails its checksum" in log, log
+        assert len(recovered) <= 3, log  # a bounded number of tries, never a loop
