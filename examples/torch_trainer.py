@@ -98,7 +98,8 @@ def ordered_mean(_state, bucket):  # no annotations: DDP checks them, and these 
     gathered = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     future = dist.all_gather(gathered, tensor, async_op=True).get_future()
 
-    def mean(_done):
+    def mean(done):
+        done.value()  # a failed all-gather (a peer died) raises here: never average what never arrived
         total = gathered[0].clone()
         for part in gathered[1:]:
             total += part

@@ -242,3 +242,51 @@ def test_torchrun_whose_batch_host_dies_goes_on_on_the_spare_bit_identical_witho
     again = read_rank_map(run_dir / "jobs" / job / "restart-1")
     assert batch_host not in again.slots and again.master_addr == again.slots[0]
     assert f"resumed from {recovered.checkpoint}" in log, log
+
+
+def test_torchrun_with_multi_level_checkpoints_a_node_lost_before_the_flush_resumes_from_its_buddys_dcp_copy(
+        cluster, tmp_path, reference):
+    """Every rank saves its DCP state to its node's memory (clusterctl.checkpoint), each node's part is
+    copied to the other node, every 30th step flushed; a node powered off before its newest checkpoint
+    reached shared storage: the spare takes its slot with the dead node's part fetched from its buddy."""
+    from clusterctl.launcher.job.checkpoint_plan import run_key
+    from clusterctl.records.checkpoint_holdings import read_holdings
+
+    spec = _spec(cluster, tmp_path, "torchrun", spares=1)
+    text = spec.read_text()
+    spec.write_text(text[:text.index("[checkpoint]")] + '[checkpoint]\ndir = "{run_dir}/checkpoints"\ntiers = true\n'
+                    'flush_every_steps = 30\n' + text[text.index("[restart]"):])
+    run_dir = tmp_path / "run"
+    proc = _supervised(cluster, spec, run_dir)
+    _wait_for(run_dir / "journal.jsonl", proc)
+    _wait_until(lambda: _events(run_dir, "submitted"), proc)
+    job = _events(run_dir, "submitted")[0].job_id
+    _wait_for(run_dir / "jobs" / job / "rankmap.json", proc)
+    slots = list(read_rank_map(run_dir / "jobs" / job).slots)
+    batch_host = hostlist.expand(read_rank_map(run_dir / "jobs" / job).nodelist)[0]
+    victim = next(n for n in slots if n != batch_host)
+    survivor = next(n for n in slots if n != victim)
+    tier = Path("/dev/shm") / "clusterctl-0" / f"ckpt-{run_key(run_dir)}"
+
+    def kept_by_buddy() -> bool:
+        held = read_holdings(tier / survivor / "holdings.json")
+        return held is not None and any(c.tier == "buddy" and c.of_node == victim and c.step % 30 for c in held.copies)
+
+    _wait_until(kept_by_buddy, proc)
+    cluster.kill_node(victim)
+    code, out = _finish(proc)
+    assert code == 0, out
+    log = _log(run_dir)
+    assert _final(run_dir) == reference, out + log
+    assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
+    (recovered,) = _events(run_dir, "recovered-in-allocation")
+    assert [b.node for b in recovered.blame] == [victim] and recovered.checkpoint_step % 30, out + log
+    assert f"files from {victim}'s copy on {survivor} in" in log, log
+
+
+def _wait_until(condition, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert time.monotonic() < deadline, "it did not happen in time"
+        time.sleep(0.1)
