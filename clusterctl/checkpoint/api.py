@@ -693,9 +693,13 @@ class Checkpointer:
 
     # ---- the end ---------------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = True) -> None:
         """Wait for the background work; in local rank 0, flush the newest local copy when
-        settings.flush_at_end and it is not on shared storage yet.  Safe to call twice."""
+        settings.flush_at_end and it is not on shared storage yet.  `finished` (the default: the
+        program calls close() when its training is done) then empties the node's tier of this run,
+        own and buddy copies alike: the node's memory or disk goes back to the next job.  A program
+        that ends otherwise (an error; `with Checkpointer...` leaving on an exception) keeps them for
+        the resume that follows.  Safe to call twice."""
         if self._closed:
             return
         self._closed = True
@@ -719,12 +723,24 @@ class Checkpointer:
                 self._rewrite_holdings()
         if self._server is not None:
             self._server.close()
+        if finished:
+            self._empty_tier()
+
+    def _empty_tier(self) -> None:
+        """The run's copies on this node, removed (training is done); the holdings say so."""
+        assert self.tier is not None
+        with self._lock:
+            self.tier.remove(self.tier.copies_on_disk())
+            self._rewrite_holdings(force=True)
+        kept = len(self.tier.copies_on_disk())
+        self._print(f"training done on {self.node}: its checkpoint copies are removed from {self.tier.root}"
+                    + (f" ({kept} could not be)" if kept else ""))
 
     def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *_exc: object) -> None:
+        self.close(finished=exc_type is None)
 
     # ---- saying things ---------------------------------------------------------------------------
 

@@ -67,10 +67,12 @@ class Job:
         for ranks in self.ranks.values():
             ranks[0].tend()
 
-    def close(self) -> None:
+    def close(self, *, finished: bool = False) -> None:
+        """Every rank closes: `finished`, training is done; else the job ends before it (a failure, a
+        time limit), and the nodes keep their copies for the resume that follows."""
         for ranks in self.ranks.values():
             for ckpt in ranks:
-                ckpt.close()
+                ckpt.close(finished=finished)
 
 
 def steps_in(folder: Path) -> list[int]:
@@ -121,6 +123,20 @@ def test_saves_are_committed_locally_kept_by_the_buddy_flushed_every_kth_step_an
     job.close()
     assert steps_in(job.shared / "tiers") == [2, 4, 5], "the newest copy is flushed at the end"
     assert job.stderr.getvalue() == ""
+    assert steps_in(job.tier("node1") / "local") == [4, 5], "a job that ends before its training keeps them"
+
+
+def test_when_training_is_done_each_node_empties_its_tier_after_the_last_flush(tmp_path: Path) -> None:
+    job = Job(tmp_path, FakeCopyNetwork(), two_nodes(), flush_every=100)
+    for step in (1, 2, 3):
+        job.save(step)
+    job.close(finished=True)
+    assert steps_in(job.shared / "tiers") == [3], "the newest is flushed first"
+    for node in ("node1", "node2"):
+        assert steps_in(job.tier(node) / "local") == [] and not list((job.tier(node) / "buddy").glob("*/step-*"))
+        holdings = read_holdings(job.tier(node) / "holdings.json")
+        assert holdings is not None and {c.tier for c in holdings.copies} <= {"shared"}
+        assert f"training done on {node}: its checkpoint copies are removed" in job.stderr.getvalue()
 
 
 def manifest_ranks(node: str) -> list[int]:
@@ -291,7 +307,7 @@ def test_the_background_thread_sends_and_flushes_without_being_driven(tmp_path: 
             with ckpt.save_files(step) as directory:
                 (directory / "weights.bin").write_bytes(payload(ckpt.rank, step))
     for ckpt in ranks:
-        ckpt.close()
+        ckpt.close(finished=False)
     node2 = tmp_path / "node2" / f"clusterctl-{os.getuid()}" / f"ckpt-{RUN_KEY}" / "node2"
     assert steps_in(node2 / "buddy" / "node1")[-1] == 4
     assert steps_in(shared / "tiers") == [3, 4], "step 3 is due; step 4 is flushed at the end"

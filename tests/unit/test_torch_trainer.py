@@ -98,11 +98,11 @@ def test_with_multi_level_checkpoints_every_rank_saves_its_state_to_the_node_and
         launch = tmp_path / run / f"launch-{resume_step}"
         launch.mkdir(parents=True, exist_ok=True)
         index = launch / "tiers.idx"
-        where = ("local", "node1", "node1") if resume_step is not None else ("-", "-", "-")
+        where = ("shared", "node1", "-") if resume_step is not None else ("-", "-", "-")
         write_tier_index(index, resume_step, [TierSlot("node1", "-", *where)])
         settings = CheckpointSettings(run_key="00000000000000bb", local_base=str(tmp_path / "node1-shm"),
                                       shared_dir=str(tmp_path / run / "shared"), tier_index=str(index),
-                                      port=_free_port(), flush_every_steps=100, resume_step=resume_step)
+                                      port=_free_port(), flush_every_steps=10, resume_step=resume_step)
         return {**settings.to_env(), "SLURMD_NODENAME": "node1", "CLUSTERCTL_REPORT_KEY": "cd" * 32}
 
     whole = torchrun(tmp_path / "whole" / "shared", env=tiered("whole", None))
@@ -112,5 +112,5 @@ def test_with_multi_level_checkpoints_every_rank_saves_its_state_to_the_node_and
     assert cut.returncode == 0, cut.stdout + cut.stderr
     resumed = torchrun(tmp_path / "split" / "shared", env=tiered("split", 10))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert "resumed from step 10 (this node's own copy)" in resumed.stdout
+    assert "resumed from step 10 (shared storage)" in resumed.stdout
     assert final(tmp_path / "split" / "shared") == final(tmp_path / "whole" / "shared")

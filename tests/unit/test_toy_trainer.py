@@ -237,11 +237,11 @@ def test_with_multi_level_checkpoints_on_each_rank_saves_to_its_node_and_a_resum
         launch = tmp_path / run / "launch"
         launch.mkdir(parents=True, exist_ok=True)
         index = launch / "tiers.idx"
-        write_tier_index(index, resume_step, [TierSlot("node1", "-", *(("local", "node1", "node1")
+        write_tier_index(index, resume_step, [TierSlot("node1", "-", *(("shared", "node1", "-")
                                                                        if resume_step is not None else ("-",) * 3))])
         settings = CheckpointSettings(run_key="00000000000000aa", local_base=str(tmp_path / "node1-shm"),
                                       shared_dir=str(tmp_path / run / "shared"), tier_index=str(index), port=port,
-                                      flush_every_steps=100, resume_step=resume_step)
+                                      flush_every_steps=10, resume_step=resume_step)
         for name, value in {**settings.to_env(), "SLURMD_NODENAME": "node1", "LOCAL_RANK": "0",
                             "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "0", "CLUSTERCTL_REPORT_KEY": "ab" * 32}.items():
             monkeypatch.setenv(name, value)
@@ -249,10 +249,10 @@ def test_with_multi_level_checkpoints_on_each_rank_saves_to_its_node_and_a_resum
     tiered("whole", None)
     assert run(tmp_path / "whole" / "shared", 20) == 0
     tiered("split", None)
-    assert run(tmp_path / "split" / "shared", 12) == 0  # saved steps 5 and 10 to node1's memory tier
+    assert run(tmp_path / "split" / "shared", 12) == 0  # saved steps 5 and 10 to node1's memory, 10 flushed too
     assert "checkpoint step 10 saved to the node tier" in capsys.readouterr().out
     assert not list((tmp_path / "split" / "shared").glob("step-*"))  # nothing the classic way
     tiered("split", 10)
     assert run(tmp_path / "split" / "shared", 20) == 0
-    assert "resumed step 10 from this node's own copy" in capsys.readouterr().out
+    assert "resumed step 10 from shared storage" in capsys.readouterr().out
     assert final(tmp_path / "split" / "shared") == final(tmp_path / "whole" / "shared")
