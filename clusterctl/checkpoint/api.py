@@ -75,7 +75,7 @@ _NONE = "-"
 class CheckpointSetupError(ClusterctlError):
     """The job's checkpoint settings or environment are not usable (the message names the variable)."""
 
-    exit_code = 12
+    exit_code = 13
 
 
 @dataclass(frozen=True)

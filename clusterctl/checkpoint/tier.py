@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterctl.checkpoint.copies import MANIFEST_NAME, CopyError
-from clusterctl.errors import ClusterctlError
 from clusterctl.files import UnsafePathError, check_owned, open_checked_dir
 from clusterctl.records.checkpoint_holdings import (
     HOLDINGS_NAME,
@@ -45,10 +44,8 @@ TMP_PREFIX = ".tmp-"
 _STEP = re.compile(r"step-(\d{12})")
 
 
-class TierRootError(ClusterctlError):
+class TierRootError(UnsafePathError):
     """The node's tier root is not a private directory of this user (planted, a symlink, open to others)."""
-
-    exit_code = 11
 
 
 def step_name(step: int) -> str:

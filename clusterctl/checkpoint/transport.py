@@ -88,7 +88,7 @@ class TransferError(ClusterctlError):
     and what to do.  `retryable`: nothing was tried yet and the same call may work in a moment (no
     server listens yet, or it is busy): the peer's first rank may still be starting."""
 
-    exit_code = 13
+    exit_code = 14
 
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
