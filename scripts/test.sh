@@ -39,7 +39,8 @@ session() {
   local release=$1 started=$SECONDS rc=0
   shift
   echo "test: Slurm $release: pytest $*" >&2
-  CLUSTERCTL_TEST_SLURM=$release .venv/bin/python -m pytest "$@" || rc=$?
+  # --durations: the slowest stories, for whoever next has to keep CI within its 45 minutes.
+  CLUSTERCTL_TEST_SLURM=$release .venv/bin/python -m pytest --durations=12 "$@" || rc=$?
   [[ $rc -ne 5 ]] || { echo "test: pytest collected no tests; that is a failure" >&2; rc=1; }
   summary+=("Slurm $release: pytest $* -> exit $rc in $((SECONDS - started)) s")
   [[ $rc -eq 0 ]] || status=1

@@ -117,7 +117,8 @@ def reference(testbed_session, tmp_path_factory) -> dict:
     return final
 
 
-@pytest.mark.parametrize("corrupt", [False, True], ids=["buddy-copy", "corrupted-buddy-copy"])
+@pytest.mark.parametrize("corrupt", [False, pytest.param(True, marks=pytest.mark.one_release)],
+                         ids=["buddy-copy", "corrupted-buddy-copy"])
 def test_a_node_lost_before_its_checkpoint_was_flushed_resumes_on_the_spare_from_its_buddys_copy(
         cluster, tmp_path, reference, corrupt):
     proc, run_dir = _supervised(cluster, tmp_path, _spec(cluster, tmp_path, spares=1, tiers=True))
