@@ -52,6 +52,7 @@ from clusterctl.checkpoint.tier import (
     step_name,
 )
 from clusterctl.errors import ClusterctlError
+from clusterctl.records.checkpoint_holdings import LastResume
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, read_checkpoint_manifest
 from clusterctl.records.checkpoint_settings import SETTINGS_ENV, CheckpointSettings
 from clusterctl.records.node_report import parse_key
@@ -83,12 +84,16 @@ class Resume:
     """The checkpoint to resume from: its step, and the directory holding this node's slot's files
     (in the node's local tier, staged and verified; on shared storage when the local tier is unusable).
     `source` says where the files came from in a user's words (`this node's own copy`, `node2's copy
-    on node3`, `shared storage`), `seconds` what staging them took."""
+    on node3`, `shared storage`), `seconds` what staging them took; `tier` the tier they came from
+    (`local`: this node's own copy; `buddy`: `of_node`'s copy held on node `held_on`; `shared`)."""
 
     step: int
     directory: Path
     source: str = ""
     seconds: float = 0.0
+    tier: str = ""
+    of_node: str = ""
+    held_on: str = ""
 
 
 class CopyService(Protocol):
@@ -261,16 +266,34 @@ class Checkpointer:
                 text = note.read_text()
                 if text.startswith("ok "):
                     staged = json.loads(text[3:])
-                    self._resumed = Resume(step, Path(staged["directory"]), staged["source"], staged["seconds"])
+                    self._resumed = Resume(step, Path(staged["directory"]), staged["source"], staged["seconds"],
+                                           staged.get("tier", ""), staged.get("of_node", ""),
+                                           staged.get("held_on", ""))
                     return self._resumed
                 return self._resumed_or_exit(step, None, [], first=False)
             resumed, bad = self._stage(step)
             resumed = self._timed(resumed, began)
             if resumed is not None:
                 self._drop_abandoned(step)
+                self._record_resume(resumed)
             note.write_text("ok " + json.dumps({"directory": str(resumed.directory), "source": resumed.source,
-                                                "seconds": resumed.seconds}) if resumed else "failed")
+                                                "seconds": resumed.seconds, "tier": resumed.tier,
+                                                "of_node": resumed.of_node, "held_on": resumed.held_on})
+                            if resumed else "failed")
         return self._resumed_or_exit(step, resumed, bad, first=True)
+
+    def _record_resume(self, resumed: Resume) -> None:
+        """Put the resume in the node's holdings (its reporter carries it to the agent, which journals one
+        line per resumed step: where every node's files came from and how long the slowest read took).
+        A holdings file that cannot be written costs only that line's read time."""
+        assert self.tier is not None
+        try:
+            last = LastResume(resumed.step, resumed.tier or "shared", resumed.of_node or self.node,
+                              resumed.held_on, resumed.seconds, time.time())
+            with self._lock:
+                self._rewrite_holdings(force=True, resumed=last)
+        except (OSError, ValueError) as exc:
+            self._print(f"cannot record the resume in the node's checkpoint holdings ({exc})")
 
     def _drop_abandoned(self, step: int | None) -> None:
         """Remove this node's copies of steps after `step` (all for a fresh start): the old timeline's."""
@@ -324,7 +347,8 @@ class Checkpointer:
         if manifest is not None and (manifest.slot, manifest.slots) == (self.slot, self.slots):
             problem = verify_copy(own, manifest)
             if not problem:
-                return Resume(step, own, "this node's own copy"), bad
+                return Resume(step, own, "this node's own copy", tier=LOCAL, of_node=self.node,
+                              held_on=self.node), bad
             bad.append(BadCopy(step, manifest.of_node, "local", self.node, problem))
         if line is not None and line.tier == "buddy" and line.held_on not in (_NONE, ""):
             try:
@@ -402,7 +426,7 @@ class Checkpointer:
         if problem:
             bad.append(BadCopy(step, manifest.of_node, "shared", None, problem))
             return None, bad
-        return Resume(step, source, "shared storage (read in place)"), bad
+        return Resume(step, source, "shared storage (read in place)", tier="shared", of_node=manifest.of_node), bad
 
     def _check_staged(self, directory: Path, manifest: CheckpointManifest, step: int) -> str:
         if (manifest.step, manifest.slot) != (step, self.slot):
@@ -425,7 +449,9 @@ class Checkpointer:
         where = "shared storage" if source.tier == "shared" else \
             f"{source.of_node}'s copy on {source.held_on}" if source.held_on and source.held_on != self.node else \
             f"{source.of_node}'s copy kept on this node"
-        return Resume(step, self.tier.local_copy(step), where)
+        shared = source.tier == "shared"
+        return Resume(step, self.tier.local_copy(step), where, tier="shared" if shared else "buddy",
+                      of_node=source.of_node, held_on="" if shared else source.held_on or self.node)
 
     def _fresh_dir(self, name: str) -> Path:
         assert self.tier is not None
@@ -682,13 +708,13 @@ class Checkpointer:
             self.tier.apply_retention(self.settings.keep)
             self._rewrite_holdings(force=True)
 
-    def _rewrite_holdings(self, *, force: bool = False) -> None:
+    def _rewrite_holdings(self, *, force: bool = False, resumed: LastResume | None = None) -> None:
         assert self.tier is not None
         seen = ([m.step for _, m in self.tier.local_copies()],
                 [(m.of_node, m.step) for _, m in self.tier.buddy_copies()],
                 [m.step for m in self.tier.flushed()])
         if force or seen != self._holdings_seen:
-            self.tier.write_holdings()
+            self.tier.write_holdings(resumed)
             self._holdings_seen = seen
 
     # ---- the end ---------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ from clusterctl.records.checkpoint_holdings import (
     MAX_HELD,
     CheckpointHoldings,
     HeldCopy,
+    LastResume,
+    read_holdings,
     write_holdings,
 )
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, read_checkpoint_manifest, write_checkpoint_manifest
@@ -130,15 +132,15 @@ def budget_bytes(setting: int, filesystem_bytes: int) -> int:
 
 
 def holdings_of(node: str, manifests: Iterable[CheckpointManifest], flushed: Iterable[CheckpointManifest],
-                now: float) -> CheckpointHoldings:
+                now: float, last_resume: LastResume | None = None) -> CheckpointHoldings:
     """The node's holdings: every complete copy in its tier, and every copy it wrote to shared storage
-    (newest first, at most MAX_HELD of them)."""
+    (newest first, at most MAX_HELD of them), with the node's newest resume."""
     held = [HeldCopy(step=m.step, of_node=m.of_node, tier=m.tier, slot=m.slot, slots=m.slots,
                      written_at=m.written_at, save_seconds=m.save_seconds) for m in manifests]
     held += [HeldCopy(step=m.step, of_node=m.of_node, tier="shared", slot=m.slot, slots=m.slots,
                       written_at=m.written_at, save_seconds=m.save_seconds) for m in flushed]
     held.sort(key=lambda h: (-h.step, h.tier, h.of_node))
-    return CheckpointHoldings(node=node, copies=tuple(held[:MAX_HELD]), written_at=now)
+    return CheckpointHoldings(node=node, copies=tuple(held[:MAX_HELD]), written_at=now, last_resume=last_resume)
 
 
 # ---- the tier root ------------------------------------------------------------------------------
@@ -360,10 +362,18 @@ class NodeTier:
             note.unlink(missing_ok=True)
         return victims
 
-    def write_holdings(self) -> CheckpointHoldings:
-        """Rewrite holdings.json from what is on disk; the holdings written."""
+    def write_holdings(self, resumed: LastResume | None = None) -> CheckpointHoldings:
+        """Rewrite holdings.json from what is on disk, with `resumed` as the node's newest resume (None: the
+        one the file holds now: a resume is staged by whichever local rank takes stage.lock, the file is
+        rewritten by the node's first rank too); the holdings written."""
+        if resumed is None:
+            try:
+                before = read_holdings(self.holdings_path)
+            except (OSError, RecordError):
+                before = None
+            resumed = before.last_resume if before is not None else None
         holdings = holdings_of(self.node, [m for _, m in self.local_copies() + self.buddy_copies()],
-                               self.flushed(), time.time())
+                               self.flushed(), time.time(), resumed)
         write_holdings(self.holdings_path, holdings)
         return holdings
 

@@ -8,6 +8,11 @@ storage, no Slurm call.
 
 A copy is named by (step, of_node, tier): `local`, the node's own part; `buddy`, `of_node`'s part kept
 here for it; `shared`, `of_node`'s part this node flushed to shared storage.
+
+Version 2 adds `last_resume`: the node's newest resume (the step, the tier its slot's files came from,
+whose copy and where it was held, what staging it took, when), written by the rank that staged it, or
+null.  The agent journals one `resumed` event per resumed step from these (how long the slowest node
+read).  Version 1 files (an older clusterctl's, left in a tier root) are still read, as no resume.
 """
 
 from __future__ import annotations
@@ -26,12 +31,16 @@ from clusterctl.records.versioned import (
 from clusterctl.slurm.names import node_name_problem
 
 KIND = "checkpoint-holdings"
-VERSION = 1
+VERSION = 2
+READS_VERSIONS = (1, 2)
+"""Version 1 (before `last_resume`) is read as holdings without a resume."""
 HOLDINGS_NAME = "holdings.json"
 MAX_HELD = 256
 """The most copies one node's holdings list (retention keeps a handful)."""
 HOLDINGS_LIMIT = 256 << 10
-_FIELDS = frozenset({"kind", "version", "node", "copies", "written_at"})
+_FIELDS_V1 = frozenset({"kind", "version", "node", "copies", "written_at"})
+_FIELDS = _FIELDS_V1 | {"last_resume"}
+_RESUME_FIELDS = frozenset({"step", "tier", "of_node", "held_on", "seconds", "at"})
 _COPY_FIELDS = frozenset({"step", "of_node", "tier", "slot", "slots", "written_at", "save_seconds"})
 
 
@@ -78,29 +87,79 @@ class HeldCopy:
 
 
 @dataclass(frozen=True)
+class LastResume:
+    """The node's newest resume: its slot's files of checkpoint `step` came from `tier` (`local`: the
+    node's own copy; `buddy`: `of_node`'s copy held on node `held_on`, this one or another; `shared`:
+    shared storage), staging and verifying them took `seconds`, finished at `at` (epoch s)."""
+
+    step: int
+    tier: str  # one of checkpoint_manifest.TIERS
+    of_node: str
+    held_on: str
+    """The node that held the copy ('' for shared storage)."""
+    seconds: float
+    at: float
+
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"tier {self.tier!r} is not one of {', '.join(TIERS)}")
+        for name in ("of_node",) + (("held_on",) if self.held_on else ()):
+            if (problem := node_name_problem(getattr(self, name))):
+                raise ValueError(f"{name}: {problem}")
+
+    def to_json(self) -> dict[str, Any]:
+        """The resume's entry."""
+        return {"step": self.step, "tier": self.tier, "of_node": self.of_node, "held_on": self.held_on,
+                "seconds": self.seconds, "at": self.at}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> LastResume:
+        """Parse the entry; RecordError for anything not understood."""
+        if not isinstance(data, dict):
+            raise RecordError(where, "must be an object")
+        refuse_unknown(data, _RESUME_FIELDS, where)
+        tier = choice_field(data, "tier", TIERS, where)
+        held_on = field(data, "held_on", str, where)
+        if held_on:
+            held_on = node_field(data, "held_on", where)
+        elif tier != "shared":
+            raise RecordError(where, f"field `held_on` is empty: a {tier} copy is held on a node")
+        return cls(step=whole_field(data, "step", where), tier=tier, of_node=node_field(data, "of_node", where),
+                   held_on=held_on, seconds=seconds_field(data, "seconds", where), at=seconds_field(data, "at", where))
+
+
+@dataclass(frozen=True)
 class CheckpointHoldings:
-    """Everything one node holds, as of `written_at` (epoch s)."""
+    """Everything one node holds, as of `written_at` (epoch s), and its newest resume (None: none known)."""
 
     node: str
     copies: tuple[HeldCopy, ...] = ()
     written_at: float = 0.0
+    last_resume: LastResume | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as stored and as carried in a node report."""
         return {**header(KIND, VERSION), "node": self.node, "copies": [c.to_json() for c in self.copies],
-                "written_at": self.written_at}
+                "written_at": self.written_at,
+                "last_resume": self.last_resume.to_json() if self.last_resume is not None else None}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> CheckpointHoldings:
-        """Parse the record; RecordError naming `where` and the key for anything not exactly understood."""
-        body = check_header(data, KIND, VERSION, where)
-        refuse_unknown(body, _FIELDS, where)
+        """Parse the record (version 1 or 2); RecordError naming `where` and the key for anything not exactly
+        understood."""
+        old = isinstance(data, dict) and data.get("version") == 1 and data.get("kind") == KIND
+        body = check_header(data, KIND, 1 if old else VERSION, where)
+        refuse_unknown(body, _FIELDS_V1 if old else _FIELDS, where)
         entries = field(body, "copies", list, where)
         if len(entries) > MAX_HELD:
             raise RecordError(where, f"field `copies` lists {len(entries)} copies: at most {MAX_HELD}")
+        resumed = None if old else body.get("last_resume", None)
+        if not old and "last_resume" not in body:
+            raise RecordError(where, "missing field `last_resume` (null when the node has not resumed)")
         return cls(node=node_field(body, "node", where),
                    copies=tuple(HeldCopy.from_json(e, f"{where}: copies[{i}]") for i, e in enumerate(entries)),
-                   written_at=seconds_field(body, "written_at", where))
+                   written_at=seconds_field(body, "written_at", where),
+                   last_resume=None if resumed is None else LastResume.from_json(resumed, f"{where}: last_resume"))
 
 
 def write_holdings(path: Path, holdings: CheckpointHoldings) -> Path:

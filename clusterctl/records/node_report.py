@@ -190,6 +190,7 @@ def _holdings(body: Mapping[str, Any], node: str, where: str) -> CheckpointHoldi
     if held is not None and type(copies) is list and len(copies) == len(held.copies) and \
             body.get("written_at") == held.written_at and body.get("node") == node and \
             body.get("version") == HOLDINGS_VERSION and body.keys() == _HOLDINGS_KEYS and \
+            body["last_resume"] == (held.last_resume.to_json() if held.last_resume is not None else None) and \
             all(type(c) is dict and c.keys() == _COPY_KEYS and c["step"] == h.step and c["slot"] == h.slot and
                 c["slots"] == h.slots and c["tier"] == h.tier and c["of_node"] == h.of_node and
                 c["written_at"] == h.written_at and c["save_seconds"] == h.save_seconds

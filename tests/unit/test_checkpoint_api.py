@@ -159,6 +159,18 @@ def test_a_replacement_node_resumes_from_the_buddy_copy_bit_identical(tmp_path: 
     staged = read_checkpoint_manifest(first.directory / "manifest.json")
     assert (staged.of_node, staged.tier, staged.slot, staged.slots) == ("node3", "local", 0, 2)
     assert survivor.ranks["node3"][0].bad_copies == ()
+    # The node's holdings say where its files came from and what reading them took (the agent journals it),
+    # and a later rewrite by the node's first rank (a save) keeps it.
+    assert (first.tier, first.of_node, first.held_on) == ("buddy", "node1", "node2")
+    held = read_holdings(survivor.tier("node3") / "holdings.json")
+    assert held is not None and held.last_resume is not None
+    assert (held.last_resume.step, held.last_resume.tier, held.last_resume.of_node, held.last_resume.held_on,
+            held.last_resume.seconds) == (3, "buddy", "node1", "node2", first.seconds)
+    survivor.ranks["node3"][0].tend()
+    tier = survivor.ranks["node3"][0].tier
+    assert tier is not None and tier.write_holdings().last_resume == held.last_resume
+    again = read_holdings(survivor.tier("node3") / "holdings.json")
+    assert again is not None and again.last_resume == held.last_resume
 
 
 def test_a_corrupted_buddy_copy_falls_back_to_shared_storage_and_is_named(tmp_path: Path) -> None:
@@ -179,6 +191,9 @@ def test_a_corrupted_buddy_copy_falls_back_to_shared_storage_and_is_named(tmp_pa
     assert (bad.step, bad.of_node, bad.tier, bad.held_on) == (4, "node1", "buddy", "node2")
     assert "checksum" in bad.problem and "rank-1.bin" in bad.problem
     assert "passed over node1's buddy copy on node2" in survivor.stderr.getvalue()
+    held = read_holdings(survivor.tier("node3") / "holdings.json")
+    assert held is not None and held.last_resume is not None and held.last_resume.tier == "shared"
+    assert (resume.tier, held.last_resume.held_on) == ("shared", "")
 
 
 def test_no_usable_copy_writes_a_resume_failure_and_exits_87(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, read_holdings, write_holdings
+from clusterctl.records.checkpoint_holdings import (
+    CheckpointHoldings, HeldCopy, LastResume, read_holdings, write_holdings)
 from clusterctl.records.checkpoint_settings import SETTINGS_ENV, CheckpointSettings
 from clusterctl.records.resume_failure import (
     BadCopy, ResumeFailure, read_resume_failures, write_resume_failure)
@@ -61,6 +62,37 @@ def test_a_nodes_holdings_read_back_as_written_and_a_missing_file_is_none(tmp_pa
     (tmp_path / "link.json").symlink_to(path)
     with pytest.raises(RecordError):
         read_holdings(tmp_path / "link.json")
+
+
+def test_a_nodes_last_resume_reads_back_with_its_holdings_and_a_version_1_file_is_read_as_none(tmp_path):
+    resumed = LastResume(200, "buddy", "node2", "node4", 1.25, 1.7e9)
+    holdings = CheckpointHoldings("spare1", (HeldCopy(200, "spare1", "local", 1, 4, 1.7e9, 0.5),), 1.7e9, resumed)
+    path = write_holdings(tmp_path / "holdings.json", holdings)
+    assert read_holdings(path) == holdings
+    shared = CheckpointHoldings("node1", (), 1.7e9, LastResume(200, "shared", "node1", "", 9.5, 1.7e9))
+    assert CheckpointHoldings.from_json(json.loads(json.dumps(shared.to_json())), "x") == shared
+    older = {k: v for k, v in CheckpointHoldings("node3").to_json().items() if k != "last_resume"}
+    assert CheckpointHoldings.from_json({**older, "version": 1}, "x") == CheckpointHoldings("node3")
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"version": 1}, "unknown field `last_resume`"),
+    ({"version": 3}, "newer than this clusterctl understands"),
+    ({"last_resume": {"step": 200, "tier": "tape", "of_node": "node2", "held_on": "node4", "seconds": 1, "at": 2}},
+     "last_resume: field `tier` is 'tape'"),
+    ({"last_resume": {"step": 200, "tier": "buddy", "of_node": "node2", "held_on": "", "seconds": 1, "at": 2}},
+     "a buddy copy is held on a node"),
+    ({"last_resume": {"step": 200, "tier": "local", "of_node": "n1", "held_on": "n1", "seconds": -1, "at": 2}},
+     "field `seconds` is -1"),
+    ({"last_resume": {"step": 200, "tier": "local", "of_node": "n1", "held_on": "n1", "seconds": 1, "at": 2,
+                      "colour": "red"}}, "unknown field `colour`"),
+])
+def test_a_last_resume_not_understood_is_refused_naming_the_key(change, said):
+    data = {**CheckpointHoldings("spare1", (), 1.0, LastResume(200, "local", "n1", "n1", 1.0, 2.0)).to_json(), **change}
+    with pytest.raises(RecordError, match=said):
+        CheckpointHoldings.from_json(data, "holdings.json")
+    with pytest.raises(RecordError, match="missing field `last_resume`"):
+        CheckpointHoldings.from_json({k: v for k, v in data.items() if k != "last_resume"} | {"version": 2}, "x")
 
 
 def test_each_node_reads_only_its_own_slots_line_of_the_tier_index(tmp_path):

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender
-from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, LastResume
 from clusterctl.records.node_report import (
     MAGIC, MAX_DATAGRAM, MAX_RANKS, MAX_REPORTED_COPIES, NodeHealth, NodeReport, RankBeat, ReportRefused, decode,
     encode, parse_key,
@@ -181,6 +181,15 @@ def test_a_nodes_new_holdings_replace_the_remembered_ones_and_are_checked_again(
     body["checkpoints"]["copies"][0]["slot"] = 99_999  # same time and steps, a damaged entry: still refused
     with pytest.raises(RecordError, match="slot"):
         NodeReport.from_json(json.loads(json.dumps(body)), "report")
+
+
+def test_a_nodes_resume_rides_in_its_holdings_and_a_new_one_is_not_mistaken_for_the_remembered_ones() -> None:
+    before = decode(encode(replace(sample(), checkpoints=holdings(copies=3)), KEY), KEY, "report")
+    resumed = replace(holdings(copies=3), last_resume=LastResume(1_000_000, "buddy", "gpu12345", "gpu00007", 41.5,
+                                                                 1_795_305_650.0))
+    after = decode(encode(replace(sample(), checkpoints=resumed), KEY), KEY, "report").checkpoints
+    assert after is not before.checkpoints and after == resumed and after.last_resume is not None
+    assert after.last_resume.seconds == 41.5 and after.last_resume.held_on == "gpu00007"
 
 
 def test_a_report_of_the_previous_version_is_refused_naming_the_version() -> None:
