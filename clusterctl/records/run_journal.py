@@ -44,6 +44,7 @@ class EventKind(enum.StrEnum):
     SUBMIT_LOST = "submit-lost"
     ENDING = "ending"
     RECOVERED = "recovered-in-allocation"
+    RESUMED = "resumed"
     AGENT_ENDED = "agent-ended"
     STRAGGLER = "straggler"
     DECIDED = "decided"
@@ -361,6 +362,61 @@ class RecoveredInAllocation:
                    took_over_from=_node(data, "took_over_from", where) if data.get("took_over_from") else "")
 
 
+RESUME_TIERS = ("local", "buddy", "shared")
+"""Where a node's part of a multi-level checkpoint came from: its own copy, a copy on another node, shared storage."""
+NAMED_BUDDY_COPIES = 5
+"""A `resumed` event names this many copies read from other nodes, then counts the rest."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed:
+    """Inside job `job_id`, the step started as restart `restart` (0: the job's first step) resumed from
+    multi-level checkpoint `step`: `tiers` counts the nodes whose part came from each tier (`local`,
+    `buddy`, `shared`: as the nodes said, else as planned), `buddy_copies` names the first
+    NAMED_BUDDY_COPIES copies read from another node ("node2's on node1") and `more_buddy_copies` counts the
+    rest; `reported` of `nodes` nodes said how long staging their part took, `read_seconds` the slowest
+    (on `slowest_node`; None when no node said before the step ended).  One line per resumed step."""
+
+    event: ClassVar[EventKind] = EventKind.RESUMED
+    at: float
+    job_id: str
+    restart: int
+    step: int
+    nodes: int
+    tiers: tuple[tuple[str, int], ...]
+    buddy_copies: tuple[str, ...] = ()
+    more_buddy_copies: int = 0
+    reported: int = 0
+    read_seconds: float | None = None
+    slowest_node: str = ""
+
+    def count(self, tier: str) -> int:
+        """Nodes whose part came from `tier`."""
+        return dict(self.tiers).get(tier, 0)
+
+    def fields(self) -> dict[str, Any]:
+        """The event's own fields, as stored after the header, `event` and `at`."""
+        return {"job_id": self.job_id, "restart": self.restart, "step": self.step, "nodes": self.nodes,
+                "tiers": dict(self.tiers), "buddy_copies": list(self.buddy_copies),
+                "more_buddy_copies": self.more_buddy_copies, "reported": self.reported,
+                "read_seconds": self.read_seconds, "slowest_node": self.slowest_node}
+
+    @classmethod
+    def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Resumed:
+        """Read the event's own fields (the header, `event` and `at` are already read)."""
+        tiers = field(data, "tiers", Mapping, where)
+        if not all(k in RESUME_TIERS and type(v) is int and v >= 0 for k, v in tiers.items()):
+            raise RecordError(where, f"field `tiers` must map {', '.join(RESUME_TIERS)} to node counts")
+        return cls(at=at, job_id=_job_id(data, "job_id", where), restart=field(data, "restart", int, where),
+                   step=field(data, "step", int, where), nodes=field(data, "nodes", int, where),
+                   tiers=tuple((t, tiers[t]) for t in RESUME_TIERS if t in tiers),
+                   buddy_copies=_strings(data, "buddy_copies", where),
+                   more_buddy_copies=field(data, "more_buddy_copies", int, where),
+                   reported=field(data, "reported", int, where),
+                   read_seconds=_optional_number(data, "read_seconds", where),
+                   slowest_node=_node(data, "slowest_node", where) if data.get("slowest_node") else "")
+
+
 @dataclass(frozen=True, kw_only=True)
 class AgentEnded:
     """An agent that took job `job_id` over from its batch host ended the job itself (the batch script
@@ -520,11 +576,11 @@ class RunEnded:
 
 
 RunEvent = (Created | Waiting | Submitting | Submitted | SubmitLost | Ending | RecoveredInAllocation
-            | AgentEnded | StragglerFound | Decided | RunEnded)
+            | Resumed | AgentEnded | StragglerFound | Decided | RunEnded)
 """Any event of a run journal."""
 
 _PARSERS = {cls.event: cls.parse for cls in (Created, Waiting, Submitting, Submitted, SubmitLost, Ending,
-                                              RecoveredInAllocation, AgentEnded, StragglerFound, Decided)}
+                                              RecoveredInAllocation, Resumed, AgentEnded, StragglerFound, Decided)}
 
 
 def event_to_json(event: RunEvent) -> dict[str, Any]:
@@ -555,6 +611,7 @@ _LOST_COST = {
     EventKind.SUBMIT_LOST: "a submission that left no job is not counted",
     EventKind.ENDING: "an attempt the supervisor was ending may be judged again",
     EventKind.RECOVERED: "a restart inside the allocation is not counted: restarts used and blame may be short",
+    EventKind.RESUMED: "where one resume's checkpoint came from and how long reading it took are not shown",
     EventKind.AGENT_ENDED: "how a job whose agent took over ended is unknown: it looks cancelled",
     EventKind.STRAGGLER: "a straggler found is not shown and may be reported again",
     EventKind.DECIDED: "an attempt's end is unknown: attempts and restarts may be counted wrong, and a node "

@@ -43,6 +43,8 @@ from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
 from clusterctl.launcher.job.checkpoint_plan import TierPlanner
+from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings
 from clusterctl.launcher.job.report_channel import ReportInbox
 from clusterctl.launcher.job.signal_watch import Inbox, SignalWatch
 from clusterctl.launcher.pure.classify import (
@@ -388,6 +390,8 @@ class Agent:
             if now < next_judge:
                 continue
             next_judge = now + heartbeat
+            if self.tiers is not None and self.tiers.resuming is not None and watch is not None:
+                self._journal_resume(watch.holdings())
             records = watch.records() if watch is not None else ()
             # At 100,000 ranks each part of this feed takes a few tenths of a second: the reports are
             # taken between the parts, so frozen ranks are not kept waiting for the whole feed.
@@ -464,7 +468,7 @@ class Agent:
                 return suspects
             self.doors.sleep(0.5)
 
-    def _launch(self, job_dir: Path, nodes: Sequence[str], resume_from: str | None) -> Launched:
+    def _launch(self, job_dir: Path, nodes: Sequence[str], resume_from: str | None, restart: int = 0) -> Launched:
         from clusterctl.launcher.job.steps import plan_for_job
         from clusterctl.launcher.pure.render import launch_command
         env = resized_environment(self.environ, nodes)
@@ -490,6 +494,8 @@ class Agent:
         offset = self.doors.read_log(self.log_path, None)[1]  # where this step's lines begin
         started_at = self.doors.now()
         step = self.doors.start_step(argv, env)
+        if self.tiers is not None:
+            self.tiers.step_started(restart, started_at)
         watch = SignalWatch(self.inbox, self.job_id, launch, rank_map.rank_map.slots, policy, started_at,
                             self.doors.now) if self.inbox is not None else None
         return Launched(step, job_dir, rank_map.rank_map, started_at, offset, watch, launch)
@@ -665,6 +671,8 @@ class Agent:
                 if launched.signals is not None:  # the holdings the nodes reported last, before planning
                     launched.signals.poll()
                     self.tiers.observe(launched.signals.holdings())
+                self._journal_resume(launched.signals.holdings() if launched.signals is not None else {},
+                                     step_ended=True)
                 if code != 0 and not suspects and watched.hang is None:
                     failed_resume = self.tiers.resume_failed(launched.job_dir)
             outcome = step_outcome(code, suspects, watched.hang.evidence if watched.hang else None, log,
@@ -691,6 +699,19 @@ class Agent:
             self.budget = decision.budget
             in_use = decision.nodes
             self._keep_standby(launched, in_use, resume_from)
+
+    def _journal_resume(self, holdings: Mapping[str, CheckpointHoldings], *, step_ended: bool = False) -> None:
+        """Journal where the running step's resume came from and how long the slowest node's read took: one
+        line per resumed step, once every node said (from the holdings in their reports), else at its end."""
+        assert self.tiers is not None
+        line = self.tiers.resume_line(holdings, self.job_id, self.doors.now(), step_ended=step_ended)
+        if line is None:
+            return
+        self.doors.say(f"resumed {resumed_text(line)}")
+        try:
+            append_run_event(self.run_dir / "journal.jsonl", line)
+        except OSError as exc:
+            self.doors.say(f"cannot journal the resume ({exc.strerror}): status and report will not show it")
 
     def _needed(self, in_use: Sequence[str]) -> int:
         """Nodes the job needs of `in_use`: all of them unless it recovers inside the allocation (a job
@@ -726,7 +747,7 @@ class Agent:
         resume_from = checkpoint.path if checkpoint else resume_from
         slots: tuple[str, ...] = ()
         try:
-            launched = self._launch(job_dir, decision.nodes, resume_from)
+            launched = self._launch(job_dir, decision.nodes, resume_from, restart)
             slots = launched.slots
         finally:  # the blame is journaled even when the new step cannot start: a resubmission avoids it
             done = self.doors.monotonic()

@@ -25,11 +25,12 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.pure.checkpoint_tiers import (
-    ResumePlan, buddy_map, plan_resume, resume_facts, slot_sources,
+    ResumePlan, SlotSource, buddy_map, plan_resume, resume_facts, resume_said, resumed_event, slot_sources,
 )
 from clusterctl.launcher.pure.preflight import MASTER_PORTS
 from clusterctl.launcher.pure.spec import JobSpec
@@ -38,10 +39,11 @@ from clusterctl.launcher.shared.checkpoint_inventory import (
     write_complete, write_inventory,
 )
 from clusterctl.node_dir import node_tmp_base
-from clusterctl.records.checkpoint_holdings import CheckpointHoldings
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, LastResume
 from clusterctl.records.checkpoint_manifest import CheckpointManifest
 from clusterctl.records.checkpoint_settings import CheckpointSettings
 from clusterctl.records.resume_failure import read_resume_failures
+from clusterctl.records.run_journal import Resumed
 from clusterctl.records.tier_index import FILE_NAME as TIER_INDEX_NAME
 from clusterctl.records.tier_index import NONE, TierSlot, write_tier_index
 from clusterctl.records.versioned import RecordError
@@ -73,6 +75,20 @@ def flushed_copies(flushed: FlushedCheckpoint) -> tuple[CheckpointManifest, ...]
                  for slot, node in enumerate(flushed.nodes))
 
 
+@dataclass
+class Resuming:
+    """A step resuming from checkpoint `step` (started as restart `restart` at `started_at`, epoch s): where
+    its slots' parts were planned to come from, each node's resume from before the step (an earlier launch's)
+    and the resumes of this step its nodes said so far."""
+
+    step: int
+    sources: tuple[SlotSource, ...]
+    restart: int
+    started_at: float
+    before: dict[str, LastResume | None]
+    said: dict[str, LastResume] = field(default_factory=dict)
+
+
 class TierPlanner:
     """One job's inventory of checkpoint copies and its resume plans."""
 
@@ -94,6 +110,9 @@ class TierPlanner:
         self.completed: set[int] = set()
         """Steps whose complete.json is written (or found)."""
         self.plan: ResumePlan | None = None
+        self.resuming: Resuming | None = None
+        """The running step's resume, until its journal line is written."""
+        self._launched: tuple[int, tuple[SlotSource, ...]] | None = None
         self._written = ""
         self._pending = False
         self._written_at = -INVENTORY_EVERY
@@ -232,6 +251,7 @@ class TierPlanner:
             self.say(f"{exc}: its parts cannot be given to the new map's slots; the step starts from its beginning")
             plan = ResumePlan(None)
             sources = slot_sources(plan, slots, buddies)
+        self._launched = (plan.step, tuple(sources)) if plan.step is not None else None
         index = write_tier_index(launch_dir / TIER_INDEX_NAME, plan.step, [
             TierSlot(s.node, s.buddy or NONE, s.tier or NONE, s.of_node or NONE, s.held_on or NONE) for s in sources])
         port = avoid_port
@@ -244,3 +264,31 @@ class TierPlanner:
             local_budget_bytes=int(c.local_budget_gb * 1e9), shared_bytes_per_second=c.shared_mb_per_s * 1e6,
             resume_step=plan.step)
         return settings.to_env()
+
+    # ---- where a resume came from ----------------------------------------------------------------
+    def step_started(self, restart: int, started_at: float) -> None:
+        """The step of the last `launch_env` started (as restart `restart`; 0: the job's first step) at
+        `started_at` (epoch s): watch its nodes' holdings for their resumes of its checkpoint."""
+        launched, self._launched = self._launched, None
+        self.resuming = None
+        if launched is None:
+            return
+        step, sources = launched
+        before = {s.node: held.last_resume if (held := self.holdings.get(s.node)) is not None else None
+                  for s in sources}
+        self.resuming = Resuming(step, sources, restart, started_at, before)
+
+    def resume_line(self, holdings: Mapping[str, CheckpointHoldings], job_id: str, now: float, *,
+                    step_ended: bool = False) -> Resumed | None:
+        """The journal's line about the running step's resume, once every node of the step said its resume
+        in its holdings (or, `step_ended`, with what they said: the rest as planned); None while waiting,
+        when the step resumed from nothing, or once the line was given."""
+        r = self.resuming
+        if r is None:
+            return None
+        waiting = [s.node for s in r.sources if s.node not in r.said]
+        r.said.update(resume_said(holdings, waiting, r.step, r.started_at, r.before))
+        if len(r.said) < len(r.sources) and not step_ended:
+            return None
+        self.resuming = None
+        return resumed_event(at=now, job_id=job_id, restart=r.restart, step=r.step, planned=r.sources, said=r.said)

@@ -25,7 +25,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, LastResume
 from clusterctl.records.checkpoint_manifest import CheckpointManifest
+from clusterctl.records.run_journal import NAMED_BUDDY_COPIES, RESUME_TIERS, Resumed
 from clusterctl.text import one_line
 
 FAILED_RESUMES_BEFORE_FALLBACK = 2
@@ -369,3 +371,68 @@ def slot_sources(plan: ResumePlan, slots: Sequence[str], buddies: Mapping[str, s
         else:
             result.append(SlotSource(slot, node, buddy, "buddy", source.node, source.held_on or ""))
     return result
+
+
+def resumed_event(*, at: float, job_id: str, restart: int, step: int, planned: Sequence[SlotSource],
+                  said: Mapping[str, LastResume]) -> Resumed:
+    """The journal's one line about a resumed step: for every slot of the step (`planned`, from its tier
+    index), the tier its node said its part came from (`said`: the nodes' resumes of this step, from their
+    holdings), else the planned one; the copies read from other nodes (the first few named); and the slowest
+    staging among the nodes that said."""
+    tiers = {tier: 0 for tier in RESUME_TIERS}
+    copies: list[str] = []
+    slowest: tuple[float, str] | None = None
+    for source in planned:
+        resumed = said.get(source.node)
+        if resumed is not None:
+            tier, of_node, held_on = resumed.tier, resumed.of_node, resumed.held_on
+            if slowest is None or resumed.seconds > slowest[0]:
+                slowest = (resumed.seconds, source.node)
+        else:
+            tier, of_node, held_on = source.tier or "shared", source.of_node, source.held_on
+        tiers[tier] += 1
+        if tier == "buddy":
+            copies.append(f"{of_node}'s on {held_on}")
+    reported = sum(1 for s in planned if s.node in said)
+    return Resumed(at=at, job_id=job_id, restart=restart, step=step, nodes=len(planned),
+                   tiers=tuple((t, n) for t, n in tiers.items() if n), buddy_copies=tuple(copies[:NAMED_BUDDY_COPIES]),
+                   more_buddy_copies=max(0, len(copies) - NAMED_BUDDY_COPIES), reported=reported,
+                   read_seconds=slowest[0] if slowest else None, slowest_node=slowest[1] if slowest else "")
+
+
+def resume_said(holdings: Mapping[str, CheckpointHoldings], nodes: Iterable[str], step: int, since: float,
+                before: Mapping[str, LastResume | None]) -> dict[str, LastResume]:
+    """The resumes of checkpoint `step` the `nodes` said in their `holdings` for a step started at `since`
+    (epoch s): a node's resume counts when it is of that step, is not the one it said before the step
+    started (`before`: an earlier launch's, left in its holdings) and is not older than the step
+    (CLOCK_SLACK_SECONDS allowed between the agent's clock and the node's)."""
+    found = {}
+    for node in nodes:
+        held = holdings.get(node)
+        resumed = held.last_resume if held is not None else None
+        if resumed is not None and resumed.step == step and resumed != before.get(node) and \
+                resumed.at >= since - CLOCK_SLACK_SECONDS:
+            found[node] = resumed
+    return found
+
+
+CLOCK_SLACK_SECONDS = 5.0
+"""How far a node's clock may lag the agent's when telling a resume of this step from an earlier one."""
+
+
+def resumed_text(resumed: Resumed) -> str:
+    """One resume in a user's words: where the nodes' parts came from and how long the slowest read took."""
+    parts = []
+    if n := resumed.count("local"):
+        parts.append(f"{n} node(s) from their own copies")
+    if n := resumed.count("buddy"):
+        more = f" and {resumed.more_buddy_copies} more" if resumed.more_buddy_copies else ""
+        parts.append(f"{n} node(s) from a buddy's copy ({', '.join(resumed.buddy_copies)}{more})")
+    if n := resumed.count("shared"):
+        parts.append(f"{n} node(s) from shared storage")
+    if resumed.read_seconds is None:
+        read = "read time unknown (no node said before the step ended)"
+    else:
+        unsaid = f", {resumed.reported} of {resumed.nodes} nodes said" if resumed.reported < resumed.nodes else ""
+        read = f"read in {resumed.read_seconds:.2f} s (slowest: {resumed.slowest_node}{unsaid})"
+    return f"step {resumed.step}: {', '.join(parts)}; {read}"

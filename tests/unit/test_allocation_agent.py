@@ -16,7 +16,7 @@ from clusterctl.launcher.pure.spec import load_spec
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
 from clusterctl.records.resume_failure import BadCopy
 from clusterctl.records.run_journal import (
-    Decided, DecisionAction, OutcomeKind, RecoveredInAllocation, Submitted, append_run_event, read_run_journal,
+    Decided, DecisionAction, OutcomeKind, RecoveredInAllocation, Resumed, Submitted, append_run_event, read_run_journal,
 )
 from clusterctl.slurm.nodes import NodeState
 from clusterctl.slurm.drains import SlurmDrains
@@ -586,7 +586,7 @@ class TiersCluster(ReportingCluster):
         return super().start(argv, env)
 
     def tick(self, step):
-        from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
+        from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, LastResume
         from clusterctl.records.node_report import NodeReport
         from clusterctl.records.resume_failure import ResumeFailure, write_resume_failure
         self.polls += 1
@@ -602,9 +602,14 @@ class TiersCluster(ReportingCluster):
         for line in lines:
             self.seq += 1
             held = self.held.get(line.node)
+            resumed = None
+            if line.tier != "-" and self.polls >= 3 and not (self.fail_resume and self.launches == 2 and line.of_node == "node2"):
+                # The node's stager read its slot's part (its own copy in 0.5 s, a buddy's over the network in 4 s).
+                resumed = LastResume(20, line.tier, line.of_node, "" if line.tier == "shared" else line.held_on,
+                                     0.5 if line.tier == "local" else 4.0, now)
             self.inbox.pending.append(NodeReport(
                 "42", step.env["CLUSTERCTL_REPORT_LAUNCH"], line.node, self.seq, now,
-                checkpoints=CheckpointHoldings(line.node, held, now) if held else None))
+                checkpoints=CheckpointHoldings(line.node, held or (), now, resumed) if held or resumed else None))
         if self.launches == 1 and self.polls == 30:
             self.states["node2"] = NodeState("node2", "mixed", ("DRAIN",), "healthd: xid 79 gpu3 (GPU-x) "
                                              "drain-reboot 2026-11-22T03:00:00Z", ("gpu",))
@@ -649,6 +654,13 @@ def test_an_agent_with_tiers_resumes_the_swapped_in_spare_from_the_lost_nodes_bu
                  if isinstance(e, RecoveredInAllocation))
     assert event.checkpoint_step == 20 and [b.node for b in event.blame] == ["node2"]
     assert (shell.job_dir / "checkpoint-inventory.json").is_file()
+    # Once both nodes said their resume, one journal line: where the parts came from, the slowest read.
+    [resumed] = [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events if isinstance(e, Resumed)]
+    assert (resumed.restart, resumed.step, resumed.nodes, resumed.reported) == (1, 20, 2, 2)
+    assert dict(resumed.tiers) == {"local": 1, "buddy": 1} and resumed.buddy_copies == ("node2's on node1",)
+    assert (resumed.read_seconds, resumed.slowest_node) == (4.0, "node3")
+    assert "resumed step 20: 1 node(s) from their own copies, 1 node(s) from a buddy's copy (node2's on node1); " \
+           "read in 4.00 s (slowest: node3)" in said
 
 
 def test_a_resume_that_fails_on_the_spare_starts_the_step_again_from_the_next_tier_and_uses_a_restart(tmp_path):
@@ -663,3 +675,9 @@ def test_a_resume_that_fails_on_the_spare_starts_the_step_again_from_the_next_ti
     assert "resuming failed (the step exited 137): node3 could not load checkpoint 20" in events[1].reason
     assert replay(read_run_journal(shell.run_dir / "journal.jsonl").events).budget.restarts == 2
     assert (shell.run_dir / "checkpoints" / "tiers" / "step-000000000020" / "complete.json").is_file()
+    # The failed resume's line is written at the step's end with what the nodes said (node1 read its own
+    # copy; the spare never said: counted as planned); the next one's once both said.
+    failed, again = [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events if isinstance(e, Resumed)]
+    assert (failed.restart, failed.reported, failed.read_seconds, failed.slowest_node) == (1, 1, 0.5, "node1")
+    assert dict(failed.tiers) == {"local": 1, "buddy": 1}
+    assert (again.restart, again.reported, dict(again.tiers)) == (2, 2, {"local": 1, "shared": 1})

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from clusterctl.launcher.pure.checkpoint_tiers import (
     FAILED_RESUMES_BEFORE_FALLBACK, CopyCheck, ResumeFacts, SavedCheckpoint, buddy_map, copy_key, plan_resume,
-    resume_facts, slot_sources)
+    SlotSource, resume_facts, resume_said, resumed_event, resumed_text, slot_sources)
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, LastResume
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, Shard
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -331,3 +332,36 @@ def test_a_checkpoint_of_another_map_size_is_refused_for_the_new_map():
     plan = plan_resume(resume_facts(three_nodes_saved(20)))
     with pytest.raises(ValueError, match="map of 3 nodes, the new map has 2"):
         slot_sources(plan, ["node1", "node2"], {})
+
+
+# ---- where a resume came from (the journal's `resumed` line) ---------------------------------------
+
+def test_a_resumes_line_counts_each_slots_tier_as_its_node_said_names_five_buddy_copies_and_the_slowest_read():
+    planned = [SlotSource(0, "node1", "node2", "local", "node1", "node1")] + [
+        SlotSource(s, f"spare{s}", "node1", "buddy", f"node{s + 10}", f"node{s + 20}") for s in range(1, 8)]
+    said = {"node1": LastResume(20, "local", "node1", "node1", 0.4, 100.0),
+            "spare1": LastResume(20, "shared", "node11", "", 9.0, 100.0),  # its buddy's copy failed: shared
+            "spare2": LastResume(20, "buddy", "node12", "node22", 2.5, 100.0)}
+    line = resumed_event(at=101.0, job_id="42", restart=1, step=20, planned=planned, said=said)
+    assert dict(line.tiers) == {"local": 1, "buddy": 6, "shared": 1}
+    assert line.buddy_copies == tuple(f"node{s + 10}'s on node{s + 20}" for s in range(2, 7))
+    assert (line.more_buddy_copies, line.reported, line.nodes) == (1, 3, 8)
+    assert (line.read_seconds, line.slowest_node) == (9.0, "spare1")
+    assert resumed_text(line) == (
+        "step 20: 1 node(s) from their own copies, 6 node(s) from a buddy's copy (node12's on node22, node13's on "
+        "node23, node14's on node24, node15's on node25, node16's on node26 and 1 more), 1 node(s) from shared "
+        "storage; read in 9.00 s (slowest: spare1, 3 of 8 nodes said)")
+    nothing = resumed_event(at=101.0, job_id="42", restart=0, step=20, planned=planned[:1], said={})
+    assert nothing.read_seconds is None and dict(nothing.tiers) == {"local": 1}
+    assert resumed_text(nothing).endswith("read time unknown (no node said before the step ended)")
+
+
+def test_only_a_resume_of_this_step_since_it_started_counts_not_one_an_earlier_launch_left():
+    earlier = LastResume(20, "local", "node1", "node1", 0.4, 90.0)
+    holdings = {"node1": CheckpointHoldings("node1", (), 100.0, earlier),
+                "node2": CheckpointHoldings("node2", (), 100.0, LastResume(10, "local", "node2", "node2", 1.0, 101.0)),
+                "node3": CheckpointHoldings("node3", (), 100.0, LastResume(20, "local", "node3", "node3", 1.0, 50.0)),
+                "node4": CheckpointHoldings("node4", (), 100.0, LastResume(20, "local", "node4", "node4", 1.0, 97.0))}
+    nodes = ["node1", "node2", "node3", "node4", "node5"]
+    assert resume_said(holdings, nodes, 20, 100.0, {"node1": earlier}) == {"node4": holdings["node4"].last_resume}
+    assert "node1" in resume_said(holdings, nodes, 20, 80.0, {})

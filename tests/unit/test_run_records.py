@@ -19,7 +19,7 @@ from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, read_r
 from clusterctl.records.rank_record import RankRecord, read_rank_record, write_rank_record
 from clusterctl.records.run_journal import (
     AgentEnded, BlamedNode, Created, Decided, DecisionAction, Ending, EventKind, OutcomeKind, RecoveredInAllocation,
-    RunEnded,
+    Resumed, RunEnded,
     SlurmTimes, StragglerFound, Submitted, Submitting, SubmitLost, Waiting, append_run_event, read_run_journal,
 )
 from clusterctl.records.slurm_cache import CachedAnswer, cache_path, read_cached_answer, write_cached_answer
@@ -51,6 +51,9 @@ EVERY_EVENT = [
                           agent="node4", took_over_from="node1"),
     AgentEnded(at=5.9, job_id="9", agent="node4", epoch=2, exit_code=0, outcome=OutcomeKind.COMPLETED,
                message="the step completed", blame=(BLAME,)),
+    Resumed(at=5.95, job_id="9", restart=1, step=20, nodes=8, tiers=(("local", 6), ("buddy", 1), ("shared", 1)),
+            buddy_copies=("node2's on node1",), reported=8, read_seconds=3.25, slowest_node="node4"),
+    Resumed(at=5.96, job_id="9", restart=0, step=20, nodes=2, tiers=(("shared", 2),)),
     RunEnded(kind=EventKind.DONE, at=6.0, message="the run completed"),
     RunEnded(kind=EventKind.STOPPED, at=6.0, message="restart.max_restarts = 5 reached"),
     RunEnded(kind=EventKind.CANCELLED, at=6.0, message="cancelled by the user", jobs=("7", "8")),
@@ -86,6 +89,19 @@ def test_a_straggler_event_with_an_action_this_clusterctl_does_not_know_is_refus
     with pytest.raises(RecordError, match=r"journal.jsonl:2: field `action` is 'evicted', which this clusterctl "
                                           r"does not know \(known: reported, excluded, swapped\)"):
         read_run_journal(journal)
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"tiers": {"tape": 1}}, "field `tiers` must map local, buddy, shared to node counts"),
+    ({"tiers": {"local": -1}}, "field `tiers` must map"),
+    ({"read_seconds": "fast"}, "field `read_seconds` has the wrong type"),
+    ({"slowest_node": "node 4"}, "field `slowest_node`"),
+])
+def test_a_resumed_event_not_understood_is_refused_naming_the_field(tmp_path, change, said):
+    event = next(e for e in EVERY_EVENT if isinstance(e, Resumed))
+    good = json.loads(json.dumps({"kind": "run-event", "version": 1, "event": "resumed", "at": 5.95, **event.fields()}))
+    with pytest.raises(RecordError, match=r"journal.jsonl:2: " + said):
+        read_run_journal(_journal_with(tmp_path, {**good, **change}))
 
 
 def test_a_journal_from_a_newer_clusterctl_is_refused(tmp_path):
