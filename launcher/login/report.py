@@ -19,10 +19,11 @@ from rich.text import Text
 from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
 from clusterctl.launcher.pure.goodput import AttemptTimes, Goodput, InAllocationRestart, account
 from clusterctl.launcher.pure.restart_policy import replay
-from clusterctl.launcher.login.status import straggler_json, stragglers_of
+from clusterctl.launcher.login.status import resume_where, resumed_json, resumes_of, straggler_json, stragglers_of
+from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
 from clusterctl.terminal_view import plain, plain_row
 from clusterctl.records.run_journal import (
-    BlamedNode, DecisionAction, OutcomeKind, RecoveredInAllocation, RunEvent, StragglerFound,
+    BlamedNode, DecisionAction, OutcomeKind, RecoveredInAllocation, Resumed, RunEvent, StragglerFound,
 )
 
 
@@ -87,11 +88,14 @@ class RunReport:
     max_restarts: int | None = None
     journal_warnings: tuple[str, ...] = ()
     """Damaged journal lines that were skipped, each with what it may have cost (the counts above may be off)."""
+    resumes: tuple[Resumed, ...] = ()
+    """Every resume from multi-level checkpoints, oldest first: where the nodes' parts came from, how long reading took."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "state": self.state, "message": self.message,
                 "attempts": [a.to_json() for a in self.attempts], "excluded_now": list(self.excluded_now),
                 "in_allocation": [recovery_report_json(r) for r in self.in_allocation],
+                "resumes": [resumed_json(r) for r in self.resumes],
                 "stragglers": [straggler_json(s) for s in self.stragglers],
                 "checkpoints": {"complete": len(self.checkpoints),
                                 "latest_step": self.checkpoints[-1].step if self.checkpoints else None,
@@ -132,7 +136,7 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                      excluded_now=tuple(state.excluded(now)), in_allocation=recoveries,
                      stragglers=stragglers_of(events), checkpoints=tuple(checkpoints), skipped=tuple(skipped),
                      goodput=goodput, restarts_used=state.budget.restarts, max_restarts=max_restarts,
-                     journal_warnings=tuple(journal_warnings))
+                     journal_warnings=tuple(journal_warnings), resumes=resumes_of(events))
 
 
 def report_renderables(report: RunReport) -> Group:
@@ -167,6 +171,8 @@ def report_renderables(report: RunReport) -> Group:
             given = "given back to Slurm" if b.node in r.given_back else "kept in the job"
             parts.append(plain(f"    blamed {b.node} ({given}): {b.reason}"))
             parts += [plain(f"        {line}", "dim") for line in b.evidence]
+    for resumed in report.resumes:
+        parts.append(plain(f"{resume_where(resumed)}: resumed {resumed_text(resumed)}"))
     for s in report.stragglers:
         parts.append(plain(f"job {s.job_id}: straggler {s.node} ({s.action}): {s.ratio:.2f}x the job's "
                           f"compute time for {s.steps} steps from step {s.since_step}, "

@@ -22,7 +22,10 @@ from clusterctl.launcher.shared.runs import attempts_of, log_path
 from clusterctl.records.agent_summary import AgentSummary
 from clusterctl.records.node_step_times import NodeStepTimes
 from clusterctl.records.rank_map import JobRankMap, PlanSummary
-from clusterctl.records.run_journal import Created, RecoveredInAllocation, RunEnded, RunEvent, StragglerFound
+from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
+from clusterctl.records.run_journal import (
+    RESUME_TIERS, Created, RecoveredInAllocation, Resumed, RunEnded, RunEvent, StragglerFound,
+)
 from clusterctl.slurm.jobs import JobReport
 
 
@@ -90,6 +93,25 @@ def recovery_status_json(recovered: RecoveredInAllocation) -> dict[str, Any]:
             "took_over_from": recovered.took_over_from}
 
 
+def resumed_json(resumed: Resumed) -> dict[str, Any]:
+    """A resume from multi-level checkpoints as `status --json` and `report --json` show it: nodes per tier
+    (every tier named), the buddy copies read, and the slowest node's read (None: no node said)."""
+    return {"at": resumed.at, "job_id": resumed.job_id, "restart": resumed.restart, "step": resumed.step,
+            "nodes": resumed.nodes, "tiers": {tier: resumed.count(tier) for tier in RESUME_TIERS},
+            "buddy_copies": list(resumed.buddy_copies), "more_buddy_copies": resumed.more_buddy_copies,
+            "reported": resumed.reported, "read_seconds": resumed.read_seconds, "slowest_node": resumed.slowest_node}
+
+
+def resumes_of(events: Sequence[RunEvent]) -> tuple[Resumed, ...]:
+    """The run's resumes from multi-level checkpoints as the journal has them, oldest first."""
+    return tuple(e for e in events if isinstance(e, Resumed))
+
+
+def resume_where(resumed: Resumed) -> str:
+    """Which step of which job resumed: "job 42's first step", "job 42, restart 2"."""
+    return f"job {resumed.job_id}, " + ("first step" if resumed.restart == 0 else f"restart {resumed.restart}")
+
+
 @dataclass(frozen=True)
 class RunStatus:
     """What `clusterctl status` shows of one run; `to_json()` is its `--json`."""
@@ -106,6 +128,8 @@ class RunStatus:
     """The latest job's per-node step times (None: none written)."""
     agent: AgentSummary | None = None
     """What the latest job's in-allocation agent last saw of its nodes (None: no agent, or none written)."""
+    last_resume: Resumed | None = None
+    """The run's newest resume from multi-level checkpoints (None: none journaled)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "name": self.name, "state": self.state, "message": self.message,
@@ -113,7 +137,8 @@ class RunStatus:
                 "in_allocation": [recovery_status_json(r) for r in self.in_allocation],
                 "stragglers": [straggler_json(s) for s in self.stragglers],
                 "step_times": self.step_times.to_json() if self.step_times is not None else None,
-                "agent": self.agent.to_json() if self.agent is not None else None}
+                "agent": self.agent.to_json() if self.agent is not None else None,
+                "last_resume": resumed_json(self.last_resume) if self.last_resume is not None else None}
 
 
 def best_report(job_id: str, queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> JobReport | None:
@@ -168,7 +193,8 @@ def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[st
     return RunStatus(run=run_path, name=created.name if created else run_path.name, state=state,
                      message=ended[-1].message if ended else "", attempts=tuple(attempts),
                      in_allocation=tuple(e for e in events if isinstance(e, RecoveredInAllocation)),
-                     stragglers=stragglers_of(events), step_times=step_times, agent=agent)
+                     stragglers=stragglers_of(events), step_times=step_times, agent=agent,
+                     last_resume=(resumes_of(events) or (None,))[-1])
 
 
 def agent_line(summary: AgentSummary) -> str:
@@ -240,6 +266,8 @@ def status_renderables(status: RunStatus) -> Group:
         took = f"; the standby agent on {r.agent} took the job over from {r.took_over_from}" if r.took_over_from else ""
         parts.append(plain(f"job {r.job_id}: restarted inside the allocation ({r.restart}): {why}; "
                           f"new step on {' '.join(r.nodes)} from step {step}{took}"))
+    if status.last_resume is not None:
+        parts.append(plain(f"last resume ({resume_where(status.last_resume)}): {resumed_text(status.last_resume)}"))
     for s in status.stragglers:
         hardware = "; ".join(s.hardware) or "its GPUs say nothing that explains it"
         parts.append(plain(f"job {s.job_id}: straggler {s.node}: {s.ratio:.2f}x the job's compute time for "

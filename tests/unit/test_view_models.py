@@ -29,7 +29,7 @@ from clusterctl.launcher.shared.runs import create_run
 from clusterctl.records.node_step_times import NodeStepTime, NodeStepTimes, write_node_step_times
 from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, write_rank_map
 from clusterctl.records.run_journal import (
-    BlamedNode, Decided, DecisionAction, EventKind, OutcomeKind, RecoveredInAllocation, RunEnded, SlurmTimes,
+    BlamedNode, Decided, DecisionAction, EventKind, OutcomeKind, RecoveredInAllocation, Resumed, RunEnded, SlurmTimes,
     StragglerFound, Submitted,
 )
 from clusterctl.slurm.commands import Completed, Slurm
@@ -75,7 +75,7 @@ def _checkpoint(directory: Path, step: int, written_at: float, save_seconds: flo
 
 def a_run_with_every_kind_of_event(root: Path) -> Path:
     """Attempt 1 (job 4) lost node3 to an Xid; attempt 2 (job 5) restarted twice inside its
-    allocation, found a straggler, and completed."""
+    allocation (the first resumed node4 from node2's copy on node1), found a straggler, and completed."""
     run = create_run(root / "llm", load_spec(REPO / "examples" / "toy_trainer.toml"), "")
     checkpoints = run.path / "checkpoints"
     for step, written_at in ((10, 140.0), (20, 170.0), (30, 420.0)):
@@ -93,6 +93,8 @@ def a_run_with_every_kind_of_event(root: Path) -> Path:
                                      blame=(BlamedNode("node2", "not responding for 60 s", ("sinfo: node2 DOWN*",)),),
                                      nodes=("node1", "node4"), given_back=("node2",), checkpoint_step=20,
                                      phases=(("stop", 3.0), ("plan", 0.5), ("start", 4.25))))
+    run.record(Resumed(at=303.0, job_id="5", restart=1, step=20, nodes=2, tiers=(("local", 1), ("buddy", 1)),
+                       buddy_copies=("node2's on node1",), reported=2, read_seconds=4.25, slowest_node="node4"))
     run.record(RecoveredInAllocation(at=350.0, job_id="5", restart=2, blame=(), nodes=("node1", "node4"),
                                      checkpoint_step=None, phases=(("stop", 1.0),),
                                      reason="every rank hung at once; started again on the same nodes"))
