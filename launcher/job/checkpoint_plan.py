@@ -171,17 +171,20 @@ class TierPlanner:
         """complete.json for every checkpoint each slot of which some node reports flushed."""
         flushed: dict[int, dict[int, str]] = {}
         slots: dict[int, int] = {}
+        stall: dict[int, float] = {}  # the slowest slot's save: what training waited for
         for held in self.holdings.values():
             for c in held.copies:
                 if c.tier == "shared" and c.step not in self.completed:
                     flushed.setdefault(c.step, {})[c.slot] = c.of_node
                     slots[c.step] = max(slots.get(c.step, 0), c.slots)
+                    stall[c.step] = max(stall.get(c.step, 0.0), c.save_seconds)
         for step in sorted(flushed):
             by_slot = flushed[step]
             if sorted(by_slot) != list(range(slots[step])):
                 continue
             try:
-                write_complete(self.shared, FlushedCheckpoint(step, tuple(by_slot[s] for s in range(slots[step]))))
+                write_complete(self.shared, FlushedCheckpoint(step, tuple(by_slot[s] for s in range(slots[step])),
+                                                              stall[step]))
                 self.completed.add(step)
             except OSError as exc:
                 self.say(f"cannot mark checkpoint {step} flushed in {step_dir(self.shared, step)} ({exc.strerror}); "

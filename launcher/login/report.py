@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
-from clusterctl.launcher.pure.goodput import AttemptTimes, Goodput, InAllocationRestart, account
+from clusterctl.launcher.pure.goodput import COST_LOCAL_SAVE, AttemptTimes, Goodput, InAllocationRestart, account
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.login.status import resume_where, resumed_json, resumes_of, straggler_json, stragglers_of
 from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
@@ -107,11 +107,12 @@ class RunReport:
 
 def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint],
                skipped: Sequence[Skipped], now: float, slow_node_seconds: float = 0.0,
-               max_restarts: int | None = None, journal_warnings: Sequence[str] = ()) -> RunReport:
+               max_restarts: int | None = None, journal_warnings: Sequence[str] = (), tiers: bool = False) -> RunReport:
     """The report of the run at `run_path` from its journal's `events`, the complete `checkpoints`
     (oldest first) and `skipped` ones found in its checkpoint directory, the seconds its jobs
     lost to slow nodes (their step-time tables), its spec's restart.max_restarts, and the warnings
-    of the journal's damaged lines (shown first: every count below may be off by what they held)."""
+    of the journal's damaged lines (shown first: every count below may be off by what they held).
+    `tiers`: the spec has multi-level checkpoints on (the checkpoints' cost is the local save's)."""
     state = replay(events)
     times = []
     attempts = []
@@ -130,7 +131,7 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
     recoveries = tuple(e for e in events if isinstance(e, RecoveredInAllocation))
     goodput = account(times, list(checkpoints), now,
                       [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases)) for e in recoveries],
-                      slow_node_seconds)
+                      slow_node_seconds, tiers)
     return RunReport(run=run_path, state=str(state.ended.kind) if state.ended else "running",
                      message=state.ended.message if state.ended else "", attempts=tuple(attempts),
                      excluded_now=tuple(state.excluded(now)), in_allocation=recoveries,
@@ -189,10 +190,16 @@ def report_renderables(report: RunReport) -> Group:
         f"lost: redone work {_duration(g.redone_seconds)}, queue {_duration(g.queue_seconds)}, "
         f"restart overhead {_duration(g.restart_overhead_seconds)}, slow nodes {_duration(g.slow_node_seconds)}; "
         f"node failures {g.node_failures}"))
-    if g.advised_interval_seconds is not None:
+    if g.advised_interval_seconds is not None and g.checkpoint_cost_source == COST_LOCAL_SAVE:
+        parts.append(Text(
+            f"flushed to shared storage every {_duration(g.checkpoint_interval_seconds)} now; Young/Daly advises "
+            f"saving every {_duration(g.advised_interval_seconds)} (cost {_duration(g.checkpoint_cost_seconds)}: "
+            f"the local save, the slowest node's; the copy to the buddy and the flush run behind training; "
+            f"MTBF {_duration(g.mtbf_seconds)})"))
+    elif g.advised_interval_seconds is not None:
         parts.append(Text(
             f"checkpoint every {_duration(g.checkpoint_interval_seconds)} now; Young/Daly advises "
-            f"{_duration(g.advised_interval_seconds)} (cost {_duration(g.checkpoint_cost_seconds)}, "
+            f"{_duration(g.advised_interval_seconds)} (cost {_duration(g.checkpoint_cost_seconds)}: the save, "
             f"MTBF {_duration(g.mtbf_seconds)})"))
     else:
         parts.append(Text("checkpoint-interval advice needs a measured checkpoint cost and at least one node failure",

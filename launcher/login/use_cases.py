@@ -211,7 +211,7 @@ def gather_report(run: RunDir, now: float) -> RunReport:
             table = None  # status names the damaged table; the report counts what it can read
         slow += table.lost_s if table is not None else 0.0
     return run_report(run.path, events, checkpoints, skipped, now, slow, spec.restart.max_restarts,
-                      journal_warnings=journal.warnings)
+                      journal_warnings=journal.warnings, tiers=spec.checkpoint.tiers)
 
 
 # ---- plan ---------------------------------------------------------------------------------------

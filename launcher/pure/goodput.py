@@ -9,8 +9,11 @@ job's straggler watch summed: per step, the slowest node's compute time over the
 job waits for it in every collective).  Productive time is run time minus work redone and time lost
 to slow nodes, and goodput is productive time over the run's wall time.
 
-Advice: the Young/Daly interval sqrt(2 · C · MTBF), with C the measured time to write a
-checkpoint and MTBF the observed run time per node failure.
+Advice: the Young/Daly interval sqrt(2 · C · MTBF), with C the measured time training stalls per
+checkpoint and MTBF the observed run time per node failure.  C is the median of the checkpoints' save
+times: the save to shared storage, or with multi-level checkpoints (`tiers`) the local save (the slowest
+node's, from complete.json), since the copy to the buddy and the flush to shared storage run behind
+training.  `checkpoint_cost_source` says which.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint
+
+COST_SAVE = "save"
+"""The checkpoint's cost is its save to shared storage (the program's own)."""
+COST_LOCAL_SAVE = "local-save"
+"""The checkpoint's cost is its local save, the slowest node's (multi-level checkpoints)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,8 @@ class Goodput:
     checkpoint_interval_seconds: float | None
     advised_interval_seconds: float | None
     slow_node_seconds: float = 0.0
+    checkpoint_cost_source: str = COST_SAVE
+    """Which time `checkpoint_cost_seconds` is: COST_SAVE or COST_LOCAL_SAVE."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready, seconds rounded to the millisecond."""
@@ -72,10 +82,12 @@ class InAllocationRestart:
 
 
 def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint], now: float,
-            in_allocation: Sequence[InAllocationRestart] = (), slow_node_seconds: float = 0.0) -> Goodput:
+            in_allocation: Sequence[InAllocationRestart] = (), slow_node_seconds: float = 0.0,
+            tiers: bool = False) -> Goodput:
     """Account a run's time from its attempts, the checkpoints it wrote, the restarts inside jobs
     (each: its own restart time, and the work since the last checkpoint before it redone) and the
-    seconds its jobs lost waiting for slow nodes."""
+    seconds its jobs lost waiting for slow nodes.  `tiers`: the checkpoints are multi-level ones (those
+    flushed whole to shared storage), whose save times are the local save's, the slowest node's."""
     stamps = sorted(c.written_at for c in checkpoints if c.written_at)
     run = redone = queue = overhead = 0.0
     for r in in_allocation:
@@ -112,4 +124,4 @@ def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint],
     interval = statistics.median(gaps) if gaps else None
     advice = young_daly(cost, mtbf) if cost is not None and mtbf is not None else None
     return Goodput(wall, productive, redone, queue, overhead, productive / wall if wall > 0 else None, failures,
-                   mtbf, cost, interval, advice, slow)
+                   mtbf, cost, interval, advice, slow, COST_LOCAL_SAVE if tiers else COST_SAVE)

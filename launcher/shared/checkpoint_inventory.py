@@ -8,7 +8,10 @@ Two files, both written by the job's agent (launcher/job/checkpoint_plan.py), ne
 - `<checkpoint dir>/tiers/step-<N:012d>/complete.json`: written once every slot's part of checkpoint N is
   reported flushed to shared storage (one file per flushed checkpoint), naming the node whose part each
   slot holds.  The supervisor's `tiers` validator (launcher/shared/checkpoints.py) takes a step with this
-  file as complete; an agent plans from it when no node holds anything (a fresh allocation).
+  file as complete; an agent plans from it when no node holds anything (a fresh allocation).  Version 2
+  adds `save_seconds`: what saving the checkpoint stalled training, the slowest slot's local save (null when
+  no slot's is known), which `report`'s Young/Daly advice takes as the checkpoint's cost.  Version 1 files
+  (an older agent's, kept on shared storage) are still read, without it.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 from clusterctl.files import atomic_write
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings
 from clusterctl.records.versioned import (
-    RecordError, check_header, field, header, node_field, read_json_record, refuse_unknown, whole_field,
+    RecordError, check_header, field, header, node_field, read_json_record, refuse_unknown, seconds_field, whole_field,
 )
 
 INVENTORY_NAME = "checkpoint-inventory.json"
@@ -33,7 +36,8 @@ INVENTORY_LIMIT = 256 << 20
 """The largest inventory read (bytes): 100,000 nodes' holdings of a handful of copies are ~100 MB."""
 COMPLETE_NAME = "complete.json"
 COMPLETE_KIND = "checkpoint-flushed"
-COMPLETE_VERSION = 1
+COMPLETE_VERSION = 2
+COMPLETE_FIELDS_V1 = frozenset({"kind", "version", "step", "slots", "nodes"})
 COMPLETE_LIMIT = 16 << 20
 TIERS_DIR = "tiers"
 _STEP_DIR = re.compile(r"step-([0-9]{12})")
@@ -98,26 +102,34 @@ class FlushedCheckpoint:
 
     step: int
     nodes: tuple[str, ...]
+    save_seconds: float | None = None
+    """The slowest slot's save (seconds training stalled for it: the local save, or the synchronous write to
+    shared storage of a node whose local tier was unusable); None when unknown."""
 
 
 def write_complete(shared_dir: str | Path, flushed: FlushedCheckpoint) -> Path:
     """Mark `flushed.step` complete on shared storage; the file's path."""
     return atomic_write(step_dir(shared_dir, flushed.step) / COMPLETE_NAME, json.dumps(
         {**header(COMPLETE_KIND, COMPLETE_VERSION), "step": flushed.step, "slots": len(flushed.nodes),
-         "nodes": list(flushed.nodes)}, sort_keys=True) + "\n")
+         "nodes": list(flushed.nodes), "save_seconds": flushed.save_seconds}, sort_keys=True) + "\n")
 
 
 def read_complete(path: Path) -> FlushedCheckpoint:
-    """One complete.json; RecordError when it is damaged or from a newer clusterctl."""
+    """One complete.json (version 1 or 2); RecordError when it is damaged or from a newer clusterctl."""
     where = str(path)
-    body = check_header(read_json_record(path, limit=COMPLETE_LIMIT, follow_symlinks=False), COMPLETE_KIND,
-                        COMPLETE_VERSION, where)
-    refuse_unknown(body, frozenset({"kind", "version", "step", "slots", "nodes"}), where)
+    data = read_json_record(path, limit=COMPLETE_LIMIT, follow_symlinks=False)
+    old = isinstance(data, dict) and data.get("version") == 1 and data.get("kind") == COMPLETE_KIND
+    body = check_header(data, COMPLETE_KIND, 1 if old else COMPLETE_VERSION, where)
+    refuse_unknown(body, COMPLETE_FIELDS_V1 if old else COMPLETE_FIELDS_V1 | {"save_seconds"}, where)
+    if not old and "save_seconds" not in body:
+        raise RecordError(where, "missing field `save_seconds` (null when no slot's save time is known)")
+    save_seconds = None if old or body["save_seconds"] is None else seconds_field(body, "save_seconds", where)
     nodes = field(body, "nodes", list, where)
     if whole_field(body, "slots", where) != len(nodes) or not nodes:
         raise RecordError(where, f"field `slots` says {body['slots']}, `nodes` names {len(nodes)}")
     return FlushedCheckpoint(whole_field(body, "step", where),
-                             tuple(node_field({"node": n}, "node", f"{where}: nodes[{i}]") for i, n in enumerate(nodes)))
+                             tuple(node_field({"node": n}, "node", f"{where}: nodes[{i}]") for i, n in enumerate(nodes)),
+                             save_seconds)
 
 
 def flushed_checkpoints(shared_dir: str | Path) -> tuple[list[FlushedCheckpoint], list[str]]:

@@ -117,7 +117,8 @@ def _megatron(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
 def _tiers(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
     """Multi-level checkpoints' shared tier: `tiers/step-N/` is complete once the job's agent wrote its
     complete.json (every slot's part flushed; launcher/shared/checkpoint_inventory.py); each slot's part is
-    verified against its manifest where it is loaded."""
+    verified against its manifest where it is loaded.  Its cost is the slowest slot's save (complete.json's
+    `save_seconds`: the local save training waited for, not the flush behind it)."""
     good, skipped = [], []
     for candidate in sorted((directory / TIERS_DIR).glob("step-*")):
         step = _step_of(candidate.name)
@@ -135,7 +136,7 @@ def _tiers(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
         if flushed.step != step:
             skipped.append(Skipped(str(candidate), f"{COMPLETE_NAME} names step {flushed.step}"))
             continue
-        good.append(Checkpoint(str(candidate), step, "tiers", _mtime_ns(marker) / 1e9))
+        good.append(Checkpoint(str(candidate), step, "tiers", _mtime_ns(marker) / 1e9, flushed.save_seconds))
     return good, skipped
 
 

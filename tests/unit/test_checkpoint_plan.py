@@ -5,6 +5,7 @@ job leaves for the next one (its inventory, complete.json on shared storage)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
 from clusterctl.records.checkpoint_settings import CheckpointSettings
 from clusterctl.records.resume_failure import BadCopy, ResumeFailure, write_resume_failure
 from clusterctl.records.tier_index import read_tier_slot
+from clusterctl.records.versioned import RecordError
 
 NODES = ("node1", "node2", "node3")
 T0 = 1_795_305_600.0
@@ -148,7 +150,7 @@ def test_two_failed_resumes_of_a_checkpoint_fall_back_to_the_last_one_flushed_wh
     tiers = planner(tmp_path / "run", said=said)
     tiers.observe(holdings(10, 20, flushed=(10,)))
     flushed = step_dir(tmp_path / "run" / "ckpt", 10) / "complete.json"
-    assert read_complete(flushed) == FlushedCheckpoint(10, NODES)
+    assert read_complete(flushed) == FlushedCheckpoint(10, NODES, 2.0)
     assert not (step_dir(tmp_path / "run" / "ckpt", 20) / "complete.json").exists()
     # what the supervisor's validator sees: step 10, complete
     assert [c.step for c in find_checkpoints(tmp_path / "run" / "ckpt", "tiers")[0]] == [10]
@@ -175,6 +177,30 @@ def test_a_checkpoint_flushed_whole_is_marked_once_and_a_slot_not_yet_flushed_is
     first = marker.stat().st_mtime_ns
     tiers.observe({**holdings(30, flushed=(30,)), "node2": CheckpointHoldings("node2", (), T0 + 99)})
     assert marker.stat().st_mtime_ns == first
+
+
+def test_complete_json_records_the_slowest_slots_save_and_the_validator_gives_it_as_the_checkpoints_cost(tmp_path):
+    tiers = planner(tmp_path / "run")
+    held = holdings(30, flushed=(30,))
+    slow = tuple(replace(c, save_seconds=3.5) if c.tier == "shared" else c for c in held["node2"].copies)
+    tiers.observe({**held, "node2": CheckpointHoldings("node2", slow, T0 + 40)})
+    marker = step_dir(tmp_path / "run" / "ckpt", 30) / "complete.json"
+    assert read_complete(marker) == FlushedCheckpoint(30, NODES, 3.5)
+    [checkpoint] = find_checkpoints(tmp_path / "run" / "ckpt", "tiers")[0]
+    assert (checkpoint.step, checkpoint.save_seconds) == (30, 3.5)
+    # an older agent's marker (version 1) is still read, without a cost; a version 2 one must say it (or null)
+    body = json.loads(marker.read_text())
+    marker.write_text(json.dumps({k: v for k, v in body.items() if k != "save_seconds"} | {"version": 1}))
+    assert read_complete(marker) == FlushedCheckpoint(30, NODES)
+    marker.write_text(json.dumps({k: v for k, v in body.items() if k != "save_seconds"}))
+    with pytest.raises(RecordError, match="missing field `save_seconds`"):
+        read_complete(marker)
+    marker.write_text(json.dumps({**body, "version": 1}))
+    with pytest.raises(RecordError, match="unknown field `save_seconds`"):
+        read_complete(marker)
+    marker.write_text(json.dumps({**body, "save_seconds": -2}))
+    with pytest.raises(RecordError, match="field `save_seconds` is -2"):
+        read_complete(marker)
 
 
 # ---- what a job leaves for the next: its inventory ------------------------------------------------------

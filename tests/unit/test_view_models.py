@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -24,7 +26,8 @@ from click.testing import CliRunner
 
 import clusterctl.launcher.login.cli as cli_module
 from clusterctl.launcher.login.cli import cli
-from clusterctl.launcher.pure.spec import load_spec
+from clusterctl.launcher.pure.spec import load_spec, parse_spec
+from clusterctl.launcher.shared.checkpoint_inventory import FlushedCheckpoint, write_complete
 from clusterctl.launcher.shared.runs import create_run
 from clusterctl.records.node_step_times import NodeStepTime, NodeStepTimes, write_node_step_times
 from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, write_rank_map
@@ -141,3 +144,34 @@ def test_report_json_and_text_are_pinned(root):
 
     assert_golden("views/report.json", _invoke(root, "report", str(run), "--json"))
     assert_golden("views/report.txt", _invoke(root, "report", str(run)))
+
+
+def test_with_multi_level_checkpoints_the_advice_takes_the_local_save_as_the_cost_and_says_so(root):
+    """A run with tiers on: checkpoints flushed whole every 100 s, each complete.json naming its slowest
+    slot's local save (1.5 s); one node failure recovered inside the allocation, its resume journaled."""
+    text = (REPO / "examples" / "toy_trainer.toml").read_text().replace('validator = "manifest"\n', "tiers = true\n")
+    run = create_run(root / "tiered", parse_spec(text, "toy.toml", base_dir=REPO / "examples"), text)
+    shared = run.path / "checkpoints"
+    for step, at in ((100, 150.0), (200, 250.0), (300, 350.0)):
+        marker = write_complete(shared, FlushedCheckpoint(step, ("node1", "node2"), 1.5))
+        os.utime(marker, (at, at))
+    run.record(Submitted(at=100.0, attempt=1, job_id="4"))
+    run.record(RecoveredInAllocation(at=300.0, job_id="4", restart=1, blame=(BlamedNode("node2", "xid 79"),),
+                                     nodes=("node1", "node3"), checkpoint_step=200, phases=(("stop", 5.0),)))
+    run.record(Resumed(at=306.0, job_id="4", restart=1, step=200, nodes=2, tiers=(("local", 1), ("buddy", 1)),
+                       buddy_copies=("node2's on node1",), reported=1, read_seconds=2.75, slowest_node="node3"))
+    run.record(Decided(at=401.0, attempt=1, job_id="4", state="COMPLETED", exit_code=0, outcome=OutcomeKind.COMPLETED,
+                       message="completed", checkpoint_step=300, checkpoint=None, action=DecisionAction.DONE,
+                       times=SlurmTimes(100.0, 110.0, 400.0), blame=()))
+
+    shown = " ".join(_invoke(root, "report", str(run.path)).split())
+    assert "flushed to shared storage every 100.0 s now; Young/Daly advises saving every 29.2 s " in shown
+    assert "(cost 1.5 s: the local save, the slowest node's; the copy to the buddy and the flush run behind " \
+           "training; MTBF 4.8 min)" in shown
+    assert "job 4, restart 1: resumed step 200: 1 node(s) from their own copies, 1 node(s) from a buddy's copy " \
+           "(node2's on node1); read in 2.75 s (slowest: node3, 1 of 2 nodes said)" in shown
+    goodput = json.loads(_invoke(root, "report", str(run.path), "--json"))["goodput"]
+    assert (goodput["checkpoint_cost_seconds"], goodput["checkpoint_cost_source"]) == (1.5, "local-save")
+    assert goodput["advised_interval_seconds"] == pytest.approx(math.sqrt(2 * 1.5 * 285.0), abs=1e-3)
+    last = json.loads(_invoke(root, "status", str(run.path), "--json"))["last_resume"]
+    assert (last["tiers"], last["read_seconds"], last["reported"]) == ({"local": 1, "buddy": 1, "shared": 0}, 2.75, 1)
