@@ -147,8 +147,9 @@ class Writes:
             self.files.append((path.name, len(text.encode("utf-8"))))
             return real(path, text, mode=mode)
 
-        checkpoint_inventory.atomic_write = counted  # type: ignore[assignment]
-        tier_index.atomic_write = counted  # type: ignore[assignment]
+        name = "atomic_write"  # replaced in both modules that write the planner's files
+        for module in (checkpoint_inventory, tier_index):
+            setattr(module, name, counted)
 
     def take(self) -> dict[str, Any]:
         files, self.files = self.files, []
