@@ -1,6 +1,9 @@
 """Benchmark the job's agent planning multi-level checkpoints at 1,250 and 12,500 nodes (8 ranks each).
 
     .venv/bin/python bench/checkpoint_plan_bench.py [--sizes 1250,12500] [--trials 5] [--out PATH]
+    # an older commit beside this one, trials alternating (no venv needed: the code is imported from there):
+    git archive <commit> | tar -x -C /tmp/before
+    .venv/bin/python bench/checkpoint_plan_bench.py --code before=/tmp/before --code after=. --no-reports
 
 What is REAL: the agent's `TierPlanner` (launcher/job/checkpoint_plan.py) with the real inventory and
 complete.json writers (launcher/shared/checkpoint_inventory.py), the real planning (`buddy_map`,
@@ -179,7 +182,7 @@ class Clock:
         return self.t
 
 
-def child(nodes_count: int, work: Path) -> dict[str, Any]:
+def child(nodes_count: int, work: Path, with_reports: bool = True) -> dict[str, Any]:
     """One trial at `nodes_count` nodes (see the module's docstring)."""
     from clusterctl.launcher.job.checkpoint_plan import INVENTORY_EVERY, TierPlanner
     from clusterctl.launcher.pure.checkpoint_tiers import buddy_map
@@ -263,7 +266,8 @@ def child(nodes_count: int, work: Path) -> dict[str, Any]:
     out["spare_line"] = {"step": step, "slots": count, "tier": line.tier, "of_node": line.of_node,
                          "held_on": line.held_on}
 
-    out["report"] = reports(nodes)
+    if with_reports:
+        out["report"] = reports(nodes)
     out["peak_rss_mb_process"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return out
 
@@ -313,9 +317,11 @@ def summary(values: list[float], digits: int = 4) -> dict[str, Any]:
             "max": round(max(values), digits), "p50": round(percentile(values, 0.5), digits), "n": len(values)}
 
 
-def pick(trial: dict[str, Any], path: str) -> float:
+def pick(trial: dict[str, Any], path: str) -> float | None:
     value: Any = trial
     for part in path.split("."):
+        if part not in value:
+            return None
         value = value[part]
     return float(value)
 
@@ -336,6 +342,16 @@ FIGURES = (
 )
 
 
+def figures(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every figure's summary over `trials` (a figure a trial did not measure is left out)."""
+    out = {}
+    for figure in FIGURES:
+        values = [v for v in (pick(t, figure) for t in trials) if v is not None]
+        if values:
+            out[figure] = summary(values)
+    return out
+
+
 def machine() -> dict[str, Any]:
     """What else ran: load average and the busiest processes at the time."""
     try:
@@ -347,11 +363,12 @@ def machine() -> dict[str, Any]:
             "cpus": os.cpu_count(), "busiest": [line.strip()[:160] for line in top]}
 
 
-def run_trial(nodes: int) -> dict[str, Any]:
+def run_trial(nodes: int, code: Path, with_reports: bool) -> dict[str, Any]:
+    """One trial in a fresh process whose clusterctl is the checkout `code`."""
     work = Path(tempfile.mkdtemp(prefix=f"ckpt-plan-{nodes}-"))
     try:
-        done = subprocess.run([sys.executable, __file__, "--child", str(nodes), "--work", str(work)],
-                              capture_output=True, text=True)
+        argv = [sys.executable, __file__, "--child", str(nodes), "--work", str(work), "--child-code", str(code)]
+        done = subprocess.run(argv + ([] if with_reports else ["--no-reports"]), capture_output=True, text=True)
         if done.returncode:
             raise SystemExit(f"trial at {nodes} nodes failed:\n{done.stderr[-3000:]}")
         result: dict[str, Any] = json.loads(done.stdout)
@@ -361,38 +378,55 @@ def run_trial(nodes: int) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
-    rows = ["| figure | " + " | ".join(f"{n} nodes" for n in results["sizes"]) + " |",
-            "|---|" + "---:|" * len(results["sizes"])]
+    columns = [(name, n) for name in results["codes"] for n in results["sizes"]]
+    rows = ["| figure | " + " | ".join(f"{name}: {n} nodes" for name, n in columns) + " |",
+            "|---|" + "---:|" * len(columns)]
     for figure in FIGURES:
         cells = []
-        for n in results["sizes"]:
-            s = results["figures"][str(n)][figure]
-            cells.append(f"{s['median']:g} [{s['min']:g}–{s['max']:g}]")
+        for name, n in columns:
+            s = results["figures"][name][str(n)].get(figure)
+            cells.append(f"{s['median']:g} [{s['min']:g}–{s['max']:g}]" if s else "–")
         rows.append(f"| {figure} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None, run: Callable[[int], dict[str, Any]] = run_trial) -> int:
+def code_arg(text: str) -> tuple[str, Path]:
+    """`NAME=CHECKOUT` or `CHECKOUT` (named after its folder)."""
+    name, _, path = text.rpartition("=")
+    return (name or Path(path).name), Path(path).resolve()
+
+
+def main(argv: list[str] | None = None,
+         run: Callable[[int, Path, bool], dict[str, Any]] = run_trial) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--sizes", default="1250,12500")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "checkpoint_plan.json")
+    parser.add_argument("--code", type=code_arg, action="append",
+                        help="NAME=CHECKOUT whose clusterctl is measured (repeatable; trials alternate); "
+                             "default this checkout")
+    parser.add_argument("--no-reports", action="store_true", help="leave out (4), the node reports")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--child-code", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(args.child, args.work)))
+        if args.child_code:  # imported from there (child() imports clusterctl only now)
+            sys.path.insert(0, args.child_code)
+        print(json.dumps(child(args.child, args.work, not args.no_reports)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
-    results: dict[str, Any] = {"sizes": sizes, "trials": args.trials, "before": machine(), "runs": {}}
+    codes = dict(args.code or [code_arg(str(Path(__file__).resolve().parent.parent))])
+    results: dict[str, Any] = {"sizes": sizes, "trials": args.trials, "codes": {k: str(v) for k, v in codes.items()},
+                               "machine_before": machine(), "runs": {name: {} for name in codes}}
     for trial in range(args.trials):
-        for n in sizes:  # sizes alternate: a busy moment of the machine slows every size alike
-            print(f"checkpoint-plan-bench {time.strftime('%H:%M:%S')}: {n} nodes, trial {trial + 1}",
-                  file=sys.stderr, flush=True)
-            results["runs"].setdefault(str(n), []).append(run(n))
-    results["after"] = machine()
-    results["figures"] = {str(n): {f: summary([pick(t, f) for t in results["runs"][str(n)]]) for f in FIGURES}
-                          for n in sizes}
+        for n in sizes:  # sizes and checkouts alternate: a busy moment of the machine slows them alike
+            for name, code in codes.items():
+                print(f"checkpoint-plan-bench {time.strftime('%H:%M:%S')}: {name}, {n} nodes, trial {trial + 1}",
+                      file=sys.stderr, flush=True)
+                results["runs"][name].setdefault(str(n), []).append(run(n, code, not args.no_reports))
+    results["machine_after"] = machine()
+    results["figures"] = {name: {str(n): figures(results["runs"][name][str(n)]) for n in sizes} for name in codes}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
     print(table(results))
