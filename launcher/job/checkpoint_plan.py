@@ -204,8 +204,10 @@ class TierPlanner:
         for line in problems:
             self.say(line)
         self.completed.update(f.step for f in flushed)
-        for checkpoint in flushed:
-            copies.extend(self._flushed_copies(checkpoint))
+        # Kept for the checkpoints on shared storage now only (one removed from there is forgotten).
+        self._flushed = {checkpoint: self._flushed_copies(checkpoint) for checkpoint in flushed}
+        for made in self._flushed.values():
+            copies.extend(made)
         gone = {n for m in copies for n in (m.of_node, m.held_on) if n is not None and n not in here}
         self.plan = plan_resume(resume_facts(copies, gone=gone, problems=self.problems, failed_resumes=self.failed))
         for line in self.plan.lines():
