@@ -34,6 +34,9 @@ KIND = "tier-index"
 VERSION = 1
 FILE_NAME = "tiers.idx"
 HEADER_MAX_BYTES = 1024
+HEADER_FIRST_BYTES = 256
+"""A node reads this much first (a header is about 90 bytes), the rest of HEADER_MAX_BYTES only when it
+holds no line end: what every node reads stays a few hundred bytes."""
 NONE = "-"
 _FIELDS = frozenset({"kind", "version", "step", "slots", "record_bytes"})
 
@@ -96,8 +99,11 @@ def read_tier_slot(path: Path, slot: int) -> tuple[int | None, int, TierSlot]:
     where = str(path)
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        first = os.pread(fd, HEADER_MAX_BYTES, 0)
+        first = os.pread(fd, HEADER_FIRST_BYTES, 0)
         end = first.find(b"\n")
+        if end < 0 and len(first) == HEADER_FIRST_BYTES:
+            first = os.pread(fd, HEADER_MAX_BYTES, 0)
+            end = first.find(b"\n")
         if end < 0:
             raise RecordError(where, f"no header line in the first {HEADER_MAX_BYTES} bytes; not a tier index")
         try:

@@ -113,6 +113,13 @@ class TierPlanner:
         self.resuming: Resuming | None = None
         """The running step's resume, until its journal line is written."""
         self._launched: tuple[int, tuple[SlotSource, ...]] | None = None
+        self._manifests: dict[str, tuple[CheckpointHoldings, tuple[CheckpointManifest, ...]]] = {}
+        """Per node, its holdings as copies (`copies_of`), made when they are observed: a resume plan, on
+        the recovery's critical path, does not convert (and check) 75,000 copies at 12,500 nodes again."""
+        self._flushed: dict[FlushedCheckpoint, tuple[CheckpointManifest, ...]] = {}
+        """Each checkpoint flushed whole as copies (`flushed_copies`), by its complete.json."""
+        self._fragments: dict[str, tuple[CheckpointHoldings, str]] = {}
+        """Per node, its holdings' text in the inventory (inventory_text's `fragments`)."""
         self._written = ""
         self._pending = False
         self._written_at = -INVENTORY_EVERY
@@ -143,6 +150,7 @@ class TierPlanner:
             if before is held or before == held:
                 continue
             self.holdings[node] = held
+            self._manifests[node] = (held, copies_of(held))
             changed = True
         if changed:
             self._pending = True
@@ -154,7 +162,7 @@ class TierPlanner:
         """Write the job's inventory now, if it changed since it was last written."""
         self._pending = False
         self._written_at = self.monotonic()
-        text = inventory_text(self.holdings)
+        text = inventory_text(self.holdings, self._fragments)
         if text == self._written:
             return
         try:
@@ -165,7 +173,19 @@ class TierPlanner:
                      "resubmitted job resumes from the nodes' reports and shared storage only")
 
     def _copies(self) -> list[CheckpointManifest]:
-        return [m for held in self.holdings.values() for m in copies_of(held)]
+        copies: list[CheckpointManifest] = []
+        for node, held in self.holdings.items():
+            made = self._manifests.get(node)
+            if made is None or made[0] is not held:  # taken from the previous job's inventory
+                made = self._manifests[node] = (held, copies_of(held))
+            copies.extend(made[1])
+        return copies
+
+    def _flushed_copies(self, flushed: FlushedCheckpoint) -> tuple[CheckpointManifest, ...]:
+        made = self._flushed.get(flushed)
+        if made is None:
+            made = self._flushed[flushed] = flushed_copies(flushed)
+        return made
 
     def _mark_flushed(self) -> None:
         """complete.json for every checkpoint each slot of which some node reports flushed."""
@@ -183,9 +203,10 @@ class TierPlanner:
             if sorted(by_slot) != list(range(slots[step])):
                 continue
             try:
-                write_complete(self.shared, FlushedCheckpoint(step, tuple(by_slot[s] for s in range(slots[step])),
-                                                              stall[step]))
+                checkpoint = FlushedCheckpoint(step, tuple(by_slot[s] for s in range(slots[step])), stall[step])
+                write_complete(self.shared, checkpoint)
                 self.completed.add(step)
+                self._flushed_copies(checkpoint)  # what the next plan reads back from complete.json
             except OSError as exc:
                 self.say(f"cannot mark checkpoint {step} flushed in {step_dir(self.shared, step)} ({exc.strerror}); "
                          "trying again at the next change")
@@ -204,8 +225,10 @@ class TierPlanner:
         for line in problems:
             self.say(line)
         self.completed.update(f.step for f in flushed)
-        for checkpoint in flushed:
-            copies.extend(flushed_copies(checkpoint))
+        # Kept for the checkpoints on shared storage now only (one removed from there is forgotten).
+        self._flushed = {checkpoint: self._flushed_copies(checkpoint) for checkpoint in flushed}
+        for made in self._flushed.values():
+            copies.extend(made)
         gone = {n for m in copies for n in (m.of_node, m.held_on) if n is not None and n not in here}
         self.plan = plan_resume(resume_facts(copies, gone=gone, problems=self.problems, failed_resumes=self.failed))
         for line in self.plan.lines():

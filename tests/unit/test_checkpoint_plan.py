@@ -13,7 +13,8 @@ import pytest
 from clusterctl.launcher.job.checkpoint_plan import INVENTORY_EVERY, TierPlanner, run_key
 from clusterctl.launcher.pure.spec import JobSpec, parse_spec
 from clusterctl.launcher.shared.checkpoint_inventory import (
-    INVENTORY_NAME, FlushedCheckpoint, read_complete, read_inventory, step_dir,
+    INVENTORY_KIND, INVENTORY_NAME, INVENTORY_VERSION, FlushedCheckpoint, inventory_text, read_complete, read_inventory,
+    step_dir,
 )
 from clusterctl.launcher.shared.checkpoints import find_checkpoints
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
@@ -223,6 +224,32 @@ def test_the_inventory_is_written_per_change_not_per_report_and_before_each_plan
     tiers.observe(holdings(10, 20, 30))
     tiers.resume_point(NODES)  # a plan writes what is pending first
     assert read_inventory(path) == holdings(10, 20, 30)
+
+
+def test_the_inventory_re_encodes_only_the_nodes_whose_holdings_changed_and_reads_the_same(tmp_path):
+    def whole(held: dict[str, CheckpointHoldings]) -> str:  # the record encoded in one go
+        return json.dumps({"kind": INVENTORY_KIND, "version": INVENTORY_VERSION,
+                           "nodes": [held[n].to_json() for n in sorted(held)]}, sort_keys=True,
+                          separators=(",", ":")) + "\n"
+    fragments: dict[str, tuple[CheckpointHoldings, str]] = {}
+    first = holdings(10)
+    assert inventory_text(first, fragments) == whole(first) == inventory_text(first)
+    kept = fragments["node1"]
+    later = {**first, "node2": holdings(10, 20)["node2"]}
+    assert inventory_text(later, fragments) == whole(later)
+    assert fragments["node1"] is kept and fragments["node2"][0] is later["node2"]
+    del later["node3"]
+    assert inventory_text(later, fragments) == whole(later) and "node3" not in fragments
+
+
+def test_a_plan_takes_the_copies_observed_and_the_ones_a_previous_job_recorded(tmp_path):
+    first = planner(tmp_path / "run", job="100")
+    first.observe(holdings(10, 20))
+    second = planner(tmp_path / "run", job="101")
+    second.load_previous()  # recorded, never observed by this planner: converted when planning
+    second.observe({"node1": holdings(10, 20, 30)["node1"]})
+    assert second.resume_point(NODES) is not None and second.plan is not None and second.plan.step == 20
+    assert {s.node: s.tier for s in second.plan.sources} == {node: "local" for node in NODES}
 
 
 def test_a_resubmitted_job_resumes_from_the_copies_its_predecessor_recorded(tmp_path):

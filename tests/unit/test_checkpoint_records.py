@@ -109,6 +109,31 @@ def test_each_node_reads_only_its_own_slots_line_of_the_tier_index(tmp_path):
         read_tier_slot(path, 0)
 
 
+def test_a_node_reads_a_few_hundred_bytes_of_a_tier_index_of_any_size(tmp_path, monkeypatch):
+    import os
+
+    from clusterctl.records import tier_index
+    slots = [TierSlot(f"gpu{i:05d}", f"gpu{(i + 32) % 12500:05d}", "local", f"gpu{i:05d}", f"gpu{i:05d}")
+             for i in range(12500)]
+    path = write_tier_index(tmp_path / "tiers.idx", 1200, slots)
+    read: list[int] = []
+    real = os.pread
+
+    def pread(fd: int, size: int, offset: int) -> bytes:
+        data = real(fd, size, offset)
+        read.append(len(data))
+        return data
+
+    monkeypatch.setattr(tier_index.os, "pread", pread)
+    assert read_tier_slot(path, 6250) == (1200, 12500, slots[6250])
+    assert sum(read) < 400
+    long_header = tmp_path / "long.idx"  # a header past the first read (never written so): read on
+    text = path.read_text()
+    head, rest = text.split("\n", 1)
+    long_header.write_text(head[:-1] + " " * 300 + "}\n" + rest)
+    assert read_tier_slot(long_header, 1)[2] == slots[1]
+
+
 def test_a_fresh_start_names_no_copy_and_a_resume_names_every_slots():
     with pytest.raises(ValueError, match="a resume step names where every slot's part is"):
         tier_index_text(200, [TierSlot("node1"), TierSlot("node2", "-", "shared", "node2")])
