@@ -19,7 +19,8 @@ from typing import Any, Literal
 from clusterctl.errors import ClusterctlError
 
 
-def _fsync_directory(directory: Path) -> None:
+def fsync_directory(directory: Path) -> None:
+    """Make the entries of `directory` durable (after a rename into it, or a new file in it)."""
     # rename() is durable only once the directory entry is: POSIX leaves it to an fsync of the directory.
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -47,7 +48,7 @@ def atomic_write(path: Path, text: str, *, mode: int = 0o644) -> Path:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _fsync_directory(path.parent)
+    fsync_directory(path.parent)
     return path
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from clusterctl.checkpoint.copies import CHUNK, MANIFEST_NAME, CopyError
 from clusterctl.checkpoint.tier import TMP_PREFIX, remove_tree, shared_copy_dir, slot_name
+from clusterctl.files import fsync_directory
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, write_checkpoint_manifest
 
 
@@ -66,7 +67,7 @@ def flush_copy(copy_dir: Path, manifest: CheckpointManifest, shared_dir: Path, s
         if final.exists():
             remove_tree(final)  # the same step saved again after a resume from an older one
         os.rename(tmp, final)
-        _fsync_dir(final.parent)
+        fsync_directory(final.parent)
         return shared
     except OSError as exc:
         raise CopyError(f"cannot flush {manifest.where} of step {manifest.step} to {final}: "
@@ -101,9 +102,3 @@ def _copy_shard(source: Path, dest: Path, size: int, sha256: str, throttle: Thro
                         "on the node); not flushed")
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -51,6 +51,7 @@ from typing import Any, BinaryIO
 
 from clusterctl.checkpoint.copies import MANIFEST_NAME
 from clusterctl.errors import ClusterctlError
+from clusterctl.files import fsync_directory
 from clusterctl.records.checkpoint_manifest import (
     MANIFEST_LIMIT, MAX_NAME_BYTES, CheckpointManifest, Shard, read_checkpoint_manifest,
     write_checkpoint_manifest)
@@ -564,13 +565,6 @@ def _connect(host: str, port: int, key: bytes, request: CopyRequest, timeout: fl
         sock.close()
 
 
-def _fsync_dir(directory: Path) -> None:
-    # A rename is durable only once the directory entry is: POSIX leaves it to an fsync of the directory.
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _network_error(exc: BaseException, what: str, host: str, port: int, timeout: float) -> TransferError:
@@ -769,14 +763,14 @@ def _complete(tmp: Path, final: Path, manifest: CheckpointManifest) -> None:
     """Write the manifest last, make it all durable, and put the copy at its final name."""
     write_checkpoint_manifest(tmp / MANIFEST_NAME, manifest)
     for name in {shard.name.split("/")[0] for shard in manifest.shards if "/" in shard.name}:
-        _fsync_dir(tmp / name)
-    _fsync_dir(tmp)
+        fsync_directory(tmp / name)
+    fsync_directory(tmp)
     old = None
     if final.exists() or final.is_symlink():
         old = final.with_name(f".tmp-old-{os.urandom(8).hex()}")
         os.rename(final, old)
     os.rename(tmp, final)
-    _fsync_dir(final.parent)
+    fsync_directory(final.parent)
     if old is not None:
         if old.is_dir() and not old.is_symlink():
             shutil.rmtree(old, ignore_errors=True)

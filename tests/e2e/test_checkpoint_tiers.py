@@ -7,8 +7,6 @@ uninterrupted one."""
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -16,12 +14,11 @@ import pytest
 from clusterctl.launcher.job.checkpoint_plan import run_key
 from clusterctl.records.checkpoint_holdings import read_holdings
 from clusterctl.records.rank_map import read_rank_map
-from clusterctl.records.run_journal import read_run_journal
-from tests.conftest import REPO, TEST_LAYOUT, clusterctl_on
+from tests.conftest import REPO, clusterctl_on
+from tests.e2e.supervised_runs import finished, journal_events, supervised, wait_until
 
 pytestmark = pytest.mark.e2e
 
-RECORDS = str(TEST_LAYOUT.root / "job-health")
 STEPS = 60
 FLUSH_EVERY = 40
 
@@ -51,36 +48,6 @@ poll_seconds = 0.5
 backoff_seconds = 0.5
 """)
     return path
-
-
-def _events(run_dir: Path, kind: str) -> list:
-    return [e for e in read_run_journal(run_dir / "journal.jsonl").events if e.event == kind]
-
-
-def _wait(condition, what: str, proc: subprocess.Popen, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"
-        time.sleep(0.1)
-
-
-def _supervised(cluster, tmp_path: Path, spec: Path) -> tuple[subprocess.Popen, Path]:
-    run_dir = tmp_path / "run"
-    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
-            "from clusterctl.launcher.login.cli import main; main()", "submit", str(spec),
-            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), run_dir
-
-
-def _finished(proc: subprocess.Popen, timeout: float = 240) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}") from None
-    assert proc.returncode == 0, out
-    return out
 
 
 def _tier(run_dir: Path, node: str) -> Path:
@@ -121,12 +88,12 @@ def reference(testbed_session, tmp_path_factory) -> dict:
                          ids=["buddy-copy", "corrupted-buddy-copy"])
 def test_a_node_lost_before_its_checkpoint_was_flushed_resumes_on_the_spare_from_its_buddys_copy(
         cluster, tmp_path, reference, corrupt):
-    proc, run_dir = _supervised(cluster, tmp_path, _spec(cluster, tmp_path, spares=1, tiers=True))
-    _wait(lambda: _events(run_dir, "submitted"), "the submission", proc)
-    job = _events(run_dir, "submitted")[0].job_id
-    _wait(lambda: (run_dir / "jobs" / job / "rankmap.json").exists(), "the rank map", proc)
+    proc, run_dir = supervised(cluster, tmp_path, _spec(cluster, tmp_path, spares=1, tiers=True))
+    wait_until(lambda: journal_events(run_dir, "submitted"), "the submission", 90, proc)
+    job = journal_events(run_dir, "submitted")[0].job_id
+    wait_until(lambda: (run_dir / "jobs" / job / "rankmap.json").exists(), "the rank map", 90, proc)
     slots = list(read_rank_map(run_dir / "jobs" / job).slots)
-    _wait(lambda: (_buddy_copied(run_dir, slots) or 0) >= 20, "a checkpoint copied to the buddies", proc)
+    wait_until(lambda: (_buddy_copied(run_dir, slots) or 0) >= 20, "a checkpoint copied to the buddies", 90, proc)
     victim = next(n for n in slots if n != _batch_host(cluster, job))
     survivor = next(n for n in slots if n != victim)
     if corrupt:  # every copy of the victim's part its buddy holds goes bad (a flipped byte in one rank's file)
@@ -136,10 +103,10 @@ def test_a_node_lost_before_its_checkpoint_was_flushed_resumes_on_the_spare_from
             data[len(data) // 2] ^= 0x01
             shard.write_bytes(bytes(data))
     cluster.kill_node(victim)
-    out = _finished(proc)
+    out = finished(cluster, proc, timeout=240)
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
-    assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
-    recovered = _events(run_dir, "recovered-in-allocation")
+    assert len(journal_events(run_dir, "submitted")) == 1, out  # never back through the queue
+    recovered = journal_events(run_dir, "recovered-in-allocation")
     assert [b.node for b in recovered[0].blame] == [victim], out
     log = (run_dir / "logs" / f"{job}.out").read_text()  # the job's output: the agent's and the ranks' lines
     if not corrupt:

@@ -15,13 +15,12 @@ import pytest
 
 from clusterctl.records.rank_map import read_rank_map
 from clusterctl.records.rank_record import read_rank_records
-from clusterctl.records.run_journal import read_run_journal
 from clusterctl_testbed.gpu_faults import Fault, inject
-from tests.conftest import REPO, TEST_LAYOUT, clusterctl_on
+from tests.conftest import REPO, clusterctl_on
+from tests.e2e.supervised_runs import RECORDS, finished, journal_events, squeue, supervised, wait_until
 
 pytestmark = pytest.mark.e2e
 
-RECORDS = str(TEST_LAYOUT.root / "job-health")
 STEPS = 60
 
 
@@ -52,42 +51,11 @@ backoff_seconds = 0.5
     return path
 
 
-def _events(run_dir: Path, kind: str) -> list:
-    return [e for e in read_run_journal(run_dir / "journal.jsonl").events if e.event == kind]
-
-
-def _wait(condition, what: str, timeout: float = 60, proc: subprocess.Popen | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if proc is not None:
-            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() < deadline, f"{what} did not happen within {timeout:g} s"
-        time.sleep(0.1)
-
-
-def _squeue(cluster, *args: str) -> str:
-    return cluster.run_on("ctl", ["squeue", "-h", *args], check=False).stdout.strip()
-
-
-def _supervised(cluster, tmp_path: Path, spec: Path) -> tuple[subprocess.Popen, Path]:
-    """`clusterctl submit SPEC --supervise` on the login node, in the background."""
-    run_dir = tmp_path / "run"
-    argv = [*cluster.enter("ctl", cwd=str(REPO)), str(cluster.python), "-c",
-            "from clusterctl.launcher.login.cli import main; main()", "submit", str(spec),
-            "--run-dir", str(run_dir), "--supervise", "--job-records", RECORDS]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), run_dir
-
-
-def _finished(cluster, proc: subprocess.Popen, timeout: float = 180) -> str:
-    """The supervisor's output once it ended the run successfully (the queue shown if it never ends)."""
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        queue = _squeue(cluster, "-o", "%i %j %T %N %R") + "\n" + cluster.run_on("ctl", ["sinfo", "-N", "-h"]).stdout
-        proc.kill()
-        raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}\n{queue}") from None
-    assert proc.returncode == 0, out
-    return out
+_events = journal_events
+_wait = wait_until
+_squeue = squeue
+_supervised = supervised
+_finished = finished
 
 
 @pytest.fixture(scope="module")

@@ -78,10 +78,14 @@ def _supervised(cluster, spec: Path, run_dir: Path) -> subprocess.Popen:
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    _wait_until(path.exists, proc, timeout, f"{path} did not appear")
+
+
+def _wait_until(condition, proc: subprocess.Popen, timeout: float = 120, what: str = "it did not happen in time") -> None:
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not condition():
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() < deadline, f"{path} did not appear"
+        assert time.monotonic() < deadline, what
         time.sleep(0.1)
 
 
@@ -283,10 +287,3 @@ def test_torchrun_with_multi_level_checkpoints_a_node_lost_before_the_flush_resu
     assert [b.node for b in recovered.blame] == [victim] and recovered.checkpoint_step % 30, out + log
     assert f"files from {victim}'s copy on {survivor} in" in log, log
 
-
-def _wait_until(condition, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        assert time.monotonic() < deadline, "it did not happen in time"
-        time.sleep(0.1)
