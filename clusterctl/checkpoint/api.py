@@ -64,6 +64,8 @@ REPORT_KEY_ENV = "CLUSTERCTL_REPORT_KEY"
 TRANSFER_TIMEOUT = 120.0
 """Seconds a push to the buddy or a fetch from it may take before it counts as failed."""
 POLL_SECONDS = 0.2
+READY = "ready"
+"""In a save's control folder: every local rank's part is written; its content, the save's seconds."""
 PEER_START_SECONDS = 60.0
 """How long a fetch waits for the peer's copy server to come up (every node's first rank starts one as
 the step starts, so a resume on one node may ask before another node's server listens)."""
@@ -547,10 +549,15 @@ class Checkpointer:
         or `shared` and why."""
         if self.tier is None:
             return f"shared\n{self._tier_problem}"
-        mine = (".tmp-save-", ".tmp-step-", ".tmp-stage-", ".tmp-resume-")
+        mine = (".tmp-save-", ".tmp-step-", ".tmp-stage-", ".tmp-resume-", ".committer-")
+        # Saves of this attempt still being committed in the background (every rank done) are kept too.
+        pending = [c.name.split("-")[2] for c in self.tier.root.glob(f".tmp-save-*-{self._attempt}")
+                   if (c / READY).exists()]
         self.tier.clean_stale(mine, keep=(f".tmp-save-{step:012d}-{self._attempt}",
                                           f".tmp-step-{step:012d}-{self._attempt}",
-                                          f".tmp-resume-{self._attempt}"))
+                                          f".tmp-resume-{self._attempt}", f".committer-{self._attempt}",
+                                          *(f".tmp-save-{n}-{self._attempt}" for n in pending),
+                                          *(f".tmp-step-{n}-{self._attempt}" for n in pending)))
         try:
             copies = self.tier.copies_on_disk()
             own = sorted((c for c in copies if c.tier == LOCAL), key=lambda c: c.step)
@@ -574,6 +581,11 @@ class Checkpointer:
             self._last_saved = target
             if not mark_done(target.control, self.local_rank, self.local_ranks):
                 return
+            if target.tier == LOCAL and self.tier is not None and self._committer_marker().exists():
+                # Hashing every shard (for the manifest) takes about as long as writing it: the node's first
+                # rank does it in the background, so training waits only for the write to memory.
+                publish_once(target.control / READY, f"{seconds:.6f}")
+                return
             shards = shards_of(target.staging)
             if target.tier == LOCAL:
                 self._commit_local(target, shards, seconds)
@@ -584,6 +596,28 @@ class Checkpointer:
             shutil.rmtree(target.control, ignore_errors=True)
             self._print(f"step {target.step} is not saved on {self.node}: committing the node's copy failed "
                         f"({exc}); training goes on")
+
+    def _committer_marker(self) -> Path:
+        """Present while local rank 0 of this attempt commits the node's saves in the background."""
+        assert self.tier is not None
+        return self.tier.root / f".committer-{self._attempt}"
+
+    def _commit_ready(self) -> None:
+        """Local rank 0's background work: commit the node's saves whose every rank is done (READY), oldest
+        first: list and hash the shards, write the manifest, rename into place."""
+        assert self.tier is not None
+        for control in sorted(self.tier.root.glob(f".tmp-save-*-{self._attempt}")):
+            if not (control / READY).exists():
+                continue
+            step = int(control.name.split("-")[2])
+            target = _SaveTarget(step, control, self.tier.root / f".tmp-step-{step:012d}-{self._attempt}", LOCAL)
+            try:
+                seconds = float((control / READY).read_text() or 0)
+                self._commit_local(target, shards_of(target.staging), seconds)
+            except (OSError, CopyError, ValueError) as exc:
+                self._print(f"step {step} is not saved on {self.node}: committing the node's copy failed "
+                            f"({exc}); training goes on")
+            shutil.rmtree(control, ignore_errors=True)
 
     def _commit_local(self, target: _SaveTarget, shards: tuple[Any, ...], seconds: float) -> None:
         assert self.tier is not None
@@ -614,6 +648,8 @@ class Checkpointer:
 
     def _start_background(self, poll_seconds: float | None) -> None:
         assert self.tier is not None
+        # From here on local rank 0's thread (or whoever calls tend()) commits the node's saves.
+        self._committer_marker().touch(mode=0o600)
         try:
             self._server = self._transport.serve(self.tier.root, self.node, self._key, self.settings.port,
                                                  self._received)
@@ -638,6 +674,7 @@ class Checkpointer:
         if self.tier is None:
             return
         try:
+            self._commit_ready()
             copies = self.tier.local_copies()
             new = [(path, m) for path, m in copies if m.step not in self._handled]
             # Only the newest goes to the buddy: when saves outpace the network, older ones are moot.
@@ -737,6 +774,8 @@ class Checkpointer:
             # The last local rank commits (rank 0 may finish its part first): wait until the commit is
             # done, whichever way it went (the committer removes the control folder).
             while last.control.exists() and time.monotonic() < deadline:
+                if self._thread is None:  # nobody else commits the node's saves: this rank does
+                    self._commit_ready()
                 time.sleep(0.05)
         self._stop.set()
         if self._thread is not None:

@@ -437,3 +437,16 @@ def test_a_resume_drops_the_copies_the_failure_abandoned_so_no_checkpoint_mixes_
     holdings = read_holdings(again.tier("node1") / "holdings.json")
     assert holdings is not None
     assert {(c.tier, c.step) for c in holdings.copies if c.tier != "shared"} == {("local", 3), ("buddy", 3)}
+
+
+def test_a_save_returns_once_the_files_are_written_and_the_node_commits_them_in_the_background(
+        tmp_path: Path) -> None:
+    network = FakeCopyNetwork()
+    job = Job(tmp_path, network, two_nodes(), flush_every=100)
+    for ckpt in job.ranks["node1"]:  # every rank's part written: the save calls have returned ...
+        with ckpt.save_files(7) as directory:
+            (directory / f"rank-{ckpt.rank}.bin").write_bytes(payload(ckpt.rank, 7))
+    assert steps_in(job.tier("node1") / "local") == [], "... before any shard was hashed or the copy committed"
+    job.ranks["node1"][0].tend()  # the node's first rank's background round
+    manifest = read_checkpoint_manifest(job.tier("node1") / "local" / "step-000000000007" / "manifest.json")
+    assert [s.name for s in manifest.shards] == ["rank-0.bin", "rank-1.bin"] and manifest.save_seconds >= 0
