@@ -7,6 +7,8 @@
 - `SlowController` — a `Runner` in front of a slow or stopped slurmctld, on a clock of its own.
 - `FakeNvmlDriver` — NVML's answers at the one call door (`NvmlCalls`, healthd/nvml.py), below `Nvml`.
 - `FakeNvml` — `NvmlReader` (healthd/nvml.py) answering from a table of samples, with no NVML library.
+- `FakeCopyNetwork` — `CopyTransport` (clusterctl/checkpoint/api.py): every node's copy server in one
+  process, copying checkpoint copies between tier roots.
 
 `_fakes_satisfy_the_doors` at the end is checked by mypy (scripts/lint.sh): a fake that drifts from
 its Protocol fails the lint, not a test far away.
@@ -15,15 +17,21 @@ its Protocol fails the lint, not a test far away.
 from __future__ import annotations
 
 import ctypes
+import os
+import shutil
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 
+from clusterctl.checkpoint.api import CopyTransport
 from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd.checks import GpuSample
 from clusterctl.healthd.nvml import GpuIdentity, NvmlCalls, NvmlReader, handle_address
+from clusterctl.records.checkpoint_manifest import CheckpointManifest, read_checkpoint_manifest, write_checkpoint_manifest
 from clusterctl.records.drain_reason import HEALTHD, DrainOwner
 from clusterctl.slurm.commands import Completed, Runner
 from clusterctl.slurm.nodes import NodeSlurm, NodeState, PartitionShare
@@ -260,4 +268,73 @@ def _fakes_satisfy_the_doors() -> None:
     slow: Runner = SlowController(runner, 1.0)
     calls: NvmlCalls = FakeNvmlDriver(1)
     reader: NvmlReader = FakeNvml(1, {})
-    del node, factory, runner, slow, calls, reader
+    copies: CopyTransport = FakeCopyNetwork()
+    del node, factory, runner, slow, calls, reader, copies
+
+
+# ---- moving checkpoint copies between nodes (CopyTransport) -------------------------------------
+
+class FakeCopyNetwork:
+    """Every node's copy server in one process (clusterctl.checkpoint.api.CopyTransport): a push or a
+    fetch copies files between the nodes' tier roots, byte for byte, as the TCP transport would.
+
+    `gone`: nodes whose server refuses (a dead or unreachable node).  `pushes`: (from, to, step) sent."""
+
+    def __init__(self) -> None:
+        self.servers: dict[str, FakeCopyServer] = {}
+        self.gone: set[str] = set()
+        self.pushes: list[tuple[str, str, int]] = []
+
+    def serve(self, tier_root: Path, node: str, key: bytes, port: int,
+              on_received: Callable[[CheckpointManifest], None]) -> FakeCopyServer:
+        server = FakeCopyServer(self, tier_root, node, on_received)
+        self.servers[node] = server
+        return server
+
+    def _server(self, host: str) -> FakeCopyServer:
+        if host in self.gone or host not in self.servers:
+            raise ConnectionRefusedError(f"{host}: connection refused")
+        return self.servers[host]
+
+    def push(self, host: str, port: int, key: bytes, copy_dir: Path, manifest: CheckpointManifest, *,
+             timeout: float) -> None:
+        server = self._server(host)
+        final = server.root / "buddy" / manifest.of_node / f"step-{manifest.step:012d}"
+        tmp = final.with_name(f".tmp-push-{manifest.step}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _copy_files(copy_dir, tmp, manifest)
+        kept = replace(manifest, tier="buddy", held_on=host)
+        write_checkpoint_manifest(tmp / "manifest.json", kept)
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        self.pushes.append((manifest.of_node, host, manifest.step))
+        server.on_received(kept)
+
+    def fetch(self, host: str, port: int, key: bytes, of_node: str, step: int, dest_dir: Path, *,
+              timeout: float) -> CheckpointManifest:
+        server = self._server(host)
+        source = (server.root / "local" if of_node == host else server.root / "buddy" / of_node) / f"step-{step:012d}"
+        manifest = read_checkpoint_manifest(source / "manifest.json")
+        _copy_files(source, dest_dir, manifest)
+        return manifest
+
+
+class FakeCopyServer:
+    """One node's server in a FakeCopyNetwork."""
+
+    def __init__(self, network: FakeCopyNetwork, root: Path, node: str,
+                 on_received: Callable[[CheckpointManifest], None]) -> None:
+        self.network, self.root, self.node, self.on_received = network, root, node, on_received
+        self.closed = False
+
+    def close(self) -> None:
+        self.closed = True
+        self.network.servers.pop(self.node, None)
+
+
+def _copy_files(source: Path, dest: Path, manifest: CheckpointManifest) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    for shard in manifest.shards:
+        (dest / shard.name).parent.mkdir(exist_ok=True)
+        shutil.copyfile(source / shard.name, dest / shard.name)

@@ -1,0 +1,686 @@
+"""The training program's side of multi-level checkpoints: `Checkpointer` (docs/checkpoint-tiers.md).
+
+    ckpt = Checkpointer.from_env()          # None outside a clusterctl job with tiers on
+    resume = ckpt.resume()                  # None, or Resume(step, directory): this slot's files, verified
+    with ckpt.save_files(step) as d:        # every local rank of the node, the same step
+        (d / f"rank-{rank}.json").write_text(...)
+    ckpt.close()
+
+A save returns once this rank's part is written (the last local rank to finish commits the node's
+copy); local rank 0's background thread then sends the copy to the node's buddy, flushes it to
+shared storage when due, applies retention and rewrites holdings.json.  A save never raises into
+training because of a tier: what goes wrong is said once on stderr and the copy is not marked
+complete.  Moving copies between nodes goes through a `CopyTransport` (TCP by default, imported
+only when used), so tests pass a fake.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+from clusterctl.checkpoint.copies import MANIFEST_NAME, CopyError, shards_of, verify_copy
+from clusterctl.checkpoint.flush import Throttle, flush_copy
+from clusterctl.checkpoint.tier import (
+    LOCAL,
+    NodeTier,
+    TierRootError,
+    attempt_token,
+    budget_bytes,
+    commit_copy,
+    copy_tree_files,
+    flush_due,
+    mark_done,
+    open_tier_root,
+    plan_room,
+    publish_once,
+    shared_copy_dir,
+    slot_name,
+    step_name,
+)
+from clusterctl.errors import ClusterctlError
+from clusterctl.records.checkpoint_manifest import CheckpointManifest, read_checkpoint_manifest
+from clusterctl.records.checkpoint_settings import SETTINGS_ENV, CheckpointSettings
+from clusterctl.records.node_report import parse_key
+from clusterctl.records.resume_failure import EXIT_RESUME_FAILED, BadCopy, ResumeFailure, write_resume_failure
+from clusterctl.records.tier_index import TierSlot, read_tier_slot
+from clusterctl.records.versioned import RecordError
+
+REPORT_KEY_ENV = "CLUSTERCTL_REPORT_KEY"
+TRANSFER_TIMEOUT = 120.0
+"""Seconds a push to the buddy or a fetch from it may take before it counts as failed."""
+POLL_SECONDS = 0.2
+"""How often local rank 0's thread looks for a newly committed copy (node-local tmpfs: a free listing)."""
+_NONE = "-"
+
+
+class CheckpointSetupError(ClusterctlError):
+    """The job's checkpoint settings or environment are not usable (the message names the variable)."""
+
+    exit_code = 12
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The checkpoint to resume from: its step, and the directory holding this node's slot's files
+    (in the node's local tier, staged and verified; on shared storage when the local tier is unusable)."""
+
+    step: int
+    directory: Path
+
+
+class CopyService(Protocol):
+    """A running copy server (the node's first rank serves fetches and receives its buddy's pushes)."""
+
+    def close(self) -> None:
+        """Stop serving."""
+
+
+class CopyTransport(Protocol):
+    """Moving copies between nodes (clusterctl.checkpoint.transport over TCP; a fake in tests).
+
+    Any exception from `push` or `fetch` means the copy did not move; the caller carries on."""
+
+    def push(self, host: str, port: int, key: bytes, copy_dir: Path, manifest: CheckpointManifest, *,
+             timeout: float) -> None:
+        """Send the copy in `copy_dir` to `host`'s server, which keeps it as its buddy copy of manifest.of_node."""
+
+    def fetch(self, host: str, port: int, key: bytes, of_node: str, step: int, dest_dir: Path, *,
+              timeout: float) -> CheckpointManifest:
+        """Fetch `of_node`'s copy of `step` held on `host` into `dest_dir` (made, empty); its manifest."""
+
+    def serve(self, tier_root: Path, node: str, key: bytes, port: int,
+              on_received: Callable[[CheckpointManifest], None]) -> CopyService:
+        """Start serving `tier_root` on `port`; `on_received` runs after a buddy copy lands."""
+
+
+class TcpTransport:
+    """The default transport: clusterctl.checkpoint.transport, imported when first used (a training
+    program that never moves a copy never loads the socket code)."""
+
+    def push(self, host: str, port: int, key: bytes, copy_dir: Path, manifest: CheckpointManifest, *,
+             timeout: float) -> None:
+        """See CopyTransport.push."""
+        from clusterctl.checkpoint.transport import push_copy
+
+        push_copy(host, port, key, copy_dir, manifest, timeout=timeout)
+
+    def fetch(self, host: str, port: int, key: bytes, of_node: str, step: int, dest_dir: Path, *,
+              timeout: float) -> CheckpointManifest:
+        """See CopyTransport.fetch."""
+        from clusterctl.checkpoint.transport import fetch_copy
+
+        return fetch_copy(host, port, key, of_node, step, dest_dir, timeout=timeout)
+
+    def serve(self, tier_root: Path, node: str, key: bytes, port: int,
+              on_received: Callable[[CheckpointManifest], None]) -> CopyService:
+        """See CopyTransport.serve."""
+        from clusterctl.checkpoint.transport import CopyServer
+
+        return CopyServer(tier_root, node, key, port, on_received=on_received).start()
+
+
+@dataclass(frozen=True)
+class _SaveTarget:
+    step: int
+    control: Path
+    staging: Path
+    tier: str  # "local" or "shared"
+
+
+class Checkpointer:
+    """One rank's door to the node's checkpoint tiers (see the module docstring and docs/checkpoint-tiers.md).
+
+    `node` is the node's name in the rank map, `slot` its slot there (of `slots`), `rank` the global
+    rank, `local_rank` / `local_ranks` this rank among the node's.  Local rank 0 starts the copy
+    server, and the background thread unless `background` is False (then whoever drives it calls
+    `tend()`, as the tests do)."""
+
+    def __init__(self, settings: CheckpointSettings, *, node: str, slot: int, slots: int, rank: int,
+                 local_rank: int, local_ranks: int, key: bytes, transport: CopyTransport | None = None,
+                 attempt: str = "0", uid: int | None = None, stderr: TextIO | None = None,
+                 poll_seconds: float = POLL_SECONDS, timeout: float = TRANSFER_TIMEOUT,
+                 background: bool = True) -> None:
+        self.settings, self.node, self.slot, self.slots = settings, node, slot, slots
+        self.rank, self.local_rank, self.local_ranks = rank, local_rank, local_ranks
+        self._key, self._attempt, self._timeout = key, attempt, timeout
+        self._transport: CopyTransport = transport or TcpTransport()
+        self._stderr = stderr
+        self.shared_dir = Path(settings.shared_dir)
+        self._said: set[str] = set()
+        self._line: TierSlot | None = None
+        self._resume_step = settings.resume_step
+        if settings.tier_index:
+            try:
+                index_step, self.slots, self._line = read_tier_slot(Path(settings.tier_index), slot)
+            except (OSError, RecordError, ValueError) as exc:
+                raise CheckpointSetupError(f"cannot read this node's line (slot {slot}) of the tier index "
+                                           f"{settings.tier_index}: {exc}") from None
+            if index_step is not None:
+                self._resume_step = index_step
+        self.tier: NodeTier | None = None
+        self._tier_problem = ""
+        root = settings.tier_root(node, uid)
+        try:
+            self.tier = NodeTier(open_tier_root(root, Path(settings.local_base), uid=uid), node)
+        except TierRootError:
+            raise
+        except OSError as exc:
+            self._tier_problem = f"the node's checkpoint directory {root} cannot be made ({exc.strerror or exc})"
+        self._resumed: Resume | None = None
+        self._last_saved: _SaveTarget | None = None
+        self._lock = threading.Lock()  # holdings and retention: the thread and the server's callback
+        self._stop = threading.Event()
+        self._handled: set[int] = set()
+        self._flushed: set[int] = set()
+        self._holdings_seen: object = None
+        self._server: CopyService | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self.bad_copies: tuple[BadCopy, ...] = ()
+        """The copies resume() found unusable before the one it used (each also said on stderr)."""
+        if local_rank == 0 and self.tier is not None:
+            self._start_background(poll_seconds if background else None)
+
+    # ---- from the environment -----------------------------------------------------------------
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ, *,
+                 transport: CopyTransport | None = None) -> Checkpointer | None:
+        """The checkpointer this rank's environment describes; None when CLUSTERCTL_CHECKPOINT is unset
+        (not a clusterctl job with checkpoint tiers).  CheckpointSetupError naming the variable when a
+        setting is malformed or a variable the job sets is missing."""
+        try:
+            settings = CheckpointSettings.from_env(environ)
+        except RecordError as exc:
+            raise CheckpointSetupError(f"${SETTINGS_ENV} is malformed: {exc}") from None
+        if settings is None:
+            return None
+        node = environ.get("SLURMD_NODENAME", "")
+        if not node:
+            raise CheckpointSetupError(f"${SETTINGS_ENV} is set but $SLURMD_NODENAME is not: run the program "
+                                       "under clusterctl in a Slurm job")
+        rank = _env_whole(environ, ("RANK",))
+        local_rank = _env_whole(environ, ("LOCAL_RANK",))
+        local_ranks = _env_whole(environ, ("LOCAL_WORLD_SIZE",))
+        slot = _env_whole(environ, ("NODE_RANK", "GROUP_RANK"))
+        world = _env_whole(environ, ("WORLD_SIZE",), default=local_ranks * (slot + 1))
+        if local_ranks < 1 or local_rank >= local_ranks:
+            raise CheckpointSetupError(f"$LOCAL_RANK={local_rank} is not a rank of $LOCAL_WORLD_SIZE={local_ranks}")
+        try:
+            key = parse_key(environ.get(REPORT_KEY_ENV, ""), f"${REPORT_KEY_ENV}")
+        except RecordError as exc:
+            raise CheckpointSetupError(f"{exc} (the job's key, which copies between nodes are signed with)") from None
+        return cls(settings, node=node, slot=slot, slots=max(world // local_ranks, slot + 1), rank=rank,
+                   local_rank=local_rank, local_ranks=local_ranks, key=key, transport=transport,
+                   attempt=attempt_token(environ))
+
+    # ---- resume --------------------------------------------------------------------------------
+
+    def resume(self) -> Resume | None:
+        """The checkpoint to resume from, this slot's files staged into the local tier and verified; None
+        for a fresh start.  The first local rank stages, the others wait for it and reuse its copy.
+        When no copy verifies: writes `<launch dir>/resume-failed/<node>.json`, says so on stderr and
+        raises SystemExit(EXIT_RESUME_FAILED)."""
+        step = self._resume_step
+        if step is None:
+            return None
+        if self.tier is None:
+            resumed, bad = self._resume_in_place(step, [])
+            return self._resumed_or_exit(step, resumed, bad, first=True)
+        note = self.tier.root / f".tmp-resume-{self._attempt}"
+        with _flock(self.tier.stage_lock):
+            if note.exists():
+                text = note.read_text()
+                if text.startswith("ok "):
+                    self._resumed = Resume(step, Path(text[3:]))
+                    return self._resumed
+                return self._resumed_or_exit(step, None, [], first=False)
+            resumed, bad = self._stage(step)
+            note.write_text(f"ok {resumed.directory}" if resumed else "failed")
+        return self._resumed_or_exit(step, resumed, bad, first=True)
+
+    def _resumed_or_exit(self, step: int, resumed: Resume | None, bad: list[BadCopy], *, first: bool) -> Resume:
+        self.bad_copies = tuple(bad)
+        if resumed is not None:
+            for copy in bad:
+                self._print(f"step {step}: passed over {copy.of_node}'s {copy.tier} copy"
+                            f"{f' on {copy.held_on}' if copy.held_on and copy.tier == 'buddy' else ''}: "
+                            f"the copy {copy.problem}")
+            self._resumed = resumed
+            return resumed
+        problems = "; ".join(f"the {b.tier} copy {b.problem}" for b in bad) or "no copy was found"
+        why = f"no copy of slot {self.slot}'s files of step {step} verifies ({problems})"
+        where = ""
+        if first and self.settings.tier_index:
+            path = write_resume_failure(Path(self.settings.tier_index).parent,
+                                        ResumeFailure(node=self.node, step=step, why=why, bad_copies=tuple(bad)))
+            where = f"; wrote {path}"
+        self._print(f"cannot resume on {self.node}: {why}{where}; exiting with {EXIT_RESUME_FAILED}")
+        raise SystemExit(EXIT_RESUME_FAILED)
+
+    def _stage(self, step: int) -> tuple[Resume | None, list[BadCopy]]:
+        assert self.tier is not None
+        bad: list[BadCopy] = []
+        line = self._line
+        planned = line.tier if line is not None else _NONE
+        own = self.tier.local_copy(step)
+        manifest = self.tier.manifest(own) if planned in (LOCAL, _NONE) else None
+        # The plan's tier first, then the farther ones: a nearer copy the plan passed over may be of
+        # an earlier save of the same step (before a resume from an older one), not the plan's.
+        if manifest is not None and (manifest.slot, manifest.slots) == (self.slot, self.slots):
+            problem = verify_copy(own, manifest)
+            if not problem:
+                return Resume(step, own), bad
+            bad.append(BadCopy(step, manifest.of_node, "local", self.node, problem))
+        if line is not None and line.tier == "buddy" and line.held_on not in (_NONE, ""):
+            staging = self._fresh_dir(f".tmp-stage-{step:012d}-{self._attempt}")
+            try:
+                if line.held_on == self.node:
+                    source = self.tier.buddy_copy(line.of_node, step)
+                    fetched = read_checkpoint_manifest(source / MANIFEST_NAME)
+                    copy_tree_files(source, staging, [s.name for s in fetched.shards])
+                else:
+                    fetched = self._transport.fetch(line.held_on, self.settings.port, self._key, line.of_node,
+                                                    step, staging, timeout=self._timeout)
+                problem = self._check_staged(staging, fetched, step)
+            except Exception as exc:  # a dead, unreachable or refusing buddy is one more bad copy
+                problem = f"cannot be fetched ({exc})"
+            if not problem:
+                return self._commit_staged(staging, fetched, step), bad
+            bad.append(BadCopy(step, line.of_node, "buddy", line.held_on, problem))
+            shutil.rmtree(staging, ignore_errors=True)
+        return self._resume_from_shared(step, bad)
+
+    def _resume_from_shared(self, step: int, bad: list[BadCopy]) -> tuple[Resume | None, list[BadCopy]]:
+        assert self.tier is not None
+        source = shared_copy_dir(self.shared_dir, step, self.slot)
+        of_node = self._line.of_node if self._line is not None and self._line.of_node != _NONE else self.node
+        try:
+            manifest = read_checkpoint_manifest(source / MANIFEST_NAME)
+        except FileNotFoundError:
+            bad.append(BadCopy(step, of_node, "shared", None, f"is not on shared storage ({source})"))
+            return None, bad
+        except (OSError, RecordError) as exc:
+            bad.append(BadCopy(step, of_node, "shared", None, f"has an unreadable manifest ({exc})"))
+            return None, bad
+        staging = self._fresh_dir(f".tmp-stage-{step:012d}-{self._attempt}")
+        try:
+            copy_tree_files(source, staging, [s.name for s in manifest.shards])
+        except (OSError, CopyError):
+            shutil.rmtree(staging, ignore_errors=True)
+            return self._resume_in_place(step, bad)  # the local tier is full or broken: read shared directly
+        problem = self._check_staged(staging, manifest, step)
+        if problem:
+            shutil.rmtree(staging, ignore_errors=True)
+            bad.append(BadCopy(step, manifest.of_node, "shared", None, problem))
+            return None, bad
+        return self._commit_staged(staging, manifest, step), bad
+
+    def _resume_in_place(self, step: int, bad: list[BadCopy]) -> tuple[Resume | None, list[BadCopy]]:
+        source = shared_copy_dir(self.shared_dir, step, self.slot)
+        try:
+            manifest = read_checkpoint_manifest(source / MANIFEST_NAME)
+        except (OSError, RecordError) as exc:
+            bad.append(BadCopy(step, self.node, "shared", None, f"cannot be read ({exc})"))
+            return None, bad
+        problem = self._check_staged(source, manifest, step)
+        if problem:
+            bad.append(BadCopy(step, manifest.of_node, "shared", None, problem))
+            return None, bad
+        return Resume(step, source), bad
+
+    def _check_staged(self, directory: Path, manifest: CheckpointManifest, step: int) -> str:
+        if (manifest.step, manifest.slot) != (step, self.slot):
+            return (f"is of step {manifest.step}, slot {manifest.slot}, not step {step}, slot {self.slot}")
+        return verify_copy(directory, manifest)
+
+    def _commit_staged(self, staging: Path, source: CheckpointManifest, step: int) -> Resume:
+        assert self.tier is not None
+        (staging / MANIFEST_NAME).unlink(missing_ok=True)
+        local = CheckpointManifest(step=step, of_node=self.node, tier=LOCAL, held_on=self.node,
+                                   shards=source.shards, written_at=source.written_at,
+                                   save_seconds=source.save_seconds, slot=self.slot, slots=self.slots)
+        commit_copy(staging, self.tier.local_copy(step), local)
+        return Resume(step, self.tier.local_copy(step))
+
+    def _fresh_dir(self, name: str) -> Path:
+        assert self.tier is not None
+        path = self.tier.root / name
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir(mode=0o700)
+        return path
+
+    # ---- save ----------------------------------------------------------------------------------
+
+    @contextmanager
+    def save_files(self, step: int) -> Iterator[Path]:
+        """This rank's part of step `step`'s checkpoint: write its files into the directory yielded
+        (shared by the node's local ranks: give each rank's files their own names, or a `rank-<r>/`
+        folder).  Returns once the part is written; the last local rank commits the node's copy.
+        An OSError while writing drops this step on this node (said on stderr), never raises."""
+        began = time.monotonic()
+        target = self._begin_save(step)
+        if target is None:
+            scratch = Path(tempfile.mkdtemp(prefix="clusterctl-unsaved-"))
+            try:
+                yield scratch
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+            return
+        try:
+            yield target.staging
+        except OSError as exc:
+            self._print(f"step {step} is not saved on {self.node}: writing {target.staging} failed "
+                        f"({exc.strerror or exc}); training goes on")
+            return
+        self._finish_save(target, time.monotonic() - began)
+
+    def save_state(self, step: int, state_dict: dict[str, Any]) -> None:
+        """Save `state_dict` (tensors, Stateful objects) with torch.distributed.checkpoint into this
+        rank's `rank-<rank>/` folder of step `step`'s copy."""
+        from clusterctl.checkpoint import torch_state
+
+        with self.save_files(step) as directory:
+            torch_state.save_rank_state(directory / f"rank-{self.rank}", state_dict)
+
+    def load_state(self, state_dict: dict[str, Any]) -> None:
+        """Load, in place, this rank's state dict from the checkpoint resume() found."""
+        from clusterctl.checkpoint import torch_state
+
+        if self._resumed is None:
+            raise ClusterctlError("load_state: there is nothing to load (resume() found no checkpoint, or was "
+                                  "not called)")
+        torch_state.load_rank_state(self._resumed.directory / f"rank-{self.rank}", state_dict)
+
+    def _control_dir(self, step: int) -> Path:
+        if self.tier is not None:
+            return self.tier.root / f".tmp-save-{step:012d}-{self._attempt}"
+        return self.shared_dir / "tiers" / step_name(step) / f".tmp-save-{slot_name(self.slot)}-{self._attempt}"
+
+    def _begin_save(self, step: int) -> _SaveTarget | None:
+        try:
+            control = self._control_dir(step)
+            try:
+                control.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError:
+                if self.tier is None:
+                    raise
+                self._tier_problem = f"the node's checkpoint directory {self.tier.root} is not writable"
+                self.tier = None  # and so the next saves go to shared storage directly, too
+                control = self._control_dir(step)
+                control.mkdir(mode=0o700, parents=True, exist_ok=True)
+            where = control / "where"
+            decision = where.read_text() if where.exists() else None
+            won = False
+            if decision is None:
+                decision, won = publish_once(where, self._decide(step))
+            tier, _, reason = decision.partition("\n")
+            if tier == LOCAL and self.tier is not None:
+                staging = self.tier.root / f".tmp-step-{step:012d}-{self._attempt}"
+            else:
+                tier = "shared"
+                if won:
+                    self._say_once("shared", f"{self.node}: saving step {step} to shared storage directly, not "
+                                             f"the node's local tier: {reason} (said once; any later save "
+                                             "that does not fit goes there too)")
+                staging = (self.shared_dir / "tiers" / step_name(step)
+                           / f".tmp-{slot_name(self.slot)}-{self._attempt}")
+            staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+            return _SaveTarget(step, control, staging, tier)
+        except OSError as exc:
+            self._print(f"step {step} is not saved on {self.node}: neither the local tier nor shared storage "
+                        f"can be written ({exc}); training goes on")
+            return None
+
+    def _decide(self, step: int) -> str:
+        """Where the node saves step `step` (the first local rank to save it decides for all): `local`,
+        or `shared` and why."""
+        if self.tier is None:
+            return f"shared\n{self._tier_problem}"
+        mine = (".tmp-save-", ".tmp-step-", ".tmp-stage-")
+        self.tier.clean_stale(mine, keep=(f".tmp-save-{step:012d}-{self._attempt}",
+                                          f".tmp-step-{step:012d}-{self._attempt}"))
+        try:
+            copies = self.tier.copies_on_disk()
+            own = sorted((c for c in copies if c.tier == LOCAL), key=lambda c: c.step)
+            estimate = own[-1].size if own else 0  # a save is about as large as the one before it
+            budget = budget_bytes(self.settings.local_budget_bytes, self.tier.filesystem_bytes())
+            room = plan_room(copies, estimate, self.settings.keep, budget)
+            if room is None:
+                held = sum(c.size for c in copies)
+                return (f"shared\nthe local tier's budget is {budget} bytes; it holds {held} and this save needs "
+                        f"about {estimate} more")
+            with self._lock:
+                self.tier.remove(room)
+            probe = self.tier.root / f".tmp-step-{step:012d}-{self._attempt}"
+            probe.mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            return f"shared\nthe node's checkpoint directory {self.tier.root} cannot be written ({exc.strerror})"
+        return LOCAL
+
+    def _finish_save(self, target: _SaveTarget, seconds: float) -> None:
+        try:
+            self._last_saved = target
+            if not mark_done(target.control, self.local_rank, self.local_ranks):
+                return
+            shards = shards_of(target.staging)
+            if target.tier == LOCAL:
+                self._commit_local(target, shards, seconds)
+            else:
+                self._commit_shared(target.staging, target.step, shards, seconds)
+            shutil.rmtree(target.control, ignore_errors=True)
+        except (OSError, CopyError, ValueError) as exc:
+            shutil.rmtree(target.control, ignore_errors=True)
+            self._print(f"step {target.step} is not saved on {self.node}: committing the node's copy failed "
+                        f"({exc}); training goes on")
+
+    def _commit_local(self, target: _SaveTarget, shards: tuple[Any, ...], seconds: float) -> None:
+        assert self.tier is not None
+        manifest = CheckpointManifest(step=target.step, of_node=self.node, tier=LOCAL, held_on=self.node,
+                                      shards=shards, written_at=time.time(), save_seconds=round(seconds, 6),
+                                      slot=self.slot, slots=self.slots)
+        others = sum(c.size for c in self.tier.copies_on_disk() if not (c.tier == LOCAL and c.step == target.step))
+        budget = budget_bytes(self.settings.local_budget_bytes, self.tier.filesystem_bytes())
+        if others + manifest.total_bytes > budget:
+            # Larger than the estimate the decision was made on: moved to shared storage, never left half-kept.
+            shared = flush_copy(target.staging, manifest, self.shared_dir, self.slot, Throttle(0))
+            self.tier.note_flushed(shared)
+            shutil.rmtree(target.staging, ignore_errors=True)
+            self._say_once("shared", f"{self.node}: step {target.step}'s copy ({manifest.total_bytes} bytes) went to shared "
+                                     f"storage: the local tier's budget is {budget} bytes and it holds {others}")
+            return
+        commit_copy(target.staging, self.tier.local_copy(target.step), manifest)
+
+    def _commit_shared(self, staging: Path, step: int, shards: tuple[Any, ...], seconds: float) -> None:
+        manifest = CheckpointManifest(step=step, of_node=self.node, tier="shared", held_on=None, shards=shards,
+                                      written_at=time.time(), save_seconds=round(seconds, 6), slot=self.slot,
+                                      slots=self.slots)
+        done = commit_copy(staging, shared_copy_dir(self.shared_dir, step, self.slot), manifest)
+        if self.tier is not None:
+            self.tier.note_flushed(done)
+
+    # ---- local rank 0: the copy server and the background thread --------------------------------
+
+    def _start_background(self, poll_seconds: float | None) -> None:
+        assert self.tier is not None
+        try:
+            self._server = self._transport.serve(self.tier.root, self.node, self._key, self.settings.port,
+                                                 self._received)
+        except Exception as exc:  # no server: this node's copies cannot be fetched, training goes on
+            self._say_once("serve", f"cannot serve copies on port {self.settings.port}: {exc}; other nodes "
+                                    "cannot fetch this node's copies")
+        # Copies from before this step: the newest is sent to the (maybe new) buddy again and flushed
+        # when due and not on shared storage yet; older ones were dealt with then.
+        self._handled.update(m.step for _, m in self.tier.local_copies()[:-1])
+        if poll_seconds is not None:
+            self._thread = threading.Thread(target=self._run, args=(poll_seconds,), name="clusterctl-checkpoint",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self, poll_seconds: float) -> None:
+        while not self._stop.wait(poll_seconds):
+            self.tend()
+
+    def tend(self) -> None:
+        """One round of local rank 0's background work (the thread calls it every poll; tests may call it):
+        push the newest new copy to the buddy, flush the due ones, apply retention, rewrite holdings."""
+        if self.tier is None:
+            return
+        try:
+            copies = self.tier.local_copies()
+            new = [(path, m) for path, m in copies if m.step not in self._handled]
+            if new:
+                self._push(*new[-1])  # only the newest: when saves outpace the network, older ones are moot
+            for path, manifest in new:
+                if flush_due(manifest.step, self.settings.flush_every_steps) and not self._on_shared(manifest):
+                    self._flush(path, manifest)
+            self._handled.update(m.step for _, m in new)
+            with self._lock:
+                if new:
+                    self.tier.apply_retention(self.settings.keep)
+                self._rewrite_holdings()
+        except Exception as exc:  # the contract: never break training; the next round tries again
+            self._say_once("tend", f"checkpoint background work failed ({type(exc).__name__}: {exc}); "
+                                   "it is tried again")
+
+    def _on_shared(self, manifest: CheckpointManifest) -> bool:
+        """Whether this copy is on shared storage already: flushed by this node, or the copy a resume
+        staged from (its shards are there, the same ones)."""
+        if manifest.step in self._flushed:
+            return True
+        try:
+            shared = read_checkpoint_manifest(shared_copy_dir(self.shared_dir, manifest.step, self.slot)
+                                              / MANIFEST_NAME)
+        except (OSError, RecordError):
+            return False
+        if shared.shards != manifest.shards:
+            return False  # an older save of the same step, before a resume from an earlier one
+        self._flushed.add(manifest.step)
+        return True
+
+    def _flush(self, path: Path, manifest: CheckpointManifest) -> None:
+        assert self.tier is not None
+        try:
+            shared = flush_copy(path, manifest, self.shared_dir, self.slot,
+                                Throttle(self.settings.shared_bytes_per_second))
+        except (CopyError, OSError) as exc:
+            self._say_once("flush", f"cannot flush step {manifest.step} to shared storage: {exc}")
+            return
+        self.tier.note_flushed(shared)
+        self._flushed.add(manifest.step)
+
+    def _push(self, path: Path, manifest: CheckpointManifest) -> None:
+        buddy = self._line.buddy if self._line is not None else _NONE
+        if buddy in (_NONE, "", self.node):
+            self._say_once("no-buddy", "this node has no buddy in the tier index: its copies stay on this node "
+                                       "(and on shared storage when flushed)")
+            return
+        try:
+            self._transport.push(buddy, self.settings.port, self._key, path, manifest, timeout=self._timeout)
+        except Exception as exc:  # a gone or refusing buddy: the copy stays local
+            self._say_once(f"push:{buddy}", f"cannot send copies to buddy {buddy} ({exc}); they stay on this "
+                                            "node (and on shared storage when flushed); said once")
+
+    def _received(self, manifest: CheckpointManifest) -> None:
+        """The copy server's callback: a buddy copy landed here."""
+        if self.tier is None:
+            return
+        with self._lock:
+            self.tier.apply_retention(self.settings.keep)
+            self._rewrite_holdings(force=True)
+
+    def _rewrite_holdings(self, *, force: bool = False) -> None:
+        assert self.tier is not None
+        seen = ([m.step for _, m in self.tier.local_copies()],
+                [(m.of_node, m.step) for _, m in self.tier.buddy_copies()],
+                [m.step for m in self.tier.flushed()])
+        if force or seen != self._holdings_seen:
+            self.tier.write_holdings()
+            self._holdings_seen = seen
+
+    # ---- the end ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Wait for the background work; in local rank 0, flush the newest local copy when
+        settings.flush_at_end and it is not on shared storage yet.  Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.local_rank != 0 or self.tier is None:
+            return
+        last = self._last_saved
+        if last is not None and last.tier == LOCAL:
+            deadline = time.monotonic() + self._timeout
+            # The last local rank commits (rank 0 may finish its part first): wait until the commit is
+            # done, whichever way it went (the committer removes the control folder).
+            while last.control.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.tend()
+        copies = self.tier.local_copies()
+        if self.settings.flush_at_end and copies and not self._on_shared(copies[-1][1]):
+            self._flush(*copies[-1])
+            with self._lock:
+                self._rewrite_holdings()
+        if self._server is not None:
+            self._server.close()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # ---- saying things ---------------------------------------------------------------------------
+
+    def _print(self, message: str) -> None:
+        print(f"clusterctl.checkpoint: {message}", file=self._stderr or sys.stderr, flush=True)
+
+    def _say_once(self, kind: str, message: str) -> None:
+        if kind not in self._said:
+            self._said.add(kind)
+            self._print(message)
+
+
+def _env_whole(environ: Mapping[str, str], names: tuple[str, ...], default: int | None = None) -> int:
+    for name in names:
+        value = environ.get(name)
+        if value is None or value == "":
+            continue
+        try:
+            number = int(value)
+        except ValueError:
+            raise CheckpointSetupError(f"${name}={value!r} is not a whole number") from None
+        if number < 0:
+            raise CheckpointSetupError(f"${name}={value!r} is negative")
+        return number
+    if default is not None:
+        return default
+    raise CheckpointSetupError(f"${SETTINGS_ENV} is set but ${' / $'.join(names)} is not: run the program under "
+                               "clusterctl (srun style) or torchrun")
+
+
+@contextmanager
+def _flock(path: Path) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+__all__ = ["Checkpointer", "CheckpointSetupError", "CopyService", "CopyTransport", "Resume", "TcpTransport"]
