@@ -146,7 +146,7 @@ class ApiTiers:
         return self._resume(state, step, C, TierSlot(C, B, "buddy", A, B))
 
     def clean(self) -> None:
-        for ckpt in self._open:
+        for ckpt in reversed(self._open):  # the last first: its closing push goes to a buddy still serving
             ckpt.close()
         self._open.clear()
         self._a = self._b = None

@@ -1,45 +1,51 @@
 """Benchmark multi-level checkpoints against today's synchronous save (issue #25), on one machine.
 
-    .venv/bin/python bench/checkpoint_bench.py [--gb 1] [--trials 5] [--rate-gbps 1]
+    .venv/bin/python bench/checkpoint_bench.py                                   # 1 GB/s, ~4 min
+    .venv/bin/python bench/checkpoint_bench.py --rate-gbps 1 --rate-gbps 0.1     # both rates, ~9 min
 
 The state: `--gb` GB of float32 CPU tensors in 256 MB pieces (plus a step counter), the shape of a
-node's part of a large model's state; every piece filled with a pattern that a load is checked
-against (zeroed before each timed load).  torch.distributed.checkpoint (DCP) with `no_dist=True`
-writes and reads it on both paths, as examples/torch_trainer.py and clusterctl.checkpoint do.
+node's part of a large model's state; every piece filled with a pattern that each load is checked
+against (the tensors are zeroed before each timed load).  torch.distributed.checkpoint (DCP) with
+`no_dist=True` writes and reads it on both paths, as examples/torch_trainer.py and
+clusterctl.checkpoint do.
 
 Shared storage is this machine's disk (`--shared-dir`, default a temporary folder under /var/tmp)
-behind a throttle that emulates a parallel filesystem's per-node bandwidth (`--rate-gbps`, default
-1 GB/s, as Llama 3's 2-7 TB/s over ~3,000 nodes gives): every byte DCP or a copy writes to or reads
-from it passes a token bucket holding 0.05 s of bytes (`bench/throttled_storage.py`: DCP opens its
-files through `fs.create_stream`, which is wrapped), and files written there are fsynced.  The
-node-local tier is tmpfs (/dev/shm); the buddy's tier is a second folder of it (one machine plays
-both nodes).
+behind a throttle that emulates a parallel filesystem's per-node bandwidth: every byte DCP writes to
+or reads from it passes a token bucket holding 0.05 s of bytes (`bench/throttled_storage.py`: DCP
+opens its files through `fs.create_stream`, which is wrapped), and DCP fsyncs what it writes.
+`--rate-gbps` (repeatable) sets the rate: 1 GB/s by default (Llama 3's 2-7 TB/s over ~3,000 nodes),
+and 0.1 GB/s to keep a GPU node's proportions on this machine: here DCP into tmpfs, SHA-256 and
+loopback each run at about 1 GB/s, as fast as a 1 GB/s share of shared storage, whereas a GPU
+node's host memory, NVMe and network are 10-50x its share.  The node-local tier is tmpfs
+(`--local-dir`, /dev/shm); the buddy's tier is another folder of it (one machine plays both nodes).
 
-Per trial (`--trials`, default 5, after `--warmup` 1 discarded: this VM's first touch of a page
-is slow), today's path and the new one alternate which goes first:
+The new path (`--new-path api`, the default) is clusterctl.checkpoint.Checkpointer for two nodes on
+this machine, copies moved by the real copy server over loopback (bench/api_tiers.py); its flush
+uses the API's own throttle at the same rate (`shared_bytes_per_second`).  `--new-path standin` is
+the smallest honest stand-in: DCP into a tmpfs folder renamed into place, then a thread copies it to
+the buddy's folder (SHA-256 computed while copying) and through the bench's throttle to shared
+storage; no checksum in the stall, one checksum pass on a resume.
+
+Per trial (`--trials`, default 5, after `--warmup` 1 discarded: this VM's first touch of a page is
+slow), today's path and the new one alternate which goes first:
 
 - today: `dcp.save` into the throttled shared folder: the **stall** (training waits for all of it);
   then `dcp.load` of it back through the throttle: the **shared read** (every node after a failure).
-- new: the node's save returns once its copy is committed in its local tier: the **stall**; training
-  steps (a 512x512 matmul loop, one thread) while the background copies run; from the save's
-  return, the **replicate** lag (the copy complete on the buddy) and the **flush** lag (complete on
-  shared storage, through the throttle); the steps' rate against the same loop with nothing in the
-  background before the save gives the **background slowdown**.  Then the resume: a surviving
-  node loads its own copy (**survivor read**), the replacement node fetches its copy from the
-  buddy's tier into its own, verifying every shard's SHA-256, and loads it (**replacement read**:
-  the slowest node, so local + buddy resume takes this long).
-- the machine's own speed on the same bytes: a copy of the state into tensors allocated beforehand
-  (what a save staged through pinned host memory stalls for) and SHA-256 over the state's bytes.
+- new: the save returns once the node's copy is committed in its local tier: the **stall**;
+  training steps (a 512x512 matmul loop, one thread) while the background copies run; from the
+  save's return, the **replicate** lag (the copy complete on the buddy) and the **flush** lag
+  (complete on shared storage); the steps' rate against the same loop with nothing in the
+  background just before gives the **background slowdown**.  Then the resume, in a new step: a
+  surviving node resumes from its own copy and loads it (**survivor read**); the replacement node
+  fetches its copy from the buddy, verifies it, and loads it (**replacement read**: the slowest
+  node, so the time a resume from local + buddy takes).
+- this machine's own speed on the same bytes: a copy of the state into tensors allocated
+  beforehand (what a save staged through pinned host memory stalls for), and SHA-256 over it.
 
-The new path is `--new-path standin`: the smallest honest stand-in for the Checkpointer (DCP into a
-tmpfs folder, renamed into place; a background thread copies it to the buddy's folder and, through
-the throttle, to shared storage, SHA-256 computed while copying) when the real API is not in this
-checkout; `--new-path api`: clusterctl.checkpoint.Checkpointer.save_state with two nodes' tier roots
-on this machine (see `api_path`).
-
-Median and min-max over the trials, the machine's conditions (load, memory, the busiest other
-processes) before and after; writes bench/results/checkpoint.json, which bench/checkpoint_goodput.py
-reads.  About 1-2 minutes at the defaults; peak memory ~5 x --gb (the state, tmpfs copies, page cache).
+Median and min-max over the trials; the machine's conditions (load, memory, the other processes and
+the share of CPU they used during each rate's trials).  Writes bench/results/checkpoint.json, which
+bench/checkpoint_goodput.py reads.  Peak memory about 5 x --gb (the state, tmpfs copies, page cache);
+every copy is removed after each trial.
 """
 
 from __future__ import annotations
@@ -263,17 +269,43 @@ def step_rate(seconds: float | None, until: Callable[[], bool] | None = None) ->
 
 # ---- the machine ---------------------------------------------------------------------------------
 def conditions() -> dict[str, Any]:
-    """Load, memory and the busiest other processes, now."""
+    """Load, memory and the busiest other processes (their CPU over their lifetime, from ps), now."""
     meminfo = {}
     for line in Path("/proc/meminfo").read_text().splitlines():
         key, _, value = line.partition(":")
         meminfo[key] = value.strip()
-    busy = subprocess.run(["ps", "-eo", "pcpu,rss,comm", "--sort=-pcpu"], capture_output=True, text=True,
-                          timeout=10).stdout.splitlines()[1:7]
+    listed = subprocess.run(["ps", "-eo", "pid=,pcpu=,rss=,args=", "--sort=-pcpu"], capture_output=True, text=True,
+                            timeout=10).stdout.splitlines()
+    others = [" ".join(line.split()[1:])[:120] for line in listed if line.split()[0] != str(os.getpid())]
     return {"utc": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S"),
             "loadavg": Path("/proc/loadavg").read_text().split()[:3],
             "mem_available": meminfo.get("MemAvailable"), "shmem": meminfo.get("Shmem"),
-            "busiest_processes(pcpu rss_kb comm)": [" ".join(line.split()) for line in busy]}
+            "busiest_other_processes(pcpu rss_kb args)": others[:5]}
+
+
+class CpuMeter:
+    """The machine's CPU used by other processes while this one ran: (all busy time in /proc/stat −
+    this process's own CPU time) / (wall time × CPUs)."""
+
+    def __init__(self) -> None:
+        self._busy, self._own, self._wall = self._machine_busy(), self._own_cpu(), time.monotonic()
+
+    @staticmethod
+    def _machine_busy() -> float:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+    @staticmethod
+    def _own_cpu() -> float:
+        times = os.times()
+        return times.user + times.system
+
+    def others_share(self) -> float:
+        busy = self._machine_busy() - self._busy
+        own = self._own_cpu() - self._own
+        wall = time.monotonic() - self._wall
+        return max(0.0, busy - own) / (wall * (os.cpu_count() or 1))
 
 
 def filesystem_of(path: Path) -> str:
@@ -348,6 +380,7 @@ def run_rate(args: argparse.Namespace, state: dict[str, Any], rate: float, work:
     tiers: NewPath = (api_path(shm, shared_new, rate) if args.new_path == "api"
                       else StandInTiers(local_root, buddy_root, shared_new, rate))
     figures: dict[str, list[float]] = {k: [] for k in FIGURES}
+    meter = CpuMeter()
     for trial in range(warmup + args.trials):
         kept = trial >= warmup
         step = trial + 1
@@ -389,6 +422,7 @@ def run_rate(args: argparse.Namespace, state: dict[str, Any], rate: float, work:
     stall_share = result["tiered_stall_s"]["median"] / result["sync_stall_s"]["median"]
     speedup = result["sync_read_s"]["median"] / result["replacement_read_s"]["median"]
     return {"shared_rate_bytes_per_second": rate, "new_path": tiers.name, "figures": result,
+            "other_processes_cpu_share": round(meter.others_share(), 3),
             "ratios": {"stall_share_of_sync": stall_share, "resume_read_speedup": speedup,
                        "survivor_read_speedup": result["sync_read_s"]["median"] / result["survivor_read_s"]["median"]},
             "goals": {"stall_at_most_10_percent": stall_share <= 0.10, "resume_read_at_least_3x": speedup >= 3.0}}
@@ -412,7 +446,8 @@ def run_table(result: dict[str, Any], one: dict[str, Any]) -> str:
     gb = result["state_bytes"] / 1e9
     rate = one["shared_rate_bytes_per_second"] / 1e9
     lines = [f"{gb:.2f} GB per node, shared storage throttled to {rate:g} GB/s, new path: {one['new_path']}, "
-             f"{result['trials']} trials, median [min-max] s",
+             f"{result['trials']} trials, median [min-max] s; other processes used "
+             f"{one.get('other_processes_cpu_share', 0):.0%} of the machine's CPU meanwhile",
              "| | today (sync to shared) | new (local + buddy + flush) |", "|---|---|---|",
              f"| training stall per checkpoint | {cell('sync_stall_s')} | {cell('tiered_stall_s')} |",
              f"| resume read (slowest node) | {cell('sync_read_s')} | {cell('replacement_read_s')} |",
@@ -433,15 +468,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1, help="trials run first and discarded (default 1)")
     p.add_argument("--rate-gbps", type=float, action="append",
-                   help="shared storage's bandwidth per node, GB/s; repeatable (default 1 and 0.1, see the docstring)")
+                   help="shared storage's bandwidth per node, GB/s; repeatable (default 1; see the docstring for 0.1)")
     p.add_argument("--shared-dir", default="/var/tmp", help="where the emulated shared storage lives (a disk)")
     p.add_argument("--local-dir", default="/dev/shm", help="where the node-local tiers live (tmpfs)")
-    p.add_argument("--new-path", choices=("standin", "api"), default="standin")
+    p.add_argument("--new-path", choices=("api", "standin"), default="api")
     p.add_argument("--idle-seconds", type=float, default=0.5,
                    help="training steps measured with nothing in the background, per trial")
     p.add_argument("--out", type=Path, default=RESULTS)
     args = p.parse_args(argv)
-    args.rate_gbps = args.rate_gbps or [1.0, 0.1]
+    args.rate_gbps = args.rate_gbps or [1.0]
     if args.gb <= 0 or args.trials < 1 or args.warmup < 0 or min(args.rate_gbps) <= 0:
         p.error("--gb and --rate-gbps must be positive, --trials at least 1, --warmup at least 0")
     return args
