@@ -11,12 +11,13 @@ it reads the last flushed checkpoint from shared storage.
 The model is Young's and Daly's first-order one, with the recovery split by where it reads from.
 Failures of the job arrive at rate λ = nodes / node MTBF.  Checkpoints start every s seconds of
 wall time: s − δ of training, then a stall of δ.  A failure costs detection D, restart R, the read
-L, and the work since the start of the newest checkpoint complete where the resume reads it: s/2 on
-average, plus the time the copy took to get there after the save returned (a failure in that window
-resumes from the checkpoint before).  Today: cost A + s/2 with A = D + R + L_shared.  Multi-level:
-with probability q the failure took a node and its buddy (resume from shared storage: k·s/2 lost,
-plus the flush's lag F), else it costs L_local plus s/2 plus the buddy copy's lag P.  Writing the
-expected cost of a failure as A + B·s/2:
+L, and the work since the newest checkpoint complete where the resume reads it was taken: s/2 on
+average, plus the time from its start until the copy was complete there (a failure in that window
+resumes from the checkpoint before): the stall δ, and for a background copy its lag after the save
+returned.  Today: cost A + s/2 with A = D + R + L_shared + δ.  Multi-level: with probability q the
+failure took a node and its buddy (resume from shared storage: k·s/2 lost, plus δ and the flush's
+lag F), else it costs L_local plus s/2 plus δ and the buddy copy's lag P.  Writing the expected cost
+of a failure as A + B·s/2:
 
     goodput(s) = (1 − δ'/s) · (1 − λ·(A + B·s/2))        δ' = δ + σ·(P + F/k)
 
@@ -114,7 +115,7 @@ class Projection:
     recovery_seconds: float
     """A failure's expected detection + restart + read."""
     lost_work_seconds: float
-    """A failure's expected redone work at the advised interval."""
+    """A failure's expected redone work at the advised interval (wall time since the kept checkpoint was taken)."""
     flush_interval_seconds: float
     """Wall time between two checkpoints that reach shared storage."""
 
@@ -122,7 +123,8 @@ class Projection:
 def project_sync(job: Job, path: SyncPath) -> Projection:
     """Today's path: every checkpoint flushed synchronously, every resume from shared storage."""
     recovery = job.detect_seconds + job.restart_seconds + path.read_seconds
-    return _project("sync", job, path.stall_seconds, path.stall_seconds, recovery, 0.0, 1.0, 0.0, 0.0, 1)
+    return _project("sync", job, path.stall_seconds, path.stall_seconds, recovery, path.stall_seconds, 1.0, 0.0, 0.0,
+                    1)
 
 
 def project_tiered(job: Job, path: TieredPath) -> Projection:
@@ -131,7 +133,7 @@ def project_tiered(job: Job, path: TieredPath) -> Projection:
     q = pair_loss(job, path)
     fixed = job.detect_seconds + job.restart_seconds
     recovery = fixed + (1 - q) * path.local_read_seconds + q * path.shared_read_seconds
-    lag = (1 - q) * path.replicate_seconds + q * path.flush_seconds
+    lag = path.stall_seconds + (1 - q) * path.replicate_seconds + q * path.flush_seconds
     per_interval = (1 - q) + q * k  # a pair loss goes back to the last flushed checkpoint: k intervals
     stall = path.stall_seconds + path.background_slowdown * (path.replicate_seconds + path.flush_seconds / k)
     shortest = max(path.replicate_seconds, path.flush_seconds / k)
