@@ -284,7 +284,10 @@ class Checkpointer:
                 return Resume(step, own), bad
             bad.append(BadCopy(step, manifest.of_node, "local", self.node, problem))
         if line is not None and line.tier == "buddy" and line.held_on not in (_NONE, ""):
-            staging = self._fresh_dir(f".tmp-stage-{step:012d}-{self._attempt}")
+            try:
+                staging = self._fresh_dir(f".tmp-stage-{step:012d}-{self._attempt}")
+            except OSError:
+                return self._resume_in_place(step, bad)  # nowhere to stage: shared storage, read in place
             try:
                 if line.held_on == self.node:
                     source = self.tier.buddy_copy(line.of_node, step)
@@ -296,8 +299,10 @@ class Checkpointer:
                 problem = self._check_staged(staging, fetched, step)
             except Exception as exc:  # a dead, unreachable or refusing buddy is one more bad copy
                 problem = f"cannot be fetched ({exc})"
+            if not problem and (resumed := self._commit_staged(staging, fetched, step)) is not None:
+                return resumed, bad
             if not problem:
-                return self._commit_staged(staging, fetched, step), bad
+                return self._resume_in_place(step, bad)
             bad.append(BadCopy(step, line.of_node, "buddy", line.held_on, problem))
             shutil.rmtree(staging, ignore_errors=True)
         return self._resume_from_shared(step, bad)
@@ -314,8 +319,9 @@ class Checkpointer:
         except (OSError, RecordError) as exc:
             bad.append(BadCopy(step, of_node, "shared", None, f"has an unreadable manifest ({exc})"))
             return None, bad
-        staging = self._fresh_dir(f".tmp-stage-{step:012d}-{self._attempt}")
+        staging = self.tier.root / f".tmp-stage-{step:012d}-{self._attempt}"
         try:
+            self._fresh_dir(staging.name)
             copy_tree_files(source, staging, [s.name for s in manifest.shards])
         except (OSError, CopyError):
             shutil.rmtree(staging, ignore_errors=True)
@@ -325,7 +331,8 @@ class Checkpointer:
             shutil.rmtree(staging, ignore_errors=True)
             bad.append(BadCopy(step, manifest.of_node, "shared", None, problem))
             return None, bad
-        return self._commit_staged(staging, manifest, step), bad
+        resumed = self._commit_staged(staging, manifest, step)
+        return (resumed, bad) if resumed is not None else self._resume_in_place(step, bad)
 
     def _resume_in_place(self, step: int, bad: list[BadCopy]) -> tuple[Resume | None, list[BadCopy]]:
         source = shared_copy_dir(self.shared_dir, step, self.slot)
@@ -345,13 +352,19 @@ class Checkpointer:
             return (f"is of step {manifest.step}, slot {manifest.slot}, not step {step}, slot {self.slot}")
         return verify_copy(directory, manifest)
 
-    def _commit_staged(self, staging: Path, source: CheckpointManifest, step: int) -> Resume:
+    def _commit_staged(self, staging: Path, source: CheckpointManifest, step: int) -> Resume | None:
+        """The verified copy in `staging` made this node's local copy of `step`; None when the local
+        tier cannot take it (the caller reads shared storage in place)."""
         assert self.tier is not None
-        (staging / MANIFEST_NAME).unlink(missing_ok=True)
         local = CheckpointManifest(step=step, of_node=self.node, tier=LOCAL, held_on=self.node,
                                    shards=source.shards, written_at=source.written_at,
                                    save_seconds=source.save_seconds, slot=self.slot, slots=self.slots)
-        commit_copy(staging, self.tier.local_copy(step), local)
+        try:
+            (staging / MANIFEST_NAME).unlink(missing_ok=True)
+            commit_copy(staging, self.tier.local_copy(step), local)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            return None
         return Resume(step, self.tier.local_copy(step))
 
     def _fresh_dir(self, name: str) -> Path:
@@ -448,9 +461,10 @@ class Checkpointer:
         or `shared` and why."""
         if self.tier is None:
             return f"shared\n{self._tier_problem}"
-        mine = (".tmp-save-", ".tmp-step-", ".tmp-stage-")
+        mine = (".tmp-save-", ".tmp-step-", ".tmp-stage-", ".tmp-resume-")
         self.tier.clean_stale(mine, keep=(f".tmp-save-{step:012d}-{self._attempt}",
-                                          f".tmp-step-{step:012d}-{self._attempt}"))
+                                          f".tmp-step-{step:012d}-{self._attempt}",
+                                          f".tmp-resume-{self._attempt}"))
         try:
             copies = self.tier.copies_on_disk()
             own = sorted((c for c in copies if c.tier == LOCAL), key=lambda c: c.step)

@@ -16,6 +16,7 @@ functions of what is on disk, given as `CopyOnDisk` values; `NodeTier` reads the
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -192,8 +193,6 @@ def remove_tree(path: Path) -> None:
 def attempt_token(environ: Mapping[str, str]) -> str:
     """Names this step's attempt in staging folders, the same in every local rank of the node: what a
     crashed attempt left (for the same step, even) is never mistaken for this one's files."""
-    import hashlib
-
     seed = environ.get("CLUSTERCTL_NODE_DIR") or ":".join(
         environ.get(k, "") for k in ("SLURM_JOB_ID", "SLURM_STEP_ID", "SLURM_RESTART_COUNT", "TORCHELASTIC_RUN_ID"))
     return hashlib.sha256(seed.encode()).hexdigest()[:8]
@@ -368,11 +367,12 @@ class NodeTier:
         info = os.statvfs(self.root)
         return info.f_blocks * info.f_frsize
 
-    def clean_stale(self, prefixes: Sequence[str], keep: Sequence[str]) -> None:
-        """Remove the root's entries whose names start with one of `prefixes` but none of `keep`
-        (what a crashed save or an earlier attempt left)."""
+    def clean_stale(self, prefixes: Sequence[str], keep: Iterable[str]) -> None:
+        """Remove the root's entries whose names start with one of `prefixes`, except those named in
+        `keep` (what a crashed save or an earlier attempt left)."""
+        kept = set(keep)
         for entry in os.scandir(self.root):
-            if not entry.name.startswith(tuple(prefixes)) or entry.name.startswith(tuple(keep)):
+            if not entry.name.startswith(tuple(prefixes)) or entry.name in kept:
                 continue
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)

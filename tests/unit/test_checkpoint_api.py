@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -317,3 +318,59 @@ def test_a_tier_index_without_this_slot_is_a_setup_error(tmp_path: Path) -> None
     with pytest.raises(CheckpointSetupError, match=r"slot 3\) of the tier index"):
         Checkpointer(settings, node="node4", slot=3, slots=4, rank=12, local_rank=0, local_ranks=4, key=KEY,
                      transport=FakeCopyNetwork())
+
+
+def test_copies_move_over_the_real_tcp_transport(tmp_path: Path) -> None:
+    """The default door: node `localhost` keeps node1's copy (pushed over TCP), and node3, taking node1's
+    slot, fetches it back over TCP.  All three share this machine, so only the first server binds the
+    port; the others say so and carry on (they push and fetch as clients)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    index = tmp_path / "launch" / "tiers.idx"
+    shared = tmp_path / "checkpoints"
+
+    def checkpointer(node: str, slot: int, local_rank: int, resume_step: int | None = None) -> Checkpointer:
+        settings = CheckpointSettings(run_key=RUN_KEY, local_base=str(tmp_path / node), shared_dir=str(shared),
+                                      tier_index=str(index), port=port, flush_every_steps=100,
+                                      resume_step=resume_step)
+        return Checkpointer(settings, node=node, slot=slot, slots=2, rank=slot * 2 + local_rank,
+                            local_rank=local_rank, local_ranks=2, key=KEY, stderr=io.StringIO(), background=False,
+                            timeout=10.0)
+
+    write_tier_index(index, None, [TierSlot("node1", "localhost"), TierSlot("localhost", "node1")])
+    keeper = checkpointer("localhost", 1, 0)
+    node1 = [checkpointer("node1", 0, lr) for lr in (0, 1)]
+    try:
+        for ckpt in node1:
+            with ckpt.save_files(5) as directory:
+                (directory / f"rank-{ckpt.rank}.bin").write_bytes(payload(ckpt.rank, 5))
+        node1[0].tend()
+        kept = tmp_path / "localhost" / f"clusterctl-{os.getuid()}" / f"ckpt-{RUN_KEY}" / "localhost" / "buddy"
+        assert steps_in(kept / "node1") == [5]
+        holdings = read_holdings(kept.parent / "holdings.json")
+        assert holdings is not None and [(c.tier, c.of_node, c.step) for c in holdings.copies] == \
+            [("buddy", "node1", 5)]
+
+        write_tier_index(index, 5, [TierSlot("node3", "localhost", "buddy", "node1", "localhost"),
+                                    TierSlot("localhost", "node3", "local", "localhost", "localhost")])
+        resume = checkpointer("node3", 0, 1, resume_step=5).resume()
+        assert resume is not None and resume.step == 5
+        assert [(resume.directory / f"rank-{r}.bin").read_bytes() for r in (0, 1)] == [payload(0, 5), payload(1, 5)]
+    finally:
+        for ckpt in (keeper, *node1):
+            ckpt.close()
+
+
+def test_what_a_crashed_save_left_never_gets_into_a_copy(tmp_path: Path) -> None:
+    network = FakeCopyNetwork()
+    job = Job(tmp_path, network, two_nodes(), flush_every=100)
+    crashed = job.tier("node1") / ".tmp-step-000000000001-0badc0de"  # the same step, an earlier attempt
+    crashed.mkdir()
+    (crashed / "rank-0.bin").write_text("half of an earlier attempt's file")
+    job.save(1)
+    manifest = read_checkpoint_manifest(job.tier("node1") / "local" / "step-000000000001" / "manifest.json")
+    assert [s.name for s in manifest.shards] == ["rank-0.bin", "rank-1.bin"]
+    assert (job.tier("node1") / "local" / "step-000000000001" / "rank-0.bin").read_bytes() == payload(0, 1)
+    assert not crashed.exists()
+    assert sorted(p.name for p in job.tier("node1").iterdir() if p.name.startswith(".tmp-")) == []
