@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.checkpoint.api import Checkpointer, CopyService
+from clusterctl.checkpoint.copies import shards_of
 from clusterctl.checkpoint.tier import shared_copy_dir
 from clusterctl.checkpoint.transport import CopyServer, fetch_copy, push_copy
 from clusterctl.records.checkpoint_manifest import CheckpointManifest
@@ -123,6 +124,12 @@ class ApiTiers:
             time.sleep(0.01)
         assert self._replicated is not None and self._flushed is not None
         return self._replicated - self._returned, self._flushed - self._returned
+
+    def stall_checksums(self, step: int) -> float | None:
+        assert self._a is not None and self._a.tier is not None
+        began = time.perf_counter()
+        shards_of(self._a.tier.local_copy(step))
+        return time.perf_counter() - began
 
     def _resume(self, state: dict[str, Any], step: int, node: str, line: TierSlot) -> float:
         if self._a is not None:

@@ -38,7 +38,9 @@ slow), today's path and the new one alternate which goes first:
   background just before gives the **background slowdown**.  Then the resume, in a new step: a
   surviving node resumes from its own copy and loads it (**survivor read**); the replacement node
   fetches its copy from the buddy, verifies it, and loads it (**replacement read**: the slowest
-  node, so the time a resume from local + buddy takes).
+  node, so the time a resume from local + buddy takes).  With the API, the SHA-256 of the committed
+  copy that the save computed before returning (`shards_of`) is timed again on the same files after
+  the background work: the **stall's checksums**.
 - this machine's own speed on the same bytes: a copy of the state into tensors allocated
   beforehand (what a save staged through pinned host memory stalls for), and SHA-256 over it.
 
@@ -159,6 +161,9 @@ class NewPath(Protocol):
     def lags(self) -> tuple[float, float]:
         """(replicate, flush): seconds from the save's return until each copy was complete."""
 
+    def stall_checksums(self, step: int) -> float | None:
+        """Seconds to checksum the node's committed copy as the save did before returning (None: it does not)."""
+
     def read_survivor(self, state: dict[str, Any], step: int) -> float:
         """A surviving node loads its own copy; seconds."""
 
@@ -218,6 +223,9 @@ class StandInTiers:
         if self._error is not None or self._replicated is None or self._flushed is None:
             raise SystemExit(f"checkpoint_bench: the stand-in's background copy failed: {self._error!r}")
         return self._replicated - self._returned, self._flushed - self._returned
+
+    def stall_checksums(self, step: int) -> float | None:
+        return None
 
     def read_survivor(self, state: dict[str, Any], step: int) -> float:
         began = time.perf_counter()
@@ -342,8 +350,9 @@ def machine_speed(state: dict[str, Any]) -> tuple[float, float]:
 
 
 # ---- the run -----------------------------------------------------------------------------------
-FIGURES = ("sync_stall_s", "sync_read_s", "tiered_stall_s", "replicate_s", "flush_s", "survivor_read_s",
-           "replacement_read_s", "background_slowdown", "snapshot_copy_s", "sha256_s", "throttle_slept_s")
+FIGURES = ("sync_stall_s", "sync_read_s", "tiered_stall_s", "stall_checksums_s", "replicate_s", "flush_s",
+           "survivor_read_s", "replacement_read_s", "background_slowdown", "snapshot_copy_s", "sha256_s",
+           "throttle_slept_s")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -403,6 +412,9 @@ def run_rate(args: argparse.Namespace, state: dict[str, Any], rate: float, work:
                 busy_rate, _ = step_rate(None, tiers.background_done)
                 row["background_slowdown"] = max(0.0, 1 - busy_rate / idle_rate)
                 row["replicate_s"], row["flush_s"] = tiers.lags()
+                checksums = tiers.stall_checksums(step)
+                if checksums is not None:
+                    row["stall_checksums_s"] = checksums
                 zero(state)
                 row["survivor_read_s"] = tiers.read_survivor(state, step)
                 check_loaded(state, step)
@@ -418,7 +430,7 @@ def run_rate(args: argparse.Namespace, state: dict[str, Any], rate: float, work:
         if kept:
             for key, value in row.items():
                 figures[key].append(value)
-    result = {k: summary(v) for k, v in figures.items()}
+    result = {k: summary(v) for k, v in figures.items() if v}
     stall_share = result["tiered_stall_s"]["median"] / result["sync_stall_s"]["median"]
     speedup = result["sync_read_s"]["median"] / result["replacement_read_s"]["median"]
     return {"shared_rate_bytes_per_second": rate, "new_path": tiers.name, "figures": result,
@@ -450,6 +462,8 @@ def run_table(result: dict[str, Any], one: dict[str, Any]) -> str:
              f"{one.get('other_processes_cpu_share', 0):.0%} of the machine's CPU meanwhile",
              "| | today (sync to shared) | new (local + buddy + flush) |", "|---|---|---|",
              f"| training stall per checkpoint | {cell('sync_stall_s')} | {cell('tiered_stall_s')} |",
+             *([f"| of which: checksums of the committed copy (the same work, timed after) | | "
+                f"{cell('stall_checksums_s')} |"] if "stall_checksums_s" in f else []),
              f"| resume read (slowest node) | {cell('sync_read_s')} | {cell('replacement_read_s')} |",
              f"| resume read (a surviving node) | {cell('sync_read_s')} | {cell('survivor_read_s')} |",
              f"| copy complete on the buddy, after the save returned | | {cell('replicate_s')} |",
