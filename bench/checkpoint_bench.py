@@ -58,6 +58,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -498,6 +499,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # tmpfs is memory: a bench stopped with SIGTERM still removes its copies (run's finally)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
