@@ -28,10 +28,31 @@ it and sends one datagram per node, so nothing reaches shared storage), else $CL
 (the job directory on shared storage: one file rewrite per rank per interval).  Outside a
 clusterctl job (neither set) it does nothing.  It never raises into the training program: a
 report that cannot be written is said once on stderr and the program carries on.
+
+What the program says of its training rides on the same report, at no extra write::
+
+    beat(step, compute_seconds=busy, tokens=n, flops=transformer_flops(params, n), loss=loss, grad_norm=norm)
+
+`tokens` and `flops` are this rank's share of the step's work: each rank its own (the sum over the ranks
+is the job's), or the whole step's on one rank and none on the others; never the whole step's on every
+rank.  With data parallelism alone a rank's share is its own batch: samples x sequence length.  With
+tensor, pipeline or context parallelism several ranks work on the same tokens: report the step's
+tokens / world size on each rank (or the step's on rank 0).  `flops` likewise; for a dense transformer
+`transformer_flops(params, tokens)` = 6 x params x tokens (forward and backward; the attention term
+left out), the convention MFU figures are quoted in.  Both are summed into the report like
+`compute_seconds`, so a report skipped by the rate limit loses nothing; clusterctl's agent turns them
+into tokens/s, FLOP/s and MFU (docs/users-guide.md, "Training metrics").  `loss` and `grad_norm` are
+the values as of this step (the newest is reported, with its step); a NaN or infinite loss or norm is
+reported as such (a user wants to see the loss went NaN).  A value may be a tensor: it is detached
+and read (`float()`, which waits for the device) only when a report is written, at most once per
+interval, not at every step.  A value that is not a count (negative, NaN or infinite tokens or FLOPs,
+a negative gradient norm, something `float()` refuses) is left out and said once on stderr; training
+carries on.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 import sys
@@ -60,6 +81,8 @@ _last_report: dict[tuple[str, int], tuple[float, str]] = {}
 _compute: dict[tuple[str, int], tuple[float, int]] = {}
 # The job dirs this process has already complained about: one message each, not one per step.
 _complained_about: set[str] = set()
+# Per (job dir, rank): what the program said of its training (tokens, FLOPs, loss, gradient norm).
+_metrics: dict[tuple[str, int], _Tally] = {}
 # Per (job dir, rank): the report last written, which the liveness thread rewrites with a new alive_at.
 _written: dict[tuple[str, int], RankProgress] = {}
 _liveness: set[tuple[str, int]] = set()  # keys whose liveness thread runs
@@ -78,6 +101,97 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+class _Tally:
+    """One rank's training metrics: counters summed at every beat, the newest loss and norm as given
+    (a tensor stays one until a report is written: reading it waits for the device)."""
+
+    __slots__ = ("tokens", "flops", "loss", "loss_step", "grad_norm", "grad_norm_step", "loss_read",
+                 "loss_read_step", "norm_read", "norm_read_step")
+
+    def __init__(self) -> None:
+        self.tokens = self.flops = 0.0
+        self.loss: object = None
+        self.grad_norm: object = None
+        self.loss_step = self.grad_norm_step = 0
+        self.loss_read: float | None = None
+        self.norm_read: float | None = None
+        self.loss_read_step: int | None = None
+        self.norm_read_step: int | None = None
+
+    def read(self) -> None:
+        """Turn the newest loss and norm into numbers (in the training loop's thread: once per report)."""
+        if self.loss is not None:
+            value = _number("loss", self.loss)
+            if value is not None:
+                self.loss_read, self.loss_read_step = value, self.loss_step
+            self.loss = None
+        if self.grad_norm is not None:
+            value = _number("grad_norm", self.grad_norm)
+            if value is not None and not value >= 0 and not math.isnan(value):
+                _say_once_about("grad_norm", f"grad_norm={value!r} is not a norm (negative); not reported")
+            elif value is not None:
+                self.norm_read, self.norm_read_step = value, self.grad_norm_step
+            self.grad_norm = None
+
+    def fill(self, record: RankProgress) -> RankProgress:
+        """`record` with these metrics (as last read)."""
+        return replace(record, tokens=self.tokens, flops=self.flops, loss=self.loss_read,
+                       loss_step=self.loss_read_step, grad_norm=self.norm_read, grad_norm_step=self.norm_read_step)
+
+
+def _number(name: str, value: object) -> float | None:
+    """`value` as a float (NaN and infinities as math's own, so records compare equal); None, said once,
+    when float() refuses it."""
+    try:
+        number = value if type(value) is float else float(value)  # type: ignore[arg-type]
+    except Exception as exc:  # a tensor of several values, a string: the program's, so anything
+        _say_once_about(name, f"{name}={str(value)[:40]!r} is not a number ({exc.__class__.__name__}); not reported")
+        return None
+    if math.isfinite(number):
+        return number
+    return math.nan if math.isnan(number) else math.inf if number > 0 else -math.inf
+
+
+def _count(name: str, value: object) -> float | None:
+    """A token or FLOP count as a number; None, said once, for what is not one (negative, NaN, infinite)."""
+    number = value if type(value) is int or type(value) is float else _number(name, value)
+    if number is None or 0 <= number < math.inf:
+        return number
+    _say_once_about(name, f"{name}={number!r} is not a count (negative, NaN or infinite); not counted")
+    return None
+
+
+def _detached(value: object) -> object:
+    """A loss or norm to keep until the next report: a tensor detached (its graph is not kept alive by us);
+    it is read (float()) when a report is written."""
+    if type(value) is float or type(value) is int:
+        return value
+    detach = getattr(value, "detach", None)
+    return detach() if callable(detach) else value
+
+
+def _tally(key: tuple[str, int], step: int, tokens: object, flops: object, loss: object, grad_norm: object) -> None:
+    """Add this beat's metrics to the rank's; a value that is not one is said once and left out."""
+    tally = _metrics.get(key)
+    if tally is None:
+        tally = _metrics[key] = _Tally()
+    if tokens is not None and (counted := _count("tokens", tokens)) is not None:
+        tally.tokens += counted
+    if flops is not None and (counted := _count("flops", flops)) is not None:
+        tally.flops += counted
+    if loss is not None:
+        tally.loss, tally.loss_step = _detached(loss), step
+    if grad_norm is not None:
+        tally.grad_norm, tally.grad_norm_step = _detached(grad_norm), step
+
+
+def transformer_flops(params: float, tokens: float) -> float:
+    """The FLOPs of training a dense transformer of `params` parameters on `tokens` tokens (forward and
+    backward): 6 x params x tokens (Kaplan et al., "Scaling Laws for Neural Language Models", 2020; the
+    attention term, 12 x layers x hidden x sequence per token, left out, as most MFU figures do)."""
+    return 6.0 * float(params) * float(tokens)
+
+
 def _write(key: tuple[str, int], record: RankProgress) -> None:
     with _write_lock:
         write_rank_progress(Path(key[0]), record)
@@ -93,7 +207,10 @@ def _keep_alive(key: tuple[str, int], interval: float) -> None:
             if record is None:
                 continue
             total, steps = _compute.get(key, (record.compute_s, record.compute_steps))
-            _write(key, replace(record, compute_s=round(total, 6), compute_steps=steps, alive_at=time.time()))
+            tally = _metrics.get(key)  # its counters only: the loss is read in the training loop's thread
+            _write(key, replace(record, compute_s=round(total, 6), compute_steps=steps, alive_at=time.time(),
+                                tokens=tally.tokens if tally is not None else record.tokens,
+                                flops=tally.flops if tally is not None else record.flops))
         except Exception:  # the contract: never break training; the next round tries again
             continue
 
@@ -119,6 +236,14 @@ def _say_once(message: str) -> None:
               "caught later or blamed on the whole job (said once per job)", file=sys.stderr, flush=True)
 
 
+def _say_once_about(what: str, message: str) -> None:
+    """A bad value the program passed: said once per job and kind of value."""
+    said = f"{_report_dir(os.environ) or ''}\0{what}"
+    if said not in _complained_about:
+        _complained_about.add(said)
+        print(f"clusterctl.progress: {message} (said once per job); training continues", file=sys.stderr, flush=True)
+
+
 def _rank(environ: Mapping[str, str]) -> int | None:
     text = environ.get("RANK") or environ.get("SLURM_PROCID")
     return int(text) if text is not None and text.strip().isdigit() else None
@@ -133,10 +258,13 @@ def _interval(min_interval: float | None) -> float:
         return DEFAULT_MIN_INTERVAL
 
 
-def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None,
+def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None, tokens: float | None = None,
+         flops: float | None = None, loss: object = None, grad_norm: object = None,
          min_interval: float | None = None) -> None:
     """Report that this rank reached `step` and is in `phase` ("startup", "step", "checkpoint-save",
-    "checkpoint-load"), and optionally how long it computed in this step (`compute_seconds`).
+    "checkpoint-load"), and optionally how long it computed in this step (`compute_seconds`), the tokens
+    and FLOPs it processed in this step (its share; summed), and the loss and gradient norm as of this
+    step (numbers or tensors; see the module's docstring).
 
     Writes at most once per `min_interval` seconds (default: $CLUSTERCTL_PROGRESS_INTERVAL, else
     1.0) unless the phase changed since the last report, under $CLUSTERCTL_NODE_DIR (node-local)
@@ -157,6 +285,11 @@ def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None
             if seconds >= 0 and seconds != float("inf"):  # NaN fails >= too
                 total, steps = _compute.get(key, (0.0, 0))
                 _compute[key] = (total + seconds, steps + 1)
+        if tokens is not None or flops is not None or loss is not None or grad_norm is not None:
+            try:
+                _tally(key, int(step), tokens, flops, loss, grad_norm)
+            except Exception as exc:  # a tensor whose detach() fails, say: the report goes on without it
+                _say_once_about("metrics", f"training metrics not taken ({exc.__class__.__name__}: {exc})")
         now = time.monotonic()
         last = _last_report.get(key)
         if last is not None and last[1] == phase and now - last[0] < _interval(min_interval):
@@ -169,8 +302,12 @@ def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         total, steps = _compute.get(key, (0.0, 0))
         now_epoch = time.time()
-        _write(key, RankProgress(rank, node, int(step), phase, now_epoch, os.getpid(), round(total, 6), steps,
-                                 now_epoch))
+        record = RankProgress(rank, node, int(step), phase, now_epoch, os.getpid(), round(total, 6), steps, now_epoch)
+        tally = _metrics.get(key)
+        if tally is not None:
+            tally.read()
+            record = tally.fill(record)
+        _write(key, record)
         _start_liveness(key, _interval(min_interval))
     except OSError as exc:
         _say_once(f"cannot write the progress report in {_report_dir(os.environ)} ({exc})")

@@ -19,6 +19,12 @@ Version 2 adds `checkpoints`: the node's multi-level checkpoint holdings
 (clusterctl.records.checkpoint_holdings, its newest MAX_REPORTED_COPIES copies), or null when the
 node has none to tell (multi-level checkpoints off, no holdings file yet, a damaged one).  A
 version-1 report (an older reporter) is refused like any other version.
+
+Version 3 adds `metrics`: what the node's ranks said of their training (`NodeMetrics`: their tokens
+and FLOPs summed, the loss and gradient norm of the node's lowest rank that reported one, the node's
+GPU model), a fixed handful of fields whatever the node's rank count (about 300 bytes: a report of 8
+ranks is ~1.9 KB with them), or null when its ranks report none of it.  A version-2 report is read with
+none.
 """
 
 from __future__ import annotations
@@ -33,12 +39,15 @@ from typing import Any
 
 from clusterctl.records.checkpoint_holdings import VERSION as HOLDINGS_VERSION
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
-from clusterctl.records.rank_progress import PHASES, RankProgress
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.rank_progress import MAX_TOTAL, PHASES, RankProgress
+from clusterctl.records.versioned import (
+    RecordError, check_header, field, header, measured_field, measured_to_json,
+)
 from clusterctl.slurm.names import node_name_problem
 
 KIND = "node-report"
-VERSION = 2
+VERSION = 3
+OLDEST_VERSION = 2
 MAGIC = b"CCN1"
 DIGEST_BYTES = 32
 MAX_DATAGRAM = 16 << 10
@@ -50,6 +59,8 @@ MAX_TEXT = 512
 KEY_BYTES = 32
 MAX_REPORTED_COPIES = 32
 """The most checkpoint copies one report carries: the node's newest (retention keeps a handful)."""
+MAX_GPU_NAME = 96
+"""The longest GPU model name carried (NVML's own buffer for a device name: NVML_DEVICE_NAME_V2_BUFFER_SIZE)."""
 
 REPORT_KEY_ENV = "CLUSTERCTL_REPORT_KEY"
 """The job's report key, hex: set by the agent for the step's processes only."""
@@ -99,9 +110,84 @@ class NodeHealth:
 
 
 @dataclass(frozen=True)
+class NodeMetrics:
+    """What a node's ranks said of their training, as one node's handful of numbers (never one per rank).
+
+    Counters are summed over the node's ranks, each cumulative since its process started: the agent
+    divides their growth between two reports by the growth of `at` (this node's clock), so nodes'
+    clocks never meet.  `epoch` changes when the processes summed change (a rank restarted: its
+    counters begin again at 0), telling the agent to measure that node afresh."""
+
+    at: float
+    """When the counters were last updated (the node's clock, epoch s: its ranks' newest record)."""
+    ranks: int
+    """Ranks summed."""
+    epoch: int
+    """A checksum of the (rank, pid) pairs summed."""
+    step: int
+    """The node's lowest rank's step ..."""
+    step_at: float
+    """... and when that rank reported it (the node's clock)."""
+    tokens: float = 0.0
+    flops: float = 0.0
+    loss: float | None = None
+    """The loss of the node's lowest rank that reported one (NaN and infinities kept), ..."""
+    loss_step: int | None = None
+    loss_rank: int | None = None
+    grad_norm: float | None = None
+    grad_norm_step: int | None = None
+    grad_norm_rank: int | None = None
+    gpu: str = ""
+    """The node's GPU model as NVML names it ("" when NVML could not say)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The metrics as sent."""
+        return {"at": self.at, "ranks": self.ranks, "epoch": self.epoch, "step": self.step, "step_at": self.step_at,
+                "tokens": self.tokens, "flops": self.flops, "loss": measured_to_json(self.loss),
+                "loss_step": self.loss_step, "loss_rank": self.loss_rank,
+                "grad_norm": measured_to_json(self.grad_norm), "grad_norm_step": self.grad_norm_step,
+                "grad_norm_rank": self.grad_norm_rank, "gpu": self.gpu}
+
+    @classmethod
+    def from_json(cls, body: object, where: str) -> NodeMetrics:
+        """Parse a report's `metrics`; RecordError for anything not exactly understood."""
+        if not isinstance(body, dict):
+            raise RecordError(where, "must be an object")
+        gpu = field(body, "gpu", str, where)
+        if len(gpu) > MAX_GPU_NAME or not gpu.isprintable():
+            raise RecordError(where, f"field `gpu` must be printable text of at most {MAX_GPU_NAME} characters")
+        loss, grad_norm = measured_field(body, "loss", where), measured_field(body, "grad_norm", where)
+        if grad_norm is not None and grad_norm < 0:
+            raise RecordError(where, f"field `grad_norm` is {grad_norm!r}: a norm is not negative")
+        return cls(at=_seconds(body, "at", where), ranks=_count(body, "ranks", where),
+                   epoch=_count(body, "epoch", where), step=_count(body, "step", where),
+                   step_at=_seconds(body, "step_at", where), tokens=_total(body, "tokens", where),
+                   flops=_total(body, "flops", where), loss=loss,
+                   loss_step=_dated(body, "loss_step", loss, where), loss_rank=_dated(body, "loss_rank", loss, where),
+                   grad_norm=grad_norm, grad_norm_step=_dated(body, "grad_norm_step", grad_norm, where),
+                   grad_norm_rank=_dated(body, "grad_norm_rank", grad_norm, where), gpu=gpu)
+
+
+def _total(body: Mapping[str, Any], key: str, where: str) -> float:
+    value = _seconds(body, key, where)
+    if value > MAX_RANKS * MAX_TOTAL:
+        raise RecordError(where, f"field `{key}` is {value!r}: more than {MAX_RANKS} ranks can count")
+    return value
+
+
+def _dated(body: Mapping[str, Any], key: str, value: float | None, where: str) -> int | None:
+    """The step or rank beside a measured value: a whole number with one, null without."""
+    if value is None:
+        if body.get(key) is not None:
+            raise RecordError(where, f"field `{key}` is set without the value it goes with")
+        return None
+    return _count(body, key, where)
+
+
+@dataclass(frozen=True)
 class NodeReport:
-    """What one node tells the agent: who it is, which step, its ranks, its health, and the checkpoint
-    copies it holds (None: nothing to tell)."""
+    """What one node tells the agent: who it is, which step, its ranks, its health, the checkpoint
+    copies it holds (None: nothing to tell), and its ranks' training metrics (None: none reported)."""
 
     job_id: str
     launch: str
@@ -111,18 +197,21 @@ class NodeReport:
     ranks: tuple[RankBeat, ...] = ()
     health: NodeHealth = NodeHealth()
     checkpoints: CheckpointHoldings | None = None
+    metrics: NodeMetrics | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as sent."""
         return {**header(KIND, VERSION), "job_id": self.job_id, "launch": self.launch, "node": self.node,
                 "seq": self.seq, "sent_at": self.sent_at, "ranks": [r.to_json() for r in self.ranks],
                 "health": self.health.to_json(),
-                "checkpoints": None if self.checkpoints is None else self.checkpoints.to_json()}
+                "checkpoints": None if self.checkpoints is None else self.checkpoints.to_json(),
+                "metrics": None if self.metrics is None else self.metrics.to_json()}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> NodeReport:
         """Parse a received report; RecordError for anything not exactly understood."""
-        body = check_header(data, KIND, VERSION, where)
+        older = isinstance(data, dict) and data.get("kind") == KIND and data.get("version") == OLDEST_VERSION
+        body = check_header(data, KIND, OLDEST_VERSION if older else VERSION, where)
         node = field(body, "node", str, where)
         problem = node_name_problem(node)
         if problem:
@@ -132,11 +221,13 @@ class NodeReport:
             raise RecordError(where, f"{len(ranks)} ranks: a node reports at most {MAX_RANKS}")
         health = field(body, "health", dict, where)
         held = field(body, "checkpoints", (dict, type(None)), where)
+        told = None if older else field(body, "metrics", (dict, type(None)), where)
         return cls(job_id=_text(body, "job_id", where), launch=_text(body, "launch", where), node=node,
                    seq=_count(body, "seq", where), sent_at=_seconds(body, "sent_at", where),
                    ranks=tuple(_rank(entry, node, where, i) for i, entry in enumerate(ranks)),
                    health=_health(health, f"{where}: health"),
-                   checkpoints=None if held is None else _holdings(held, node, f"{where}: checkpoints"))
+                   checkpoints=None if held is None else _holdings(held, node, f"{where}: checkpoints"),
+                   metrics=None if told is None else NodeMetrics.from_json(told, f"{where}: metrics"))
 
 
 _WHOLE_FIELDS = ("rank", "step", "pid", "compute_steps")

@@ -10,8 +10,12 @@ it reported one for (cumulative since the process started, so reports skipped by
 lose nothing: a reader divides the growth between two reads); and `alive_at`, when the rank's
 process last showed it runs at all (a thread of clusterctl.progress rewrites the report every
 interval, whatever the training loop does): a rank blocked in a collective stays alive, a frozen
-or stopped process does not.  Version 1 records (a program running an older clusterctl) are
-still read, with neither.
+or stopped process does not.  Version 3 adds what the program says of its training
+(`beat(step, tokens=..., flops=..., loss=..., grad_norm=...)`): `tokens` and `flops` summed since the
+process started, like `compute_s`; `loss` and `grad_norm` as of the step beside each (`loss_step`,
+`grad_norm_step`; null when never reported; a loss that went NaN or infinite is written "nan", "inf",
+"-inf").  Version 1 and 2 records (a program running an older clusterctl) are still read, without what
+they lack.
 """
 
 from __future__ import annotations
@@ -19,16 +23,18 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
+from clusterctl.records.versioned import (
+    RecordError, check_header, field, header, measured_field, measured_to_json, read_json_record,
+)
 from clusterctl.slurm.names import node_name_problem
 
 KIND = "rank-progress"
-VERSION = 2
+VERSION = 3
 OLDEST_VERSION = 1
 
 PHASES = ("startup", "step", "checkpoint-save", "checkpoint-load")
@@ -50,18 +56,36 @@ class RankProgress:
     compute_steps: int = 0
     alive_at: float = 0.0
     """When the rank's process last showed it runs (epoch s; 0: not reported)."""
+    tokens: float = 0.0
+    """Tokens this rank processed since it started (its share: see clusterctl.progress.beat)."""
+    flops: float = 0.0
+    """Floating-point operations this rank did since it started."""
+    loss: float | None = None
+    """The loss as of `loss_step` (None: never reported; NaN and infinities are kept)."""
+    loss_step: int | None = None
+    grad_norm: float | None = None
+    """The gradient norm as of `grad_norm_step` (None: never reported)."""
+    grad_norm_step: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as stored."""
         return {**header(KIND, VERSION), "rank": self.rank, "node": self.node, "step": self.step,
                 "phase": self.phase, "at": self.at, "pid": self.pid, "compute_s": self.compute_s,
-                "compute_steps": self.compute_steps, "alive_at": self.alive_at}
+                "compute_steps": self.compute_steps, "alive_at": self.alive_at, "tokens": self.tokens,
+                "flops": self.flops, "loss": measured_to_json(self.loss), "loss_step": self.loss_step,
+                "grad_norm": measured_to_json(self.grad_norm), "grad_norm_step": self.grad_norm_step}
+
+    @property
+    def has_metrics(self) -> bool:
+        """The program reported tokens, FLOPs, a loss or a gradient norm through this rank."""
+        return self.tokens > 0 or self.flops > 0 or self.loss is not None or self.grad_norm is not None
 
     @classmethod
     def from_json(cls, data: object, where: str) -> RankProgress:
         """Parse a stored record; RecordError for anything not understood."""
-        older = isinstance(data, dict) and data.get("kind") == KIND and data.get("version") == OLDEST_VERSION
-        body = check_header(data, KIND, OLDEST_VERSION if older else VERSION, where)
+        found = data.get("version") if isinstance(data, dict) and data.get("kind") == KIND else None
+        older = found if found in (1, 2) else None
+        body = check_header(data, KIND, older or VERSION, where)
         phase = field(body, "phase", str, where)
         if phase not in PHASES:
             raise RecordError(where, f"phase {phase!r} is not one of {', '.join(PHASES)}")
@@ -70,22 +94,51 @@ class RankProgress:
         if problem:
             raise RecordError(where, f"field `node`: {problem}")
         compute_s, compute_steps, alive_at = 0.0, 0, 0.0
-        if not older:
+        if older != 1:
             compute_s = _seconds(body, "compute_s", where)
             compute_steps = _count(body, "compute_steps", where)
             alive_at = _seconds(body, "alive_at", where)
-        return cls(rank=_count(body, "rank", where), node=node, step=_count(body, "step", where), phase=phase,
-                   at=_seconds(body, "at", where), pid=_count(body, "pid", where),
-                   compute_s=compute_s, compute_steps=compute_steps, alive_at=alive_at)
+        record = cls(rank=_count(body, "rank", where), node=node, step=_count(body, "step", where), phase=phase,
+                     at=_seconds(body, "at", where), pid=_count(body, "pid", where),
+                     compute_s=compute_s, compute_steps=compute_steps, alive_at=alive_at)
+        if older is not None:
+            return record
+        loss, grad_norm = measured_field(body, "loss", where), measured_field(body, "grad_norm", where)
+        if grad_norm is not None and grad_norm < 0:
+            raise RecordError(where, f"field `grad_norm` is {grad_norm!r}: a norm is not negative")
+        return replace(record, tokens=_total(body, "tokens", where), flops=_total(body, "flops", where),
+                       loss=loss, loss_step=_step_of(body, "loss_step", loss, where),
+                       grad_norm=grad_norm, grad_norm_step=_step_of(body, "grad_norm_step", grad_norm, where))
 
 
-def _seconds(body: Mapping[str, Any], key: str, where: str) -> float:
+def _seconds(body: Mapping[str, Any], key: str, where: str, what: str = "a finite number of seconds") -> float:
     # JSON as Python reads it admits NaN and Infinity: a NaN time compares false with everything
     # and an infinite one outlasts every other rank's, so either would steer the watches.
     value = float(field(body, key, (int, float), where))
     if not math.isfinite(value) or value < 0:
-        raise RecordError(where, f"field `{key}` is {value!r}: it must be a finite number of seconds, not negative")
+        raise RecordError(where, f"field `{key}` is {value!r}: it must be {what}, not negative")
     return value
+
+
+MAX_TOTAL = 1e35
+"""The largest token or FLOP count a record holds: beyond any training run (the largest are ~1e26 FLOPs),
+so a node's sum of 64 ranks stays a finite number whatever a rank's file says."""
+
+
+def _total(body: Mapping[str, Any], key: str, where: str) -> float:
+    value = _seconds(body, key, where, "a finite count")
+    if value > MAX_TOTAL:
+        raise RecordError(where, f"field `{key}` is {value!r}: more than any training run counts ({MAX_TOTAL:g})")
+    return value
+
+
+def _step_of(body: Mapping[str, Any], key: str, value: float | None, where: str) -> int | None:
+    """The step a measured value is of: a whole number beside a value, null without one."""
+    if value is None:
+        if body.get(key) is not None:
+            raise RecordError(where, f"field `{key}` is set without the value it dates")
+        return None
+    return _count(body, key, where)
 
 
 def _count(body: Mapping[str, Any], key: str, where: str) -> int:
@@ -111,7 +164,7 @@ def write_rank_progress(job_dir: Path, record: RankProgress) -> Path:
 
 
 PROGRESS_LIMIT = 64 << 10
-"""The largest progress file read (bytes): a report is about 250 bytes."""
+"""The largest progress file read (bytes): a report is about 350 bytes."""
 
 FUTURE_TOLERANCE = 60.0
 """How far (seconds) a report's times may lie ahead of the reader's clock: the hosts' clocks agree

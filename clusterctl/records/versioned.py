@@ -144,3 +144,34 @@ def choice_field(body: Mapping[str, Any], key: str, choices: tuple[str, ...], wh
     if value not in choices:
         raise RecordError(where, f"field `{key}` is {value[:64]!r}: one of {', '.join(choices)}")
     return str(value)
+
+
+NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}
+"""How a measured value that is not a finite number is written: JSON has no NaN or infinity, and a loss
+that went NaN is exactly what a user wants to see."""
+
+
+def measured_to_json(value: float | None) -> float | str | None:
+    """A value a training program measured (a loss, a gradient norm) as stored: the number, or
+    "nan", "inf", "-inf" (see NON_FINITE), or None when there is none."""
+    if value is None or math.isfinite(value):
+        return value
+    return "nan" if math.isnan(value) else "inf" if value > 0 else "-inf"
+
+
+def measured_field(body: Mapping[str, Any], key: str, where: str) -> float | None:
+    """An optional measured value (see `measured_to_json`): a number of any sign, "nan", "inf", "-inf", or
+    null.  Non-finite values come back as `math.nan` / `math.inf` themselves, so a record holding a NaN
+    compares equal to itself once read back."""
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str) and value in NON_FINITE:
+        return NON_FINITE[value]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RecordError(where, f"field `{key}` is {one_line(repr(value)[:64])}: a number, \"nan\", \"inf\", "
+                                 "\"-inf\" or null")
+    number = float(value)
+    if math.isfinite(number):
+        return number
+    return math.nan if math.isnan(number) else math.inf if number > 0 else -math.inf

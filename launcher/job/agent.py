@@ -444,6 +444,7 @@ class Agent:
         stopped = tuple(sorted({h.report.node for h in watch.signals.heard.values()
                                 for b in h.report.ranks if b.process in ("stopped", "gone")}))
         refused = dict(watch.inbox.refused)
+        training = watch.training(launched.rank_map.world_size, self.spec.job.gpu_peak_tflops)
         try:
             write_agent_summary(self.job_dir, AgentSummary(
                 job_id=self.job_id, launch=launched.launch, at=self.doors.now(),
@@ -452,7 +453,7 @@ class Agent:
                 drained=signals.drained, min_step=min(steps) if steps else None,
                 max_step=max(steps) if steps else None, refused=refused,
                 message=(f"{signals.channel_silent} nodes silent at once: the report channel, not the nodes"
-                         if signals.channel_silent else "")))
+                         if signals.channel_silent else ""), training=training))
         except OSError as exc:
             self.doors.say(f"cannot write the agent summary in {self.job_dir} ({exc.strerror}); watching on")
         self._check_in_charge()

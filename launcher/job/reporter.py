@@ -13,6 +13,8 @@ Every 0.25 s it reads, all on its own node:
 - with multi-level checkpoints on, the node's checkpoint holdings (`holdings.json` in the
   node's tier root, from `$CLUSTERCTL_CHECKPOINT`: one stat per tick, read again only when its size or modification time changed;
   a damaged one is said once in the reporter's log and reported as none);
+- once, in a thread of its own when it starts, the node's GPU model as NVML names it (for the job's
+  MFU; `GpuModel`: nvmlInit may take seconds, and the reporter never waits for it);
 and sends one signed UDP datagram (~1.6 KB for 8 ranks, ~5.9 KB with 32 checkpoint copies; clusterctl.records.node_report) to the
 agent: at once when something the agent acts on changed, else once per heartbeat
 ($CLUSTERCTL_REPORT_INTERVAL).  What to send and when is `clusterctl.launcher.pure.node_report_build`.
@@ -33,6 +35,7 @@ import shutil
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,6 +232,50 @@ class HoldingsReader:
         return self.holdings
 
 
+def nvml_gpu_name() -> str:
+    """NVML's name of the first of this node's GPUs it can read ("NVIDIA H100 80GB HBM3"); "" when it
+    names none.  NVMLError (no driver, no GPU) and ImportError go to the caller."""
+    import pynvml  # only here: the one NVML question the launcher asks (healthd asks the rest)
+
+    pynvml.nvmlInit()
+    try:
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            try:  # a GPU of another job, behind the job's device cgroup, may refuse: the next one answers
+                name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
+            except pynvml.NVMLError:
+                continue
+            return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+        return ""
+    finally:
+        pynvml.nvmlShutdown()
+
+
+class GpuModel:
+    """The node's GPU model, asked once in a daemon thread: "" until it answers, and for good when it
+    cannot (no NVML, no GPU, an error).  nvmlInit takes seconds on a node whose GPUs are not in
+    persistence mode, and a wedged driver may never answer: the reporter's loop never waits for it."""
+
+    def __init__(self, ask: Callable[[], str] = nvml_gpu_name) -> None:
+        self.name = ""
+        self.thread = threading.Thread(target=self._ask, args=(ask,), name="clusterctl-gpu-model", daemon=True)
+        self.thread.start()
+
+    def _ask(self, ask: Callable[[], str]) -> None:
+        try:
+            self.name = ask()
+        except Exception:  # NVMLError, ImportError: the job's MFU then needs [job] gpu_peak_tflops
+            self.name = ""
+
+    def __call__(self) -> str:
+        """The model as known now ("" not yet, or never)."""
+        return self.name
+
+
+def no_gpu_model() -> str:
+    """No GPU model to tell (a test's reporter)."""
+    return ""
+
+
 @dataclass(frozen=True)
 class ReporterDoors:
     """Everything the reporter's loop does to the world, passed in (tests drive it with a fake clock)."""
@@ -242,6 +289,8 @@ class ReporterDoors:
     say: Callable[[str], None] = lambda message: None
     holdings: Callable[[], CheckpointHoldings | None] = no_holdings
     """The node's checkpoint holdings now (HoldingsReader; None: none to tell)."""
+    gpu_model: Callable[[], str] = no_gpu_model
+    """The node's GPU model as NVML names it ("" unknown; GpuModel)."""
 
 
 def default_doors(sender: ReportSender, stop_requested: Callable[[], bool],
@@ -254,7 +303,7 @@ def default_doors(sender: ReportSender, stop_requested: Callable[[], bool],
     if settings is not None and settings.holdings_path is not None:
         holdings = HoldingsReader(settings.holdings_path, settings.identity.node, say)
     return ReporterDoors(SYSTEM_CLOCK, read_node_progress, read_process_state, read_node_health, sender.send,
-                         stop_requested, say, holdings)
+                         stop_requested, say, holdings, GpuModel())
 
 
 def run_reporter(settings: ReportSettings, node_dir: Path, watch_pid: int, doors: ReporterDoors) -> int:
@@ -278,7 +327,8 @@ def run_reporter(settings: ReportSettings, node_dir: Path, watch_pid: int, doors
         records = doors.read_progress(node_dir, now)
         processes = {record.pid: doors.process_state(record.pid) for record in records}
         decision = next_report(settings.identity, records, processes, health, memory, now=now, monotonic=monotonic,
-                               heartbeat=settings.heartbeat, force=last, checkpoints=doors.holdings())
+                               heartbeat=settings.heartbeat, force=last, checkpoints=doors.holdings(),
+                               gpu=doors.gpu_model())
         memory = decision.memory
         if decision.report is not None:
             delivered = doors.send(decision.report)

@@ -3,7 +3,8 @@
 One `SignalWatch` per launched step: `poll()` drains the inbox (clusterctl.launcher.job.
 report_channel: UDP, signed per job) and returns what the reports say now (launcher/pure/
 node_signals.py); `records()` are the ranks' newest progress records for the hang and straggler
-watches; `holdings()` the nodes' newest checkpoint holdings (multi-level checkpoints).  What it costs: one recvfrom and ~70 µs of checking and parsing per report; at 12,500
+watches; `holdings()` the nodes' newest checkpoint holdings (multi-level checkpoints); `training()`
+the job's training metrics (launcher/pure/training_metrics.py), taken once per summary interval.  What it costs: one recvfrom and ~70 µs of checking and parsing per report; at 12,500
 nodes and a 20 s heartbeat, 625 reports a second (docs/measured.md).  Nothing here touches Slurm
 or shared storage.
 """
@@ -15,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from clusterctl.launcher.pure.node_signals import NodeSignals, SignalPolicy, Signals
+from clusterctl.launcher.pure.training_metrics import TrainingMeter, job_peak, window_seconds
+from clusterctl.records.agent_summary import TrainingMetrics
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings
 from clusterctl.records.node_report import NodeReport
 from clusterctl.records.rank_progress import RankProgress
@@ -42,6 +45,7 @@ class SignalWatch:
         self.inbox, self.clock = inbox, clock
         self.signals = NodeSignals.start(policy, job_id, launch, nodes, started_at)
         self.received = 0
+        self.meter = TrainingMeter(window_seconds(policy.heartbeat))
 
     @property
     def policy(self) -> SignalPolicy:
@@ -64,3 +68,11 @@ class SignalWatch:
     def records(self) -> tuple[RankProgress, ...]:
         """Every rank's newest progress record, from its node's newest report."""
         return self.signals.records()
+
+    def training(self, gpus: int, peak_tflops: float | None) -> TrainingMetrics | None:
+        """The job's training metrics now, from each node's newest report (None: the program reports none).
+        `gpus`: the step's GPUs; `peak_tflops`: the spec's peak per GPU (None: from the GPU model the nodes
+        name).  Call it once per summary interval: each call adds the nodes' new samples."""
+        self.meter = self.meter.observe((node, heard.report.metrics, heard.at)
+                                        for node, heard in self.signals.heard.items() if heard.report.metrics)
+        return self.meter.reading(self.clock(), gpus, job_peak(peak_tflops, self.meter.gpu_names()))

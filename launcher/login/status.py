@@ -216,6 +216,47 @@ def agent_line(summary: AgentSummary) -> str:
     return "; ".join(parts)
 
 
+def _rate(value: float) -> str:
+    """A rate for a person: whole units with thousands marked from 100 up (1,638,400), else 3 digits."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
+def _measured(value: float) -> str:
+    """A loss or a norm: 4 significant digits; nan and inf as such (the loss went NaN: that is the news)."""
+    return f"{value:.4g}"
+
+
+def training_line(summary: AgentSummary) -> str | None:
+    """One line of what the program says of its training, as the job's agent measured it: "job 7 training
+    (last 30 s): step N, X steps/s, Y tokens/s, MFU Z% (peak P TFLOP/s per GPU from ...), loss L at step
+    S, grad norm G at step S"; None when the program reports none of it (the line is left out)."""
+    t = summary.training
+    if t is None:
+        return None
+    parts = [f"step {summary.max_step}"] if summary.max_step is not None else []
+    if t.steps_per_s is not None:
+        parts.append(f"{t.steps_per_s:.3g} steps/s")
+    if t.tokens_per_s is not None:
+        parts.append(f"{_rate(t.tokens_per_s)} tokens/s")
+    if t.mfu is not None and t.peak_tflops is not None:
+        source = "the spec" if t.peak_from == "spec" else f"NVML's name {t.gpu!r}"
+        parts.append(f"MFU {100 * t.mfu:.1f}% (peak {t.peak_tflops:g} TFLOP/s per GPU from {source})")
+    elif t.flops_per_s is not None:
+        parts.append(f"{_rate(t.flops_per_s / 1e12)} TFLOP/s" + (f", MFU unknown: {t.mfu_missing}" if t.mfu_missing
+                                                               else ""))
+    elif t.mfu_missing and t.nodes == 0:
+        parts.append(f"MFU unknown: {t.mfu_missing}")
+    if t.nodes == 0 and (t.tokens_per_s, t.flops_per_s, t.steps_per_s) == (None, None, None):
+        parts.append(f"rates: measuring (no node has reported twice within {t.window_s:g} s yet)")
+    elif t.nodes < t.nodes_reporting:
+        parts.append(f"rates from {t.nodes} of {t.nodes_reporting} nodes")
+    if t.loss is not None:
+        parts.append(f"loss {_measured(t.loss)} at step {t.loss_step}")
+    if t.grad_norm is not None:
+        parts.append(f"grad norm {_measured(t.grad_norm)} at step {t.grad_norm_step}")
+    return f"job {summary.job_id} training (last {t.window_s:g} s): " + ", ".join(parts)
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
@@ -275,6 +316,8 @@ def status_renderables(status: RunStatus) -> Group:
                           f"GPUs: {hardware}" + (f"; {s.drain}" if s.drain else "")))
     if status.agent is not None and status.state in ("RUNNING", "COMPLETING"):
         parts.append(plain(agent_line(status.agent)))
+        if (training := training_line(status.agent)) is not None:
+            parts.append(plain(training))
     if status.step_times:
         parts.append(step_time_table(status.step_times))
     return Group(*parts)

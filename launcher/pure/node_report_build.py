@@ -7,7 +7,8 @@ changed since the last report sent (a rank's process state, pid or phase, a rank
 left, healthd's verdict, the node's checkpoint holdings), else once per heartbeat.  With multi-level
 checkpoints on, every report carries the node's newest checkpoint copies (`reported_holdings`), so a
 lost datagram is made good by the next heartbeat.  Steps, compute time and liveness ride along
-with the next report; they are not changes on their own (the agent judges them per heartbeat).
+with the next report; they are not changes on their own (the agent judges them per heartbeat), and
+so do the ranks' training metrics, summed into one `NodeMetrics` per node (`node_metrics`).
 
 Nothing here runs: the reader of each fact is the reporter's, passed in as data.
 """
@@ -16,16 +17,17 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
 from clusterctl.records.healthd_state import HealthdState, StateFinding
 from clusterctl.records.node_report import (
-    DIGEST_BYTES, MAGIC, MAX_DATAGRAM, MAX_EVIDENCE, MAX_RANKS, MAX_REPORTED_COPIES, MAX_TEXT, NodeHealth, NodeReport,
-    RankBeat,
+    DIGEST_BYTES, MAGIC, MAX_DATAGRAM, MAX_EVIDENCE, MAX_GPU_NAME, MAX_RANKS, MAX_REPORTED_COPIES, MAX_TEXT,
+    NodeHealth, NodeMetrics, NodeReport, RankBeat,
 )
-from clusterctl.records.rank_progress import RankProgress
+from clusterctl.records.rank_progress import MAX_TOTAL, RankProgress
 from clusterctl.text import one_line
 
 HEALTHD_STALE_AFTER = 30.0
@@ -102,6 +104,32 @@ def reported_holdings(holdings: CheckpointHoldings | None) -> CheckpointHoldings
                                                            save_seconds=round(c.save_seconds, 3))
                                                    for c in newest[:MAX_REPORTED_COPIES]),
                               round(holdings.written_at, 3))
+
+
+def node_metrics(records: Iterable[RankProgress], gpu: str = "") -> NodeMetrics | None:
+    """The node's training metrics from its ranks' newest records (every rank, not only the MAX_RANKS a
+    report lists): tokens and FLOPs summed, the loss and gradient norm of the lowest rank that reported
+    one, the lowest rank's step; None when no rank reported any of them.  `gpu`: NVML's name of the
+    node's GPUs ("" unknown), made one printable line of at most MAX_GPU_NAME characters."""
+    newest: dict[int, RankProgress] = {}
+    for record in records:
+        newest[record.rank] = record
+    if not any(record.has_metrics for record in newest.values()):
+        return None
+    ranks = sorted(newest)
+    lowest = newest[ranks[0]]
+    loss = next((newest[r] for r in ranks if newest[r].loss is not None), None)
+    norm = next((newest[r] for r in ranks if newest[r].grad_norm is not None), None)
+    epoch = zlib.crc32(",".join(f"{r}:{newest[r].pid}" for r in ranks).encode())
+    ceiling = MAX_RANKS * MAX_TOTAL  # what a report may carry, whatever the node's rank count
+    return NodeMetrics(
+        at=max(max(r.at, r.alive_at) for r in newest.values()), ranks=len(ranks), epoch=epoch, step=lowest.step,
+        step_at=lowest.at, tokens=min(ceiling, math.fsum(r.tokens for r in newest.values())),
+        flops=min(ceiling, math.fsum(r.flops for r in newest.values())),
+        loss=loss.loss if loss else None, loss_step=loss.loss_step if loss else None,
+        loss_rank=loss.rank if loss else None, grad_norm=norm.grad_norm if norm else None,
+        grad_norm_step=norm.grad_norm_step if norm else None, grad_norm_rank=norm.rank if norm else None,
+        gpu=one_line(gpu)[:MAX_GPU_NAME])
 
 
 @dataclass(frozen=True)
@@ -191,21 +219,23 @@ def changes(before: NodeReport | None, after: NodeReport) -> tuple[str, ...]:
 
 def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], processes: Mapping[int, str],
                 health: NodeHealth, memory: ReporterMemory, *, now: float, monotonic: float, heartbeat: float,
-                force: bool = False, checkpoints: CheckpointHoldings | None = None) -> ReportDecision:
+                force: bool = False, checkpoints: CheckpointHoldings | None = None, gpu: str = "") -> ReportDecision:
     """The report to send now, if any: at once on a change (see `changes`), else once per `heartbeat` s.
 
     `now` is the node's wall clock (the report's `sent_at`, `stopped_since`), `monotonic` its
     monotonic clock (the heartbeat).  `seq` counts the reports sent, from 1.  `force` sends
     whatever changed (the reporter's last report before it exits).  `checkpoints`: the node's
-    holdings as read (None: none to tell); the report carries `reported_holdings` of them.  The
+    holdings as read (None: none to tell); the report carries `reported_holdings` of them.  `gpu`: the
+    node's GPU model, carried in the ranks' training metrics (`node_metrics`).  The
     caller sends the report and keeps `memory.after_send(...)`; with no report, it keeps
     `decision.memory`.
     """
+    records = tuple(records)
     beats, down_since = rank_beats(records, processes, now, memory.down_since)
     last = memory.last_sent
     held = reported_holdings(checkpoints)
     report = NodeReport(identity.job_id, identity.launch, identity.node, (last.seq + 1) if last else 1,
-                        max(now, 0.0), beats, health, held)
+                        max(now, 0.0), beats, health, held, node_metrics(records, gpu))
     changed = changes(last, report)
     if last is not None and held != memory.holdings:  # compared before `fitted` may drop the oldest copies
         changed += ("checkpoint holdings " + ("gone" if held is None else f"now {len(held.copies)} copies"),)

@@ -84,6 +84,10 @@ FIELDS: tuple[Field, ...] = (
           "nodes); default $CLUSTERCTL_RUNS or ~/.clusterctl/runs."),
     Field("job", "sbatch_options", "strings", "Extra sbatch options, one per item, e.g. ['--mem=0', "
           "'--exclusive'] (options clusterctl manages are refused).", ()),
+    Field("job", "gpu_peak_tflops", "float", "Peak dense TFLOP/s of one GPU at the precision the program trains "
+          "in, the MFU that `clusterctl status` shows is measured against (e.g. 989 for an H100 SXM in BF16); "
+          "default: from the GPU model NVML names on the nodes (A100, H100, H200, B200, GB200), else no MFU.",
+          minimum=0.001, maximum=1e6),
     Field("launch", "command", "argv", "What each rank runs, as an argv list (no shell): "
           "['python3', 'train.py', '--lr', '3e-4']; '{run_dir}', '{checkpoint_dir}', '{tp}', '{pp}', '{dp}', "
           "'{cp}', '{ep}' are replaced.",
@@ -223,6 +227,7 @@ class JobSection:
     exclude: str | None = None
     runs_dir: str | None = None
     sbatch_options: tuple[str, ...] = ()
+    gpu_peak_tflops: float | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import pytest
+
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.job.agent import Agent, AgentDoors, resized_environment
 from clusterctl.launcher.pure.restart_policy import replay
@@ -558,6 +560,110 @@ def test_the_agent_summary_says_the_job_ended_when_the_agent_is_done(tmp_path):
     summary = read_agent_summary(shell.job_dir)
     assert summary is not None and summary.state == "ended" and summary.nodes == 2 and summary.reporting == 2
     assert summary.max_step is not None and summary.max_step > 0
+
+
+# ---- training metrics: from the nodes' reports to the agent's summary and `clusterctl status` ----------
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+class TrainingCluster(ReportingCluster):
+    """Both nodes' ranks train at 5 steps a second of the agent's clock, each rank 4096 tokens a step of a
+    100M-parameter model (6 x 1e8 FLOPs a token); rank 0's loss is 10 / step; the step completes after 40 s.
+    Each report carries its node's metrics as its reporter sums them (`gpu`: NVML's name there)."""
+
+    def __init__(self, agent_clock, gpu: str = H100):
+        super().__init__(agent_clock, {})
+        self.gpu = gpu
+
+    def tick(self, step):
+        from clusterctl.records.node_report import NodeMetrics, NodeReport, RankBeat
+        from clusterctl.records.rank_progress import RankProgress
+        job_dir, ranks = self.ranks(step)
+        t = self.clock[0]
+        now, steps = 1795305600.0 + t, int(t * 5)
+        by_node: dict[str, list[int]] = {}
+        for rank, node in ranks:
+            by_node.setdefault(node, []).append(rank)
+        for node, node_ranks in by_node.items():
+            tokens = 4096.0 * 5 * len(node_ranks) * t
+            first = min(node_ranks)
+            told = NodeMetrics(now, len(node_ranks), 1, steps, 1795305600.0 + steps / 5, tokens, 6e8 * tokens,
+                               10.0 / max(1, steps) if first == 0 else 1.0, steps, first, gpu=self.gpu)
+            beats = tuple(RankBeat(RankProgress(r, node, steps, "step", now, 1, alive_at=now)) for r in node_ranks)
+            self.seq += 1
+            self.inbox.pending.append(NodeReport("42", step.env["CLUSTERCTL_REPORT_LAUNCH"], node, self.seq, now,
+                                                 beats, metrics=told))
+        if t >= 40 and not step.stopped:
+            step.code = 0
+
+
+def training_agent(tmp_path, spec_text=SPEC, gpu=H100):
+    clock = [0.0]
+    cluster = TrainingCluster(clock, gpu)
+    shell = agent(tmp_path, cluster, spec_text)
+    shell.doors.open_inbox = lambda key: cluster.inbox
+
+    def sleep(seconds):
+        clock[0] += seconds
+    shell.doors.sleep, shell.doors.monotonic = sleep, lambda: clock[0]
+    shell.doors.now = lambda: 1795305600.0 + clock[0]
+    return shell
+
+
+def test_the_programs_tokens_flops_and_loss_reach_the_agents_summary_and_clusterctl_status(tmp_path):
+    from clusterctl.launcher.login.status import run_status, status_renderables
+    from clusterctl.records.agent_summary import read_agent_summary
+    from clusterctl.slurm.jobs import JobReport
+    from tests.unit.test_terminal_text import rendered
+    shell = training_agent(tmp_path, SPEC.replace("gpus_per_node = 8\n", "gpus_per_node = 8\ngpu_peak_tflops = 100\n"))
+    assert shell.run(None) == 0
+    summary = read_agent_summary(shell.job_dir)
+    assert summary is not None and summary.training is not None
+    training = summary.training
+    # 2 nodes x 8 ranks x 4096 tokens x 5 steps a second; 6e8 FLOPs a token over 16 GPUs of 100 TFLOP/s.
+    assert training.tokens_per_s == pytest.approx(2 * 8 * 4096 * 5)
+    assert training.steps_per_s == pytest.approx(5.0)
+    assert training.mfu == pytest.approx(6e8 * 2 * 8 * 4096 * 5 / (16 * 100e12))
+    assert (training.peak_tflops, training.peak_from, training.gpu, training.gpus) == (100.0, "spec", H100, 16)
+    assert (training.loss_rank, training.loss_step, training.loss) == (0, 200, 10 / 200)
+    # What `clusterctl status` shows of the running job, and its --json.
+    events = [Submitted(at=100.0, attempt=1, job_id="42")]
+    queue = {"42": JobReport("42", "toy", "RUNNING", "None", "node[1-3]", None, None, 100.0, 110.0, 0.0)}
+    status = run_status(shell.run_dir, events, {}, queue, {}, None, summary)
+    assert ("job 42 training (last 30 s): step 200, 5 steps/s, 327,680 tokens/s, MFU 12.3% (peak 100 TFLOP/s per "
+            "GPU from the spec), loss 0.05 at step 200") in rendered(status_renderables(status))
+    shown = json.loads(json.dumps(status.to_json()))["agent"]["training"]
+    assert shown["tokens_per_s"] == pytest.approx(327_680) and shown["mfu"] == pytest.approx(0.12288)
+
+
+def test_without_a_spec_peak_the_mfu_is_against_the_gpu_nvml_names_or_says_why_there_is_none(tmp_path):
+    from clusterctl.records.agent_summary import read_agent_summary
+    shell = training_agent(tmp_path / "h100")
+    assert shell.run(None) == 0
+    training = read_agent_summary(shell.job_dir).training
+    assert (training.peak_tflops, training.peak_from) == (989.0, "nvml")
+    assert training.mfu == pytest.approx(6e8 * 2 * 163_840 / (16 * 989e12))
+    shell = training_agent(tmp_path / "unknown", gpu="NVIDIA L40S")
+    assert shell.run(None) == 0
+    training = read_agent_summary(shell.job_dir).training
+    assert training.mfu is None and training.flops_per_s == pytest.approx(6e8 * 2 * 163_840)
+    assert training.mfu_missing == "clusterctl does not know the peak of 'NVIDIA L40S': set [job] gpu_peak_tflops in the spec"
+
+
+def test_a_program_that_reports_no_training_metrics_has_none_in_the_summary_and_no_line_in_status(tmp_path):
+    from clusterctl.launcher.login.status import run_status, status_renderables
+    from clusterctl.records.agent_summary import read_agent_summary
+    from clusterctl.slurm.jobs import JobReport
+    from tests.unit.test_terminal_text import rendered
+    shell, cluster, asked, drained = straggler_agent(tmp_path, "off")  # steps and compute time, nothing else
+    assert shell.run(None) == 0
+    summary = read_agent_summary(shell.job_dir)
+    assert summary is not None and summary.training is None
+    queue = {"42": JobReport("42", "toy", "RUNNING", "None", "node[1-3]", None, None, 100.0, 110.0, 0.0)}
+    text = rendered(status_renderables(run_status(shell.run_dir, [Submitted(at=100.0, attempt=1, job_id="42")], {},
+                                                  queue, {}, None, summary)))
+    assert "job 42 agent" in text and "training" not in text
 
 
 # ---- multi-level checkpoints: the spare resumes from the lost node's buddy -------------------------------

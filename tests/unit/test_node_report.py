@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import replace
@@ -13,8 +14,8 @@ from hypothesis import given, strategies as st
 from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, LastResume
 from clusterctl.records.node_report import (
-    MAGIC, MAX_DATAGRAM, MAX_RANKS, MAX_REPORTED_COPIES, NodeHealth, NodeReport, RankBeat, ReportRefused, decode,
-    encode, parse_key,
+    MAGIC, MAX_DATAGRAM, MAX_GPU_NAME, MAX_RANKS, MAX_REPORTED_COPIES, NodeHealth, NodeMetrics, NodeReport, RankBeat,
+    ReportRefused, decode, encode, parse_key,
 )
 from clusterctl.records.rank_progress import PHASES, RankProgress
 from clusterctl.records.versioned import RecordError
@@ -39,7 +40,22 @@ def reports(draw: st.DrawFn) -> NodeReport:
                            st.just(0), st.integers(1, 100), seconds, seconds), max_size=MAX_REPORTED_COPIES),
         seconds))
     return NodeReport(draw(st.from_regex(r"[0-9]{1,8}", fullmatch=True)), "restart-1", node, draw(counts),
-                      draw(seconds), ranks, health, held)
+                      draw(seconds), ranks, health, held, draw(st.none() | node_metrics()))
+
+
+MEASURED = st.none() | st.floats(allow_nan=False) | st.just(math.nan)
+
+
+@st.composite
+def node_metrics(draw: st.DrawFn) -> NodeMetrics:
+    loss, norm = draw(MEASURED), draw(MEASURED)
+    norm = norm if norm is None or math.isnan(norm) else abs(norm)
+    return NodeMetrics(draw(seconds), draw(st.integers(1, 64)), draw(counts), draw(counts), draw(seconds),
+                       draw(st.floats(0, 1e30)), draw(st.floats(0, 1e36)), loss,
+                       None if loss is None else draw(counts), None if loss is None else draw(counts), norm,
+                       None if norm is None else draw(counts), None if norm is None else draw(counts),
+                       draw(st.text(st.characters(codec="utf-8", categories=["L", "N", "Zs", "P"]),
+                                    max_size=MAX_GPU_NAME)))
 
 
 @given(reports())
@@ -197,3 +213,39 @@ def test_a_report_of_the_previous_version_is_refused_naming_the_version() -> Non
     body.pop("checkpoints")
     with pytest.raises(RecordError, match="version 1 is older"):
         NodeReport.from_json({**body, "version": 1}, "report")
+
+
+# ---- the node's training metrics ride along: one handful of numbers per node, never one per rank --------
+
+def training() -> NodeMetrics:
+    """What a node of 8 ranks of a long run says: huge counters, a loss and a norm with their steps."""
+    return NodeMetrics(1_795_305_600.123456, 8, 3_141_592_653, 1_234_567, 1_795_305_599.987654, 123_456_789_012_345.0,
+                       4.567890123456789e24, 2.345678901234, 1_234_567, 0, 0.87654321, 1_234_567, 0,
+                       "NVIDIA H100 80GB HBM3")
+
+
+def test_a_report_carries_its_nodes_training_metrics_in_a_few_hundred_bytes() -> None:
+    report = replace(sample(), metrics=training())
+    datagram = encode(report, KEY)
+    assert decode(datagram, KEY, "test") == report
+    # Measured: the metrics add about 330 bytes to a report of 8 ranks (~1.5 KB), whatever the node's rank count.
+    assert 250 < len(datagram) - len(encode(sample(), KEY)) < 400
+
+
+def test_a_report_of_the_previous_version_is_read_without_training_metrics() -> None:
+    report = sample()
+    body = report.to_json()
+    del body["metrics"]
+    assert NodeReport.from_json({**body, "version": 2}, "report") == report
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"grad_norm": -1.0}, "a norm is not negative"), ({"loss": None}, "`loss_step` is set without"),
+    ({"tokens": -5}, "`tokens`"), ({"flops": 1e300}, "more than 64 ranks can count"),
+    ({"gpu": "x" * (MAX_GPU_NAME + 1)}, "`gpu` must be printable"), ({"gpu": "H100\x1b[2J"}, "`gpu` must be printable"),
+    ({"loss": "NaN!"}, "`loss`"), ({"step": None}, "`step`"),
+])
+def test_training_metrics_that_are_not_exactly_understood_refuse_the_report(change: dict[str, object],
+                                                                            said: str) -> None:
+    with pytest.raises(ReportRefused, match=said):
+        decode(forged_body({"metrics": {**training().to_json(), **change}}), KEY, "report")

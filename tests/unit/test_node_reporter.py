@@ -3,6 +3,7 @@ and healthd's state, and the agent's inbox hears one signed report per node, at 
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -18,11 +19,11 @@ from clusterctl.clock import Clock
 from clusterctl.errors import ClusterctlError
 from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender
 from clusterctl.launcher.job.reporter import (
-    HoldingsReader, ReporterDoors, ReporterSettingError, default_doors, read_node_health, read_node_progress,
-    read_process_state, report_settings, run_reporter,
+    GpuModel, HoldingsReader, ReporterDoors, ReporterSettingError, default_doors, read_node_health,
+    read_node_progress, read_process_state, report_settings, run_reporter,
 )
 from clusterctl.launcher.pure.node_report_build import (
-    ReporterIdentity, ReporterMemory, next_report, node_health, process_state, reported_holdings,
+    ReporterIdentity, ReporterMemory, next_report, node_health, node_metrics, process_state, reported_holdings,
 )
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, write_holdings
 from clusterctl.node_dir import node_dir
@@ -489,3 +490,63 @@ def test_the_reporter_carries_the_holdings_of_its_node_in_the_steps_checkpoint_s
     with pytest.raises(ReporterSettingError, match="CLUSTERCTL_CHECKPOINT: .*must be an absolute path"):
         report_settings(settings_env(9, CLUSTERCTL_CHECKPOINT=tiers.to_env()["CLUSTERCTL_CHECKPOINT"].replace(
             str(tmp_path / "shm"), "shm")))
+
+
+# ---- the ranks' training metrics: one handful of numbers per node ---------------------------------------
+
+def trained(rank: int, pid: int = 0, **metrics: object) -> RankProgress:
+    return replace(RankProgress(rank, "node7", 100, "step", T0 + rank / 10, 1000 + rank + pid, 1.0, 100, T0 + 10),
+                   **metrics)
+
+
+def test_a_nodes_ranks_are_summed_and_its_lowest_rank_that_reported_a_loss_speaks_for_it():
+    records = [trained(9, tokens=1000.0, flops=6e12, loss=2.5, loss_step=99),
+               trained(8, tokens=1000.0, flops=6e12),
+               trained(12, tokens=1000.0, flops=6e12, loss=math.nan, loss_step=100, grad_norm=0.7, grad_norm_step=100)]
+    told = node_metrics(records, gpu="NVIDIA H100 80GB HBM3")
+    assert told is not None
+    assert (told.ranks, told.tokens, told.flops, told.at) == (3, 3000.0, 18e12, T0 + 10)
+    assert (told.step, told.step_at) == (100, T0 + 0.8)  # the lowest rank's
+    assert (told.loss, told.loss_step, told.loss_rank) == (2.5, 99, 9)
+    assert (told.grad_norm, told.grad_norm_step, told.grad_norm_rank) == (0.7, 100, 12)
+    assert told.gpu == "NVIDIA H100 80GB HBM3"
+    restarted = node_metrics([*records[:2], replace(records[2], pid=4242)])
+    assert restarted is not None and restarted.epoch != told.epoch  # another process: the agent measures afresh
+    assert node_metrics([progress(0), progress(1)]) is None  # a program that reports none of it: nothing sent
+
+
+def test_the_reporter_sends_what_the_ranks_beat_summed_with_the_nodes_gpu_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTERCTL_NODE_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURMD_NODENAME", "node7")
+    monkeypatch.setenv("CLUSTERCTL_PROGRESS_LIVENESS", "0")
+    for rank in (16, 17):  # two ranks of this node, each its share of the step
+        monkeypatch.setenv("RANK", str(rank))
+        for step in (1, 2, 3):
+            beat(step, tokens=2048, flops=6 * 1e9 * 2048, loss=4.0 - step / 10 - rank / 100, min_interval=0)
+    inbox = ReportInbox(KEY, "127.0.0.1")
+    fake = FakeClock()
+    sender = ReportSender(KEY, ("127.0.0.1", inbox.port))
+    settings = report_settings(settings_env(inbox.port))
+    doors = replace(default_doors(sender, lambda: fake.t >= 1.0, settings), clock=fake.clock(),
+                    gpu_model=lambda: "NVIDIA H100 80GB HBM3")
+    try:
+        assert run_reporter(settings, tmp_path, 2**22 + 9, doors) == 0
+        got = drain_until(inbox, lambda got: len(got) >= 2)
+    finally:
+        inbox.close()
+        sender.close()
+    told = got[-1].metrics
+    assert told is not None and (told.ranks, told.tokens, told.flops) == (2, 6 * 2048, 6 * 6e9 * 2048)
+    assert (told.loss, told.loss_step, told.loss_rank, told.gpu) == (3.54, 3, 16, "NVIDIA H100 80GB HBM3")
+
+
+def test_the_gpu_model_is_asked_once_aside_and_a_node_without_nvml_names_none():
+    def no_driver() -> str:
+        raise OSError("NVML Shared Library Not Found")
+
+    model = GpuModel(no_driver)
+    model.thread.join(5)
+    assert model() == ""
+    named = GpuModel(lambda: "NVIDIA B200")
+    named.thread.join(5)
+    assert named() == "NVIDIA B200"

@@ -9,25 +9,32 @@ import os
 import tempfile
 import time
 import tracemalloc
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterctl.progress import beat
+from clusterctl.progress import beat, transformer_flops
 from clusterctl.records.rank_progress import (
     FUTURE_TOLERANCE, PHASES, PROGRESS_LIMIT, RankProgress, rank_progress_path, read_progress, read_rank_progress,
     write_rank_progress)
 from clusterctl.launcher.pure.hang_watch import HangPolicy, judge
 from clusterctl.records.versioned import RecordError
 
+# Any loss or norm a program may produce; NaN as math.nan itself (a record compares equal to itself read back).
+MEASURED = st.none() | st.floats(allow_nan=False) | st.just(math.nan)
 REPORTS = st.builds(RankProgress, rank=st.integers(0, 100_000), node=st.from_regex(r"[a-z0-9][a-z0-9._-]{0,19}",
                                                                                     fullmatch=True),
                     step=st.integers(0, 10**12), phase=st.sampled_from(PHASES),
                     at=st.floats(0, 4e9, allow_nan=False), pid=st.integers(1, 2**22),
                     compute_s=st.floats(0, 1e9, allow_nan=False), compute_steps=st.integers(0, 10**12),
-                    alive_at=st.floats(0, 4e9, allow_nan=False))
+                    alive_at=st.floats(0, 4e9, allow_nan=False), tokens=st.floats(0, 1e18, allow_nan=False),
+                    flops=st.floats(0, 1e30, allow_nan=False)).flatmap(
+    lambda report: st.builds(lambda loss, norm, step: replace(
+        report, loss=loss, loss_step=None if loss is None else step, grad_norm=norm if norm is None or norm != norm else abs(norm),
+        grad_norm_step=None if norm is None else step), MEASURED, MEASURED, st.integers(0, 10**12)))
 
 
 @given(REPORTS)
@@ -45,7 +52,7 @@ def test_damaged_reports_are_listed_as_problems_and_the_others_still_read(tmp_pa
         write_rank_progress(tmp_path, report)
     progress = tmp_path / "progress"
     (progress / "2.json").write_bytes(b'{"kind": "rank-progress", "version": 1, "rank": 2, "no')  # torn
-    (progress / "3.json").write_text(json.dumps({**good[0].to_json(), "rank": 3, "version": 3}))
+    (progress / "3.json").write_text(json.dumps({**good[0].to_json(), "rank": 3, "version": 4}))
     (progress / "4.json").write_text(json.dumps({**good[0].to_json(), "rank": 4, "phase": "thinking"}))
     (progress / "5.json").write_text(json.dumps(good[1].to_json()))  # rank 1's report under rank 5's name
 
@@ -54,7 +61,7 @@ def test_damaged_reports_are_listed_as_problems_and_the_others_still_read(tmp_pa
     assert records == tuple(good)
     assert problems == (
         f"{progress}/2.json: not a readable JSON record (JSONDecodeError)",
-        f"{progress}/3.json: rank-progress record version 3 is newer than this clusterctl understands (2); "
+        f"{progress}/3.json: rank-progress record version 4 is newer than this clusterctl understands (3); "
         "upgrade clusterctl on this host",
         f"{progress}/4.json: phase 'thinking' is not one of startup, step, checkpoint-save, checkpoint-load",
         f"{progress}/5.json: holds rank 1, not the rank its name says",
@@ -144,6 +151,107 @@ def test_a_report_from_a_program_with_an_older_clusterctl_reads_with_no_compute_
     assert read_rank_progress(path) == RankProgress(3, "node2", 17, "step", 1000.5, 4242, 0.0, 0, 0.0)
 
 
+def test_a_report_from_a_program_with_the_previous_clusterctl_reads_with_no_training_metrics(tmp_path):
+    body = RankProgress(3, "node2", 17, "step", 1000.5, 4242, 2.5, 17, 1000.7).to_json()
+    for key in ("tokens", "flops", "loss", "loss_step", "grad_norm", "grad_norm_step"):
+        del body[key]
+    path = rank_progress_path(tmp_path, 3)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({**body, "version": 2}))
+    record = read_rank_progress(path)
+    assert record == RankProgress(3, "node2", 17, "step", 1000.5, 4242, 2.5, 17, 1000.7)
+    assert not record.has_metrics
+
+
+def test_tokens_and_flops_are_summed_across_skipped_reports_and_the_newest_loss_is_kept_with_its_step(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "5")
+    for step in range(1, 5):  # only the first is written now: the rest add up
+        beat(step, tokens=4096, flops=transformer_flops(1e9, 4096), loss=3.0 - step / 10, grad_norm=1.5,
+             min_interval=3600)
+    beat(5, "checkpoint-save")  # a phase change writes
+    report = read_rank_progress(rank_progress_path(tmp_path, 5))
+    assert (report.tokens, report.flops) == (4 * 4096, 4 * 6e9 * 4096)
+    assert (report.loss, report.loss_step, report.grad_norm, report.grad_norm_step) == (2.6, 4, 1.5, 4)
+
+
+def test_a_loss_that_went_nan_is_reported_as_nan_and_read_back_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    beat(7, loss=float("nan"), grad_norm=float("inf"), min_interval=0)
+    path = rank_progress_path(tmp_path, 0)
+    assert '"loss": "nan"' in path.read_text() and '"grad_norm": "inf"' in path.read_text()  # JSON has no NaN
+    report = read_rank_progress(path)
+    assert math.isnan(report.loss) and report.loss_step == 7 and report.grad_norm == math.inf
+
+
+def test_values_that_are_not_counts_never_break_training_and_are_said_once_each(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "1")
+    for step in range(3):
+        beat(step, tokens=-5, flops=float("inf"), loss="diverged", grad_norm=-1.0, min_interval=0)
+        beat(step, tokens=float("nan"), flops=100, loss=2.0, grad_norm=0.5, min_interval=0)
+    report = read_rank_progress(rank_progress_path(tmp_path, 1))
+    assert (report.step, report.tokens, report.flops, report.loss, report.grad_norm) == (2, 0.0, 300.0, 2.0, 0.5)
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "clusterctl.progress: tokens=-5 is not a count (negative, NaN or infinite); not counted (said once per job); "
+        "training continues",
+        "clusterctl.progress: flops=inf is not a count (negative, NaN or infinite); not counted (said once per job); "
+        "training continues",
+        "clusterctl.progress: loss='diverged' is not a number (ValueError); not reported (said once per job); "
+        "training continues",
+        "clusterctl.progress: grad_norm=-1.0 is not a norm (negative); not reported (said once per job); "
+        "training continues",
+    ]
+
+
+class DeviceScalar:
+    """A scalar on a device, as a training loop holds its loss: detached for free, read (float()) at a cost."""
+
+    reads = 0
+
+    def __init__(self, value: float, graph: bool = True) -> None:
+        self.value, self.graph = value, graph
+
+    def detach(self) -> DeviceScalar:
+        return DeviceScalar(self.value, graph=False)
+
+    def __float__(self) -> float:
+        DeviceScalar.reads += 1  # a device sync in real life
+        return self.value
+
+
+def test_a_loss_tensor_is_detached_at_each_beat_and_read_only_when_a_report_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "2")
+    DeviceScalar.reads = 0
+    for step in range(1, 101):
+        beat(step, loss=DeviceScalar(10.0 / step), min_interval=3600)
+    assert DeviceScalar.reads == 1  # the first beat's report: not one read per step
+    beat(101, "checkpoint-save", loss=DeviceScalar(0.5))
+    assert DeviceScalar.reads == 2
+    report = read_rank_progress(rank_progress_path(tmp_path, 2))
+    assert (report.loss, report.loss_step) == (0.5, 101)
+
+
+def test_a_real_torch_loss_is_reported_without_keeping_its_graph(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(tmp_path))
+    monkeypatch.setenv("RANK", "3")
+    weight = torch.ones(4, requires_grad=True)
+    loss = (weight * 0.25).sum()
+    loss.backward()
+    beat(1, loss=loss, grad_norm=weight.grad.norm(), min_interval=0)
+    report = read_rank_progress(rank_progress_path(tmp_path, 3))
+    assert (report.loss, report.grad_norm) == (1.0, 0.5)
+
+
+def test_transformer_flops_are_six_per_parameter_per_token():
+    assert transformer_flops(7e9, 4096) == 6 * 7e9 * 4096
+
+
 def test_compute_seconds_are_summed_across_reports_the_rate_limit_skipped(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTERCTL_JOB_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "5")
@@ -200,7 +308,7 @@ def test_a_huge_report_is_refused_without_being_read(tmp_path):
         tracemalloc.stop()
 
 
-GOOD = RankProgress(0, "node1", 41, "step", 1000.0, 100, 2.5, 10, 1000.0).to_json()
+GOOD = RankProgress(0, "node1", 41, "step", 1000.0, 100, 2.5, 10, 1000.0, 4096.0, 1e15, 2.5, 40, 1.0, 40).to_json()
 
 
 @pytest.mark.parametrize("key, value", [
@@ -263,8 +371,9 @@ def test_any_progress_bytes_read_or_are_refused_clearly(data: bytes) -> None:
         except RecordError as exc:
             assert str(exc).startswith(str(path))
             return
-        for seconds in (record.at, record.alive_at, record.compute_s):
+        for seconds in (record.at, record.alive_at, record.compute_s, record.tokens, record.flops):
             assert math.isfinite(seconds) and 0 <= seconds
+        assert (record.loss is None) == (record.loss_step is None)
         assert min(record.rank, record.step, record.pid, record.compute_steps) >= 0
         assert max(record.at, record.alive_at) <= 2000.0 + FUTURE_TOLERANCE
         assert read_progress(Path(job_dir), 2000.0) == ((record,), ())

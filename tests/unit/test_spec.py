@@ -89,11 +89,22 @@ def test_an_unknown_section_is_an_error():
     (('nodes = 2', 'nodes = 2\nexclude = "node[1-"'), "key `job.exclude`: expected a Slurm hostlist"),
     (('nodes = 2', 'nodes = 2\nsbatch_options = ["--nodes=4"]'), "--nodes is set by clusterctl from other keys"),
     (('nodes = 2', 'nodes = 2\nname = "a\\nb"'), "found a string"),
+    (('nodes = 2', 'nodes = 2\ngpu_peak_tflops = 0'),
+     "job.toml:4, key `job.gpu_peak_tflops`: expected a number of at least 0.001, found a whole number 0"),
+    (('nodes = 2', 'nodes = 2\ngpu_peak_tflops = "989"'),
+     "job.toml:4, key `job.gpu_peak_tflops`: expected a number, found a string '989'"),
+    (('nodes = 2', 'nodes = 2\ngpu_peak_tflops = nan'), "key `job.gpu_peak_tflops`: expected a finite number"),
 ])
 def test_wrong_values_say_where_what_was_expected_and_what_was_found(change, expected):
     old, new = change
     text = MINIMAL.replace('name = "llm"\n', "") if "name =" in new else MINIMAL
     assert expected in _error(text.replace(old, new))
+
+
+def test_the_gpus_peak_for_mfu_is_taken_from_the_spec_when_given_else_left_to_the_gpu_model():
+    assert parse_spec(MINIMAL, "job.toml", base_dir=Path("/base")).job.gpu_peak_tflops is None
+    spec = parse_spec(MINIMAL.replace("nodes = 2", "nodes = 2\ngpu_peak_tflops = 989"), "job.toml", base_dir=Path("/b"))
+    assert spec.job.gpu_peak_tflops == 989.0 and spec_from_dict(spec.to_dict()) == spec
 
 
 def test_a_missing_required_key_says_what_it_is_for():

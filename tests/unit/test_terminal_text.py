@@ -13,6 +13,7 @@ import time
 from io import StringIO
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -116,6 +117,29 @@ def test_clusterctl_status_of_a_running_job_with_an_agent_says_who_reports_and_w
     output = rendered(status_renderables(run_status(Path("/runs/r"), events, {}, queue, {}, None, agent)))
     assert "job 7 agent (watching, 2026-11-22T00:00:00Z)" in output
     assert "2/3 nodes reporting, steps 118-120; silent: node3; refused 4 reports (4 unsigned)" in output
+
+
+@pytest.mark.parametrize("training, line", [
+    (dict(steps_per_s=0.52, tokens_per_s=4.2e6, flops_per_s=1.6e16, mfu=0.404, peak_tflops=989.0, peak_from="nvml",
+          gpu="NVIDIA H100 80GB HBM3\x1b[2J", loss=float("nan"), loss_step=118, loss_rank=0, grad_norm=float("inf"),
+          grad_norm_step=118, grad_norm_rank=0),
+     "step 120, 0.52 steps/s, 4,200,000 tokens/s, MFU 40.4% (peak 989 TFLOP/s per GPU from NVML's name "
+     "'NVIDIA H100 80GB HBM3\\x1b[2J'), loss nan at step 118, grad norm inf at step 118"),
+    (dict(steps_per_s=0.5, flops_per_s=2.5e15, mfu_missing="clusterctl does not know the peak of 'NVIDIA L40S': set "
+          "[job] gpu_peak_tflops in the spec", nodes=2, nodes_reporting=3),
+     "step 120, 0.5 steps/s, 2,500 TFLOP/s, MFU unknown: clusterctl does not know the peak of 'NVIDIA L40S': set "
+     "[job] gpu_peak_tflops in the spec, rates from 2 of 3 nodes"),
+    (dict(nodes=0, loss=2.31, loss_step=3, loss_rank=0),
+     "step 120, rates: measuring (no node has reported twice within 30 s yet), loss 2.31 at step 3"),
+])
+def test_clusterctl_status_shows_the_programs_training_in_one_line(training, line):
+    from clusterctl.records.agent_summary import AgentSummary, TrainingMetrics
+    events = [Submitted(at=100.0, attempt=1, job_id="7")]
+    queue = {"7": JobReport("7", "toy", "RUNNING", "None", "node[1-3]", None, None, 100.0, 110.0, 0.0)}
+    metrics = TrainingMetrics(**{"window_s": 30.0, "nodes": 3, "nodes_reporting": 3, "gpus": 24, **training})
+    agent = AgentSummary("7", "0", 1795305600.0, 2.0, "watching", 3, 3, min_step=118, max_step=120, training=metrics)
+    output = rendered(status_renderables(run_status(Path("/runs/r"), events, {}, queue, {}, None, agent)))
+    assert f"job 7 training (last 30 s): {line}" in " ".join(output.split())
 
 
 CONTROLS = "\x1b\x07\x01\x7f\x9b\r\t\n\u202e\u2028"  # what a file name may hold (no NUL, no slash)
