@@ -22,6 +22,11 @@ What clusterctl relies on, in the real library a training job would use:
   is bit-identical with or without interruptions; rank 0 writes its digest to final.json.
 * Each step a rank asks NVML about its GPU (examples/toy_trainer.py's Gpu) and fails like a CUDA
   program when the GPU is lost, so an emulated Xid 79 ends the job as a real one would.
+* Each step a rank reports to clusterctl (clusterctl.progress.beat, through toy_trainer's wrapper: nothing
+  without clusterctl) its tokens -- here a sample is a token, so its --batch samples --, their FLOPs
+  (6 x the model's parameters x tokens: forward and backward of a dense model), the loss (the tensor:
+  clusterctl reads it only when it writes a report) and the gradient norm; rank 0 logs the loss and the
+  job's tokens/s over each log interval, to compare with what `clusterctl status` measures.
 
 Needs PyTorch (`pip install torch`); the CPU build is enough.
 Exit codes: 0 done, 1 a peer was lost, 2 bad usage or an unusable checkpoint, 3 this rank's GPU was lost.
@@ -51,7 +56,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from toy_trainer import Gpu, GpuLost  # noqa: E402  (next to this file)
+from toy_trainer import Gpu, GpuLost, beat  # noqa: E402  (next to this file)
 
 try:  # clusterctl's multi-level checkpoints (node memory, a buddy node, shared storage), when the job has them on
     from clusterctl.checkpoint import Checkpointer
@@ -288,6 +293,8 @@ def train(args: argparse.Namespace) -> int:
         log(f"{'resumed from ' + chosen[0] if chosen[0] else 'fresh start'}; world size {world}; "
             f"steps {step}..{args.steps}; gpu checks {'on' if gpu.present else 'off (no NVML)'}")
     model.train()
+    params = sum(p.numel() for p in model.parameters())
+    logged = (time.monotonic(), step)  # rank 0's tokens/s: over each log interval
     while step < args.steps:
         started = time.monotonic()
         gpu.check()
@@ -295,12 +302,18 @@ def train(args: argparse.Namespace) -> int:
         optimizer.zero_grad()
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()  # DDP all-reduces the gradients over gloo here
+        grad_norm = torch.linalg.vector_norm(torch.stack([p.grad.detach().norm() for p in model.parameters()]))
         optimizer.step()
         step, cursor = step + 1, cursor + world * args.batch
         if args.step_time:
             time.sleep(args.step_time)
+        beat(step, tokens=args.batch, flops=6.0 * params * args.batch, loss=loss, grad_norm=grad_norm)
         if step % args.log_every == 0 or step == args.steps:
-            log(f"step {step} loss {loss.item():.6f} took {time.monotonic() - started:.3f} s")
+            now = time.monotonic()
+            tokens_per_s = world * args.batch * (step - logged[1]) / max(now - logged[0], 1e-9)
+            log(f"step {step} loss {loss.item():.6f} took {now - started:.3f} s; {tokens_per_s:.0f} tokens/s "
+                f"(the job's, since step {logged[1]})")
+            logged = (now, step)
         if step % args.checkpoint_every == 0 and ckpt is not None:
             began = time.monotonic()
             ckpt.save_state(step, app_state(model, optimizer, step, cursor, rank))

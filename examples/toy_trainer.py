@@ -13,6 +13,11 @@ It behaves like a real data-parallel training job where that matters to clusterc
   Its pretend compute (--step-time) takes longer in proportion when NVML says the GPU's SM
   clock is throttled (maximum over current clock), and each rank reports its compute time
   per step (before the all-reduce) through clusterctl.progress.beat when clusterctl is there.
+* It pretends to train a model of --model-params parameters on --tokens-per-step tokens per rank
+  per step (each rank its own batch, as in data parallelism): each step it reports those tokens,
+  their FLOPs (6 x params x tokens) and a pretend loss (a falling curve, a function of the step)
+  through beat(), and rank 0 logs the loss and the job's tokens/s over each log interval, so
+  what `clusterctl status` measures can be compared with what the program saw.
 * Rank 0 writes a checkpoint every --checkpoint-every steps atomically: files in a
   temp dir, fsync, manifest.json written last, rename to step-NNNNNNNN, fsync the
   parent.  A checkpoint without a valid manifest is incomplete and never resumed.
@@ -30,7 +35,9 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
+import inspect
 import json
+import math
 import os
 import random
 import shutil
@@ -40,11 +47,20 @@ import time
 from pathlib import Path
 
 try:  # clusterctl's progress channel: each rank's step, for the hang watch of a job with spares
-    from clusterctl.progress import beat
-except ImportError:  # run by a Python without clusterctl: no progress reports, nothing else changes
-    def beat(step: int, phase: str = "step", *, compute_seconds: float | None = None,
-             min_interval: float | None = None) -> None:
-        """Without clusterctl: nothing to report to."""
+    from clusterctl.progress import beat as _beat
+except ImportError:  # run by a Python without clusterctl (this file is standard library only): nothing to report to
+    _beat = None
+
+
+def beat(step: int, phase: str = "step", **reported: float | None) -> None:
+    """clusterctl.progress.beat when clusterctl is there; what this clusterctl cannot take yet (the training
+    metrics: tokens, flops, loss, grad_norm) is left out rather than failing the step with a TypeError."""
+    if _beat is None:
+        return
+    _beat(step, phase, **{key: value for key, value in reported.items() if key in _BEAT_TAKES})
+
+
+_BEAT_TAKES = set(inspect.signature(_beat).parameters) if _beat is not None else set()
 
 try:  # clusterctl's multi-level checkpoints (node memory, a buddy node, shared storage), when the job has them on
     from clusterctl.checkpoint import Checkpointer
@@ -368,10 +384,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--peer-timeout", type=float, default=30.0, help="Give up on a silent peer after this long.")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--tokens-per-step", type=int, default=2048,
+                   help="Tokens each rank pretends to process per step (reported to clusterctl; logged as tokens/s).")
+    p.add_argument("--model-params", type=float, default=1e9,
+                   help="Parameters of the pretend model: each token costs 6 x this many FLOPs (reported for MFU).")
     args = p.parse_args(argv)
     if args.steps < 1 or args.checkpoint_every < 1:
         p.error("--steps and --checkpoint-every must be at least 1")
     return args
+
+
+def pretend_loss(step: int) -> float:
+    """The loss this toy would like to have at `step`: falling from 10 towards 2 (a function of the step alone,
+    so every rank and every resumed run says the same)."""
+    return 2.0 + 8.0 / math.sqrt(1.0 + step / 10.0)
 
 
 def tiered_state(ckpt, args: argparse.Namespace, rank: int) -> tuple[dict, str]:
@@ -436,6 +462,8 @@ def train(args: argparse.Namespace) -> int:
     group = Group(rank, world, addr, port, args.peer_timeout)
     rng = random.Random()
     rng.setstate(_rng_from_json(state["rng"]))
+    flops_per_step = 6.0 * args.model_params * args.tokens_per_step  # this rank's share of the step
+    logged = (time.monotonic(), state["step"])  # rank 0's tokens/s: over each log interval
     try:
         factor = 1.0
         while state["step"] < args.steps:
@@ -456,9 +484,14 @@ def train(args: argparse.Namespace) -> int:
             noise = rng.randrange(MODULUS)
             state = {"step": state["step"] + 1, "params": apply_update(state["params"], summed, noise),
                      "rng": _rng_to_json(rng.getstate()), "data_cursor": state["data_cursor"] + 1}
+            loss = pretend_loss(state["step"])
             if state["step"] % args.log_every == 0 or state["step"] == args.steps:
-                log(f"step {state['step']} took {time.monotonic() - started:.3f} s")
-            beat(state["step"], compute_seconds=compute)
+                now = time.monotonic()
+                tokens_per_s = world * args.tokens_per_step * (state["step"] - logged[1]) / max(now - logged[0], 1e-9)
+                log(f"step {state['step']} took {now - started:.3f} s; loss {loss:.4f}; {tokens_per_s:.0f} tokens/s "
+                    f"(the job's, since step {logged[1]})")
+                logged = (now, state["step"])
+            beat(state["step"], compute_seconds=compute, tokens=args.tokens_per_step, flops=flops_per_step, loss=loss)
             if ckpt is not None and state["step"] % args.checkpoint_every == 0:
                 beat(state["step"], "checkpoint-save")
                 save_tiered(ckpt, state, rank)
