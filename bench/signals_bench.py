@@ -3,6 +3,7 @@
     .venv/bin/python bench/signals_bench.py [--nodes 12500] [--trials 20] [--straggler-trials 5] \\
         [--steady-trials 5] [--steady-seconds 40] [--json PATH]
     .venv/bin/python bench/signals_bench.py --quick --json /tmp/signals-quick.json   # the smoke test's size
+    .venv/bin/python bench/signals_bench.py --metrics-cost [--pairs 5] --json /tmp/metrics-12500.json
 
 What is REAL, in this (the measuring) process: the agent's ear, a `ReportInbox` bound on 127.0.0.1
 with a per-run random key, and a `SignalWatch` (the real `NodeSignals` judgement, `SignalPolicy.
@@ -46,6 +47,16 @@ Measured:
       max(2, 0.25 x N) s (how late a drain whose ranks keep running was seen) and its RPCs per
       second.
 
+--metrics-cost measures instead what the training metrics (issue #26) add to the agent, old against
+new in the same run: after start-up, --pairs pairs of steady windows, alternating (a busy machine slows
+both alike), "old" (reports without `metrics`, no `SignalWatch.training()` at the summary: today's agent)
+and "new" (every report carries its node's `NodeMetrics`, growing counters and a loss; the summary
+computes `training()` for the step's 100,000 GPUs and writes it), each after a heartbeat and a second
+unmeasured so that the nodes' reports have all switched: the agent's CPU share, bytes/s, report size,
+and the time of `training()` per summary.  In-process, no socket, --trials trials alternating: `decode`
+of every node's report with and without metrics (µs per report), and `training()` over every node
+(ms per summary).  The latency trials and the old file path are not run.
+
 Figures: median, p50 and p99 (nearest rank: with 20 trials p99 is the largest) and min-max over the
 trials.  A table on stdout, everything in --json; progress on stderr.  The default run at 12,500
 nodes takes about 12 minutes on a 2-core machine.
@@ -88,7 +99,7 @@ from clusterctl.launcher.pure.node_signals import (  # noqa: E402
 )
 from clusterctl.launcher.pure.straggler_watch import StragglerPolicy, StragglerWatch  # noqa: E402
 from clusterctl.records.agent_summary import AgentSummary, write_agent_summary  # noqa: E402
-from clusterctl.records.node_report import NodeHealth, NodeReport, RankBeat  # noqa: E402
+from clusterctl.records.node_report import NodeHealth, NodeMetrics, NodeReport, RankBeat, decode, encode  # noqa: E402
 from clusterctl.records.rank_progress import RankProgress, read_progress, write_rank_progress  # noqa: E402
 
 RANKS_PER_NODE = 8
@@ -97,6 +108,9 @@ SLOW_FACTOR = 1.5
 FIRST_STEP = 100
 JOB_ID = "4242"
 LAUNCH = "0"
+TOKENS_PER_RANK_STEP = 4096.0
+FLOPS_PER_TOKEN = 6 * 70e9  # a 70B-parameter dense model
+GPU = "NVIDIA H100 80GB HBM3"
 SINGLE_NODE_QUERY = "one `sinfo -n NODE` (REQUEST_NODE_INFO_SINGLE): 0.1-0.5 ms of controller time, ~0.01 s client wall"
 TABLE_READ = "one node-table read (REQUEST_NODE_INFO, 12,500 nodes): 34-70 ms of controller time, 15 MB"
 
@@ -165,7 +179,8 @@ def set_rate(node: SimNode, cfg: SenderConfig, rate: float, now: float) -> None:
     node.anchor_compute, node.anchor_step, node.rate = compute_of(node, step), step, rate
 
 
-def build_report(node: SimNode, cfg: SenderConfig, now: float) -> NodeReport:
+def build_report(node: SimNode, cfg: SenderConfig, now: float, metrics: bool = False) -> NodeReport:
+    """The node's report now; with `metrics`, its ranks' training metrics as its reporter sums them."""
     node.seq += 1
     step = step_of(node, cfg, now)
     step_at = cfg.t0 + node.lag + (step - FIRST_STEP) * cfg.step_seconds
@@ -178,8 +193,13 @@ def build_report(node: SimNode, cfg: SenderConfig, now: float) -> NodeReport:
                            "stopped" if frozen else "running", node.stopped_since)
                   for rank in range(first, first + RANKS_PER_NODE))
     evidence = ("healthd: drained (bench: injected fault)",) if node.verdict == "drain" else ()
+    told = None
+    if metrics:
+        tokens = RANKS_PER_NODE * TOKENS_PER_RANK_STEP * (step - FIRST_STEP)
+        told = NodeMetrics(alive, RANKS_PER_NODE, node.index, step, step_at, tokens, tokens * FLOPS_PER_TOKEN,
+                           2.0 + 8.0 / step, step, first, 0.5 + 1.0 / step, step, first, GPU)
     return NodeReport(JOB_ID, LAUNCH, node.name, node.seq, now, ranks,
-                      NodeHealth(node.verdict, evidence, node.state_at))
+                      NodeHealth(node.verdict, evidence, node.state_at), metrics=told)
 
 
 def sender_main(cfg: SenderConfig, indexes: list[int], conn: Connection, sent: Any, failed: Any) -> None:
@@ -192,9 +212,10 @@ def sender_main(cfg: SenderConfig, indexes: list[int], conn: Connection, sent: A
         node.state_at = cfg.t0
     order = sorted(nodes.values(), key=lambda n: n.offset)
     sender = ReportSender(cfg.key, ("127.0.0.1", cfg.port))
+    with_metrics = [False]
 
     def send(node: SimNode, now: float) -> None:
-        if sender.send(build_report(node, cfg, now)):
+        if sender.send(build_report(node, cfg, now, with_metrics[0])):
             sent.value += 1
         else:
             failed.value += 1
@@ -207,6 +228,9 @@ def sender_main(cfg: SenderConfig, indexes: list[int], conn: Connection, sent: A
             kind = command[0]
             if kind == "stop":
                 break
+            if kind == "metrics":  # from the next report on, every node's carries its training metrics (or not)
+                with_metrics[0] = bool(command[2])
+                continue
             node, t = nodes[command[1]], command[2]
             if kind == "drain":
                 node.verdict, node.state_at = "drain", t
@@ -248,6 +272,11 @@ class Senders:
 
     def command(self, kind: str, node: int, at: float) -> None:
         self.conns[node % self.count].send((kind, node_name(node), at))
+
+    def set_metrics(self, on: bool) -> None:
+        """Every sender's reports carry training metrics from now on (or no more)."""
+        for conn in self.conns:
+            conn.send(("metrics", "", on))
 
     def total_sent(self) -> int:
         return sum(v.value for v in self.sent)
@@ -310,6 +339,10 @@ class Agent:
         self.feed_s: list[float] = []
         self.feed_parts: dict[str, list[float]] = {part: [] for part in FEED_PARTS}
         self.actions: list[tuple[float, Callable[[], None]]] = []
+        self.metrics = False
+        """Compute the training metrics at each summary, as the new agent does (False: as the old one)."""
+        self.training_s: list[float] = []
+        self.training: Any = None
 
     def tick(self) -> Signals:
         started = time.perf_counter()
@@ -359,11 +392,16 @@ class Agent:
         steps = [r.step for r in watch.records()]
         stopped = tuple(sorted({h.report.node for h in watch.signals.heard.values()
                                 for b in h.report.ranks if b.process in ("stopped", "gone")}))
+        training = None
+        if self.metrics:
+            started = time.perf_counter()
+            training = self.training = watch.training(len(self.nodes) * RANKS_PER_NODE, None)
+            self.training_s.append(time.perf_counter() - started)
         write_agent_summary(self.job_dir, AgentSummary(
             job_id=JOB_ID, launch=LAUNCH, at=time.time(), interval=max(SUMMARY_MIN_SECONDS, self.heartbeat),
             state="watching", nodes=len(self.nodes), reporting=signals.reporting, silent=signals.silent,
             stopped=stopped, drained=signals.drained, min_step=min(steps) if steps else None,
-            max_step=max(steps) if steps else None, refused=dict(self.inbox.refused)))
+            max_step=max(steps) if steps else None, refused=dict(self.inbox.refused), training=training))
         self.summaries += 1
 
     def at(self, delay: float, action: Callable[[], None]) -> None:
@@ -505,6 +543,121 @@ def steady_state(agent: Agent, senders: Senders, trials: int, seconds: float) ->
                                    ("cpu_share", "reports_per_s", "bytes_per_s", "summary_files_per_s")}}
 
 
+# ---- what the training metrics add (issue #26) -------------------------------------------------------
+def metrics_windows(agent: Agent, senders: Senders, pairs: int, seconds: float, heartbeat: float) -> dict[str, Any]:
+    """Steady windows alternating old (no metrics) and new (metrics in every report, training() at each
+    summary), each after heartbeat + 1 s unmeasured (every node's newest report switched)."""
+    windows: list[dict[str, Any]] = []
+    for pair in range(pairs):
+        for mode in (("old", "new") if pair % 2 == 0 else ("new", "old")):
+            on = mode == "new"
+            senders.set_metrics(on)
+            agent.metrics = on
+            agent.run(lambda s: False, heartbeat + 1.0)
+            inbox = agent.inbox
+            before = (time.monotonic(), time.process_time(), inbox.received, inbox.received_bytes,
+                      len(agent.training_s))
+            agent.run(lambda s: False, seconds)
+            after = (time.monotonic(), time.process_time(), inbox.received, inbox.received_bytes,
+                     len(agent.training_s))
+            wall = after[0] - before[0]
+            heard = agent.watch.signals.heard.values()
+            carrying = sum(1 for h in heard if h.report.metrics is not None)
+            window = {"mode": mode, "seconds": wall, "cpu_share": (after[1] - before[1]) / wall,
+                      "reports_per_s": (after[2] - before[2]) / wall, "bytes_per_s": (after[3] - before[3]) / wall,
+                      "bytes_per_report": (after[3] - before[3]) / max(1, after[2] - before[2]),
+                      "training_ms": [t * 1e3 for t in agent.training_s[before[4]:after[4]]],
+                      "nodes_with_metrics": carrying, "reporting": agent.signals.reporting}
+            windows.append(window)
+            say(f"metrics pair {pair + 1}/{pairs}, {mode}: CPU {100 * window['cpu_share']:.1f}% of a core, "
+                f"{window['reports_per_s']:.0f} reports/s, {window['bytes_per_report']:.0f} B/report, "
+                f"{carrying:,} nodes' reports with metrics"
+                + (f", training() {statistics.median(window['training_ms']):.0f} ms" if window["training_ms"] else ""))
+    senders.set_metrics(False)
+    agent.metrics = False
+    by_mode = {mode: [w for w in windows if w["mode"] == mode] for mode in ("old", "new")}
+    return {"windows": windows, **{mode: {key: spread([w[key] for w in ws]) for key in
+                                          ("cpu_share", "reports_per_s", "bytes_per_s", "bytes_per_report")}
+                                   for mode, ws in by_mode.items()},
+            "training_ms_per_summary": spread([t for w in by_mode["new"] for t in w["training_ms"]]),
+            "last_training": agent.training.to_json() if agent.training is not None else None}
+
+
+def metrics_in_process(nodes: int, trials: int, step_seconds: float, heartbeat: float) -> dict[str, Any]:
+    """No socket: `decode` of every node's report with and without metrics, and `SignalWatch.training()` over
+    every node (each call with every node's next report), trials alternating."""
+    key = os.urandom(32)
+    cfg = SenderConfig(key, 0, nodes, heartbeat, step_seconds, time.time() - 600.0)
+    sims = [SimNode(node_name(i), i, 0.0, 1.0) for i in range(nodes)]
+    decode_us: dict[str, list[float]] = {"old": [], "new": []}
+    training_ms: list[float] = []
+    for trial in range(trials):
+        now = time.time()
+        datagrams = {mode: [encode(build_report(n, cfg, now, mode == "new"), key) for n in sims]
+                     for mode in ("old", "new")}
+        for mode in (("old", "new") if trial % 2 == 0 else ("new", "old")):
+            started = time.perf_counter()
+            for datagram in datagrams[mode]:
+                decode(datagram, key, "bench")
+            decode_us[mode].append((time.perf_counter() - started) / nodes * 1e6)
+    watch = SignalWatch(_ListInbox(), JOB_ID, LAUNCH, [n.name for n in sims], SignalPolicy.for_nodes(nodes),
+                        time.time() - 600.0)
+    for look in range(trials + 1):
+        now = time.time() + look * heartbeat  # the next heartbeat's reports: counters grown, as at each summary
+        watch.inbox.pending = [build_report(n, cfg, now, True) for n in sims]
+        watch.poll()
+        started = time.perf_counter()
+        watch.training(nodes * RANKS_PER_NODE, None)
+        if look:  # the first look only fills the meter
+            training_ms.append((time.perf_counter() - started) * 1e3)
+    return {"decode_us_per_report": {mode: spread(v) for mode, v in decode_us.items()},
+            "decode_values": decode_us, "training_ms_per_summary": spread(training_ms),
+            "training_values": training_ms}
+
+
+class _ListInbox:
+    """An inbox that hands over what was put in `pending` (no socket)."""
+
+    port = 0
+    refused: dict[str, int] = {}
+
+    def __init__(self) -> None:
+        self.pending: list[NodeReport] = []
+
+    def drain(self, limit: int = 1 << 20) -> list[NodeReport]:
+        taken, self.pending = self.pending, []
+        return taken
+
+
+def metrics_table(result: dict[str, Any]) -> str:
+    steady, local = result["steady"], result["in_process"]
+    summary_s = result["summary_interval_s"]
+    training = steady["training_ms_per_summary"]
+    rows = [
+        f"# signals_bench --metrics-cost: {result['nodes']:,} nodes x {RANKS_PER_NODE} ranks, heartbeat "
+        f"{result['heartbeat_s']:g} s, summary every {summary_s:g} s; {result['pairs']} pairs of "
+        f"{result['steady_seconds']:g} s windows, old and new alternating",
+        "",
+        "| figure | old (no metrics) | new (metrics in every report, training() at each summary) |",
+        "|---|---|---|",
+        f"| agent CPU, share of one core | {fmt(steady['old']['cpu_share'], 100, 1)} % | "
+        f"{fmt(steady['new']['cpu_share'], 100, 1)} % |",
+        f"| bytes per report | {fmt(steady['old']['bytes_per_report'], digits=0)} | "
+        f"{fmt(steady['new']['bytes_per_report'], digits=0)} |",
+        f"| bytes received per second (MB/s) | {fmt(steady['old']['bytes_per_s'], 1e-6)} | "
+        f"{fmt(steady['new']['bytes_per_s'], 1e-6)} |",
+        f"| training() per summary, in the loop (ms) | - | {fmt(training, digits=0)}"
+        + (f" = {training['median'] / 1e3 / summary_s * 100:.2f} % of a core" if "median" in training else "") + " |",
+        f"| decode, in-process (µs per report) | {fmt(local['decode_us_per_report']['old'], digits=1)} | "
+        f"{fmt(local['decode_us_per_report']['new'], digits=1)} |",
+        f"| training() over every node, in-process (ms per summary) | - | "
+        f"{fmt(local['training_ms_per_summary'], digits=0)} |",
+        f"| files written on shared storage per second | {1 / summary_s:.3f} (the summary) | {1 / summary_s:.3f} "
+        "(the same summary, with its `training`) |",
+    ]
+    return "\n".join(rows)
+
+
 # ---- the old path ---------------------------------------------------------------------------------
 def old_path(nodes: int, trials: int, directory: str | None) -> dict[str, Any]:
     """Today's file channel on local disk, and the old per-node sinfo schedule (derived)."""
@@ -614,12 +767,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-hang-watch", dest="hang_watch", action="store_false",
                    help="do not feed the hang watch (observe + verdict) each heartbeat; agent._watch does, and so does "
                         "this benchmark by default")
+    p.add_argument("--metrics-cost", action="store_true",
+                   help="measure what the training metrics add to the agent, old and new alternating (see above)")
+    p.add_argument("--pairs", type=int, default=5, help="--metrics-cost: pairs of old/new steady windows")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes for the smoke test: 50 nodes, 2 trials, 1 s steady windows, 0.05 s steps")
     args = p.parse_args(argv)
     if args.quick:
-        args.nodes, args.trials, args.straggler_trials = 50, 2, 1
+        args.nodes, args.trials, args.straggler_trials, args.pairs = 50, 2, 1, 1
         args.steady_trials, args.steady_seconds, args.old_trials, args.step_seconds = 2, 1.0, 2, 0.05
     if args.nodes < 4 or args.trials < 1 or args.steady_trials < 1 or args.old_trials < 1 or args.step_seconds <= 0:
         p.error("need at least 4 nodes, 1 trial of each kind and a positive step time")
@@ -650,6 +806,8 @@ def main(argv: list[str] | None = None) -> int:
         say(f"start-up: {agent.signals.reporting:,} of {args.nodes:,} nodes reporting after {startup_s:.1f} s")
         if not all_in:
             raise SystemExit("not every node reported within three heartbeats: the channel is not working")
+        if args.metrics_cost:
+            return metrics_main(args, agent, senders, heartbeat, startup_s)
         timeout = max(10.0, 3 * heartbeat)
         gap = (0.2, 0.5) if args.quick else (1.0, 2.0)
         drain_fed: list[int] = []
@@ -740,6 +898,27 @@ def main(argv: list[str] | None = None) -> int:
     }
     text = table(result)
     print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        say(f"wrote {args.json}")
+    return 0
+
+
+def metrics_main(args: argparse.Namespace, agent: Agent, senders: Senders, heartbeat: float,
+                 startup_s: float) -> int:
+    """--metrics-cost: the steady windows old and new, then the in-process figures; table and --json."""
+    say(f"metrics cost: {args.pairs} pairs of {args.steady_seconds:g} s windows, old and new alternating")
+    steady = metrics_windows(agent, senders, args.pairs, args.steady_seconds, heartbeat)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    senders.stop()
+    say(f"metrics cost: in-process decode and training(), {max(5, args.trials)} trials")
+    local = metrics_in_process(args.nodes, max(5, args.trials), args.step_seconds, heartbeat)
+    result = {"nodes": args.nodes, "ranks": args.nodes * RANKS_PER_NODE, "heartbeat_s": heartbeat,
+              "summary_interval_s": max(SUMMARY_MIN_SECONDS, heartbeat), "pairs": args.pairs,
+              "steady_seconds": args.steady_seconds, "step_seconds": args.step_seconds, "seed": args.seed,
+              "startup_s_all_reporting": startup_s, "peak_rss_mb": peak_rss_mb, "steady": steady,
+              "in_process": local}
+    print(metrics_table(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         say(f"wrote {args.json}")

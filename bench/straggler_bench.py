@@ -15,9 +15,16 @@ record every 4 steps, as the agent's node reads do (every 2 s at 0.5 s a step).
   random step on; steps from onset to the watch's finding (and whether the right node was found).
 
 - the rank's side: what one `clusterctl.progress.beat(step, compute_seconds=...)` costs the training
-  loop (a million calls a trial; at most one a second writes its file, the rest only add to the sums).
+  loop (a million calls a trial; at most one a second writes its file, the rest only add to the sums),
+  and with the training metrics too (`tokens=`, `flops=`, `loss=`, `grad_norm=`: Python numbers, and
+  with --tensors PyTorch scalars as a training loop holds them, detached at each call and read once
+  per report), against a 100 ms step.  Each trial is a fresh process; the variants alternate within
+  each trial (a busy machine slows them alike); `--old CHECKOUT` adds the plain call of another
+  checkout (today's code) beside them.  `--beat-only` measures just this (about a minute).
 
 Median and min-max over `--trials` trials (different seeds).  Writes bench/results/straggler.json.
+
+    .venv/bin/python bench/straggler_bench.py --beat-only --trials 7 --tensors --old /tmp/old
 """
 
 from __future__ import annotations
@@ -77,19 +84,63 @@ def simulate(seed: int, nodes: int, steps: int, slow: tuple[int, int, float] | N
     return {"found": found}
 
 
-def beat_cost(calls: int = 1_000_000) -> float:
-    """Nanoseconds per beat(step, compute_seconds=...) call in a job directory of its own."""
-    import os
-    import tempfile
-
-    from clusterctl.progress import beat
-
-    with tempfile.TemporaryDirectory() as job_dir:
-        os.environ.update({"CLUSTERCTL_JOB_DIR": job_dir, "RANK": "0"})
-        started = time.perf_counter()
+BEAT_PROGRAM = """
+import os, sys, tempfile, time
+sys.path.insert(0, {checkout!r})
+from clusterctl.progress import beat
+variant, calls = {variant!r}, {calls}
+loss = grad_norm = None
+if variant == "tensors":  # a loss and a norm as a training loop holds them (CPU scalars here)
+    import torch
+    loss, grad_norm = torch.tensor(2.5, requires_grad=True) * 1.0, torch.tensor(0.8)
+with tempfile.TemporaryDirectory() as job_dir:
+    os.environ.update({{"CLUSTERCTL_JOB_DIR": job_dir, "RANK": "0"}})
+    started = time.perf_counter()
+    if variant == "plain":
         for step in range(calls):
             beat(step, compute_seconds=0.1)
-        return (time.perf_counter() - started) / calls * 1e9
+    elif variant == "metrics":
+        for step in range(calls):
+            beat(step, compute_seconds=0.1, tokens=4096, flops=2.4e13, loss=2.5, grad_norm=0.8)
+    else:
+        for step in range(calls):
+            beat(step, compute_seconds=0.1, tokens=4096, flops=2.4e13, loss=loss, grad_norm=grad_norm)
+    print((time.perf_counter() - started) / calls * 1e9)
+"""
+BEAT_VARIANTS = {
+    "plain": "beat(step, compute_seconds=...): today's call",
+    "metrics": "... + tokens=, flops=, loss=, grad_norm= (Python numbers)",
+    "tensors": "... + loss= and grad_norm= as PyTorch scalars (detached each call, read once a report)",
+}
+STEP_NS = 100e6  # a 100 ms training step
+
+
+def beat_trial(checkout: Path, variant: str, calls: int) -> float:
+    """Nanoseconds per beat() call of `variant`, in a fresh process running `checkout`'s clusterctl."""
+    import subprocess
+
+    program = BEAT_PROGRAM.format(checkout=str(checkout), variant=variant, calls=calls)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"beat trial {variant} of {checkout} failed:\n{done.stderr[-2000:]}")
+    return float(done.stdout.strip())
+
+
+def beat_costs(trials: int, calls: int, tensors: bool, old: Path | None) -> dict:
+    """Each trial: every variant (and the old checkout's plain call) once, in an order that turns each trial."""
+    this = Path(__file__).resolve().parent.parent
+    runs = [("new", this, v) for v in BEAT_VARIANTS if v != "tensors" or tensors]
+    if old is not None:
+        runs.insert(0, ("old", old.resolve(), "plain"))
+    values: dict[str, list[float]] = {f"{code} {variant}": [] for code, _, variant in runs}
+    for trial in range(trials):
+        turn = trial % len(runs)
+        for code, checkout, variant in runs[turn:] + runs[:turn]:
+            ns = beat_trial(checkout, variant, calls // 5 if variant == "tensors" else calls)
+            values[f"{code} {variant}"].append(ns)
+            print(f"beat trial {trial + 1}/{trials}: {code} {variant}: {ns:.0f} ns per call", flush=True)
+    return {name: {**spread(v), "values": v, "share_of_a_100ms_step": statistics.median(v) / STEP_NS}
+            for name, v in values.items()}
 
 
 def spread(values: list[float]) -> dict:
@@ -101,10 +152,20 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--nodes", type=int, default=32)
     p.add_argument("--steps", type=int, default=20000)
+    p.add_argument("--beat-calls", type=int, default=1_000_000, help="beat() calls per trial (a fifth with tensors)")
+    p.add_argument("--tensors", action="store_true", help="also beat() with PyTorch scalars (needs torch)")
+    p.add_argument("--old", type=Path, help="another checkout whose plain beat() is measured beside (today's code)")
+    p.add_argument("--beat-only", action="store_true", help="measure beat() alone; straggler.json is not written")
     args = p.parse_args()
     started = time.monotonic()
-    beats = [beat_cost() for _ in range(args.trials)]
-    print(f"beat(step, compute_seconds=...): {statistics.median(beats):.0f} ns per call", flush=True)
+    costs = beat_costs(args.trials, args.beat_calls, args.tensors, args.old)
+    for name, cost in costs.items():
+        print(f"{name}: {cost['median']:.0f} ns per call [{cost['min']:.0f}-{cost['max']:.0f}], "
+              f"{100 * cost['share_of_a_100ms_step']:.4f} % of a 100 ms step", flush=True)
+    if args.beat_only:
+        print(json.dumps({"trials": args.trials, "calls": args.beat_calls, "beat": costs}, indent=2))
+        return 0
+    beats = costs["new plain"]["values"]
     false_positive_rates = []
     for trial in range(args.trials):
         found = simulate(1000 + trial, args.nodes, args.steps, None)["found"]
@@ -131,7 +192,7 @@ def main() -> int:
         print(f"{key}: delay {delays[key]} steps; missed {missed[key]}; other nodes flagged {wrong[key]}", flush=True)
     result = {"trials": args.trials, "nodes": args.nodes, "steps": args.steps, "ranks_per_node": RANKS_PER_NODE,
               "policy": {"margin": 1.2, "window_steps": 30, "warmup_steps": 10, "read_every_steps": READ_EVERY},
-              "beat_ns_per_call": spread(beats),
+              "beat_ns_per_call": spread(beats), "beat_by_variant": costs,
               "false_positives_per_million_node_steps": spread(false_positive_rates),
               "detection_delay_steps": {k: spread(v) for k, v in delays.items()},
               "missed": missed, "other_nodes_flagged": wrong, "seconds": round(time.monotonic() - started, 1)}

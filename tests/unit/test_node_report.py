@@ -55,7 +55,7 @@ def node_metrics(draw: st.DrawFn) -> NodeMetrics:
                        None if loss is None else draw(counts), None if loss is None else draw(counts), norm,
                        None if norm is None else draw(counts), None if norm is None else draw(counts),
                        draw(st.text(st.characters(codec="utf-8", categories=["L", "N", "Zs", "P"]),
-                                    max_size=MAX_GPU_NAME)))
+                                    max_size=MAX_GPU_NAME).filter(str.isprintable)))
 
 
 @given(reports())
@@ -249,3 +249,26 @@ def test_training_metrics_that_are_not_exactly_understood_refuse_the_report(chan
                                                                             said: str) -> None:
     with pytest.raises(ReportRefused, match=said):
         decode(forged_body({"metrics": {**training().to_json(), **change}}), KEY, "report")
+
+
+METRICS_FIELDS = tuple(training().to_json())
+
+
+@given(st.sampled_from(METRICS_FIELDS), HOSTILE | st.just(-math.inf) | st.just("inf") | st.just(10**40),
+       st.booleans())
+def test_metrics_with_any_field_wrong_or_missing_are_refused_naming_the_field(key: str, value: object,
+                                                                              missing: bool) -> None:
+    body = training().to_json()
+    if missing:
+        del body[key]
+    else:
+        body[key] = value
+    try:
+        told = NodeMetrics.from_json(json.loads(json.dumps(body)), "metrics")
+    except RecordError as caught:
+        assert key in str(caught) or "must be" in str(caught)
+        return
+    # Taken: then only because the value is one the field may hold (a loss of any sign, a finite time, a count).
+    assert not missing and (key in ("loss", "grad_norm", "at", "step_at", "tokens", "flops", "gpu")
+                            or type(value) is int and value >= 0)
+    assert NodeMetrics.from_json(told.to_json(), "again") == told
