@@ -1,0 +1,89 @@
+"""The training, as `clusterctl status` shows it on the real testbed (issue #26): the toy trainer reports its
+tokens, FLOPs and loss through `clusterctl.progress.beat`, its nodes' reporters carry them to the job's
+agent, and `status --json`, read while the job runs, shows tokens/s and an MFU that agree with what the
+trainer itself logged, the MFU against the spec's peak (the testbed's emulated NVML names an H100, which
+the spec's peak overrides: the testbed's "GPUs" compute nothing like one)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, clusterctl_on
+from tests.e2e.supervised_runs import finished, supervised, wait_until
+
+pytestmark = pytest.mark.e2e
+
+STEPS, STEP_TIME, TOKENS, PARAMS, PEAK = 700, 0.1, 2048, 1e9, 989.0
+GPUS = 16
+
+
+def _spec(tmp_path: Path) -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(f"""\
+[job]
+name = "metrics"
+nodes = 2
+gpus_per_node = 8
+gpu_peak_tflops = {PEAK}
+sbatch_options = ["--exclusive"]
+[launch]
+command = ["python3", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "{STEPS}",
+           "--checkpoint-every", "100", "--step-time", "{STEP_TIME}", "--log-every", "25",
+           "--tokens-per-step", "{TOKENS}", "--model-params", "{PARAMS:g}"]
+workdir = "{REPO / 'examples'}"
+[parallel]
+tp = 8
+pp = 2
+[checkpoint]
+dir = "{{run_dir}}/checkpoints"
+validator = "manifest"
+resume_args = ["--resume", "{{path}}"]
+[restart]
+poll_seconds = 0.5
+""")
+    return path
+
+
+LOGGED = re.compile(r"step (\d+) took [0-9.]+ s; loss ([0-9.]+); (\d+) tokens/s \(the job's, since step (\d+)\)")
+
+
+def test_status_json_shows_the_tokens_per_second_and_mfu_the_trainer_logged(cluster, tmp_path):
+    proc, run_dir = supervised(cluster, tmp_path, _spec(tmp_path))
+    seen: list[dict] = []
+
+    def training_measured() -> bool:
+        status = json.loads(clusterctl_on(cluster, "status", str(run_dir), "--json").stdout)
+        agent = status.get("agent") or {}
+        training = agent.get("training") or {}
+        # Every node heard twice within the window, well into the run (past start-up and the first checkpoint).
+        if training.get("nodes") == 2 and training.get("mfu") is not None and (agent.get("max_step") or 0) > 300:
+            seen.append({**training, "max_step": agent["max_step"]})
+            return True
+        return False
+
+    wait_until(training_measured, "tokens/s and MFU in status --json", timeout=150, proc=proc)
+    text = clusterctl_on(cluster, "status", str(run_dir)).stdout
+    out = finished(cluster, proc, timeout=240)
+    shown = seen[-1]
+    # What the trainer's rank 0 logged (the job's log): the job's tokens/s over each 25-step interval.
+    logs = "\n".join(path.read_text() for path in (run_dir / "logs").glob("*.out"))
+    logged = [(int(m[1]), float(m[2]), int(m[3])) for m in LOGGED.finditer(logs)]
+    assert logged, out + logs[-3000:]
+    around = [rate for step, _, rate in logged if shown["max_step"] - 300 <= step <= shown["max_step"] + 25]
+    assert around, (shown, logged)
+    expected = statistics.median(around)
+    assert shown["tokens_per_s"] == pytest.approx(expected, rel=0.25), (shown, around)
+    assert shown["flops_per_s"] == pytest.approx(6 * PARAMS * shown["tokens_per_s"], rel=1e-6)
+    assert (shown["peak_tflops"], shown["peak_from"], shown["gpus"]) == (PEAK, "spec", GPUS)
+    assert shown["mfu"] == pytest.approx(6 * PARAMS * expected / (GPUS * PEAK * 1e12), rel=0.25)
+    assert shown["gpu"] == "NVIDIA H100 80GB HBM3"  # what the nodes' (emulated) NVML named
+    assert shown["steps_per_s"] == pytest.approx(expected / (GPUS * TOKENS), rel=0.25)
+    # The loss shown is rank 0's at the step beside it: the toy's pretend curve.
+    assert shown["loss_rank"] == 0 and shown["loss"] == pytest.approx(2.0 + 8.0 / math.sqrt(1 + shown["loss_step"] / 10))
+    assert "MFU" in text and "(peak 989 TFLOP/s per GPU from the spec)" in text and "tokens/s" in text, text
