@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from clusterctl.launcher.pure.checkpoint_tiers import (
     FAILED_RESUMES_BEFORE_FALLBACK, CopyCheck, ResumeFacts, SavedCheckpoint, buddy_map, copy_key, plan_resume,
-    SlotSource, resume_facts, resume_said, resumed_event, resumed_text, slot_sources)
+    SlotSource, plan_resume_from_copies, resume_facts, resume_said, resumed_event, resumed_text, slot_sources)
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, LastResume
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, Shard
 
@@ -332,6 +332,66 @@ def test_a_checkpoint_of_another_map_size_is_refused_for_the_new_map():
     plan = plan_resume(resume_facts(three_nodes_saved(20)))
     with pytest.raises(ValueError, match="map of 3 nodes, the new map has 2"):
         slot_sources(plan, ["node1", "node2"], {})
+
+
+# Names that sort differently as text and as quoted text if anything went wrong: prefixes of each other,
+# '.', '-', '_', digits, capitals.
+TRICKY_NAMES = ("n1", "n1-", "n1.a", "n1_b", "n10", "N1", "a", "a-b", "0n")
+
+
+@st.composite
+def known_copies(draw) -> tuple[list[CheckpointManifest], set[str], dict, dict]:
+    """Copies as the agent knows them (some named twice, some slots saved by two nodes, equal times), the
+    problems found with some, the nodes gone and the failed resumes."""
+    nodes = draw(st.lists(st.sampled_from(TRICKY_NAMES), min_size=1, max_size=6, unique=True))
+    copies = []
+    for _ in range(draw(st.integers(0, 40))):
+        step = draw(st.sampled_from([10, 20, 30]))
+        slots = draw(st.integers(1, 4))
+        of_node = draw(st.sampled_from(nodes))
+        tier = draw(st.sampled_from(["local", "buddy", "shared"]))
+        held_on = {"local": of_node, "shared": None}.get(tier)
+        if tier == "buddy":
+            others = [n for n in nodes if n != of_node]
+            if not others:
+                continue
+            held_on = draw(st.sampled_from(others))
+        written_at = draw(st.sampled_from([0, 1.0, 1, 2.5]))
+        copies.append(CheckpointManifest(step, of_node, tier, held_on, (), written_at, 0.5,
+                                         draw(st.integers(0, slots - 1)), slots))
+    keys = [copy_key(m) for m in copies]
+    problems = {k: CHECKSUM_FAILS for k in draw(st.lists(st.sampled_from(keys), unique=True))} if keys else {}
+    gone = set(draw(st.lists(st.sampled_from(nodes), unique=True)))
+    failed = draw(st.dictionaries(st.sampled_from([10, 20, 30]), st.integers(0, 3)))
+    return copies, gone, problems, failed
+
+
+def facts_read_plainly(copies, gone, problems, failed) -> ResumeFacts:
+    """What resume_facts says, read the plain way: per step, each slot's saver from the copies sorted by
+    time, one copy per copy_key (the last one), the copies sorted by their key as text."""
+    by_step: dict[int, list[CheckpointManifest]] = {}
+    for m in copies:
+        by_step.setdefault(m.step, []).append(m)
+    checkpoints = []
+    for step, found in sorted(by_step.items()):
+        saver = {m.slot: m.of_node for m in sorted(found, key=lambda m: (m.written_at, m.of_node))}
+        nodes = frozenset(saver.get(slot, f"slot {slot}") for slot in range(max(m.slots for m in found)))
+        unique = {copy_key(m): m for m in found}
+        checks = tuple(CopyCheck(m, problems.get(key, "")) for key, m in sorted(unique.items(), key=lambda kv: str(kv[0]))
+                       if m.of_node in nodes)
+        checkpoints.append(SavedCheckpoint(step, nodes, checks))
+    return ResumeFacts(tuple(checkpoints), frozenset(gone), dict(failed))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(known_copies())
+def test_the_agents_plan_from_its_copies_is_the_plan_of_the_facts_read_the_plain_way(known):
+    copies, gone, problems, failed = known
+    plainly = facts_read_plainly(copies, gone, problems, failed)
+    assert resume_facts(copies, gone=gone, problems=problems, failed_resumes=failed) == plainly
+    plan = plan_resume(plainly)
+    assert plan_resume_from_copies(copies, gone=gone, problems=problems, failed_resumes=failed) == plan
+    assert plan_resume_from_copies(iter(copies), gone=gone, problems=problems, failed_resumes=failed) == plan
 
 
 # ---- where a resume came from (the journal's `resumed` line) ---------------------------------------
