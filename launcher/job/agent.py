@@ -366,6 +366,8 @@ class Agent:
             if now >= next_summary and watch is not None:
                 next_summary = now + max(SUMMARY_MIN_SECONDS, heartbeat)
                 self._summarize(launched, watch, signals)
+                if self.tiers is not None:
+                    self.tiers.record_due()
             if not hinted and not sweep and now < next_judge:
                 self.doors.sleep(STEP_POLL_SECONDS)
                 continue
@@ -690,6 +692,8 @@ class Agent:
                 self._summarize(launched, launched.signals, launched.signals.poll(),
                                 "recovering" if decision.act.in_allocation else "ended")
             if not decision.act.in_allocation:
+                if self.tiers is not None:
+                    self.tiers.record_pending()  # the run's next job plans from it
                 return 0 if decision.act == Act.DONE else code or 1
             if decision.act == Act.RESTART_IN_PLACE and watched.hang is not None:
                 hang_restarts += 1
@@ -762,6 +766,8 @@ class Agent:
                 reason=decision.message if not decision.blame else "", agent=self.batch_host,
                 took_over_from=self.took_over_from))
             self.took_over_from = ""
+            if self.tiers is not None:  # the step has started (or could not): off the recovery's critical path
+                self.tiers.record_pending()
         self.doors.say(f"restart {restart}: a new step on {' '.join(slots)} from "
                        f"{resume_from or 'the start'} (no queue wait)")
         return launched
