@@ -238,9 +238,13 @@ def _sources(checkpoint: SavedCheckpoint, gone: frozenset[str], *, shared_only: 
              ) -> tuple[list[ShardSource], list[tuple[str, str]]]:
     """Each node's source, or for each node without one why not (node, reasons joined by '; ')."""
     copies: dict[tuple[str, str], list[CopyCheck]] = {}
-    # Sorted, so that which of two equal copies is taken never depends on the order they were found in.
-    for check in sorted(checkpoint.copies, key=lambda c: (c.manifest.held_on or "", c.manifest.written_at, c.problem)):
+    for check in checkpoint.copies:
         copies.setdefault((check.manifest.of_node, check.manifest.tier), []).append(check)
+    # Sorted, so that which of two equal copies is taken never depends on the order they were found in (each
+    # node's copies in a tier sorted apart: a stable sort orders them as sorting all the copies did).
+    for checks in copies.values():
+        if len(checks) > 1:
+            checks.sort(key=lambda c: (c.manifest.held_on or "", c.manifest.written_at, c.problem))
     sources: list[ShardSource] = []
     troubles: list[tuple[str, str]] = []
     for node in sorted(checkpoint.nodes):

@@ -383,6 +383,40 @@ def facts_read_plainly(copies, gone, problems, failed) -> ResumeFacts:
     return ResumeFacts(tuple(checkpoints), frozenset(gone), dict(failed))
 
 
+def choice_read_plainly(facts: ResumeFacts) -> tuple[int | None, dict[str, CheckpointManifest]]:
+    """The checkpoint and each node's copy plan_resume takes, read the plain way: newest first, a checkpoint
+    failed twice passed over for shared copies only from then on; each node's copies of a tier sorted by
+    (held_on, written_at, problem); its first verified local copy (unless it is gone), else its first verified
+    buddy copy (by holder) on a node not gone, else its first verified shared copy."""
+    shared_only = False
+    for saved in sorted(facts.checkpoints, key=lambda c: c.step, reverse=True):
+        if facts.failed_resumes.get(saved.step, 0) >= FAILED_RESUMES_BEFORE_FALLBACK:
+            shared_only = True
+            continue
+        chosen = {}
+        ordered = sorted(saved.copies, key=lambda c: (c.manifest.held_on or "", c.manifest.written_at, c.problem))
+        for node in saved.nodes:
+            tier = {name: [c for c in ordered if (c.manifest.of_node, c.manifest.tier) == (node, name)]
+                    for name in ("local", "buddy", "shared")}
+            local = [c for c in tier["local"] if c.verified and node not in facts.gone]
+            buddy = [c for c in sorted(tier["buddy"], key=lambda c: c.manifest.held_on)
+                     if c.verified and c.manifest.held_on not in facts.gone]
+            shared = [c for c in tier["shared"] if c.verified]
+            usable = shared if shared_only else local + buddy + shared
+            if usable:
+                chosen[node] = usable[0].manifest
+        if len(chosen) == len(saved.nodes):
+            return saved.step, chosen
+    return None, {}
+
+
+@SETTINGS
+@given(random_facts())
+def test_the_plan_takes_the_checkpoint_and_copies_a_plain_reading_takes(facts):
+    plan = plan_resume(facts)
+    assert (plan.step, {s.node: s.copy for s in plan.sources}) == choice_read_plainly(facts)
+
+
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(known_copies())
 def test_the_agents_plan_from_its_copies_is_the_plan_of_the_facts_read_the_plain_way(known):
@@ -390,6 +424,7 @@ def test_the_agents_plan_from_its_copies_is_the_plan_of_the_facts_read_the_plain
     plainly = facts_read_plainly(copies, gone, problems, failed)
     assert resume_facts(copies, gone=gone, problems=problems, failed_resumes=failed) == plainly
     plan = plan_resume(plainly)
+    assert (plan.step, {s.node: s.copy for s in plan.sources}) == choice_read_plainly(plainly)
     assert plan_resume_from_copies(copies, gone=gone, problems=problems, failed_resumes=failed) == plan
     assert plan_resume_from_copies(iter(copies), gone=gone, problems=problems, failed_resumes=failed) == plan
 
