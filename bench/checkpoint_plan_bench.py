@@ -343,7 +343,7 @@ FIGURES = (
     "observe_steady_inventory_due.written.bytes",
     "resume_point.seconds", "resume_point.peak_rss_mb", "resume_point.written.bytes",
     "launch_env.seconds", "launch_env.peak_rss_mb", "launch_env.written.bytes",
-    "resume_total_seconds", "after_launch.seconds", "after_launch.written.bytes", "inventory_bytes", "tier_index_bytes", "node_reads_bytes",
+    "resume_total_seconds", "after_launch.seconds", "after_launch.peak_rss_mb", "after_launch.written.bytes", "inventory_bytes", "tier_index_bytes", "node_reads_bytes",
     "report.without.bytes", "report.copies_6.bytes", "report.copies_32.bytes",
     "report.without.decode_first_us", "report.without.decode_next_us",
     "report.copies_6.decode_first_us", "report.copies_6.decode_next_us",
