@@ -377,8 +377,8 @@ def facts_read_plainly(copies, gone, problems, failed) -> ResumeFacts:
         saver = {m.slot: m.of_node for m in sorted(found, key=lambda m: (m.written_at, m.of_node))}
         nodes = frozenset(saver.get(slot, f"slot {slot}") for slot in range(max(m.slots for m in found)))
         unique = {copy_key(m): m for m in found}
-        checks = tuple(CopyCheck(m, problems.get(key, "")) for key, m in sorted(unique.items(), key=lambda kv: str(kv[0]))
-                       if m.of_node in nodes)
+        checks = tuple(CopyCheck(m, problems.get(key, ""))
+                       for key, m in sorted(unique.items(), key=lambda kv: str(kv[0])) if m.of_node in nodes)
         checkpoints.append(SavedCheckpoint(step, nodes, checks))
     return ResumeFacts(tuple(checkpoints), frozenset(gone), dict(failed))
 
