@@ -24,7 +24,7 @@ from clusterctl.launcher.job.signal_watch import SignalWatch
 from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
 from clusterctl.launcher.pure.node_signals import SignalPolicy
 from clusterctl.launcher.pure.spec import parse_spec
-from clusterctl.records.checkpoint_holdings import read_holdings, write_holdings
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, read_holdings, write_holdings
 from clusterctl.records.checkpoint_settings import CheckpointSettings
 from clusterctl.records.run_journal import Resumed
 from tests.fakes import FakeCopyNetwork
@@ -81,7 +81,7 @@ class Step:
         here the second."""
         return {node: [ckpt.resume() for ckpt in reversed(ranks)][0] for node, ranks in self.ranks.items()}
 
-    def reports(self) -> dict:
+    def reports(self) -> dict[str, CheckpointHoldings]:
         """Each node's reporter runs for a second of its own clock (sending what its node's holdings say at
         once, then with the heartbeat); the agent takes what arrived in its inbox."""
         inbox = ReportInbox(KEY, "127.0.0.1")
