@@ -114,6 +114,10 @@ def test_a_node_lost_before_its_checkpoint_was_flushed_resumes_on_the_spare_from
         assert f"resuming from step {recovered[0].checkpoint_step}: 1 node(s) from their own copies, 1 node(s) " \
                f"from a buddy's copy ({victim}'s on {survivor})" in log, log
         assert f"files from {victim}'s copy on {survivor} in" in log, log
+        # Never flushed: the restart names the step and the nodes' tiers, no folder on shared storage.
+        assert recovered[0].checkpoint is None, log
+        assert f"from step {recovered[0].checkpoint_step} (in the nodes' tiers: 1 own copy, 1 buddy copy) " \
+               "(no queue wait)" in log, log
         # Both nodes said their resume (their holdings, in their reports): the slowest read reaches the journal,
         # the job's log and `clusterctl report`.
         [resumed] = journal_events(run_dir, "resumed")
