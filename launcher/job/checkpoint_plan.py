@@ -216,7 +216,9 @@ class TierPlanner:
         """Plan the next step's resume: the newest checkpoint complete across the tiers of the nodes
         `present` (any other node's copies count as gone) and checkpoints flushed whole to shared storage,
         every checkpoint passed over said; None: none (the program starts afresh).  The plan is kept for
-        `launch_env`; the inventory is written first (a job that ends now leaves it for the next)."""
+        `launch_env`; the inventory is written first (a job that ends now leaves it for the next).  The
+        checkpoint's `path` is its folder on shared storage, which holds it only once flushed; its
+        `from_tiers` says what the nodes' tiers give of it."""
         if self._pending:
             self.record()
         here = set(present)
@@ -235,7 +237,8 @@ class TierPlanner:
             self.say(line)
         if self.plan.step is None:
             return None
-        return Checkpoint(str(step_dir(self.shared, self.plan.step)), self.plan.step, "tiers")
+        path = str(step_dir(self.shared, self.plan.step))
+        return Checkpoint(path, self.plan.step, "tiers", from_tiers=self.plan.from_tiers(path))
 
     def resume_failed(self, launch_dir: Path) -> list[str]:
         """What the nodes of the step in `launch_dir` said when they could not load its checkpoint (each
