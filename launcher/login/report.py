@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
@@ -21,7 +20,8 @@ from clusterctl.launcher.pure.goodput import COST_LOCAL_SAVE, AttemptTimes, Good
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.login.status import resume_where, resumed_json, resumes_of, straggler_json, stragglers_of
 from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
-from clusterctl.terminal_view import plain, plain_row
+from clusterctl.table_view import Column, TextTable
+from clusterctl.terminal_view import plain
 from clusterctl.records.run_journal import (
     BlamedNode, DecisionAction, OutcomeKind, RecoveredInAllocation, Resumed, RunEvent, StragglerFound,
 )
@@ -146,14 +146,12 @@ def report_renderables(report: RunReport) -> Group:
     parts: list[RenderableType] = [Text.assemble(("run ", "bold"), plain(report.run), "  ", plain(report.state, "bold"),
                                                  plain(f"  {report.message}" if report.message else ""))]
     parts += [plain(f"warning: {warning}", "yellow") for warning in report.journal_warnings]
-    table = Table(box=None, pad_edge=False)
-    for column in ("attempt", "job", "ended", "outcome", "checkpoint", "decision"):
-        table.add_column(column)
-    for a in report.attempts:
-        table.add_row(*plain_row(a.attempt, a.job_id, a.state, a.outcome if a.outcome is not None else "-",
-                                 a.checkpoint_step if a.checkpoint_step is not None else "-",
-                                 a.action if a.action is not None else "-"))
-    parts.append(table)
+    rows = tuple(tuple(str(cell) for cell in (a.attempt, a.job_id, a.state, a.outcome if a.outcome is not None else "-",
+                                              a.checkpoint_step if a.checkpoint_step is not None else "-",
+                                              a.action if a.action is not None else "-"))
+                 for a in report.attempts)
+    parts.append(TextTable(tuple(Column(header) for header in ("attempt", "job", "ended", "outcome", "checkpoint",
+                                                               "decision")), rows, boxed=False))
     for a in report.attempts:
         for b in a.blame:
             parts.append(plain(f"attempt {a.attempt}: blamed {b.node}: {b.reason}"))
