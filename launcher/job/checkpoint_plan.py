@@ -231,7 +231,8 @@ class TierPlanner:
         `present` (any other node's copies count as gone) and checkpoints flushed whole to shared storage,
         every checkpoint passed over said; None: none (the program starts afresh).  The plan is kept for
         `launch_env`; the inventory is not written here (on the recovery's critical path): the agent writes
-        it once the step is launched (`record_pending`)."""
+        it once the step is launched (`record_pending`).  The checkpoint's `path` is its folder on shared
+        storage, which holds it only once flushed; its `from_tiers` says what the nodes' tiers give of it."""
         here = set(present)
         copies = self._copies()
         flushed, problems = flushed_checkpoints(self.shared)
@@ -250,7 +251,8 @@ class TierPlanner:
             self.say(line)
         if self.plan.step is None:
             return None
-        return Checkpoint(str(step_dir(self.shared, self.plan.step)), self.plan.step, "tiers")
+        path = str(step_dir(self.shared, self.plan.step))
+        return Checkpoint(path, self.plan.step, "tiers", from_tiers=self.plan.from_tiers(path))
 
     def resume_failed(self, launch_dir: Path) -> list[str]:
         """What the nodes of the step in `launch_dir` said when they could not load its checkpoint (each

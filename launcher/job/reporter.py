@@ -13,7 +13,7 @@ Every 0.25 s it reads, all on its own node:
 - with multi-level checkpoints on, the node's checkpoint holdings (`holdings.json` in the
   node's tier root, from `$CLUSTERCTL_CHECKPOINT`: one stat per tick, read again only when its size or modification time changed;
   a damaged one is said once in the reporter's log and reported as none);
-and sends one signed UDP datagram (~1.6 KB for 8 ranks, ~5.9 KB with 32 checkpoint copies; clusterctl.records.node_report) to the
+and sends one signed UDP datagram (~1.6 KB for 8 ranks, ~6 KB with 32 checkpoint copies and a resume; clusterctl.records.node_report) to the
 agent: at once when something the agent acts on changed, else once per heartbeat
 ($CLUSTERCTL_REPORT_INTERVAL).  What to send and when is `clusterctl.launcher.pure.node_report_build`.
 Sends never block (a non-blocking socket: an absent agent costs a failed sendto), so a busy or

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import click
 from rich.live import Live
-from rich.table import Table
 
 from clusterctl import __version__
 from clusterctl.errors import INTERNAL_ERROR_EXIT, ClusterctlError, OutputError, RunError
@@ -41,7 +40,8 @@ from clusterctl.launcher.pure.spec import (
 from clusterctl.launcher.login.status import ended_how, status_renderables
 from clusterctl.launcher.login.supervisor import Hooks, Supervisor, WatchSnapshot
 from clusterctl.launcher.login.text_view import saying
-from clusterctl.terminal_view import plain, plain_row, terminal
+from clusterctl.table_view import Column, TextTable
+from clusterctl.terminal_view import plain, show, terminal
 from clusterctl.launcher.login.use_cases import (
     cancel_run, create_submission_run, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
     submit_first_attempt, wait_for_job,
@@ -319,7 +319,7 @@ def report(run_dir: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(document.to_json(), indent=2, sort_keys=True))
     else:
-        terminal().print(report_renderables(document))
+        show(terminal(), report_renderables(document))
 
 
 def _resolve_target(target: str | None) -> list[RunDir]:
@@ -375,14 +375,9 @@ def spec_command(spec_file: Path | None, markdown: bool) -> None:
             kind, default, doc = (cell.replace("|", "\\|") for cell in (kind, default, doc))
             click.echo(f"| `{key}` | {kind} | {default} | {doc} |")
         return
-    table = Table(title="clusterctl job spec (TOML); `clusterctl spec --markdown` for docs/spec.md")
-    table.add_column("key", no_wrap=True)
-    table.add_column("type", max_width=14)
-    table.add_column("default", max_width=12)
-    table.add_column("meaning", ratio=1)
-    for row in rows:
-        table.add_row(*plain_row(*row))
-    terminal().print(table)
+    show(terminal(), TextTable(
+        (Column("key", bare=True), Column("type", max_width=14), Column("default", max_width=12), Column("meaning", prose=True)),
+        tuple(rows), title="clusterctl job spec (TOML); `clusterctl spec --markdown` for docs/spec.md"))
 
 
 @cli.group("hostlist")
@@ -478,7 +473,7 @@ def plan(spec: Path | None, tp: int | None, pp: int | None, dp: int | None, cp: 
     if as_json:
         click.echo(indented_json(plan_json(result, topology)))
     else:
-        terminal().print(plan_renderables(result, topology, explain=explain))
+        show(terminal(), plan_renderables(result, topology, explain=explain))
 
 
 def main() -> None:

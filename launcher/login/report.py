@@ -1,4 +1,4 @@
-"""`clusterctl report RUN`: attempts, blame with evidence, checkpoints and goodput (pure).
+"""`clusterctl report RUN`: attempts, what each ran, blame with evidence, checkpoints and goodput (pure).
 
 The caller reads the journal and lists the checkpoints (see
 `clusterctl.launcher.login.use_cases.gather_report`); this module accounts them into a `RunReport`
@@ -7,13 +7,13 @@ and renders it.  `RunReport.to_json()` is what `clusterctl report --json` prints
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
@@ -21,10 +21,13 @@ from clusterctl.launcher.pure.goodput import COST_LOCAL_SAVE, AttemptTimes, Good
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.login.status import resume_where, resumed_json, resumes_of, straggler_json, stragglers_of
 from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
-from clusterctl.terminal_view import plain, plain_row
+from clusterctl.table_view import Column, TextTable
+from clusterctl.terminal_view import plain
+from clusterctl.records.experiment_record import CodeVersion, ExperimentRecord
 from clusterctl.records.run_journal import (
     BlamedNode, DecisionAction, OutcomeKind, RecoveredInAllocation, Resumed, RunEvent, StragglerFound,
 )
+from clusterctl.text import one_line
 
 
 def _duration(seconds: float | None) -> str:
@@ -56,6 +59,99 @@ class AttemptReport:
                 "outcome": str(self.outcome) if self.outcome is not None else None, "message": self.message,
                 "blame": [b.to_json() for b in self.blame], "checkpoint_step": self.checkpoint_step,
                 "action": str(self.action) if self.action is not None else None}
+
+
+NOT_RECORDED = "no experiment record (submitted by a clusterctl that did not write one)"
+
+
+@dataclass(frozen=True)
+class AttemptExperiment:
+    """What one attempt ran, as its experiment record (`path`) says; `record` None when it could not be
+    read (`problem` says why: none written, damaged, from a newer clusterctl)."""
+
+    attempt: int
+    path: Path
+    record: ExperimentRecord | None
+    problem: str | None = None
+
+
+def spec_changes(before: Mapping[str, object], after: Mapping[str, object], prefix: str = "") -> tuple[str, ...]:
+    """The dotted keys whose values differ between two resolved specs (`job.spare_nodes`), sorted."""
+    changed: list[str] = []
+    for key in sorted(set(before) | set(after)):
+        old, new = before.get(key), after.get(key)
+        if isinstance(old, Mapping) and isinstance(new, Mapping):
+            changed += spec_changes(old, new, f"{prefix}{key}.")
+        elif old != new or (key in before) != (key in after):
+            changed.append(f"{prefix}{key}")
+    return tuple(changed)
+
+
+def _changes(shown: Sequence[AttemptExperiment]) -> list[tuple[AttemptExperiment, ExperimentRecord | None]]:
+    """Each attempt with the previous attempt whose record was read (None for the first)."""
+    pairs: list[tuple[AttemptExperiment, ExperimentRecord | None]] = []
+    previous: ExperimentRecord | None = None
+    for attempt in shown:
+        pairs.append((attempt, previous))
+        previous = attempt.record or previous
+    return pairs
+
+
+def experiment_json(shown: Sequence[AttemptExperiment]) -> list[dict[str, Any]]:
+    """The attempts' experiment records as `report --json` shows them: everything but the resolved spec
+    itself (it may hold secrets, and it is in `record`), with the spec keys changed since the previous
+    attempt."""
+    entries = []
+    for attempt, previous in _changes(shown):
+        entry: dict[str, Any] = {"attempt": attempt.attempt, "record": str(attempt.path), "problem": attempt.problem}
+        record = attempt.record
+        if record is not None:
+            entry.update(recorded_at=record.recorded_at, clusterctl_version=record.clusterctl_version,
+                         command=list(record.command), data_version=record.data_version, code=record.code.to_json(),
+                         spec_changed=list(spec_changes(previous.spec, record.spec)) if previous else [])
+        entries.append(entry)
+    return entries
+
+
+def code_text(code: CodeVersion) -> str:
+    """The code version in a user's words: `git 1a2b3c4d5e6f, clean, in /home/u/proj`."""
+    where = f", in {code.workdir}"
+    if code.commit is None:
+        return f"unknown ({code.unknown}){where}"
+    if code.dirty is None:
+        state = f" ({code.unknown})"
+    else:
+        state = " with uncommitted changes to tracked files" if code.dirty else ", clean"
+    return f"git {code.commit[:12]}{state}{where}"
+
+
+def experiment_lines(shown: Sequence[AttemptExperiment]) -> list[tuple[str, str]]:
+    """The report's experiment section as (text, style) lines: per attempt its code, data and clusterctl
+    versions (after the first, only what changed) and the command its ranks started with."""
+    if not shown:
+        return []
+    if all(a.record is None and a.problem == NOT_RECORDED for a in shown):
+        return [("experiment: not recorded (the attempts were submitted by a clusterctl that did not record them)",
+                 "dim")]
+    lines = [("experiment (each attempt's record, with its resolved spec: RUN/attempts/<n>/experiment.json)", "")]
+    for attempt, previous in _changes(shown):
+        record = attempt.record
+        if record is None:
+            lines.append((f"  attempt {attempt.attempt}: {attempt.problem}", "yellow"))
+            continue
+        data = f'data version "{record.data_version}"' if record.data_version is not None else \
+            "no data version (job.data_version)"
+        facts = [f"code {code_text(record.code)}", data, f"clusterctl {record.clusterctl_version}"]
+        if previous is not None:
+            facts = [f"code as attempt {previous.attempt}" if record.code == previous.code else facts[0]]
+            facts += [data] if record.data_version != previous.data_version else []
+            facts += [f"clusterctl {record.clusterctl_version}"] if (
+                record.clusterctl_version != previous.clusterctl_version) else []
+            changed = spec_changes(previous.spec, record.spec)
+            facts += [f"spec changed: {', '.join(changed)}"] if changed else []
+        lines.append((f"  attempt {attempt.attempt}: {'; '.join(facts)}", ""))
+        lines.append((f"      {shlex.join(record.command)}", "dim"))
+    return [(one_line(text), style) for text, style in lines]  # a record is a file: nothing in it may steer a terminal
 
 
 def recovery_report_json(recovered: RecoveredInAllocation) -> dict[str, Any]:
@@ -90,10 +186,13 @@ class RunReport:
     """Damaged journal lines that were skipped, each with what it may have cost (the counts above may be off)."""
     resumes: tuple[Resumed, ...] = ()
     """Every resume from multi-level checkpoints, oldest first: where the nodes' parts came from, how long reading took."""
+    experiment: tuple[AttemptExperiment, ...] = ()
+    """What each attempt ran (its experiment record), oldest first."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "state": self.state, "message": self.message,
                 "attempts": [a.to_json() for a in self.attempts], "excluded_now": list(self.excluded_now),
+                "experiment": experiment_json(self.experiment),
                 "in_allocation": [recovery_report_json(r) for r in self.in_allocation],
                 "resumes": [resumed_json(r) for r in self.resumes],
                 "stragglers": [straggler_json(s) for s in self.stragglers],
@@ -107,12 +206,14 @@ class RunReport:
 
 def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint],
                skipped: Sequence[Skipped], now: float, slow_node_seconds: float = 0.0,
-               max_restarts: int | None = None, journal_warnings: Sequence[str] = (), tiers: bool = False) -> RunReport:
+               max_restarts: int | None = None, journal_warnings: Sequence[str] = (), tiers: bool = False,
+               experiment: Sequence[AttemptExperiment] = ()) -> RunReport:
     """The report of the run at `run_path` from its journal's `events`, the complete `checkpoints`
     (oldest first) and `skipped` ones found in its checkpoint directory, the seconds its jobs
     lost to slow nodes (their step-time tables), its spec's restart.max_restarts, and the warnings
     of the journal's damaged lines (shown first: every count below may be off by what they held).
-    `tiers`: the spec has multi-level checkpoints on (the checkpoints' cost is the local save's)."""
+    `tiers`: the spec has multi-level checkpoints on (the checkpoints' cost is the local save's).
+    `experiment`: each attempt's experiment record, oldest first."""
     state = replay(events)
     times = []
     attempts = []
@@ -137,7 +238,8 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                      excluded_now=tuple(state.excluded(now)), in_allocation=recoveries,
                      stragglers=stragglers_of(events), checkpoints=tuple(checkpoints), skipped=tuple(skipped),
                      goodput=goodput, restarts_used=state.budget.restarts, max_restarts=max_restarts,
-                     journal_warnings=tuple(journal_warnings), resumes=resumes_of(events))
+                     journal_warnings=tuple(journal_warnings), resumes=resumes_of(events),
+                     experiment=tuple(experiment))
 
 
 def report_renderables(report: RunReport) -> Group:
@@ -146,14 +248,13 @@ def report_renderables(report: RunReport) -> Group:
     parts: list[RenderableType] = [Text.assemble(("run ", "bold"), plain(report.run), "  ", plain(report.state, "bold"),
                                                  plain(f"  {report.message}" if report.message else ""))]
     parts += [plain(f"warning: {warning}", "yellow") for warning in report.journal_warnings]
-    table = Table(box=None, pad_edge=False)
-    for column in ("attempt", "job", "ended", "outcome", "checkpoint", "decision"):
-        table.add_column(column)
-    for a in report.attempts:
-        table.add_row(*plain_row(a.attempt, a.job_id, a.state, a.outcome if a.outcome is not None else "-",
-                                 a.checkpoint_step if a.checkpoint_step is not None else "-",
-                                 a.action if a.action is not None else "-"))
-    parts.append(table)
+    rows = tuple(tuple(str(cell) for cell in (a.attempt, a.job_id, a.state, a.outcome if a.outcome is not None else "-",
+                                              a.checkpoint_step if a.checkpoint_step is not None else "-",
+                                              a.action if a.action is not None else "-"))
+                 for a in report.attempts)
+    parts.append(TextTable(tuple(Column(header) for header in ("attempt", "job", "ended", "outcome", "checkpoint",
+                                                               "decision")), rows, boxed=False))
+    parts += [plain(text, style) for text, style in experiment_lines(report.experiment)]
     for a in report.attempts:
         for b in a.blame:
             parts.append(plain(f"attempt {a.attempt}: blamed {b.node}: {b.reason}"))

@@ -193,6 +193,19 @@ class ResumePlan:
         said.append(f"resuming from step {self.step}: " + ", ".join(parts))
         return said
 
+    def from_tiers(self, shared_path: str) -> str:
+        """What the nodes' tiers give of the chosen checkpoint, as a user reads it: `in the nodes' tiers:
+        1 own copy, 1 buddy copy` (and `; 1 part on shared storage: <shared_path>` when some parts are read
+        from there); '' when every part is read from shared storage, or no checkpoint is chosen."""
+        counts = Counter(source.tier for source in self.sources)
+        near = [f"{n} {label} cop{'y' if n == 1 else 'ies'}"
+                for tier, label in (("local", "own"), ("buddy", "buddy")) if (n := counts[tier])]
+        if not near:
+            return ""
+        shared = counts["shared"]
+        return "in the nodes' tiers: " + ", ".join(near) + (
+            f"; {shared} part{'' if shared == 1 else 's'} on shared storage: {shared_path}" if shared else "")
+
 
 def plan_resume(facts: ResumeFacts) -> ResumePlan:
     """The newest checkpoint whose every node's shards have a usable copy, and where each comes from.

@@ -136,6 +136,16 @@ class Testbed:
         return self.bindir / "python"
 
     @property
+    def user_python(self) -> Path | None:
+        """This checkout's Python (its virtualenv, with PyTorch where installed) as a training program
+        on the hosts runs it, as a user's environment on shared storage would be; None on a root
+        filesystem when that Python lives under /usr (this machine's own, which cannot be lent to
+        another Debian release without replacing the root filesystem's own /usr)."""
+        if self.running().rootfs is not None and lendable_python_prefix() is None:
+            return None
+        return Path(sys.executable)
+
+    @property
     def hooks(self) -> slurm_config.Hooks:
         """The hook commands wired into slurm.conf (the project's installed ones unless given)."""
         if self._hooks is not None:
@@ -359,6 +369,8 @@ class Testbed:
         if root is not None:
             binds.append(f"{REPO}:{REPO}")
             binds.append(f"{REPO}:{rootfs.SOURCE}")  # the venv in the root filesystem imports the project from here
+            if (prefix := lendable_python_prefix()) is not None:
+                binds.append(f"{prefix}:{prefix}")  # this checkout's venv (`user_python`) runs on it
         if host != CONTROLLER:
             binds.append(f"{layout.ld_cache}:/etc/ld.so.cache")
             # Each node's own /run/healthd and /etc/clusterctl, where a real install keeps them;
@@ -539,6 +551,15 @@ def build_nvml(target: Path, *, header_dir: Path | None = None) -> None:
     if header_dir is not None:
         argv[1:1] = ["-DNVML_EMU_REAL_HEADER", f"-I{header_dir}"]
     run(argv, timeout=120)
+
+
+def lendable_python_prefix(base_prefix: str | None = None) -> Path | None:
+    """The installation a Python runs from (`base_prefix`, default this one's `sys.base_prefix`) when it
+    can be bound into a root filesystem at the same path (self-contained, as pyenv's; not under /usr)."""
+    prefix = Path(sys.base_prefix if base_prefix is None else base_prefix).resolve()
+    if prefix == Path("/") or prefix.is_relative_to("/usr") or not (prefix / "lib").is_dir():
+        return None
+    return prefix
 
 
 def default_hooks() -> slurm_config.Hooks:

@@ -146,6 +146,7 @@ def test_when_no_spare_is_left_the_supervisor_resubmits_without_the_node(cluster
     assert {second, spare} <= excluded, out
 
 
+@pytest.mark.one_release  # CI time: its Slurm side (a step ended and started again) is the spare stories'
 def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_restarts(cluster, tmp_path,
                                                                                        reference):
     spec = _spec(tmp_path, 1).read_text()
@@ -206,6 +207,7 @@ def test_a_node_that_dies_or_is_cut_off_is_replaced_by_the_spare(cluster, tmp_pa
         assert "took it over from its dead batch host" in out, out
 
 
+@pytest.mark.one_release  # CI time: its Slurm side is the kill-batch-host story's
 def test_the_batch_host_and_the_supervisor_lost_at_once_nothing_acts_twice_and_the_run_ends_right(
         cluster, tmp_path, reference):
     """The node running the job's agent dies as the login session with the supervisor does: the

@@ -5,8 +5,10 @@ supervisor resumes from the last complete DCP checkpoint, or with a spare the jo
 the node inside the allocation (the rendezvous host included), and the run ends bit-identical to
 an uninterrupted one.
 
-Only on this machine's Slurm (CLUSTERCTL_TEST_SLURM=host): jobs there run with this checkout's
-virtualenv, the one PyTorch is installed into; the other releases' root filesystems have no PyTorch."""
+The training program runs with this checkout's virtualenv, the one PyTorch is installed into, as a
+user's environment on shared storage would be; on a release with its own root filesystem the testbed
+lends it this machine's Python (`cluster.user_python`).  The multi-level checkpoint stories run on
+every release; the others only on this machine's Slurm (CLUSTERCTL_TEST_SLURM=host)."""
 
 from __future__ import annotations
 
@@ -29,18 +31,28 @@ from tests.conftest import REPO, TEST_LAYOUT, TEST_SLURM, clusterctl_on
 
 pytestmark = [
     pytest.mark.e2e,
-    pytest.mark.skipif(TEST_SLURM != "host", reason=f"PyTorch runs only on this machine's Slurm (host); "
-                       f"the {TEST_SLURM} root filesystem has no PyTorch"),
     pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                        reason="PyTorch is not installed: CLUSTERCTL_TORCH=1 bash scripts/setup.sh"),
 ]
+host_only = pytest.mark.skipif(TEST_SLURM != "host", reason="a story of the launch styles and the supervisor, "
+                               "told on this machine's Slurm (host); the multi-level checkpoint stories run everywhere")
 
 RECORDS = str(TEST_LAYOUT.root / "job-health")
 STEPS = 40
 
 
+def _python(cluster) -> Path:
+    """The training program's Python: this checkout's virtualenv, lent to the testbed's hosts."""
+    python = getattr(cluster, "user_python", None)
+    if python is None:
+        pytest.skip(f"this machine's Python (under /usr) cannot be lent to the {TEST_SLURM} root filesystem, "
+                    "and that has no PyTorch; run with CLUSTERCTL_TEST_SLURM=host")
+    return python
+
+
 def _spec(cluster, tmp_path: Path, style: str, *extra: str, spares: int = 0, exclude: str = "") -> Path:
-    command = [str(cluster.python), "torch_trainer.py", "--checkpoint-dir", "{checkpoint_dir}", "--steps", str(STEPS),
+    python = _python(cluster)
+    command = [str(python), "torch_trainer.py", "--checkpoint-dir", "{checkpoint_dir}", "--steps", str(STEPS),
                "--checkpoint-every", "10", "--step-time", "0.25", "--timeout", "30", *extra]
     path = tmp_path / "job.toml"
     excluded = f'exclude = "{exclude}"\n' if exclude else ""
@@ -54,7 +66,7 @@ gpus_per_node = 2
 style = "{style}"
 command = {json.dumps(command)}
 workdir = "{REPO / 'examples'}"
-env = {{PATH = "{cluster.bindir}:/usr/bin:/bin", OMP_NUM_THREADS = "1"}}
+env = {{PATH = "{python.parent}:{cluster.bindir}:/usr/bin:/bin", OMP_NUM_THREADS = "1"}}
 [parallel]
 tp = 1
 pp = 1
@@ -134,6 +146,8 @@ def reference(testbed_session, tmp_path_factory) -> dict:
     return final
 
 
+@host_only
+@pytest.mark.matrix_only  # CI time: the xid 79 and the batch-host stories cover most of it
 def test_srun_a_rank_killed_mid_save_leaves_a_dcp_checkpoint_the_supervisor_refuses(cluster, tmp_path, reference):
     run_dir = tmp_path / "run"
     proc = _supervised(cluster, _spec(cluster, tmp_path, "srun", "--die-during-save", "20"), run_dir)
@@ -150,6 +164,7 @@ def test_srun_a_rank_killed_mid_save_leaves_a_dcp_checkpoint_the_supervisor_refu
     assert (cut / ".metadata").exists()  # saved again, completely, by the resumed job
 
 
+@host_only
 def test_torchrun_an_xid_79_mid_run_resumes_from_the_last_complete_dcp_checkpoint_bit_identical(
         cluster, tmp_path, reference):
     run_dir = tmp_path / "run"
@@ -193,6 +208,8 @@ def test_torchrun_an_xid_79_mid_run_resumes_from_the_last_complete_dcp_checkpoin
     assert decided[1].outcome == "completed" and _events(run_dir, "done")
 
 
+@host_only
+@pytest.mark.matrix_only  # CI time: the xid 79 and the batch-host stories cover most of it
 def test_torchrun_with_a_spare_goes_on_on_it_when_the_rendezvous_host_fails_bit_identical_without_the_queue(
         cluster, tmp_path, reference):
     # Without node1 the allocation is node[2-4]: the map keeps node3 and node4 under one leaf, the
@@ -223,6 +240,7 @@ def test_torchrun_with_a_spare_goes_on_on_it_when_the_rendezvous_host_fails_bit_
     assert f"resumed from {recovered[0].checkpoint}" in log, log
 
 
+@host_only
 def test_torchrun_whose_batch_host_dies_goes_on_on_the_spare_bit_identical_without_the_queue(
         cluster, tmp_path, reference):
     """The node running the job's agent (and, in Slurm's order, rank 0 and torchrun's rendezvous
@@ -248,18 +266,24 @@ def test_torchrun_whose_batch_host_dies_goes_on_on_the_spare_bit_identical_witho
     assert f"resumed from {recovered.checkpoint}" in log, log
 
 
+@pytest.mark.parametrize("corrupt", [False, pytest.param(True, marks=pytest.mark.one_release)],
+                         ids=["buddy-copy", "corrupted-buddy-copy"])
 def test_torchrun_with_multi_level_checkpoints_a_node_lost_before_the_flush_resumes_from_its_buddys_dcp_copy(
-        cluster, tmp_path, reference):
+        cluster, tmp_path, reference, corrupt):
     """Every rank saves its DCP state to its node's memory (clusterctl.checkpoint), each node's part is
-    copied to the other node, every 30th step flushed; a node powered off before its newest checkpoint
-    reached shared storage: the spare takes its slot with the dead node's part fetched from its buddy."""
+    copied to the other node, every k-th step flushed; a node powered off before its newest checkpoint
+    reached shared storage: the spare takes its slot with the dead node's part fetched from its buddy.
+    Corrupted: every copy of that part on the buddy has a flipped byte; the checksum catches it and the
+    run goes on from the flushed checkpoint instead, without a restart loop."""
     from clusterctl.launcher.job.checkpoint_plan import run_key
     from clusterctl.records.checkpoint_holdings import read_holdings
 
-    spec = _spec(cluster, tmp_path, "torchrun", spares=1)
+    flush_every, newest = (20, 30) if corrupt else (30, 10)
+    # A slower step (the result does not depend on it) leaves time to spoil the copies before the run ends.
+    spec = _spec(cluster, tmp_path, "torchrun", *(["--step-time", "0.5"] if corrupt else []), spares=1)
     text = spec.read_text()
     spec.write_text(text[:text.index("[checkpoint]")] + '[checkpoint]\ndir = "{run_dir}/checkpoints"\ntiers = true\n'
-                    'flush_every_steps = 30\n' + text[text.index("[restart]"):])
+                    f'flush_every_steps = {flush_every}\n' + text[text.index("[restart]"):])
     run_dir = tmp_path / "run"
     proc = _supervised(cluster, spec, run_dir)
     _wait_for(run_dir / "journal.jsonl", proc)
@@ -274,16 +298,29 @@ def test_torchrun_with_multi_level_checkpoints_a_node_lost_before_the_flush_resu
 
     def kept_by_buddy() -> bool:
         held = read_holdings(tier / survivor / "holdings.json")
-        return held is not None and any(c.tier == "buddy" and c.of_node == victim and c.step % 30 for c in held.copies)
+        return held is not None and any(c.tier == "buddy" and c.of_node == victim and c.step >= newest and
+                                        c.step % flush_every for c in held.copies)
 
     _wait_until(kept_by_buddy, proc)
+    if corrupt:  # one byte flipped in the largest file of every copy of the victim's part on its buddy
+        for step_dir in (tier / survivor / "buddy" / victim).glob("step-*"):
+            shard = max((f for f in step_dir.rglob("*") if f.is_file() and not f.name.endswith(".json")),
+                        key=lambda f: f.stat().st_size)
+            data = bytearray(shard.read_bytes())
+            data[len(data) // 2] ^= 0x01
+            shard.write_bytes(bytes(data))
     cluster.kill_node(victim)
     code, out = _finish(proc)
     assert code == 0, out
     log = _log(run_dir)
     assert _final(run_dir) == reference, out + log
     assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
-    (recovered,) = _events(run_dir, "recovered-in-allocation")
-    assert [b.node for b in recovered.blame] == [victim] and recovered.checkpoint_step % 30, out + log
-    assert f"files from {victim}'s copy on {survivor} in" in log, log
-
+    recovered = _events(run_dir, "recovered-in-allocation")
+    assert [b.node for b in recovered[0].blame] == [victim], out + log
+    if not corrupt:
+        assert len(recovered) == 1 and recovered[0].checkpoint_step % flush_every, out + log
+        assert f"files from {victim}'s copy on {survivor} in" in log, log
+    else:
+        assert "fails its checksum" in log, log
+        assert len(recovered) <= 3, log  # a bounded number of tries, never a loop
+        assert recovered[-1].checkpoint_step == flush_every, out + log  # the flushed one, the newest complete

@@ -677,6 +677,11 @@ def test_an_agent_with_tiers_resumes_the_swapped_in_spare_from_the_lost_nodes_bu
     event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
                  if isinstance(e, RecoveredInAllocation))
     assert event.checkpoint_step == 20 and [b.node for b in event.blame] == ["node2"]
+    # Checkpoint 20 was never flushed: the restart names its step and the nodes' tiers, never a folder it is not in.
+    assert event.checkpoint is None
+    assert "restart 1: a new step on node1 node3 from step 20 (in the nodes' tiers: 1 own copy, 1 buddy copy) " \
+           "(no queue wait)" in said
+    assert not any("tiers/step-" in line for line in said)
     assert (shell.job_dir / "checkpoint-inventory.json").is_file()
     # Once both nodes said their resume, one journal line: where the parts came from, the slowest read.
     [resumed] = [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events if isinstance(e, Resumed)]
@@ -717,6 +722,9 @@ def test_a_resume_that_fails_on_the_spare_starts_the_step_again_from_the_next_ti
     events = [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
               if isinstance(e, RecoveredInAllocation)]
     assert [(e.restart, [b.node for b in e.blame]) for e in events] == [(1, ["node2"]), (2, [])]
+    shared = shell.run_dir / "checkpoints" / "tiers" / "step-000000000020"
+    assert f"restart 2: a new step on node1 node3 from step 20 (in the nodes' tiers: 1 own copy; 1 part on shared " \
+           f"storage: {shared}) (no queue wait)" in said
     assert "resuming failed (the step exited 137): node3 could not load checkpoint 20" in events[1].reason
     assert replay(read_run_journal(shell.run_dir / "journal.jsonl").events).budget.restarts == 2
     assert (shell.run_dir / "checkpoints" / "tiers" / "step-000000000020" / "complete.json").is_file()

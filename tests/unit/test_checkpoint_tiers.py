@@ -110,6 +110,7 @@ def test_a_replacement_for_a_gone_node_loads_the_copy_its_buddy_kept():
     assert all(sources[n].tier == "local" for n in NODES if n != "node3")
     assert plan.lines()[-1] == (f"resuming from step 20: 3 node(s) from their own copies, "
                                 f"1 node(s) from a buddy's copy (node3's on {buddies['node3']})")
+    assert plan.from_tiers("/ck/tiers/step-000000000020") == "in the nodes' tiers: 3 own copies, 1 buddy copy"
 
 
 def test_a_node_and_its_buddy_both_gone_resume_from_the_last_flushed_checkpoint_and_say_why():
@@ -120,6 +121,8 @@ def test_a_node_and_its_buddy_both_gone_resume_from_the_last_flushed_checkpoint_
     assert plan.step == 30
     assert {s.node: s.tier for s in plan.sources} == {"node1": "local", "node2": "local", "node3": "shared",
                                                       "node4": "buddy"}
+    assert plan.from_tiers("/ck/tiers/step-000000000030") == \
+        "in the nodes' tiers: 2 own copies, 1 buddy copy; 1 part on shared storage: /ck/tiers/step-000000000030"
     assert [s.step for s in plan.skipped] == [40]
     assert plan.skipped[0].missing == ("node3",)
     assert plan.skipped[0].why == ("step 40: node3's shards: local copy gone with node3; buddy copy on node4 "
@@ -165,6 +168,7 @@ def test_a_checkpoint_whose_resume_failed_twice_gives_way_to_the_last_flushed_on
         "not flushed to shared storage. node3's shards: not flushed to shared storage. node4's shards: not flushed "
         "to shared storage"]
     assert twice.lines()[-2:] == [twice.fallback, "resuming from step 20: 4 node(s) from shared storage"]
+    assert twice.from_tiers("/ck/tiers/step-000000000020") == ""  # read whole from shared storage
 
 
 def test_nothing_complete_means_the_program_starts_from_its_beginning_and_says_so():

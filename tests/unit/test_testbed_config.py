@@ -9,6 +9,7 @@ import pytest
 pytest.importorskip("clusterctl_testbed", reason="tests the testbed package: pip install -e ./testbed")
 
 from clusterctl_testbed import rootfs, slurm_config, versions  # noqa: E402
+from clusterctl_testbed.cluster import lendable_python_prefix  # noqa: E402
 from clusterctl_testbed.layout import Layout  # noqa: E402
 from tests.golden import assert_golden  # noqa: E402
 
@@ -126,3 +127,12 @@ def test_the_block_variant_is_refused_on_a_slurm_without_topology_block():
     slurm_config.check_topology(Layout(topology="block"), (26, 5))
     with pytest.raises(ValueError, match="unknown topology 'torus'; one of: tree, block"):
         slurm_config.check_topology(Layout(topology="torus"), (26, 5))
+
+
+def test_a_self_contained_python_is_lent_to_root_filesystems_but_the_systems_own_is_not(tmp_path):
+    pyenv = tmp_path / "versions" / "3.11.7"
+    (pyenv / "lib").mkdir(parents=True)
+    assert lendable_python_prefix(str(pyenv)) == pyenv.resolve()
+    assert lendable_python_prefix("/usr") is None  # binding it would replace the root filesystem's /usr
+    assert lendable_python_prefix("/usr/local") is None
+    assert lendable_python_prefix("/") is None
