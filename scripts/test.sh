@@ -20,7 +20,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # With PyTorch's CPU build (about 45 s): tests/unit/test_torch_trainer.py and
 # tests/e2e/test_pytorch.py run in the 22.05 session (about 5 min together) instead of skipping.
-CLUSTERCTL_TORCH=1 bash scripts/setup.sh
+# With Debian's Chromium: tests/unit/test_report_in_a_browser.py renders `report --html` (about 5 s).
+CLUSTERCTL_TORCH=1 CLUSTERCTL_BROWSER=1 bash scripts/setup.sh
 
 wheel_dir=$(mktemp -d /tmp/clusterctl-wheel.XXXXXX)
 trap 'rm -rf "$wheel_dir"' EXIT

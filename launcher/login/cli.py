@@ -7,6 +7,7 @@ import math
 import os
 import re
 import shlex
+import stat
 import subprocess
 import sys
 import time
@@ -30,6 +31,7 @@ from clusterctl.launcher.login.plan_view import plan_renderables, plan_svg
 from clusterctl.launcher.pure.plan_document import plan_json
 from clusterctl.launcher.pure.render import SlurmFacts
 from clusterctl.launcher.login.report import report_renderables
+from clusterctl.launcher.login.report_drawing import report_html
 from clusterctl.launcher.shared.runs import RunDir
 from clusterctl.launcher.shared.straggler_actions import srun_gpu_evidence
 from clusterctl.launcher.pure.supervisor_job import LOG_NAME as SUPERVISOR_LOG, SCRIPT_NAME as SUPERVISOR_SCRIPT
@@ -43,7 +45,7 @@ from clusterctl.launcher.login.text_view import saying
 from clusterctl.table_view import Column, TextTable
 from clusterctl.terminal_view import plain, show, terminal
 from clusterctl.launcher.login.use_cases import (
-    cancel_run, create_submission_run, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
+    cancel_run, create_submission_run, gather_drawing, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
     submit_first_attempt, wait_for_job,
 )
 from clusterctl.records.versioned import indented_json
@@ -86,7 +88,7 @@ def cli(debug: bool) -> None:
     submit    render and submit a job spec (topology-aware script + rank map)
     supervise resubmit after node failures from the last complete checkpoint
     status    a run's attempts, nodes, rank-map cost and logs
-    report    a run's blame, checkpoints, goodput and checkpoint advice
+    report    a run's blame, checkpoints, goodput and checkpoint advice (--html: drawn)
     cancel    cancel a run
     spec      the job-spec reference, or check a spec
     plan      plan a rank map without submitting
@@ -306,16 +308,47 @@ def supervise(run_dir: Path, detach: bool, in_slurm: bool, job_records: Path) ->
     sys.exit(_start_supervisor(run, Slurm(), job_records, detach))
 
 
+def _write_drawing(option: str, path: Path, text: str) -> None:
+    """Write a drawing to `path` whole (temp file and rename), never over anything but a regular file."""
+    try:
+        found = path.lstat()
+    except OSError:
+        found = None  # not there, or not reachable: writing it says why
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        what = "a symlink" if stat.S_ISLNK(found.st_mode) else "something other than a regular file (a FIFO, a " \
+            "device, a socket)"
+        raise OutputError(f"{option} {path}: {what} is there, and only a regular file is replaced (clusterctl "
+                          "neither writes through a link nor over a device); pick another path, or remove it first")
+    try:
+        atomic_write(path, text)
+    except OSError as exc:
+        raise OutputError(f"{option} {path}: cannot write it ({exc.strerror}); pick a path in a directory you "
+                          "can write") from None
+
+
 @cli.command()
 @click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def report(run_dir: Path, as_json: bool) -> None:
+@click.option("--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Also draw the run to FILE: one HTML page (timeline, lost time, curves, step-time heat map) "
+                   "that runs no script and fetches nothing.")
+def report(run_dir: Path, as_json: bool, html_file: Path | None) -> None:
     """Report RUN: attempts, blamed nodes with evidence, checkpoints, goodput and the
-    Young/Daly checkpoint-interval advice."""
+    Young/Daly checkpoint-interval advice.
+
+    \b
+    Examples:
+      clusterctl report RUN
+      clusterctl report RUN --html run.html     # then open run.html in a browser
+    """
     run = RunDir(run_dir.absolute())
     if not run.exists():
         raise RunError(f"{run_dir} is not a clusterctl run directory (no spec.json)")
-    document = gather_report(run, time.time())
+    now = time.time()
+    document = gather_report(run, now)
+    if html_file is not None:
+        _write_drawing("--html", html_file, report_html(document, now, gather_drawing(run)))
+        click.echo(f"clusterctl: drew the run to {printable(str(html_file))}", err=True)
     if as_json:
         click.echo(json.dumps(document.to_json(), indent=2, sort_keys=True))
     else:

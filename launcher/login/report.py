@@ -17,7 +17,9 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
-from clusterctl.launcher.pure.goodput import COST_LOCAL_SAVE, AttemptTimes, Goodput, InAllocationRestart, account
+from clusterctl.launcher.pure.goodput import (
+    COST_LOCAL_SAVE, AttemptTimes, Goodput, InAllocationRestart, LostSpan, account, lost_spans,
+)
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.login.status import resume_where, resumed_json, resumes_of, straggler_json, stragglers_of
 from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
@@ -30,7 +32,8 @@ from clusterctl.records.run_journal import (
 from clusterctl.text import one_line
 
 
-def _duration(seconds: float | None) -> str:
+def duration_text(seconds: float | None) -> str:
+    """Seconds as a person reads them: `250 ms`, `12.5 s`, `4.8 min`, `2.5 h` (`-` for None)."""
     if seconds is None:
         return "-"
     if seconds < 1:
@@ -43,7 +46,8 @@ def _duration(seconds: float | None) -> str:
 @dataclass(frozen=True)
 class AttemptReport:
     """One attempt as the report shows it: what the supervisor decided when its job ended (every
-    decision field None, `state` "running", while the attempt has not ended)."""
+    decision field None, `state` "running", while the attempt has not ended), and when it was
+    submitted, started and ended (epoch seconds, None when not known or not yet)."""
 
     attempt: int
     job_id: str | None
@@ -53,12 +57,19 @@ class AttemptReport:
     blame: tuple[BlamedNode, ...]
     checkpoint_step: int | None
     action: DecisionAction | None
+    submitted_at: float | None = None
+    """When sbatch accepted it (the journal's time), else Slurm's submit time."""
+    started_at: float | None = None
+    """Slurm's start time."""
+    ended_at: float | None = None
+    """Slurm's end time; for a job Slurm lost, when the supervisor decided."""
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "job_id": self.job_id, "state": self.state,
                 "outcome": str(self.outcome) if self.outcome is not None else None, "message": self.message,
                 "blame": [b.to_json() for b in self.blame], "checkpoint_step": self.checkpoint_step,
-                "action": str(self.action) if self.action is not None else None}
+                "action": str(self.action) if self.action is not None else None,
+                "submitted_at": self.submitted_at, "started_at": self.started_at, "ended_at": self.ended_at}
 
 
 NOT_RECORDED = "no experiment record (submitted by a clusterctl that did not write one)"
@@ -188,6 +199,8 @@ class RunReport:
     """Every resume from multi-level checkpoints, oldest first: where the nodes' parts came from, how long reading took."""
     experiment: tuple[AttemptExperiment, ...] = ()
     """What each attempt ran (its experiment record), oldest first."""
+    lost: tuple[LostSpan, ...] = ()
+    """Where the time `goodput` counts as lost went, span by span (queue, work redone, restarts)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "state": self.state, "message": self.message,
@@ -228,18 +241,19 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
         attempts.append(AttemptReport(attempt=a.number, job_id=a.job_id, state=d.state if d else "running",
                                       outcome=d.outcome if d else None, message=d.message if d else None,
                                       blame=d.blame if d else (), checkpoint_step=d.checkpoint_step if d else None,
-                                      action=d.action if d else None))
+                                      action=d.action if d else None, submitted_at=times[-1].submit or None,
+                                      started_at=times[-1].start or None,
+                                      ended_at=(times[-1].end or d.at) if d is not None else None))
     recoveries = tuple(e for e in events if isinstance(e, RecoveredInAllocation))
-    goodput = account(times, list(checkpoints), now,
-                      [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases)) for e in recoveries],
-                      slow_node_seconds, tiers)
+    restarts = [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases)) for e in recoveries]
+    goodput = account(times, list(checkpoints), now, restarts, slow_node_seconds, tiers)
     return RunReport(run=run_path, state=str(state.ended.kind) if state.ended else "running",
                      message=state.ended.message if state.ended else "", attempts=tuple(attempts),
                      excluded_now=tuple(state.excluded(now)), in_allocation=recoveries,
                      stragglers=stragglers_of(events), checkpoints=tuple(checkpoints), skipped=tuple(skipped),
                      goodput=goodput, restarts_used=state.budget.restarts, max_restarts=max_restarts,
                      journal_warnings=tuple(journal_warnings), resumes=resumes_of(events),
-                     experiment=tuple(experiment))
+                     experiment=tuple(experiment), lost=lost_spans(times, list(checkpoints), now, restarts))
 
 
 def report_renderables(report: RunReport) -> Group:
@@ -262,7 +276,7 @@ def report_renderables(report: RunReport) -> Group:
     for r in report.in_allocation:
         took = sum(dict(r.phases).values())
         step = r.checkpoint_step if r.checkpoint_step is not None else "the start"
-        parts.append(plain(f"job {r.job_id}: restart {r.restart} inside the allocation in {_duration(took)}, "
+        parts.append(plain(f"job {r.job_id}: restart {r.restart} inside the allocation in {duration_text(took)}, "
                           f"from step {step} on {' '.join(r.nodes)} (no queue wait)"))
         if r.took_over_from:
             parts.append(plain(f"    the standby agent on {r.agent} took the job over from {r.took_over_from} "
@@ -278,7 +292,7 @@ def report_renderables(report: RunReport) -> Group:
     for s in report.stragglers:
         parts.append(plain(f"job {s.job_id}: straggler {s.node} ({s.action}): {s.ratio:.2f}x the job's "
                           f"compute time for {s.steps} steps from step {s.since_step}, "
-                          f"{_duration(s.lost_s)} lost when found"))
+                          f"{duration_text(s.lost_s)} lost when found"))
         parts += [plain(f"    {line}", "dim") for line in (*s.evidence, *s.hardware)]
         if s.drain:
             parts.append(plain(f"    {s.drain}", "dim"))
@@ -287,21 +301,21 @@ def report_renderables(report: RunReport) -> Group:
                       f"or by resubmission, each counts one)"))
     share = f"{g.goodput * 100:.1f}%" if g.goodput is not None else "-"
     parts.append(Text(
-        f"goodput {share}: productive {_duration(g.productive_seconds)} of {_duration(g.wall_seconds)}; "
-        f"lost: redone work {_duration(g.redone_seconds)}, queue {_duration(g.queue_seconds)}, "
-        f"restart overhead {_duration(g.restart_overhead_seconds)}, slow nodes {_duration(g.slow_node_seconds)}; "
+        f"goodput {share}: productive {duration_text(g.productive_seconds)} of {duration_text(g.wall_seconds)}; "
+        f"lost: redone work {duration_text(g.redone_seconds)}, queue {duration_text(g.queue_seconds)}, "
+        f"restart overhead {duration_text(g.restart_overhead_seconds)}, slow nodes {duration_text(g.slow_node_seconds)}; "
         f"node failures {g.node_failures}"))
     if g.advised_interval_seconds is not None and g.checkpoint_cost_source == COST_LOCAL_SAVE:
         parts.append(Text(
-            f"flushed to shared storage every {_duration(g.checkpoint_interval_seconds)} now; Young/Daly advises "
-            f"saving every {_duration(g.advised_interval_seconds)} (cost {_duration(g.checkpoint_cost_seconds)}: "
+            f"flushed to shared storage every {duration_text(g.checkpoint_interval_seconds)} now; Young/Daly advises "
+            f"saving every {duration_text(g.advised_interval_seconds)} (cost {duration_text(g.checkpoint_cost_seconds)}: "
             f"the local save, the slowest node's; the copy to the buddy and the flush run behind training; "
-            f"MTBF {_duration(g.mtbf_seconds)})"))
+            f"MTBF {duration_text(g.mtbf_seconds)})"))
     elif g.advised_interval_seconds is not None:
         parts.append(Text(
-            f"checkpoint every {_duration(g.checkpoint_interval_seconds)} now; Young/Daly advises "
-            f"{_duration(g.advised_interval_seconds)} (cost {_duration(g.checkpoint_cost_seconds)}: the save, "
-            f"MTBF {_duration(g.mtbf_seconds)})"))
+            f"checkpoint every {duration_text(g.checkpoint_interval_seconds)} now; Young/Daly advises "
+            f"{duration_text(g.advised_interval_seconds)} (cost {duration_text(g.checkpoint_cost_seconds)}: the save, "
+            f"MTBF {duration_text(g.mtbf_seconds)})"))
     else:
         parts.append(Text("checkpoint-interval advice needs a measured checkpoint cost and at least one node failure",
                           style="dim"))
