@@ -272,7 +272,7 @@ def drain_until(inbox: ReportInbox, enough) -> list[NodeReport]:
     return got
 
 
-@pytest.mark.parametrize("inbox_key, heard", [(KEY, True), (os.urandom(32), False)])
+@pytest.mark.parametrize("inbox_key, heard", [(KEY, True), (bytes(range(100, 132)), False)], ids=["the-jobs-key", "another-key"])
 def test_the_reporter_sends_its_ranks_to_the_agents_inbox_signed_with_the_jobs_key(tmp_path, inbox_key, heard):
     for record in (RankProgress(0, "node7", 41, "step", T0, os.getpid()),
                    RankProgress(1, "node7", 40, "checkpoint-save", T0, 2**22 + 7)):  # a pid that is no process
