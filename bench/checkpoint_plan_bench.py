@@ -23,15 +23,17 @@ Each trial is a fresh process (`--child`), measuring in turn, each with its wall
 process's peak RSS over it (VmHWM, reset before it through /proc/self/clear_refs) and every file it wrote
 (`atomic_write`, wrapped to count paths and bytes):
 
-  (1) observe, first: a new agent's `TierPlanner.observe` of every node's holdings (writes complete.json
-      for the 2 flushed checkpoints, and the inventory);
+  (1) observe, first: a new agent's `TierPlanner.observe` of every node's holdings, then `record_due` (what
+      the agent does once a summary interval; writes complete.json for the 2 flushed checkpoints, and the
+      inventory; a checkout older than record_due wrote the inventory in observe);
       observe, steady: one summary interval later, ~1/10 of the nodes changed (they saved step 1200);
       measured twice: at an interval where the inventory is not due (INVENTORY_EVERY not elapsed) and
       at one where it is;
   (2) resume after a node loss (the agent's critical path fault -> stepping again): node N/2 is gone, a
-      spare takes its slot; `resume_point(present)` (inventory written first when pending, complete.json
-      read, `resume_facts` + `plan_resume`) then `launch_env(launch_dir, slots, leaf_of)` (`buddy_map`,
-      `slot_sources`, tiers.idx, the settings);
+      spare takes its slot; `resume_point(present)` (complete.json read, `plan_resume_from_copies`; a
+      checkout older than record_pending wrote the pending inventory first) then `launch_env(launch_dir,
+      slots, leaf_of)` (`buddy_map`, `slot_sources`, tiers.idx, the settings); then, once the step is
+      launched (off the critical path), `record_pending`: the inventory the plan's holdings left pending;
   (3) what one node reads of tiers.idx: `read_tier_slot` for the spare's slot, bytes from /proc/self/io
       (`rchar`: every read(2)/pread(2)) and the index's size;
   (4) one node report (8 ranks) with 32 held copies and without: its size (`encode`), and the agent's
@@ -203,6 +205,11 @@ def child(nodes_count: int, work: Path, with_reports: bool = True) -> dict[str, 
     keeps = kept_for(buddy_map(nodes, leaves))
     slot = {node: i for i, node in enumerate(nodes)}
 
+    def observe(holdings: dict[str, CheckpointHoldings]) -> None:
+        tiers.observe(holdings)
+        if hasattr(tiers, "record_due"):  # else observe wrote the inventory when due
+            tiers.record_due()
+
     def holdings_of(node: str, newest: int) -> CheckpointHoldings:
         return CheckpointHoldings(node, tuple(node_copies(node, slot[node], keeps[node], slot[keeps[node]],
                                                           nodes_count, newest)), T0 + newest + 40)
@@ -216,7 +223,7 @@ def child(nodes_count: int, work: Path, with_reports: bool = True) -> dict[str, 
 
     # (1) observe: the first, then an interval with 1/10 of the nodes changed (the inventory not due, then due).
     with measured(out, "observe_first", writes):
-        tiers.observe(dict(reported))
+        observe(dict(reported))
     new_step = NEWEST + STEP_EVERY
     for name, advance in (("observe_steady", min(interval, INVENTORY_EVERY - 1)),
                           ("observe_steady_inventory_due", INVENTORY_EVERY)):
@@ -227,7 +234,7 @@ def child(nodes_count: int, work: Path, with_reports: bool = True) -> dict[str, 
         clock.t += advance
         view = dict(reported)  # SignalWatch.holdings() hands the agent a fresh dict of the same objects
         with measured(out, name, writes):
-            tiers.observe(view)
+            observe(view)
     out["changed_nodes"] = len(nodes[::10])
     out["inventory_bytes"] = (job_dir / "checkpoint-inventory.json").stat().st_size
     # Every node has reported checkpoint 1200 by the time a node is lost (not timed).
@@ -250,6 +257,9 @@ def child(nodes_count: int, work: Path, with_reports: bool = True) -> dict[str, 
     with measured(out, "launch_env", writes):
         env = tiers.launch_env(launch, slots, leaves_now, avoid_port=29500)
     out["resume_total_seconds"] = time.perf_counter() - started
+    if hasattr(tiers, "record_pending"):  # else resume_point wrote it
+        with measured(out, "after_launch", writes):
+            tiers.record_pending()
     out["resume_step"] = checkpoint.step if checkpoint else None
     out["plan_said"] = said[-3:]
     out["settings_env_bytes"] = sum(len(k) + len(v) for k, v in env.items())
@@ -333,7 +343,8 @@ FIGURES = (
     "observe_steady_inventory_due.written.bytes",
     "resume_point.seconds", "resume_point.peak_rss_mb", "resume_point.written.bytes",
     "launch_env.seconds", "launch_env.peak_rss_mb", "launch_env.written.bytes",
-    "resume_total_seconds", "inventory_bytes", "tier_index_bytes", "node_reads_bytes",
+    "resume_total_seconds", "after_launch.seconds", "after_launch.peak_rss_mb", "after_launch.written.bytes",
+    "inventory_bytes", "tier_index_bytes", "node_reads_bytes",
     "report.without.bytes", "report.copies_6.bytes", "report.copies_32.bytes",
     "report.without.decode_first_us", "report.without.decode_next_us",
     "report.copies_6.decode_first_us", "report.copies_6.decode_next_us",

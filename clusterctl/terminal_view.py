@@ -13,12 +13,16 @@ definition for every view: clusterctl's (launcher/login) and healthd's.
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.segment import Segments
 from rich.text import Text
 
 from clusterctl.text import printable
 
-__all__ = ["plain", "plain_row", "printable", "terminal"]
+__all__ = ["plain", "plain_row", "printable", "show", "terminal"]
+
+UNBOUNDED = 1_000_000
+"""The width a view is laid out at when it is not shown on a terminal: no line is that long."""
 
 
 def plain(text: object, style: str = "") -> Text:
@@ -34,3 +38,16 @@ def plain_row(*cells: object) -> list[Text]:
 def terminal(*, stderr: bool = False) -> Console:
     """A console that reads no markup, emoji codes or highlighting in a str."""
     return Console(stderr=stderr, markup=False, emoji=False, highlight=False)
+
+
+def show(console: Console, renderable: RenderableType) -> None:
+    """Print a view.  On a terminal, lines wrap between words at its width (a line laid out already,
+    as a `TextTable`'s, is not cropped: a word longer than the line stays whole and the terminal
+    folds it); elsewhere (a pipe, a file) nothing wraps: every line is whole, for `grep`, `less -S`
+    or whoever reads it to wrap as they like."""
+    if console.is_terminal:
+        console.print(renderable, crop=False)
+        return
+    # As wide as it is: rich would wrap at COLUMNS or an assumed 80, and crop a tree's labels there.
+    unbounded = console.options.update(width=UNBOUNDED, no_wrap=True, overflow="ignore")
+    console.print(Segments(console.render(renderable, unbounded)), soft_wrap=True)

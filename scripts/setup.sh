@@ -3,7 +3,9 @@
 # Debian packages (Python, compiler, Slurm, munge, MariaDB, shellcheck) and a virtualenv
 # at .venv with clusterctl installed (editable) and its test extras (pytest, ruff, mypy, build),
 # and the testbed, a separate development-only package; with CLUSTERCTL_TORCH=1 also PyTorch
-# (CPU build) for the PyTorch example and its tests. Idempotent.
+# (CPU build) for the PyTorch example and its tests; with CLUSTERCTL_BROWSER=1 also Debian's
+# headless-capable Chromium, which the tests of `clusterctl report --html` render the page with
+# (skipped without it; scripts/test.sh asks for both). Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -18,6 +20,9 @@ packages=(gcc libc6-dev iproute2 util-linux procps shellcheck
 if ! { command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null; }; then
   packages+=(python3 python3-venv python3-dev)
 fi
+# CLUSTERCTL_BROWSER=1: Chromium for tests/unit/test_report_in_a_browser.py (about 400 MB installed, with
+# the libraries a bookworm machine with Slurm lacked).  Users never need it: the page opens in any browser.
+[[ ${CLUSTERCTL_BROWSER:-0} == 1 ]] && packages+=(chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

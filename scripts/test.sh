@@ -6,7 +6,7 @@
 #   3. the test suite: unit tests (the dependency rules among them) and end-to-end tests against
 #      a real Slurm testbed (its own, at /tmp/ctb-test, torn down at the end), one of which runs
 #      a job from the wheel's virtualenv; one pytest session per Slurm release:
-#        a. unit tests and the whole end-to-end suite on this machine's Slurm 22.05;
+#        a. unit tests (two processes) and the whole end-to-end suite on this machine's Slurm 22.05;
 #        b. the end-to-end suite on the newest release (26.05, Debian sid's root filesystem) but the
 #           stories marked `one_release` (a sibling story covers their Slurm side there);
 #        c. the stories marked `slurm_versions` on 24.11 (Debian trixie's).
@@ -20,7 +20,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # With PyTorch's CPU build (about 45 s): tests/unit/test_torch_trainer.py and
 # tests/e2e/test_pytorch.py run in the 22.05 session (about 5 min together) instead of skipping.
-CLUSTERCTL_TORCH=1 bash scripts/setup.sh
+# With Debian's Chromium: tests/unit/test_report_in_a_browser.py renders `report --html` (about 5 s).
+CLUSTERCTL_TORCH=1 CLUSTERCTL_BROWSER=1 bash scripts/setup.sh
 
 wheel_dir=$(mktemp -d /tmp/clusterctl-wheel.XXXXXX)
 trap 'rm -rf "$wheel_dir"' EXIT
@@ -49,7 +50,9 @@ session() {
 if [[ $# -gt 0 ]]; then
   session "${CLUSTERCTL_TEST_SLURM:-host}" "$@"
 else
-  session host -m "not matrix_only"
+  # The unit tests on both cores (pytest-xdist), then the end-to-end suite (one testbed, serial).
+  session host tests/unit -n 2
+  session host tests/e2e -m "not matrix_only"
   session "$NEWEST" tests/e2e -m "not one_release and not matrix_only"
   session 24.11 tests/e2e -m "slurm_versions and not matrix_only"
   # d. the main-job story through the docker-compose testbed, on the newest release.

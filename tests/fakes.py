@@ -9,6 +9,8 @@
 - `FakeNvml` — `NvmlReader` (healthd/nvml.py) answering from a table of samples, with no NVML library.
 - `FakeCopyNetwork` — `CopyTransport` (clusterctl/checkpoint/api.py): every node's copy server in one
   process, copying checkpoint copies between tier roots.
+- `FakeGit` — `GitDoor` (launcher/login/code_version.py): git's answers about a workdir, as git 2.39 gave
+  them (LC_ALL=C), for the cases a test cannot make for real (a tree owned by another user, a slow status).
 
 `_fakes_satisfy_the_doors` at the end is checked by mypy (scripts/lint.sh): a fake that drifts from
 its Protocol fails the lint, not a test far away.
@@ -31,6 +33,7 @@ from clusterctl.checkpoint.api import CopyTransport
 from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd.checks import GpuSample
 from clusterctl.healthd.nvml import GpuIdentity, NvmlCalls, NvmlReader, handle_address
+from clusterctl.launcher.login.code_version import GitAnswer, GitDoor
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, read_checkpoint_manifest, write_checkpoint_manifest
 from clusterctl.records.drain_reason import HEALTHD, DrainOwner
 from clusterctl.slurm.commands import Completed, Runner
@@ -269,7 +272,47 @@ def _fakes_satisfy_the_doors() -> None:
     calls: NvmlCalls = FakeNvmlDriver(1)
     reader: NvmlReader = FakeNvml(1, {})
     copies: CopyTransport = FakeCopyNetwork()
-    del node, factory, runner, slow, calls, reader, copies
+    git: GitDoor = FakeGit.clean("0" * 40)
+    del node, factory, runner, slow, calls, reader, copies, git
+
+
+# ---- git, about a launch workdir (GitDoor) ------------------------------------------------------
+
+class FakeGit:
+    """git's answers to `rev-parse --verify HEAD` (`head`) and `status --porcelain` (`status`); every call
+    is kept in `calls` (argv, timeout).  Change `head`/`status` between attempts to move the workdir on."""
+
+    def __init__(self, head: GitAnswer, status: GitAnswer) -> None:
+        self.head = head
+        self.status = status
+        self.calls: list[tuple[list[str], float]] = []
+
+    def __call__(self, argv: Sequence[str], timeout: float) -> GitAnswer:
+        self.calls.append((list(argv), timeout))
+        return self.head if "rev-parse" in argv else self.status
+
+    @classmethod
+    def clean(cls, commit: str) -> FakeGit:
+        """A tree at `commit` with no change to a tracked file."""
+        return cls(GitAnswer(0, f"{commit}\n", ""), GitAnswer(0, "", ""))
+
+    @classmethod
+    def dirty(cls, commit: str) -> FakeGit:
+        """A tree at `commit` with a tracked file changed."""
+        return cls(GitAnswer(0, f"{commit}\n", ""), GitAnswer(0, " M train.py\n", ""))
+
+    @classmethod
+    def owned_by_another_user(cls, workdir: str) -> FakeGit:
+        """A tree another user owns: git refuses to read it (what git 2.39 said, recorded as root)."""
+        said = (f"fatal: detected dubious ownership in repository at '{workdir}'\nTo add an exception for this "
+                f"directory, call:\n\n\tgit config --global --add safe.directory {workdir}\n")
+        return cls(GitAnswer(128, "", said), GitAnswer(128, "", said))
+
+    @classmethod
+    def slow_status(cls, commit: str) -> FakeGit:
+        """A tree at `commit` whose status does not answer in time (what `run_git` returns then)."""
+        return cls(GitAnswer(0, f"{commit}\n", ""),
+                   GitAnswer(None, "", "git gave no answer within 5 s (a very large or slow repository?)"))
 
 
 # ---- moving checkpoint copies between nodes (CopyTransport) -------------------------------------

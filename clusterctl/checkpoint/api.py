@@ -17,7 +17,6 @@ only when used), so tests pass a fake.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import shutil
@@ -42,6 +41,7 @@ from clusterctl.checkpoint.tier import (
     budget_bytes,
     commit_copy,
     copy_tree_files,
+    flocked,
     flush_due,
     mark_done,
     open_tier_root,
@@ -263,7 +263,7 @@ class Checkpointer:
             resumed, bad = self._resume_in_place(step, [])
             return self._resumed_or_exit(step, self._timed(resumed, began), bad, first=True)
         note = self.tier.root / f".tmp-resume-{self._attempt}"
-        with _flock(self.tier.stage_lock):
+        with flocked(self.tier.stage_lock):
             if note.exists():
                 text = note.read_text()
                 if text.startswith("ok "):
@@ -834,16 +834,6 @@ def _env_whole(environ: Mapping[str, str], names: tuple[str, ...], default: int 
         return default
     raise CheckpointSetupError(f"${SETTINGS_ENV} is set but ${' / $'.join(names)} is not: run the program under "
                                "clusterctl (srun style) or torchrun")
-
-
-@contextmanager
-def _flock(path: Path) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 __all__ = ["Checkpointer", "CheckpointSetupError", "CopyService", "CopyTransport", "Resume", "TcpTransport"]

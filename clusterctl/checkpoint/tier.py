@@ -8,6 +8,7 @@ holdings record that tells the agent what the node holds.
       flushed/step-<N:012d>.json       the manifest of a copy this node wrote to shared storage
       .tmp-*                           being written; removed at the next save
       holdings.json                    CheckpointHoldings
+      holdings.lock                    flock: one process of the node rewrites holdings.json at a time
       stage.lock                       flock: one local rank stages a resume copy
 
 The deciding parts (`retention_victims`, `plan_room`, `flush_due`, `budget_bytes`) are pure
@@ -16,13 +17,15 @@ functions of what is on disk, given as `CopyOnDisk` values; `NodeTier` reads the
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import stat
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +45,7 @@ from clusterctl.records.versioned import RecordError
 
 LOCAL, BUDDY, FLUSHED = "local", "buddy", "flushed"
 STAGE_LOCK = "stage.lock"
+HOLDINGS_LOCK = "holdings.lock"
 TMP_PREFIX = ".tmp-"
 _STEP = re.compile(r"step-(\d{12})")
 
@@ -296,6 +300,11 @@ class NodeTier:
         """`<root>/stage.lock`."""
         return self.root / STAGE_LOCK
 
+    @property
+    def holdings_lock(self) -> Path:
+        """`<root>/holdings.lock`, held while holdings.json is read and rewritten."""
+        return self.root / HOLDINGS_LOCK
+
     def manifest(self, copy_dir: Path) -> CheckpointManifest | None:
         """The manifest of the copy in `copy_dir`, None when it is incomplete or unreadable
         (cached by the manifest's mtime: the background thread asks every poll)."""
@@ -365,16 +374,22 @@ class NodeTier:
     def write_holdings(self, resumed: LastResume | None = None) -> CheckpointHoldings:
         """Rewrite holdings.json from what is on disk, with `resumed` as the node's newest resume (None: the
         one the file holds now: a resume is staged by whichever local rank takes stage.lock, the file is
-        rewritten by the node's first rank too); the holdings written."""
-        if resumed is None:
-            try:
-                before = read_holdings(self.holdings_path)
-            except (OSError, RecordError):
-                before = None
-            resumed = before.last_resume if before is not None else None
-        holdings = holdings_of(self.node, [m for _, m in self.local_copies() + self.buddy_copies()],
-                               self.flushed(), time.time(), resumed)
-        write_holdings(self.holdings_path, holdings)
+        rewritten by the node's first rank too); the holdings written.
+
+        The node's ranks are separate processes (the stager records the resume, local rank 0's thread
+        rewrites after every change): each reads the resume the file carries and writes it back, so the
+        whole rewrite holds `holdings.lock`, else a rewrite that read the file just before the stager wrote
+        its resume would write the old one back, and the agent would never hear of the resume."""
+        with flocked(self.holdings_lock):
+            if resumed is None:
+                try:
+                    before = read_holdings(self.holdings_path)
+                except (OSError, RecordError):
+                    before = None
+                resumed = before.last_resume if before is not None else None
+            holdings = holdings_of(self.node, [m for _, m in self.local_copies() + self.buddy_copies()],
+                                   self.flushed(), time.time(), resumed)
+            write_holdings(self.holdings_path, holdings)
         return holdings
 
     def filesystem_bytes(self) -> int:
@@ -396,6 +411,18 @@ class NodeTier:
                     os.unlink(entry.path)
                 except OSError:
                     pass
+
+
+@contextmanager
+def flocked(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on `path` (made 0600, never through a symlink) for the block: between the
+    node's processes (flock is per open file, so between threads of one process too)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _subdirs(path: Path) -> list[Path]:

@@ -315,7 +315,9 @@ class Ending:
 class RecoveredInAllocation:
     """Inside job `job_id`, the in-allocation agent ended the step that `blame` broke, gave those nodes
     back to Slurm (`given_back`) and started step `restart` on `nodes` (the new map's node slots,
-    spares taken in) from `checkpoint`; `phases` says how long each part took (seconds)."""
+    spares taken in) from checkpoint `checkpoint_step` in folder `checkpoint` (None: a fresh start, or a
+    multi-level checkpoint read at least in part from the nodes' tiers, never a folder it is not in;
+    the `resumed` event says where its parts came from); `phases` says how long each part took (seconds)."""
 
     event: ClassVar[EventKind] = EventKind.RECOVERED
     at: float

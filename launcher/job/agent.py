@@ -366,6 +366,8 @@ class Agent:
             if now >= next_summary and watch is not None:
                 next_summary = now + max(SUMMARY_MIN_SECONDS, heartbeat)
                 self._summarize(launched, watch, signals)
+                if self.tiers is not None:
+                    self.tiers.record_due()
             if not hinted and not sweep and now < next_judge:
                 self.doors.sleep(STEP_POLL_SECONDS)
                 continue
@@ -691,6 +693,8 @@ class Agent:
                 self._summarize(launched, launched.signals, launched.signals.poll(),
                                 "recovering" if decision.act.in_allocation else "ended")
             if not decision.act.in_allocation:
+                if self.tiers is not None:
+                    self.tiers.record_pending()  # the run's next job plans from it
                 return 0 if decision.act == Act.DONE else code or 1
             if decision.act == Act.RESTART_IN_PLACE and watched.hang is not None:
                 hang_restarts += 1
@@ -757,14 +761,18 @@ class Agent:
                 at=self.doors.now(), job_id=self.job_id, restart=restart,
                 blame=tuple(b.to_journal(until) for b in decision.blame), nodes=slots, given_back=given_back,
                 checkpoint_step=checkpoint.step if checkpoint else None,
-                checkpoint=checkpoint.path if checkpoint else None,
+                # Never a folder the checkpoint is not in: one the nodes' tiers give is named by its step.
+                checkpoint=checkpoint.path if checkpoint and not checkpoint.from_tiers else None,
                 phases=(("end_step", round(ended - seen, 3)), ("give_back", round(shrunk - ended, 3)),
                         ("plan_and_launch", round(done - shrunk, 3))),
                 reason=decision.message if not decision.blame else "", agent=self.batch_host,
                 took_over_from=self.took_over_from))
             self.took_over_from = ""
-        self.doors.say(f"restart {restart}: a new step on {' '.join(slots)} from "
-                       f"{resume_from or 'the start'} (no queue wait)")
+            if self.tiers is not None:  # the step has started (or could not): off the recovery's critical path
+                self.tiers.record_pending()
+        # With tiers a step without a checkpoint starts afresh (_launch hands it no earlier path).
+        began = checkpoint.where if checkpoint else "the start" if self.tiers is not None else resume_from or "the start"
+        self.doors.say(f"restart {restart}: a new step on {' '.join(slots)} from {began} (no queue wait)")
         return launched
 
     def _checkpoint(self, present: Sequence[str] = ()) -> Checkpoint | None:

@@ -3,8 +3,9 @@ resume plan across tiers, and what a step is told about it.
 
 The nodes' holdings reach the agent in their reports (no per-node file on shared storage, no Slurm
 call); the agent keeps the newest of each node and records them in the job's inventory (one file per
-job, rewritten at most every INVENTORY_EVERY seconds and before each plan: never one per node or per
-second), and for a checkpoint every slot of which has reached shared storage writes
+job, rewritten at most every INVENTORY_EVERY seconds while they change, and once each step is launched or
+before the agent ends: never one per node or per second, never between a failure and the step that
+recovers from it), and for a checkpoint every slot of which has reached shared storage writes
 `<shared>/tiers/step-<N>/complete.json` once (launcher/shared/checkpoint_inventory.py).  Before each
 step it plans the resume (`resume_point`: the newest checkpoint complete across the tiers of the nodes
 present), writes the step's tier index (`launch_env`: per slot its node, its buddy and where its part of
@@ -26,11 +27,12 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from pathlib import Path
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.pure.checkpoint_tiers import (
-    ResumePlan, SlotSource, buddy_map, plan_resume, resume_facts, resume_said, resumed_event, slot_sources,
+    ResumePlan, SlotSource, buddy_map, plan_resume_from_copies, resume_said, resumed_event, slot_sources,
 )
 from clusterctl.launcher.pure.preflight import MASTER_PORTS
 from clusterctl.launcher.pure.spec import JobSpec
@@ -142,8 +144,8 @@ class TierPlanner:
             self.holdings.setdefault(node, held)
 
     def observe(self, holdings: Mapping[str, CheckpointHoldings]) -> None:
-        """Take the nodes' newest holdings (from their reports): mark every checkpoint now flushed whole,
-        and record the inventory when anything changed (at most every INVENTORY_EVERY s)."""
+        """Take the nodes' newest holdings (from their reports) and mark every checkpoint now flushed whole; the
+        inventory is written later (`record_due`, `record_pending`)."""
         changed = False
         for node, held in holdings.items():
             before = self.holdings.get(node)
@@ -155,7 +157,19 @@ class TierPlanner:
         if changed:
             self._pending = True
             self._mark_flushed()
+
+    def record_due(self) -> None:
+        """Write the job's inventory when holdings changed since it was written and it was written
+        INVENTORY_EVERY s ago or more (the agent's periodic work: an agent that takes the job over, or the
+        run's next job, finds holdings at most that old)."""
         if self._pending and self.monotonic() - self._written_at >= INVENTORY_EVERY:
+            self.record()
+
+    def record_pending(self) -> None:
+        """Write the job's inventory now when holdings changed since it was written: once a step is launched
+        (at 12,500 nodes the ~10 MB take most of a second, kept off the recovery's critical path) and before
+        the agent ends (the run's next job plans from it)."""
+        if self._pending:
             self.record()
 
     def record(self) -> None:
@@ -216,9 +230,9 @@ class TierPlanner:
         """Plan the next step's resume: the newest checkpoint complete across the tiers of the nodes
         `present` (any other node's copies count as gone) and checkpoints flushed whole to shared storage,
         every checkpoint passed over said; None: none (the program starts afresh).  The plan is kept for
-        `launch_env`; the inventory is written first (a job that ends now leaves it for the next)."""
-        if self._pending:
-            self.record()
+        `launch_env`; the inventory is not written here (on the recovery's critical path): the agent writes
+        it once the step is launched (`record_pending`).  The checkpoint's `path` is its folder on shared
+        storage, which holds it only once flushed; its `from_tiers` says what the nodes' tiers give of it."""
         here = set(present)
         copies = self._copies()
         flushed, problems = flushed_checkpoints(self.shared)
@@ -229,13 +243,16 @@ class TierPlanner:
         self._flushed = {checkpoint: self._flushed_copies(checkpoint) for checkpoint in flushed}
         for made in self._flushed.values():
             copies.extend(made)
-        gone = {n for m in copies for n in (m.of_node, m.held_on) if n is not None and n not in here}
-        self.plan = plan_resume(resume_facts(copies, gone=gone, problems=self.problems, failed_resumes=self.failed))
+        named = set(map(attrgetter("of_node"), copies)) | set(map(attrgetter("held_on"), copies))
+        named.discard(None)
+        gone = named - here
+        self.plan = plan_resume_from_copies(copies, gone=gone, problems=self.problems, failed_resumes=self.failed)
         for line in self.plan.lines():
             self.say(line)
         if self.plan.step is None:
             return None
-        return Checkpoint(str(step_dir(self.shared, self.plan.step)), self.plan.step, "tiers")
+        path = str(step_dir(self.shared, self.plan.step))
+        return Checkpoint(path, self.plan.step, "tiers", from_tiers=self.plan.from_tiers(path))
 
     def resume_failed(self, launch_dir: Path) -> list[str]:
         """What the nodes of the step in `launch_dir` said when they could not load its checkpoint (each

@@ -7,6 +7,7 @@ import math
 import os
 import re
 import shlex
+import stat
 import subprocess
 import sys
 import time
@@ -17,7 +18,6 @@ from typing import Any, TypeVar
 
 import click
 from rich.live import Live
-from rich.table import Table
 
 from clusterctl import __version__
 from clusterctl.errors import INTERNAL_ERROR_EXIT, ClusterctlError, OutputError, RunError
@@ -31,6 +31,7 @@ from clusterctl.launcher.login.plan_view import plan_renderables, plan_svg
 from clusterctl.launcher.pure.plan_document import plan_json
 from clusterctl.launcher.pure.render import SlurmFacts
 from clusterctl.launcher.login.report import report_renderables
+from clusterctl.launcher.login.report_drawing import report_html
 from clusterctl.launcher.shared.runs import RunDir
 from clusterctl.launcher.shared.straggler_actions import srun_gpu_evidence
 from clusterctl.launcher.pure.supervisor_job import LOG_NAME as SUPERVISOR_LOG, SCRIPT_NAME as SUPERVISOR_SCRIPT
@@ -41,9 +42,10 @@ from clusterctl.launcher.pure.spec import (
 from clusterctl.launcher.login.status import ended_how, status_renderables
 from clusterctl.launcher.login.supervisor import Hooks, Supervisor, WatchSnapshot
 from clusterctl.launcher.login.text_view import saying
-from clusterctl.terminal_view import plain, plain_row, terminal
+from clusterctl.table_view import Column, TextTable
+from clusterctl.terminal_view import plain, show, terminal
 from clusterctl.launcher.login.use_cases import (
-    cancel_run, create_submission_run, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
+    cancel_run, create_submission_run, gather_drawing, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
     submit_first_attempt, wait_for_job,
 )
 from clusterctl.records.versioned import indented_json
@@ -86,7 +88,7 @@ def cli(debug: bool) -> None:
     submit    render and submit a job spec (topology-aware script + rank map)
     supervise resubmit after node failures from the last complete checkpoint
     status    a run's attempts, nodes, rank-map cost and logs
-    report    a run's blame, checkpoints, goodput and checkpoint advice
+    report    a run's blame, checkpoints, goodput and checkpoint advice (--html: drawn)
     cancel    cancel a run
     spec      the job-spec reference, or check a spec
     plan      plan a rank map without submitting
@@ -306,20 +308,51 @@ def supervise(run_dir: Path, detach: bool, in_slurm: bool, job_records: Path) ->
     sys.exit(_start_supervisor(run, Slurm(), job_records, detach))
 
 
+def _write_drawing(option: str, path: Path, text: str) -> None:
+    """Write a drawing to `path` whole (temp file and rename), never over anything but a regular file."""
+    try:
+        found = path.lstat()
+    except OSError:
+        found = None  # not there, or not reachable: writing it says why
+    if found is not None and not stat.S_ISREG(found.st_mode):
+        what = "a symlink" if stat.S_ISLNK(found.st_mode) else "something other than a regular file (a FIFO, a " \
+            "device, a socket)"
+        raise OutputError(f"{option} {path}: {what} is there, and only a regular file is replaced (clusterctl "
+                          "neither writes through a link nor over a device); pick another path, or remove it first")
+    try:
+        atomic_write(path, text)
+    except OSError as exc:
+        raise OutputError(f"{option} {path}: cannot write it ({exc.strerror}); pick a path in a directory you "
+                          "can write") from None
+
+
 @cli.command()
 @click.argument("run_dir", metavar="RUN", type=click.Path(path_type=Path, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def report(run_dir: Path, as_json: bool) -> None:
+@click.option("--html", "html_file", type=click.Path(path_type=Path, dir_okay=False), metavar="FILE",
+              help="Also draw the run to FILE: one HTML page (timeline, lost time, curves, step-time heat map) "
+                   "that runs no script and fetches nothing.")
+def report(run_dir: Path, as_json: bool, html_file: Path | None) -> None:
     """Report RUN: attempts, blamed nodes with evidence, checkpoints, goodput and the
-    Young/Daly checkpoint-interval advice."""
+    Young/Daly checkpoint-interval advice.
+
+    \b
+    Examples:
+      clusterctl report RUN
+      clusterctl report RUN --html run.html     # then open run.html in a browser
+    """
     run = RunDir(run_dir.absolute())
     if not run.exists():
         raise RunError(f"{run_dir} is not a clusterctl run directory (no spec.json)")
-    document = gather_report(run, time.time())
+    now = time.time()
+    document = gather_report(run, now)
+    if html_file is not None:
+        _write_drawing("--html", html_file, report_html(document, now, gather_drawing(run)))
+        click.echo(f"clusterctl: drew the run to {printable(str(html_file))}", err=True)
     if as_json:
         click.echo(json.dumps(document.to_json(), indent=2, sort_keys=True))
     else:
-        terminal().print(report_renderables(document))
+        show(terminal(), report_renderables(document))
 
 
 def _resolve_target(target: str | None) -> list[RunDir]:
@@ -375,14 +408,9 @@ def spec_command(spec_file: Path | None, markdown: bool) -> None:
             kind, default, doc = (cell.replace("|", "\\|") for cell in (kind, default, doc))
             click.echo(f"| `{key}` | {kind} | {default} | {doc} |")
         return
-    table = Table(title="clusterctl job spec (TOML); `clusterctl spec --markdown` for docs/spec.md")
-    table.add_column("key", no_wrap=True)
-    table.add_column("type", max_width=14)
-    table.add_column("default", max_width=12)
-    table.add_column("meaning", ratio=1)
-    for row in rows:
-        table.add_row(*plain_row(*row))
-    terminal().print(table)
+    show(terminal(), TextTable(
+        (Column("key", bare=True), Column("type", max_width=14), Column("default", max_width=12), Column("meaning", prose=True)),
+        tuple(rows), title="clusterctl job spec (TOML); `clusterctl spec --markdown` for docs/spec.md"))
 
 
 @cli.group("hostlist")
@@ -478,7 +506,7 @@ def plan(spec: Path | None, tp: int | None, pp: int | None, dp: int | None, cp: 
     if as_json:
         click.echo(indented_json(plan_json(result, topology)))
     else:
-        terminal().print(plan_renderables(result, topology, explain=explain))
+        show(terminal(), plan_renderables(result, topology, explain=explain))
 
 
 def main() -> None:

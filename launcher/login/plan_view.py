@@ -5,11 +5,11 @@ from __future__ import annotations
 from html import escape
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from clusterctl.terminal_view import plain, plain_row
+from clusterctl.table_view import Column, TextTable
+from clusterctl.terminal_view import plain
 from clusterctl.launcher.pure.placement import Plan
 from clusterctl.slurm.topology import Topology
 
@@ -59,19 +59,19 @@ def plan_renderables(plan: Plan, topology: Topology, *, explain: bool) -> Group:
         if used(root):
             add(tree, root)
 
-    table = Table(title="Cost by group kind and level (groups spanning >1 unit / Σ(span−1) / max span / "
-                        "crossing ring edges)")
-    table.add_column("kind")
-    table.add_column("level")
-    for name in ("plan", *plan.baselines):
-        table.add_column(name, justify="right")
+    rows = []
     for kind, levels in plan.cost.table.items():
         for level in levels:
             row = [kind.upper(), level]
             for report in (plan.cost, *plan.baselines.values()):
                 c = report.table[kind][level]
                 row.append(f"{c.spanning}/{c.groups} · {c.span_excess} · {c.max_span} · {c.crossing_edges}")
-            table.add_row(*plain_row(*row))
+            rows.append(tuple(row))
+    table = TextTable((Column("kind", bare=True), Column("level", bare=True),
+                       *(Column(name, justify="right") for name in ("plan", *plan.baselines))),
+                      tuple(rows), names=2,
+                      title="Cost by group kind and level (groups spanning >1 unit / Σ(span−1) / max span / "
+                            "crossing ring edges)")
     summary = Text()
     summary.append(f"objective {plan.cost.objective:g}", style="bold")
     for name, report in plan.baselines.items():

@@ -1,14 +1,18 @@
-"""Submitting an attempt: ask Slurm what it is once, render, write, sbatch, journal."""
+"""Submitting an attempt: ask Slurm what it is once, render, write the script and the experiment record,
+sbatch, journal."""
 
 from __future__ import annotations
 
 import importlib.resources
 from pathlib import Path
 
+from clusterctl import __version__
 from clusterctl.errors import SlurmCommandError, SpecError
+from clusterctl.launcher.login.code_version import GitDoor, probe_code_version
 from clusterctl.launcher.pure.render import SlurmFacts, SubmitRequest, Template
 from clusterctl.launcher.pure.render import prepare as prepare_request
-from clusterctl.launcher.shared.runs import RunDir
+from clusterctl.launcher.shared.runs import RunDir, spec_document
+from clusterctl.records.experiment_record import CodeVersion, ExperimentRecord, write_experiment_record
 from clusterctl.records.run_journal import Submitted
 from clusterctl.slurm.commands import Slurm
 from clusterctl.launcher.pure.spec import JobSpec
@@ -61,9 +65,22 @@ def gather_facts(slurm: Slurm, spec: JobSpec) -> tuple[SlurmFacts, list[str]]:
     return SlurmFacts(version, plugin, topology), warnings
 
 
-def submit_attempt(run: RunDir, request: SubmitRequest, slurm: Slurm, attempt: int, exclude: str | None) -> str:
-    """Write the attempt's script, sbatch it, journal it; the job id."""
+def experiment_record(spec: JobSpec, request: SubmitRequest, attempt: int, code: CodeVersion,
+                      now: float) -> ExperimentRecord:
+    """What attempt `attempt` runs: the spec it was rendered from (resolved, as spec.json holds it), the
+    command every rank starts with, the workdir's code version, the data version label and this clusterctl."""
+    return ExperimentRecord(attempt=attempt, recorded_at=now, clusterctl_version=__version__,
+                            command=request.command, data_version=spec.job.data_version, code=code,
+                            spec=spec_document(spec))
+
+
+def submit_attempt(run: RunDir, spec: JobSpec, request: SubmitRequest, slurm: Slurm, attempt: int,
+                   exclude: str | None, git: GitDoor) -> str:
+    """Write the attempt's script and experiment record (the workdir's code version asked through `git`),
+    sbatch it, journal it; the job id."""
     run.write_attempt_script(attempt, request.script)
+    code = probe_code_version(spec.launch.workdir, git)
+    write_experiment_record(run.attempt_dir(attempt), experiment_record(spec, request, attempt, code, run.now()))
     job_id = slurm.sbatch(list(request.sbatch_argv))
     run.record(Submitted(at=run.now(), attempt=attempt, job_id=job_id, argv=tuple(request.sbatch_argv),
                          resume_from=request.resume_from, exclude=exclude))

@@ -35,6 +35,7 @@ from clusterctl.launcher.shared.straggler_actions import (
     GpuEvidenceReader, StragglerActions, StragglerDoors, StragglerDrain,
 )
 from clusterctl.launcher.pure.straggler_watch import StragglerWatch
+from clusterctl.launcher.login.code_version import GitDoor, run_git
 from clusterctl.launcher.login.submit import gather_facts, prepare, submit_attempt
 from clusterctl.records.job_health import JobHealthRecord, read_job_health
 from clusterctl.records.rank_map import read_rank_map
@@ -125,6 +126,8 @@ class Hooks:
     """What a slow node's GPUs say, asked as a step of the job (None: not asked)."""
     drain: StragglerDrain | None = None
     """The drain door for straggler verdicts (None: never drain; SlurmCommandError when Slurm refuses)."""
+    git: GitDoor = run_git
+    """Asks git the code version of the launch workdir, for each attempt's experiment record."""
 
 
 @dataclass
@@ -315,7 +318,7 @@ class Supervisor:
         request = prepare(spec, self.facts, run_dir=str(self.run.path), python=self.python, attempt=number,
                           resume_from=resume_from, exclude=exclude, no_requeue=True, comment=comment)
         try:
-            job_id = submit_attempt(self.run, request, self.slurm, number, exclude)
+            job_id = submit_attempt(self.run, spec, request, self.slurm, number, exclude, self.hooks.git)
         except SlurmCommandError as exc:
             if exc.returncode is None or "Unable to contact" in exc.stderr or "Socket timed out" in exc.stderr:
                 raise  # the controller is away: retried by the loop, reconciled by comment

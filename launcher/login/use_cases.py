@@ -16,16 +16,19 @@ from clusterctl.errors import LayoutError, RunError
 from clusterctl.launcher.shared.checkpoints import find_checkpoints
 from clusterctl.launcher.pure.parallel import ParallelLayout, layout_from_mapping
 from clusterctl.launcher.pure.render import SlurmFacts, SubmitRequest
-from clusterctl.launcher.login.report import RunReport, run_report
+from clusterctl.launcher.login.report import NOT_RECORDED, AttemptExperiment, RunReport, run_report
+from clusterctl.launcher.login.report_drawing import RunSeries
 from clusterctl.launcher.shared.runs import (
     RunDir, attempts_of, check_new_run_path, create_run, find_run_of_job, list_runs, unique_run_path,
 )
 from clusterctl.launcher.pure.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
 from clusterctl.launcher.login.status import RunStatus, run_status
+from clusterctl.launcher.login.code_version import GitDoor, run_git
 from clusterctl.launcher.login.submit import gather_facts, prepare, submit_attempt
 from clusterctl.records.agent_summary import read_agent_summary
-from clusterctl.records.node_step_times import read_node_step_times
-from clusterctl.records.run_journal import EventKind, RunEnded
+from clusterctl.records.experiment_record import experiment_record_path, read_experiment_record
+from clusterctl.records.node_step_times import NodeStepTimes, read_node_step_times
+from clusterctl.records.run_journal import EventKind, RunEnded, RunEvent
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
@@ -68,13 +71,14 @@ def create_submission_run(submission: Submission, spec_text: str) -> RunDir:
     return create_run(submission.run_path, submission.spec, spec_text)
 
 
-def submit_first_attempt(run: RunDir, submission: Submission, slurm: Slurm) -> str:
-    """sbatch the submission's request as attempt 1 (unsupervised) and journal it; the job id.
+def submit_first_attempt(run: RunDir, submission: Submission, slurm: Slurm, git: GitDoor = run_git) -> str:
+    """sbatch the submission's request as attempt 1 (unsupervised), with its experiment record (the
+    workdir's code version asked through `git`), and journal it; the job id.
 
     When sbatch refuses, the run directory just made for it is removed again: no run without a job.
     """
     try:
-        return submit_attempt(run, submission.request, slurm, 1, None)
+        return submit_attempt(run, submission.spec, submission.request, slurm, 1, None, git)
     except BaseException:
         if not run.attempts():
             shutil.rmtree(run.path, ignore_errors=True)
@@ -203,15 +207,45 @@ def gather_report(run: RunDir, now: float) -> RunReport:
     checkpoints, skipped = find_checkpoints(Path(directory), spec.checkpoint.recognised_by) if directory else ([], [])
     journal = run.journal()
     events = journal.events
-    slow = 0.0
+    slow = sum(table.lost_s for table in step_time_tables(run, events))
+    return run_report(run.path, events, checkpoints, skipped, now, slow, spec.restart.max_restarts,
+                      journal_warnings=journal.warnings, tiers=spec.checkpoint.tiers,
+                      experiment=read_experiments(run, sorted({a.number for a in attempts_of(events)})))
+
+
+def step_time_tables(run: RunDir, events: Sequence[RunEvent]) -> list[NodeStepTimes]:
+    """The per-node step-time table of each of the run's jobs that has one, oldest job first (a damaged
+    one is left out: `status` names it; the report counts and draws what it can read)."""
+    tables = []
     for attempt in attempts_of(events):
         try:
-            table = read_node_step_times(run.path / "jobs" / attempt.job_id)
+            table = read_node_step_times(run.job_dir(attempt.job_id))
         except RecordError:
-            table = None  # status names the damaged table; the report counts what it can read
-        slow += table.lost_s if table is not None else 0.0
-    return run_report(run.path, events, checkpoints, skipped, now, slow, spec.restart.max_restarts,
-                      journal_warnings=journal.warnings, tiers=spec.checkpoint.tiers)
+            table = None
+        if table is not None:
+            tables.append(table)
+    return tables
+
+
+def gather_drawing(run: RunDir) -> RunSeries:
+    """What `report --html` draws besides the report: each job's per-node step times.  (The program's
+    loss and throughput are drawn once the job's records keep them over time.)"""
+    return RunSeries(step_times=tuple(step_time_tables(run, run.journal().events)))
+
+
+def read_experiments(run: RunDir, attempts: Sequence[int]) -> list[AttemptExperiment]:
+    """The experiment records of the run's `attempts`: each read, or why it could not be."""
+    shown = []
+    for number in attempts:
+        folder = run.attempt_dir(number)
+        try:
+            record = read_experiment_record(folder)
+        except (RecordError, OSError) as exc:
+            shown.append(AttemptExperiment(number, experiment_record_path(folder), None, str(exc)))
+            continue
+        shown.append(AttemptExperiment(number, experiment_record_path(folder), record,
+                                       NOT_RECORDED if record is None else None))
+    return shown
 
 
 # ---- plan ---------------------------------------------------------------------------------------

@@ -81,6 +81,61 @@ class InAllocationRestart:
     restart_seconds: float
 
 
+LOST_QUEUE = "queue"
+"""Waiting in Slurm's queue for an attempt to start."""
+LOST_REDONE = "redone"
+"""Work done again after a failure: since the last complete checkpoint before it."""
+LOST_RESTART = "restart"
+"""Between one attempt's end and the next one's submission, or a restart inside an allocation."""
+
+
+@dataclass(frozen=True)
+class LostSpan:
+    """A stretch of the run's wall time lost to `cause` (LOST_QUEUE, LOST_REDONE or LOST_RESTART), epoch seconds."""
+
+    cause: str
+    start: float
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        """How long it lasted."""
+        return self.end - self.start
+
+
+def lost_spans(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint], now: float,
+               in_allocation: Sequence[InAllocationRestart] = ()) -> tuple[LostSpan, ...]:
+    """Where the run's time was lost, span by span, in the order `account` counts them (the restarts
+    inside allocations first, then attempt by attempt): their sums by cause are `account`'s queue,
+    redone and restart-overhead seconds.  Time lost to slow nodes is spread over every step and has no span."""
+    stamps = sorted(c.written_at for c in checkpoints if c.written_at)
+    spans: list[LostSpan] = []
+    for r in in_allocation:
+        failed_at = r.at - r.restart_seconds
+        saved = [t for t in stamps if t <= failed_at]
+        if r.restart_seconds > 0:
+            spans.append(LostSpan(LOST_RESTART, failed_at, r.at))
+        if saved and failed_at > saved[-1]:
+            spans.append(LostSpan(LOST_REDONE, saved[-1], failed_at))
+    previous_end = None
+    for a in attempts:
+        end = a.end or now
+        if previous_end is not None and a.submit and a.submit > previous_end:
+            spans.append(LostSpan(LOST_RESTART, previous_end, a.submit))
+        if a.start:
+            if a.start > a.submit:
+                spans.append(LostSpan(LOST_QUEUE, a.submit, a.start))
+            if a.failed:
+                saved = [t for t in stamps if a.start <= t <= end]
+                begin = saved[-1] if saved else a.start
+                if end > begin:
+                    spans.append(LostSpan(LOST_REDONE, begin, end))
+        elif a.submit and end > a.submit:
+            spans.append(LostSpan(LOST_QUEUE, a.submit, end))
+        previous_end = end if a.end else None
+    return tuple(spans)
+
+
 def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint], now: float,
             in_allocation: Sequence[InAllocationRestart] = (), slow_node_seconds: float = 0.0,
             tiers: bool = False) -> Goodput:
@@ -89,27 +144,20 @@ def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint],
     seconds its jobs lost waiting for slow nodes.  `tiers`: the checkpoints are multi-level ones (those
     flushed whole to shared storage), whose save times are the local save's, the slowest node's."""
     stamps = sorted(c.written_at for c in checkpoints if c.written_at)
-    run = redone = queue = overhead = 0.0
-    for r in in_allocation:
-        failed_at = r.at - r.restart_seconds
-        saved = [t for t in stamps if t <= failed_at]
-        overhead += r.restart_seconds
-        redone += max(0.0, failed_at - saved[-1]) if saved else 0.0
-        run -= r.restart_seconds  # inside the attempt's run time, but no training happened
-    previous_end = None
+    spans = lost_spans(attempts, checkpoints, now, in_allocation)
+    redone = queue = overhead = 0.0
+    for span in spans:
+        if span.cause == LOST_QUEUE:
+            queue += span.seconds
+        elif span.cause == LOST_REDONE:
+            redone += span.seconds
+        else:
+            overhead += span.seconds
+    # A restart inside an allocation is inside its attempt's run time, but no training happened.
+    run = -sum(r.restart_seconds for r in in_allocation)
     for a in attempts:
-        end = a.end or now
-        if previous_end is not None and a.submit:
-            overhead += max(0.0, a.submit - previous_end)
         if a.start:
-            queue += max(0.0, a.start - a.submit)
-            run += max(0.0, end - a.start)
-            if a.failed:
-                saved = [t for t in stamps if a.start <= t <= end]
-                redone += max(0.0, end - (saved[-1] if saved else a.start))
-        elif a.submit:
-            queue += max(0.0, end - a.submit)
-        previous_end = end if a.end else None
+            run += max(0.0, (a.end or now) - a.start)
     first = min((a.submit for a in attempts if a.submit), default=now)
     last = max((a.end or now for a in attempts), default=now)
     wall = max(0.0, last - first)

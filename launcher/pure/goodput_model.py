@@ -40,6 +40,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from clusterctl.launcher.pure.goodput import young_daly
+
 LLAMA3_NODE_MTBF_SECONDS = 54 * 86_400 * (16_384 // 8) / 419
 """Llama 3 (Dubey et al. 2024, §3.3.4): 419 unexpected interruptions in 54 days on 16,384 GPUs,
 i.e. 2,048 nodes of 8: one interruption per node every ~264 days (22.8 million seconds)."""
@@ -102,7 +104,7 @@ class Projection:
     interval_seconds: float
     """The advised training time between two checkpoints (s − δ)."""
     young_seconds: float
-    """Young's sqrt(2 · stall · job MTBF), for comparison."""
+    """Young's interval for the stall and the job's MTBF (`goodput.young_daly`), for comparison."""
     goodput: float
     """The projected share of wall time spent training, in [0, 1]."""
     stall_share: float
@@ -161,7 +163,7 @@ def _project(name: str, job: Job, stall: float, effective_stall: float, recovery
     failure_share = min(rate * (fixed + per_interval * s / 2), 1.0)
     goodput = min(max((1 - stall_share) * (1 - failure_share), 0.0), 1.0)
     return Projection(
-        path=name, interval_seconds=s - stall, young_seconds=math.sqrt(2 * stall * mtbf) if mtbf > 0 else 0.0,
+        path=name, interval_seconds=s - stall, young_seconds=young_daly(stall, mtbf) if mtbf > 0 else 0.0,
         goodput=goodput, stall_share=stall_share, failure_share=failure_share, job_mtbf_seconds=mtbf,
         pair_loss=q, recovery_seconds=recovery, lost_work_seconds=lag + per_interval * s / 2,
         flush_interval_seconds=s * flush_every)

@@ -5,8 +5,8 @@ ranks' progress files (node-local), each rank's process state (/proc/<pid>/stat)
 state file, and asks `next_report` whether to send: at once when something the agent acts on
 changed since the last report sent (a rank's process state, pid or phase, a rank that appeared or
 left, healthd's verdict, the node's checkpoint holdings), else once per heartbeat.  With multi-level
-checkpoints on, every report carries the node's newest checkpoint copies (`reported_holdings`), so a
-lost datagram is made good by the next heartbeat.  Steps, compute time and liveness ride along
+checkpoints on, every report carries the node's newest checkpoint copies and its last resume
+(`reported_holdings`), so a lost datagram is made good by the next heartbeat.  Steps, compute time and liveness ride along
 with the next report; they are not changes on their own (the agent judges them per heartbeat), and
 so do the ranks' training metrics, summed into one `NodeMetrics` per node (`node_metrics`).
 
@@ -95,15 +95,18 @@ def _evidence(findings: Iterable[StateFinding]) -> Iterable[str]:
 
 def reported_holdings(holdings: CheckpointHoldings | None) -> CheckpointHoldings | None:
     """What a report says of the node's holdings: its newest MAX_REPORTED_COPIES copies (by step, then
-    when each was complete), newest first, times to the millisecond (what the agent plans with; about
-    125 bytes a copy on the wire)."""
+    when each was complete), newest first, and its last resume (what the agent journals of a resumed
+    step), times to the millisecond (what the agent plans with; about 125 bytes a copy on the wire)."""
     if holdings is None:
         return None
     newest = sorted(holdings.copies, key=lambda c: (c.step, c.written_at, c.tier, c.of_node), reverse=True)
+    resumed = holdings.last_resume
     return CheckpointHoldings(holdings.node, tuple(replace(c, written_at=round(c.written_at, 3),
                                                            save_seconds=round(c.save_seconds, 3))
                                                    for c in newest[:MAX_REPORTED_COPIES]),
-                              round(holdings.written_at, 3))
+                              round(holdings.written_at, 3),
+                              replace(resumed, seconds=round(resumed.seconds, 3), at=round(resumed.at, 3))
+                              if resumed is not None else None)
 
 
 def node_metrics(records: Iterable[RankProgress], gpu: str = "") -> NodeMetrics | None:
@@ -238,7 +241,10 @@ def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], pro
                         max(now, 0.0), beats, health, held, node_metrics(records, gpu))
     changed = changes(last, report)
     if last is not None and held != memory.holdings:  # compared before `fitted` may drop the oldest copies
-        changed += ("checkpoint holdings " + ("gone" if held is None else f"now {len(held.copies)} copies"),)
+        resumed = held.last_resume if held is not None else None
+        before = memory.holdings.last_resume if memory.holdings is not None else None
+        changed += ("checkpoint holdings " + ("gone" if held is None else f"now {len(held.copies)} copies")
+                    + (f", resumed step {resumed.step}" if resumed is not None and resumed != before else ""),)
     memory = replace(memory, down_since=down_since, holdings=held)
     if changed:
         return ReportDecision(fitted(report), "; ".join(changed), memory)

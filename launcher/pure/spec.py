@@ -23,6 +23,7 @@ from clusterctl.launcher.pure.cost import DEFAULT_WEIGHTS
 from clusterctl.errors import HostlistError, LayoutError, SpecError
 from clusterctl.launcher.pure.parallel import DIMS, ParallelLayout, layout_from_mapping, validate_for_cluster
 from clusterctl.launcher.pure.straggler_watch import StragglerPolicy
+from clusterctl.records.experiment_record import MAX_DATA_VERSION
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,9 @@ FIELDS: tuple[Field, ...] = (
           "nodes); default $CLUSTERCTL_RUNS or ~/.clusterctl/runs."),
     Field("job", "sbatch_options", "strings", "Extra sbatch options, one per item, e.g. ['--mem=0', "
           "'--exclusive'] (options clusterctl manages are refused).", ()),
+    Field("job", "data_version", "str", "A label for the data the run trains on (a dataset name and version, a "
+          "snapshot date, a hash): recorded with each attempt and shown by `clusterctl report`; at most "
+          f"{MAX_DATA_VERSION} printable characters, never interpreted."),
     Field("job", "gpu_peak_tflops", "float", "Peak dense TFLOP/s of one GPU at the precision the program trains "
           "in, the MFU that `clusterctl status` shows is measured against (e.g. 989 for an H100 SXM in BF16); "
           "default: from the GPU model NVML names on the nodes (A100, H100, H200, B200, GB200), else no MFU.",
@@ -227,6 +231,7 @@ class JobSection:
     exclude: str | None = None
     runs_dir: str | None = None
     sbatch_options: tuple[str, ...] = ()
+    data_version: str | None = None
     gpu_peak_tflops: float | None = None
 
 
@@ -505,6 +510,9 @@ def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901
                 raise bad(str(exc)) from None
         if spec_field.dotted == "job.name" and len(value.encode()) > MAX_JOB_NAME_BYTES:
             raise bad(f"a name of at most {MAX_JOB_NAME_BYTES} bytes (Slurm keeps no more)")
+        if spec_field.dotted == "job.data_version" and (len(value) > MAX_DATA_VERSION or not value.isprintable()):
+            raise bad(f"a label of at most {MAX_DATA_VERSION} printable characters (no invisible formatting "
+                      "characters: bidirectional overrides, zero-width or non-breaking spaces)")
         if kind == "choice" and value not in spec_field.choices:
             close = difflib.get_close_matches(value, list(spec_field.choices), n=1, cutoff=0.6)
             hint = f"; did you mean `{close[0]}`?" if close else ""

@@ -3,7 +3,8 @@
     <run>/spec.toml            the spec as written (for people)
     <run>/spec.json            the effective spec (overrides applied; what the job reads), kind `run-spec`
     <run>/journal.jsonl        typed events (clusterctl.records.run_journal): created, submitted, decided...
-    <run>/attempts/<n>/        job.sbatch of attempt n
+    <run>/attempts/<n>/        job.sbatch of attempt n, and experiment.json: what it ran (resolved spec, command,
+                               code and data versions, clusterctl's version; clusterctl.records.experiment_record)
     <run>/jobs/<job id>/       rankmap.json, hostfile, ranks/<rank>.json (written in the job)
     <run>/logs/<job id>.out    the job's output
 """
@@ -86,8 +87,12 @@ class RunDir:
         """Every submission, oldest first."""
         return attempts_of(self.events())
 
+    def attempt_dir(self, attempt: int) -> Path:
+        """Where attempt `attempt` keeps its job script and experiment record."""
+        return self.path / "attempts" / str(attempt)
+
     def write_attempt_script(self, attempt: int, script: str) -> Path:
-        path = self.path / "attempts" / str(attempt) / "job.sbatch"
+        path = self.attempt_dir(attempt) / "job.sbatch"
         atomic_write(path, script)
         path.chmod(0o755)
         return path

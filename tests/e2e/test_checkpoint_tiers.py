@@ -114,6 +114,21 @@ def test_a_node_lost_before_its_checkpoint_was_flushed_resumes_on_the_spare_from
         assert f"resuming from step {recovered[0].checkpoint_step}: 1 node(s) from their own copies, 1 node(s) " \
                f"from a buddy's copy ({victim}'s on {survivor})" in log, log
         assert f"files from {victim}'s copy on {survivor} in" in log, log
+        # Never flushed: the restart names the step and the nodes' tiers, no folder on shared storage.
+        assert recovered[0].checkpoint is None, log
+        assert f"from step {recovered[0].checkpoint_step} (in the nodes' tiers: 1 own copy, 1 buddy copy) " \
+               "(no queue wait)" in log, log
+        # Both nodes said their resume (their holdings, in their reports): the slowest read reaches the journal,
+        # the job's log and `clusterctl report`.
+        [resumed] = journal_events(run_dir, "resumed")
+        assert (resumed.restart, resumed.step, resumed.nodes, resumed.reported) == \
+            (1, recovered[0].checkpoint_step, 2, 2), log
+        assert resumed.read_seconds is not None and resumed.slowest_node in recovered[0].nodes, log
+        said = (f"resumed step {resumed.step}: 1 node(s) from their own copies, 1 node(s) from a buddy's copy "
+                f"({victim}'s on {survivor}); read in {resumed.read_seconds:.2f} s (slowest: {resumed.slowest_node})")
+        assert said in log, log
+        report = " ".join(clusterctl_on(cluster, "report", str(run_dir)).stdout.split())  # rich wraps at 80 columns
+        assert f"job {job}, restart 1: {said}" in report, report
     else:
         assert "fails its checksum" in log, log
         assert len(recovered) <= 3, log  # a bounded number of tries, never a loop

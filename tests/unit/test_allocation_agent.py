@@ -677,11 +677,20 @@ class TiersCluster(ReportingCluster):
     healthd drains node2.  Later steps complete, unless `fail_resume`: the second step's node in node2's
     old slot cannot load its part (a resume-failure record, its rank exits 87, srun 137)."""
 
-    def __init__(self, agent_clock, *, flushed: bool = False, fail_resume: bool = False):
+    def __init__(self, agent_clock, *, flushed: bool = False, fail_resume: bool = False, saved_again: bool = False,
+                 lost_again: bool = False):
         super().__init__(agent_clock, {})
-        self.flushed, self.fail_resume = flushed, fail_resume
+        self.flushed, self.fail_resume, self.saved_again, self.lost_again = flushed, fail_resume, saved_again, lost_again
         self.held: dict[str, tuple] = {}
         self.indexes: list[list] = []
+        self.inventories: list[tuple[str, set[int]]] = []
+        """(when, the checkpoint steps the job's inventory lists) at each step's start and first tick."""
+
+    def inventory(self, step, when):
+        from clusterctl.launcher.shared.checkpoint_inventory import INVENTORY_NAME, read_inventory
+        job_dir = Path(step.argv[step.argv.index("--job-dir") + 1])
+        path = next(p for p in (job_dir, *job_dir.parents) if (p / INVENTORY_NAME).is_file()) / INVENTORY_NAME
+        self.inventories.append((when, {c.step for held in read_inventory(path).values() for c in held.copies}))
 
     def start(self, argv, env):
         from clusterctl.records.checkpoint_settings import CheckpointSettings
@@ -689,7 +698,10 @@ class TiersCluster(ReportingCluster):
         settings = CheckpointSettings.from_env(env)
         index = Path(settings.tier_index)
         self.indexes.append([read_tier_slot(index, s)[2] for s in range(read_tier_slot(index, 0)[1])])
-        return super().start(argv, env)
+        step = super().start(argv, env)
+        if self.saved_again and self.launches > 1:
+            self.inventory(step, f"step {self.launches} starting")
+        return step
 
     def tick(self, step):
         from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, LastResume
@@ -705,6 +717,15 @@ class TiersCluster(ReportingCluster):
                 self.held[line.node] = (HeldCopy(20, line.node, "local", s, len(lines), now, 1.0),
                                         HeldCopy(20, kept, "buddy", slot_of[kept], len(lines), now, 1.0)) + (
                     (HeldCopy(20, line.node, "shared", s, len(lines), now, 1.0),) if self.flushed else ())
+        if self.saved_again and self.launches == 1 and self.polls == 28:  # checkpoint 30, saved but not pushed yet
+            for s, line in enumerate(lines):
+                self.held[line.node] = (HeldCopy(30, line.node, "local", s, len(lines), now, 1.0),) + self.held[line.node]
+        if self.saved_again and self.launches > 1 and self.polls == 1:
+            self.inventory(step, f"step {self.launches}, first look")
+        if self.lost_again and self.launches == 2 and self.polls == 28:  # checkpoint 40, saved, then node3 is lost
+            for s, line in enumerate(lines):
+                self.held[line.node] = (HeldCopy(40, line.node, "local", s, len(lines), now, 1.0),) + \
+                    self.held.get(line.node, ())
         for line in lines:
             self.seq += 1
             held = self.held.get(line.node)
@@ -716,6 +737,9 @@ class TiersCluster(ReportingCluster):
             self.inbox.pending.append(NodeReport(
                 "42", step.env["CLUSTERCTL_REPORT_LAUNCH"], line.node, self.seq, now,
                 checkpoints=CheckpointHoldings(line.node, held or (), now, resumed) if held or resumed else None))
+        if self.lost_again and self.launches == 2 and self.polls == 30:
+            self.states["node3"] = NodeState("node3", "mixed", ("DRAIN",), "healthd: xid 79 gpu1 (GPU-y) "
+                                             "drain-reboot 2026-11-22T03:05:00Z", ("gpu",))
         if self.launches == 1 and self.polls == 30:
             self.states["node2"] = NodeState("node2", "mixed", ("DRAIN",), "healthd: xid 79 gpu3 (GPU-x) "
                                              "drain-reboot 2026-11-22T03:00:00Z", ("gpu",))
@@ -759,6 +783,11 @@ def test_an_agent_with_tiers_resumes_the_swapped_in_spare_from_the_lost_nodes_bu
     event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
                  if isinstance(e, RecoveredInAllocation))
     assert event.checkpoint_step == 20 and [b.node for b in event.blame] == ["node2"]
+    # Checkpoint 20 was never flushed: the restart names its step and the nodes' tiers, never a folder it is not in.
+    assert event.checkpoint is None
+    assert "restart 1: a new step on node1 node3 from step 20 (in the nodes' tiers: 1 own copy, 1 buddy copy) " \
+           "(no queue wait)" in said
+    assert not any("tiers/step-" in line for line in said)
     assert (shell.job_dir / "checkpoint-inventory.json").is_file()
     # Once both nodes said their resume, one journal line: where the parts came from, the slowest read.
     [resumed] = [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events if isinstance(e, Resumed)]
@@ -767,6 +796,27 @@ def test_an_agent_with_tiers_resumes_the_swapped_in_spare_from_the_lost_nodes_bu
     assert (resumed.read_seconds, resumed.slowest_node) == (4.0, "node3")
     assert "resumed step 20: 1 node(s) from their own copies, 1 node(s) from a buddy's copy (node2's on node1); " \
            "read in 4.00 s (slowest: node3)" in said
+
+
+def test_the_job_s_inventory_is_written_once_the_new_step_started_not_between_the_failure_and_the_step(tmp_path):
+    # Checkpoint 30 reaches the agent a moment before node2 is drained (within INVENTORY_EVERY of the
+    # inventory's last write, so not written yet); the plan takes checkpoint 20 (30 is not complete without
+    # node2's part) and the inventory, ~10 MB at 12,500 nodes, is written only after the new step started.
+    shell, cluster, said = tiers_agent(tmp_path, saved_again=True)
+    assert shell.run(None) == 0
+    assert "resuming from step 20: 1 node(s) from their own copies, 1 node(s) from a buddy's copy " \
+           "(node2's on node1)" in said
+    assert cluster.inventories == [("step 2 starting", {20}), ("step 2, first look", {20, 30})]
+
+
+def test_an_agent_that_leaves_the_job_to_the_supervisor_writes_the_inventory_the_next_job_plans_from(tmp_path):
+    # Checkpoint 40 reaches the agent within INVENTORY_EVERY of the inventory's last write, then node3 is lost
+    # with no spare left: the job ends, and the inventory it leaves lists checkpoint 40.
+    from clusterctl.launcher.shared.checkpoint_inventory import INVENTORY_NAME, read_inventory
+    shell, cluster, said = tiers_agent(tmp_path, lost_again=True)
+    assert shell.run(None) != 0 and len(cluster.steps) == 2
+    held = read_inventory(shell.job_dir / INVENTORY_NAME)
+    assert {c.step for c in held["node1"].copies} == {20, 40}
 
 
 def test_a_resume_that_fails_on_the_spare_starts_the_step_again_from_the_next_tier_and_uses_a_restart(tmp_path):
@@ -778,6 +828,9 @@ def test_a_resume_that_fails_on_the_spare_starts_the_step_again_from_the_next_ti
     events = [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
               if isinstance(e, RecoveredInAllocation)]
     assert [(e.restart, [b.node for b in e.blame]) for e in events] == [(1, ["node2"]), (2, [])]
+    shared = shell.run_dir / "checkpoints" / "tiers" / "step-000000000020"
+    assert f"restart 2: a new step on node1 node3 from step 20 (in the nodes' tiers: 1 own copy; 1 part on shared " \
+           f"storage: {shared}) (no queue wait)" in said
     assert "resuming failed (the step exited 137): node3 could not load checkpoint 20" in events[1].reason
     assert replay(read_run_journal(shell.run_dir / "journal.jsonl").events).budget.restarts == 2
     assert (shell.run_dir / "checkpoints" / "tiers" / "step-000000000020" / "complete.json").is_file()

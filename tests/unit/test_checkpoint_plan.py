@@ -206,24 +206,34 @@ def test_complete_json_records_the_slowest_slots_save_and_the_validator_gives_it
 
 # ---- what a job leaves for the next: its inventory ------------------------------------------------------
 
-def test_the_inventory_is_written_per_change_not_per_report_and_before_each_plan(tmp_path):
+def test_the_inventory_is_written_per_change_at_most_every_30_s_and_after_a_plan_never_before_it(tmp_path):
     clock = Clock()
     tiers = planner(tmp_path / "run", clock=clock)
     path = tmp_path / "run" / "jobs" / "100" / INVENTORY_NAME
     tiers.observe(holdings(10))
+    tiers.record_due()
     assert read_inventory(path) == holdings(10)
     written = path.stat().st_mtime_ns
     clock.t += 1
     tiers.observe(holdings(10))  # unchanged: nothing written
+    tiers.record_due()
     tiers.observe(holdings(10, 20))  # changed within INVENTORY_EVERY: kept for later
+    tiers.record_due()
     assert path.stat().st_mtime_ns == written and read_inventory(path) == holdings(10)
     clock.t += INVENTORY_EVERY
-    tiers.observe(holdings(10, 20))
+    tiers.record_due()
     assert read_inventory(path) == holdings(10, 20)
     clock.t += 1
     tiers.observe(holdings(10, 20, 30))
-    tiers.resume_point(NODES)  # a plan writes what is pending first
+    assert tiers.resume_point(NODES).step == 30  # planned from what was observed...
+    launch = tmp_path / "run" / "jobs" / "100" / "restart-1"
+    tiers.launch_env(launch, list(NODES), {})
+    assert read_inventory(path) == holdings(10, 20)  # ...without writing it on the way to the new step
+    tiers.record_pending()  # the step launched (or the agent ending): what is pending is written at once
     assert read_inventory(path) == holdings(10, 20, 30)
+    written = path.stat().st_mtime_ns
+    tiers.record_pending()
+    assert path.stat().st_mtime_ns == written
 
 
 def test_the_inventory_re_encodes_only_the_nodes_whose_holdings_changed_and_reads_the_same(tmp_path):
@@ -245,6 +255,7 @@ def test_the_inventory_re_encodes_only_the_nodes_whose_holdings_changed_and_read
 def test_a_plan_takes_the_copies_observed_and_the_ones_a_previous_job_recorded(tmp_path):
     first = planner(tmp_path / "run", job="100")
     first.observe(holdings(10, 20))
+    first.record_pending()  # as its agent ends
     second = planner(tmp_path / "run", job="101")
     second.load_previous()  # recorded, never observed by this planner: converted when planning
     second.observe({"node1": holdings(10, 20, 30)["node1"]})
@@ -255,6 +266,7 @@ def test_a_plan_takes_the_copies_observed_and_the_ones_a_previous_job_recorded(t
 def test_a_resubmitted_job_resumes_from_the_copies_its_predecessor_recorded(tmp_path):
     first = planner(tmp_path / "run", job="100")
     first.observe(holdings(10, 20))
+    first.record_pending()  # as its agent ends
     second = planner(tmp_path / "run", job="101")
     second.load_previous()
     checkpoint = second.resume_point(["node3", "node1", "node5"])  # node2 not given to this job
@@ -265,6 +277,7 @@ def test_a_resubmitted_job_resumes_from_the_copies_its_predecessor_recorded(tmp_
 def test_a_damaged_inventory_is_said_in_one_line_and_ignored(tmp_path):
     first = planner(tmp_path / "run", job="100")
     first.observe(holdings(10, flushed=(10,)))
+    first.record_pending()
     (tmp_path / "run" / "jobs" / "100" / INVENTORY_NAME).write_text('{"kind": "checkpoint-inventory", "version"')
     said: list[str] = []
     second = planner(tmp_path / "run", job="101", said=said)

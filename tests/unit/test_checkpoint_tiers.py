@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from clusterctl.launcher.pure.checkpoint_tiers import (
     FAILED_RESUMES_BEFORE_FALLBACK, CopyCheck, ResumeFacts, SavedCheckpoint, buddy_map, copy_key, plan_resume,
-    SlotSource, resume_facts, resume_said, resumed_event, resumed_text, slot_sources)
+    SlotSource, plan_resume_from_copies, resume_facts, resume_said, resumed_event, resumed_text, slot_sources)
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, LastResume
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, Shard
 
@@ -110,6 +110,7 @@ def test_a_replacement_for_a_gone_node_loads_the_copy_its_buddy_kept():
     assert all(sources[n].tier == "local" for n in NODES if n != "node3")
     assert plan.lines()[-1] == (f"resuming from step 20: 3 node(s) from their own copies, "
                                 f"1 node(s) from a buddy's copy (node3's on {buddies['node3']})")
+    assert plan.from_tiers("/ck/tiers/step-000000000020") == "in the nodes' tiers: 3 own copies, 1 buddy copy"
 
 
 def test_a_node_and_its_buddy_both_gone_resume_from_the_last_flushed_checkpoint_and_say_why():
@@ -120,6 +121,8 @@ def test_a_node_and_its_buddy_both_gone_resume_from_the_last_flushed_checkpoint_
     assert plan.step == 30
     assert {s.node: s.tier for s in plan.sources} == {"node1": "local", "node2": "local", "node3": "shared",
                                                       "node4": "buddy"}
+    assert plan.from_tiers("/ck/tiers/step-000000000030") == \
+        "in the nodes' tiers: 2 own copies, 1 buddy copy; 1 part on shared storage: /ck/tiers/step-000000000030"
     assert [s.step for s in plan.skipped] == [40]
     assert plan.skipped[0].missing == ("node3",)
     assert plan.skipped[0].why == ("step 40: node3's shards: local copy gone with node3; buddy copy on node4 "
@@ -165,6 +168,7 @@ def test_a_checkpoint_whose_resume_failed_twice_gives_way_to_the_last_flushed_on
         "not flushed to shared storage. node3's shards: not flushed to shared storage. node4's shards: not flushed "
         "to shared storage"]
     assert twice.lines()[-2:] == [twice.fallback, "resuming from step 20: 4 node(s) from shared storage"]
+    assert twice.from_tiers("/ck/tiers/step-000000000020") == ""  # read whole from shared storage
 
 
 def test_nothing_complete_means_the_program_starts_from_its_beginning_and_says_so():
@@ -332,6 +336,101 @@ def test_a_checkpoint_of_another_map_size_is_refused_for_the_new_map():
     plan = plan_resume(resume_facts(three_nodes_saved(20)))
     with pytest.raises(ValueError, match="map of 3 nodes, the new map has 2"):
         slot_sources(plan, ["node1", "node2"], {})
+
+
+# Names that sort differently as text and as quoted text if anything went wrong: prefixes of each other,
+# '.', '-', '_', digits, capitals.
+TRICKY_NAMES = ("n1", "n1-", "n1.a", "n1_b", "n10", "N1", "a", "a-b", "0n")
+
+
+@st.composite
+def known_copies(draw) -> tuple[list[CheckpointManifest], set[str], dict, dict]:
+    """Copies as the agent knows them (some named twice, some slots saved by two nodes, equal times), the
+    problems found with some, the nodes gone and the failed resumes."""
+    nodes = draw(st.lists(st.sampled_from(TRICKY_NAMES), min_size=1, max_size=6, unique=True))
+    copies = []
+    for _ in range(draw(st.integers(0, 40))):
+        step = draw(st.sampled_from([10, 20, 30]))
+        slots = draw(st.integers(1, 4))
+        of_node = draw(st.sampled_from(nodes))
+        tier = draw(st.sampled_from(["local", "buddy", "shared"]))
+        held_on = {"local": of_node, "shared": None}.get(tier)
+        if tier == "buddy":
+            others = [n for n in nodes if n != of_node]
+            if not others:
+                continue
+            held_on = draw(st.sampled_from(others))
+        written_at = draw(st.sampled_from([0, 1.0, 1, 2.5]))
+        copies.append(CheckpointManifest(step, of_node, tier, held_on, (), written_at, 0.5,
+                                         draw(st.integers(0, slots - 1)), slots))
+    keys = [copy_key(m) for m in copies]
+    problems = {k: CHECKSUM_FAILS for k in draw(st.lists(st.sampled_from(keys), unique=True))} if keys else {}
+    gone = set(draw(st.lists(st.sampled_from(nodes), unique=True)))
+    failed = draw(st.dictionaries(st.sampled_from([10, 20, 30]), st.integers(0, 3)))
+    return copies, gone, problems, failed
+
+
+def facts_read_plainly(copies, gone, problems, failed) -> ResumeFacts:
+    """What resume_facts says, read the plain way: per step, each slot's saver from the copies sorted by
+    time, one copy per copy_key (the last one), the copies sorted by their key as text."""
+    by_step: dict[int, list[CheckpointManifest]] = {}
+    for m in copies:
+        by_step.setdefault(m.step, []).append(m)
+    checkpoints = []
+    for step, found in sorted(by_step.items()):
+        saver = {m.slot: m.of_node for m in sorted(found, key=lambda m: (m.written_at, m.of_node))}
+        nodes = frozenset(saver.get(slot, f"slot {slot}") for slot in range(max(m.slots for m in found)))
+        unique = {copy_key(m): m for m in found}
+        checks = tuple(CopyCheck(m, problems.get(key, ""))
+                       for key, m in sorted(unique.items(), key=lambda kv: str(kv[0])) if m.of_node in nodes)
+        checkpoints.append(SavedCheckpoint(step, nodes, checks))
+    return ResumeFacts(tuple(checkpoints), frozenset(gone), dict(failed))
+
+
+def choice_read_plainly(facts: ResumeFacts) -> tuple[int | None, dict[str, CheckpointManifest]]:
+    """The checkpoint and each node's copy plan_resume takes, read the plain way: newest first, a checkpoint
+    failed twice passed over for shared copies only from then on; each node's copies of a tier sorted by
+    (held_on, written_at, problem); its first verified local copy (unless it is gone), else its first verified
+    buddy copy (by holder) on a node not gone, else its first verified shared copy."""
+    shared_only = False
+    for saved in sorted(facts.checkpoints, key=lambda c: c.step, reverse=True):
+        if facts.failed_resumes.get(saved.step, 0) >= FAILED_RESUMES_BEFORE_FALLBACK:
+            shared_only = True
+            continue
+        chosen = {}
+        ordered = sorted(saved.copies, key=lambda c: (c.manifest.held_on or "", c.manifest.written_at, c.problem))
+        for node in saved.nodes:
+            tier = {name: [c for c in ordered if (c.manifest.of_node, c.manifest.tier) == (node, name)]
+                    for name in ("local", "buddy", "shared")}
+            local = [c for c in tier["local"] if c.verified and node not in facts.gone]
+            buddy = [c for c in sorted(tier["buddy"], key=lambda c: c.manifest.held_on)
+                     if c.verified and c.manifest.held_on not in facts.gone]
+            shared = [c for c in tier["shared"] if c.verified]
+            usable = shared if shared_only else local + buddy + shared
+            if usable:
+                chosen[node] = usable[0].manifest
+        if len(chosen) == len(saved.nodes):
+            return saved.step, chosen
+    return None, {}
+
+
+@SETTINGS
+@given(random_facts())
+def test_the_plan_takes_the_checkpoint_and_copies_a_plain_reading_takes(facts):
+    plan = plan_resume(facts)
+    assert (plan.step, {s.node: s.copy for s in plan.sources}) == choice_read_plainly(facts)
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(known_copies())
+def test_the_agents_plan_from_its_copies_is_the_plan_of_the_facts_read_the_plain_way(known):
+    copies, gone, problems, failed = known
+    plainly = facts_read_plainly(copies, gone, problems, failed)
+    assert resume_facts(copies, gone=gone, problems=problems, failed_resumes=failed) == plainly
+    plan = plan_resume(plainly)
+    assert (plan.step, {s.node: s.copy for s in plan.sources}) == choice_read_plainly(plainly)
+    assert plan_resume_from_copies(copies, gone=gone, problems=problems, failed_resumes=failed) == plan
+    assert plan_resume_from_copies(iter(copies), gone=gone, problems=problems, failed_resumes=failed) == plan
 
 
 # ---- where a resume came from (the journal's `resumed` line) ---------------------------------------

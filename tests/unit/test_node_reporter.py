@@ -25,7 +25,7 @@ from clusterctl.launcher.job.reporter import (
 from clusterctl.launcher.pure.node_report_build import (
     ReporterIdentity, ReporterMemory, next_report, node_health, node_metrics, process_state, reported_holdings,
 )
-from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, write_holdings
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, LastResume, write_holdings
 from clusterctl.node_dir import node_dir
 from clusterctl.progress import beat
 from clusterctl.records.actions import Action
@@ -273,7 +273,7 @@ def drain_until(inbox: ReportInbox, enough) -> list[NodeReport]:
     return got
 
 
-@pytest.mark.parametrize("inbox_key, heard", [(KEY, True), (os.urandom(32), False)])
+@pytest.mark.parametrize("inbox_key, heard", [(KEY, True), (bytes(range(100, 132)), False)], ids=["the-jobs-key", "another-key"])
 def test_the_reporter_sends_its_ranks_to_the_agents_inbox_signed_with_the_jobs_key(tmp_path, inbox_key, heard):
     for record in (RankProgress(0, "node7", 41, "step", T0, os.getpid()),
                    RankProgress(1, "node7", 40, "checkpoint-save", T0, 2**22 + 7)):  # a pid that is no process
@@ -431,6 +431,26 @@ def test_new_holdings_go_at_once_unchanged_ones_ride_the_heartbeat_and_only_the_
     assert [c.step for c in carried.copies] == [100 * i for i in range(40, 8, -1)]  # the newest 32, newest first
     assert carried.copies[0].written_at == round(T0 + 39.0004, 3) and carried.copies[0].save_seconds == 1.235
     assert look(5.75, None) and sent[-1].reason == "checkpoint holdings gone"
+
+
+def test_a_resume_the_node_recorded_goes_to_the_agent_at_once_with_its_read_time():
+    memory, sent = ReporterMemory(), []
+
+    def look(at: float, held: CheckpointHoldings) -> None:
+        nonlocal memory
+        decision = next_report(IDENTITY, [progress(0)], {}, NodeHealth(), memory, now=T0 + at, monotonic=at,
+                               heartbeat=5.0, checkpoints=held)
+        memory = decision.memory
+        if decision.report is not None:
+            sent.append(decision)
+            memory = memory.after_send(decision.report, at, delivered=True)
+
+    look(0.0, held_copies(2))
+    look(0.25, replace(held_copies(2), last_resume=LastResume(200, "buddy", "node3", "node1", 4.2504, T0 + 0.1234)))
+    assert len(sent) == 2 and sent[-1].reason == "checkpoint holdings now 2 copies, resumed step 200"
+    carried = decode(encode(sent[-1].report, KEY), KEY, "test").checkpoints
+    assert carried is not None and carried.last_resume == LastResume(200, "buddy", "node3", "node1", 4.25,
+                                                                     round(T0 + 0.1234, 3))
 
 
 def test_a_full_node_with_long_evidence_and_32_copies_drops_its_oldest_copies_before_any_rank():

@@ -19,7 +19,9 @@ from clusterctl.launcher.pure.classify import (
     COMPLETED, MISPLACED, NODE_FAILURE, PROGRAM_FAILURE, RESUBMIT, STORAGE, USER_CANCELLED, Blame, Outcome, classify,
     hardware_suspects,
 )
-from clusterctl.launcher.pure.goodput import AttemptTimes, account, young_daly
+from clusterctl.launcher.pure.goodput import (
+    LOST_QUEUE, LOST_REDONE, LOST_RESTART, AttemptTimes, InAllocationRestart, account, lost_spans, young_daly,
+)
 from clusterctl.launcher.pure.recovery import Happened, RestartBudget, judge
 from clusterctl.launcher.pure.restart_policy import RunState, replay
 from clusterctl.launcher.pure.spec import RestartSection
@@ -291,6 +293,38 @@ def test_goodput_accounts_redone_work_queue_and_restart_overhead():
     assert g.node_failures == 1 and g.mtbf_seconds == 370.0 and g.checkpoint_interval_seconds == 150.0
     assert math.isclose(g.advised_interval_seconds, math.sqrt(2 * 2.0 * 370.0))
     assert young_daly(30.0, 3600.0 * 24) == pytest.approx(2276.8, rel=1e-3)
+
+
+def test_the_lost_time_is_placed_span_by_span_where_goodput_counts_it():
+    checkpoints = [Checkpoint(f"/c/{s}", s, "manifest", written_at=t) for s, t in ((10, 150.0), (20, 250.0))]
+    attempts = [AttemptTimes(1, 100.0, 110.0, 300.0, failed=True, node_failure=True),
+                AttemptTimes(2, 310.0, 320.0, 500.0, failed=False, node_failure=False)]
+    restart_in_place = InAllocationRestart(at=420.0, restart_seconds=20.0)  # failed at 400: redone since 250
+
+    spans = lost_spans(attempts, checkpoints, 1000.0, [restart_in_place])
+
+    assert [(s.cause, s.start, s.end) for s in spans] == [
+        (LOST_RESTART, 400.0, 420.0), (LOST_REDONE, 250.0, 400.0),
+        (LOST_QUEUE, 100.0, 110.0), (LOST_REDONE, 250.0, 300.0),
+        (LOST_RESTART, 300.0, 310.0), (LOST_QUEUE, 310.0, 320.0)]
+    g = account(attempts, checkpoints, 1000.0, [restart_in_place])
+    assert (g.queue_seconds, g.redone_seconds, g.restart_overhead_seconds) == (20.0, 200.0, 30.0)
+
+
+@given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 50), st.floats(0, 500), st.booleans()), min_size=1,
+                max_size=6),
+       st.lists(st.floats(0, 3000), max_size=8))
+def test_every_lost_span_lies_inside_the_run(gaps, stamps):
+    attempts, t = [], 1000.0
+    for number, (before, queued, ran, failed) in enumerate(gaps, 1):
+        submit = t + before
+        attempts.append(AttemptTimes(number, submit, submit + queued, submit + queued + ran, failed, failed))
+        t = submit + queued + ran
+    checkpoints = [Checkpoint(f"/c/{i}", i, "manifest", written_at=1000.0 + s) for i, s in enumerate(stamps)]
+
+    spans = lost_spans(attempts, checkpoints, now=t + 100.0)
+
+    assert all(attempts[0].submit <= s.start < s.end <= attempts[-1].end for s in spans)
 
 
 def test_the_example_trainer_records_its_checkpoint_cost(tmp_path):

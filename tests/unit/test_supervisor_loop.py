@@ -20,7 +20,9 @@ from clusterctl.launcher.login.supervisor import EXIT_DONE, EXIT_STOPPED, Hooks,
 from clusterctl.records.actions import Action
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord, job_health_path, write_job_health
 from clusterctl.records.run_journal import Submitting
+from clusterctl.records.experiment_record import read_experiment_record
 from tests.conftest import REPO
+from tests.fakes import FakeGit
 
 TOPOLOGY = (REPO / "tests" / "data" / "slurm" / "scontrol-show-topology.txt").read_text()
 
@@ -142,6 +144,26 @@ def test_a_healthd_drain_ends_the_attempt_and_the_next_one_excludes_the_node(wor
     decided = _events(run, "decided")
     assert decided[0].outcome == "node-failure" and decided[0].blame[0].node == "node2"
     assert any("ending job 1 now: node2: healthd: xid 79" in line for line in said)
+
+
+def test_each_resubmission_records_the_code_it_runs_then(world):
+    """The user commits a fix while attempt 1 runs; attempt 2, after node2 fails, runs (and records) the new commit."""
+    run, slurm, clock, said, hooks = world
+    hooks.git = FakeGit.dirty("a1" * 20)
+
+    def script() -> None:
+        jobs = list(slurm.jobs)
+        if jobs == ["1"] and slurm.jobs["1"]["job_state"] == "RUNNING":
+            hooks.git = FakeGit.clean("b2" * 20)
+            slurm.nodes["node2"].update(flags=["DRAIN"], reason="healthd: xid 79 gpu3 (GPU-x) drain-reboot")
+        elif jobs == ["1", "2"]:
+            slurm.end("2", "COMPLETED")
+    slurm.on_poll = script
+    assert _supervisor(run, slurm, hooks).supervise() == EXIT_DONE
+    first, second = (read_experiment_record(run.attempt_dir(n)) for n in (1, 2))
+    assert first is not None and second is not None
+    assert (first.code.commit, first.code.dirty) == ("a1" * 20, True)
+    assert (second.code.commit, second.code.dirty) == ("b2" * 20, False)
 
 
 def _fail_job_1_after_its_epilog_wrote(slurm: ScriptedSlurm, write_record) -> None:

@@ -1,7 +1,7 @@
 """What `clusterctl status` and `report` show, pinned: the JSON of `--json` and the terminal text.
 
 One run with every kind of event the views show (a node failure with blame and evidence, a
-resubmission, restarts inside the allocation with and without a blamed node, a straggler, rank
+resubmission, what each attempt ran (its experiment record), restarts inside the allocation with and without a blamed node, a straggler, rank
 maps with and without a plan summary, a step-time table, complete and skipped checkpoints) is
 shown through the command line, and the output is compared with golden files
 (tests/data/golden/views/; UPDATE_GOLDEN=1 rewrites them when a change is intended).
@@ -28,7 +28,8 @@ import clusterctl.launcher.login.cli as cli_module
 from clusterctl.launcher.login.cli import cli
 from clusterctl.launcher.pure.spec import load_spec, parse_spec
 from clusterctl.launcher.shared.checkpoint_inventory import FlushedCheckpoint, write_complete
-from clusterctl.launcher.shared.runs import create_run
+from clusterctl.launcher.shared.runs import create_run, spec_document
+from clusterctl.records.experiment_record import CodeVersion, ExperimentRecord, write_experiment_record
 from clusterctl.records.node_step_times import NodeStepTime, NodeStepTimes, write_node_step_times
 from clusterctl.records.rank_map import JobRankMap, PlanSummary, RankMap, write_rank_map
 from clusterctl.records.run_journal import (
@@ -110,6 +111,17 @@ def a_run_with_every_kind_of_event(root: Path) -> Path:
                        message="completed", checkpoint_step=30, checkpoint=str(checkpoints / "step-00000030"),
                        action=DecisionAction.DONE, times=SlurmTimes(210.0, 230.0, 490.0), blame=()))
     run.record(RunEnded(kind=EventKind.DONE, at=500.0, message="completed"))
+    spec = load_spec(REPO / "examples" / "toy_trainer.toml")
+    command = ("python3", "toy_trainer.py", "--checkpoint-dir", str(checkpoints))
+    workdir = "/home/alice/llm"
+    write_experiment_record(run.attempt_dir(1), ExperimentRecord(
+        1, 99.5, "0.2.0", command, "fineweb-edu [v3]", CodeVersion(workdir, "1a2b3c4d5e6f" * 3 + "7a8b", False),
+        spec_document(spec)))
+    fewer_spares = spec_document(spec)
+    fewer_spares["job"] = {**fewer_spares["job"], "spare_nodes": 1}
+    write_experiment_record(run.attempt_dir(2), ExperimentRecord(
+        2, 209.5, "0.2.0", (*command, "--resume", str(checkpoints / "step-00000020")), "fineweb-edu [v3]",
+        CodeVersion(workdir, "1a2b3c4d5e6f" * 3 + "7a8b", True), fewer_spares))
     write_rank_map(run.job_dir("4"), JobRankMap("4", "node[1-3]", RankMap(("node1", "node2", "node3"), 4), 20004))
     write_rank_map(run.job_dir("5"), JobRankMap("5", "node[1-2,4]", RankMap(("node2", "node1", "node4"), 4), 20005,
                                                 ("node4",), PlanSummary("depth-first order", 0, 2, 1)))
