@@ -17,7 +17,8 @@ import pytest
 from tests.conftest import REPO, clusterctl_on
 from tests.e2e.supervised_runs import finished, supervised, wait_until
 
-pytestmark = pytest.mark.e2e
+# Nothing here differs between Slurm releases (the path is the job's own: files, UDP, the agent's summary).
+pytestmark = [pytest.mark.e2e, pytest.mark.one_release]
 
 STEPS, STEP_TIME, TOKENS, PARAMS, PEAK = 700, 0.1, 2048, 1e9, 989.0
 GPUS = 16
