@@ -40,6 +40,10 @@ from clusterctl.launcher.pure.spec import (
     MAX_NODES, MAX_RANKS, JobSpec, default_runs_dir, load_spec, parse_overrides, reference_rows,
 )
 from clusterctl.launcher.login.status import ended_how, status_renderables
+from clusterctl.launcher.login.watch import (
+    INTERVAL_S, MAX_INTERVAL_S, MIN_INTERVAL_S, RunFiles, SystemClock, skip_history, watch_run,
+)
+from clusterctl.launcher.login.watch_view import LineView, LiveView
 from clusterctl.launcher.login.supervisor import Hooks, Supervisor, WatchSnapshot
 from clusterctl.launcher.login.text_view import saying
 from clusterctl.table_view import Column, TextTable
@@ -361,13 +365,22 @@ def _resolve_target(target: str | None) -> list[RunDir]:
 
 @cli.command()
 @click.argument("target", required=False, metavar="[RUN|JOB]")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def status(target: str | None, as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (with --watch: one object per line).")
+@click.option("--watch", is_flag=True, help="Show the run live until it ends (a terminal: redrawn; else a line "
+              "per change).")
+@click.option("--interval", type=click.FloatRange(MIN_INTERVAL_S, MAX_INTERVAL_S), default=INTERVAL_S,
+              show_default=True, help="With --watch: seconds between two looks at the run's files.")
+def status(target: str | None, as_json: bool, watch: bool, interval: float) -> None:
     """Show a run's attempts: state, nodes, rank-map cost and where the logs are.
 
     RUN is a run directory, JOB a Slurm job id; without either, the newest runs under
-    $CLUSTERCTL_RUNS (default ~/.clusterctl/runs).
+    $CLUSTERCTL_RUNS (default ~/.clusterctl/runs).  With --watch (one RUN or JOB), the run live
+    until it ends: exit 0 when it is done, 1 when it ended otherwise, 130 on Ctrl-C.
     """
+    if watch:
+        if target is None:
+            raise click.UsageError("--watch needs one RUN or JOB")
+        sys.exit(_watch(_resolve_target(target)[0], as_json, interval))
     runs = _resolve_target(target)
     statuses = gather_status(runs, Slurm(), lambda note: click.echo(f"clusterctl: {printable(note)}", err=True),
                              skip_damaged=target is None)
@@ -380,6 +393,22 @@ def status(target: str | None, as_json: bool) -> None:
     console = terminal()
     for s in statuses:
         console.print(status_renderables(s))
+
+
+def _watch(run: RunDir, as_json: bool, interval: float) -> int:
+    """Watch `run` (launcher/login/watch.py): rich Live on a terminal, lines elsewhere."""
+    reads = RunFiles(run, Slurm(), lambda note: click.echo(f"clusterctl: {printable(note)}", err=True))
+    skip_history(reads)
+    supervised = (run.path / ".lock").exists  # a supervisor journals the run's end
+    console = terminal()
+    if console.is_terminal and not as_json:
+        with Live(console=console, auto_refresh=False, transient=False) as live:
+            view = LiveView(lambda shown: live.update(shown, refresh=True))
+            return watch_run(reads, view, SystemClock(), interval, supervised)
+
+    def write(line: str) -> None:
+        print(line, flush=True)
+    return watch_run(reads, LineView(write, as_json), SystemClock(), interval, supervised)
 
 
 @cli.command()

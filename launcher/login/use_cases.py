@@ -10,6 +10,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 from pathlib import Path
 
 from clusterctl.errors import LayoutError, RunError
@@ -151,7 +152,15 @@ def cancel_run(run: RunDir, slurm: Slurm) -> list[str]:
     return live
 
 
-def gather_status(runs: Sequence[RunDir], slurm: Slurm, say: Callable[[str], None],
+class JobQueries(Protocol):
+    """What status asks Slurm: the controller's view of some jobs, and accounting's (Slurm is one)."""
+
+    def queue(self, job_ids: Sequence[str] = ()) -> dict[str, JobReport]: ...
+
+    def accounting(self, job_ids: list[str]) -> dict[str, JobReport]: ...
+
+
+def gather_status(runs: Sequence[RunDir], slurm: JobQueries, say: Callable[[str], None],
                   skip_damaged: bool = False) -> list[RunStatus]:
     """The status of each run: its journal and rank maps joined with one squeue (and sacct for the rest).
 
