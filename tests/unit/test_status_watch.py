@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import pty
+import subprocess
+import sys
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from clusterctl.launcher.login.cli import cli
 from clusterctl.launcher.login.status import RunStatus
 from clusterctl.launcher.login.watch import SLURM_EVERY_S, RunFiles, skip_history, watch_run
 from clusterctl.launcher.login.watch_view import LineView
@@ -14,6 +21,7 @@ from clusterctl.records.run_journal import (
 )
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm.jobs import JobReport
+from tests.conftest import REPO
 
 RUN = Path("/runs/toy")
 RUNNING = RunStatus(run=RUN, name="toy", state="RUNNING", message="", attempts=(), in_allocation=(),
@@ -177,3 +185,46 @@ def test_a_line_still_being_written_is_read_when_it_is_whole(tmp_path):
     with run.journal_path.open("a") as journal:
         journal.write(line[10:])
     assert [e.event for e in reads.new_events()] == [EventKind.DONE]
+
+
+LIVE_ON_A_PTY = """
+from rich.live import Live
+from clusterctl.terminal_view import terminal
+from clusterctl.launcher.login.watch import watch_run
+from clusterctl.launcher.login.watch_view import LiveView
+from tests.unit.test_status_watch import DONE, RUNNING, STRAGGLER, FakeClock, ScriptedReads
+console = terminal()
+with Live(console=console, auto_refresh=False) as live:
+    code = watch_run(ScriptedReads([([], RUNNING), ([STRAGGLER], None), ([], DONE)]),
+                     LiveView(lambda shown: live.update(shown, refresh=True)), FakeClock(), 2.0)
+print("watch ended", code, console.is_terminal)
+"""
+
+
+def test_on_a_narrow_pseudo_terminal_the_live_view_shows_the_fault_and_ends(tmp_path):
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": "40", "LINES": "40", "TERM": "xterm", "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", LIVE_ON_A_PTY], stdin=follower, stdout=follower,
+                             stderr=follower, env=env, cwd=REPO)
+    os.close(follower)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    assert child.wait(timeout=30) == 0
+    text = out.decode("utf-8", "replace").replace("\r", "")
+    assert "straggler" in text and "node3: 1.40x the job's compute time," in text  # wrapped at 40 columns
+    assert "watch ended 0 True" in text
+    assert "\x1b[?25h" in text  # the cursor shown again: the terminal restored
+
+
+def test_watch_asks_for_one_run_and_a_sane_interval():
+    no_run = CliRunner().invoke(cli, ["status", "--watch"])
+    assert no_run.exit_code == 2 and "--watch needs one RUN or JOB" in no_run.output
+    too_fast = CliRunner().invoke(cli, ["status", "/runs/toy", "--watch", "--interval", "0.1"])
+    assert too_fast.exit_code == 2 and "0.1 is not in the range 0.5<=x<=60.0" in too_fast.output
