@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from clusterctl.files import atomic_write
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
@@ -62,6 +63,7 @@ from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
 from clusterctl.launcher.pure.takeover import Takeover
 from clusterctl.records.agent_lease import AgentLease, current_lease, take_lease
 from clusterctl.records.agent_summary import AgentSummary, write_agent_summary
+from clusterctl.launcher.pure.job_metrics_text import TEXTFILE_DIR_ENV, job_metrics_text, textfile_name
 from clusterctl.records.gpu_evidence import GpuEvidence
 from clusterctl.records.node_report import REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV
 from clusterctl.records.rank_map import RankMap
@@ -278,6 +280,7 @@ class Agent:
     def __init__(self, run_dir: Path, job_dir: Path, spec: JobSpec, environ: Mapping[str, str], doors: AgentDoors,
                  *, python: str = sys.executable, epoch: int = 1) -> None:
         self.run_dir, self.job_dir, self.spec, self.environ, self.doors = run_dir, job_dir, spec, environ, doors
+        self.metrics_export_failed = False
         self.python = python
         self.job_id = environ["SLURM_JOB_ID"]
         self.allocated = tuple(hostlist.expand(environ["SLURM_JOB_NODELIST"]))
@@ -447,18 +450,35 @@ class Agent:
                                 for b in h.report.ranks if b.process in ("stopped", "gone")}))
         refused = dict(watch.inbox.refused)
         training = watch.training(launched.rank_map.world_size, self.spec.job.gpu_peak_tflops)
+        summary = AgentSummary(
+            job_id=self.job_id, launch=launched.launch, at=self.doors.now(),
+            interval=max(SUMMARY_MIN_SECONDS, watch.policy.heartbeat), state=state,
+            nodes=len(launched.slots), reporting=signals.reporting, silent=signals.silent, stopped=stopped,
+            drained=signals.drained, min_step=min(steps) if steps else None,
+            max_step=max(steps) if steps else None, refused=refused,
+            message=(f"{signals.channel_silent} nodes silent at once: the report channel, not the nodes"
+                     if signals.channel_silent else ""), training=training)
         try:
-            write_agent_summary(self.job_dir, AgentSummary(
-                job_id=self.job_id, launch=launched.launch, at=self.doors.now(),
-                interval=max(SUMMARY_MIN_SECONDS, watch.policy.heartbeat), state=state,
-                nodes=len(launched.slots), reporting=signals.reporting, silent=signals.silent, stopped=stopped,
-                drained=signals.drained, min_step=min(steps) if steps else None,
-                max_step=max(steps) if steps else None, refused=refused,
-                message=(f"{signals.channel_silent} nodes silent at once: the report channel, not the nodes"
-                         if signals.channel_silent else ""), training=training))
+            write_agent_summary(self.job_dir, summary)
         except OSError as exc:
             self.doors.say(f"cannot write the agent summary in {self.job_dir} ({exc.strerror}); watching on")
+        self._export_metrics(summary)
         self._check_in_charge()
+
+    def _export_metrics(self, summary: AgentSummary) -> None:
+        """The summary's figures as a node_exporter textfile, when the job's environment names the
+        directory (launcher/pure/job_metrics_text.py); a failure is said once, the job goes on."""
+        directory = self.environ.get(TEXTFILE_DIR_ENV, "")
+        if not directory:
+            return
+        path = Path(directory) / textfile_name(self.job_id)
+        try:
+            atomic_write(path, job_metrics_text(summary, self.spec.job.name))
+        except OSError as exc:
+            if not self.metrics_export_failed:
+                self.doors.say(f"cannot write the job's metrics to {path} ({exc.strerror}); {TEXTFILE_DIR_ENV} "
+                               "names a directory this job cannot write: watching on without it")
+            self.metrics_export_failed = True
 
     def _evidence_after(self, nodes: Sequence[str]) -> list[Blame]:
         """The step failed by itself: healthd's drain (or Slurm's DOWN) may show a moment later."""
