@@ -24,7 +24,7 @@ STEPS, STEP_TIME, TOKENS, PARAMS, PEAK = 700, 0.1, 2048, 1e9, 989.0
 GPUS = 16
 
 
-def _spec(tmp_path: Path) -> Path:
+def _spec(cluster, tmp_path: Path) -> Path:
     path = tmp_path / "job.toml"
     path.write_text(f"""\
 [job]
@@ -34,7 +34,7 @@ gpus_per_node = 8
 gpu_peak_tflops = {PEAK}
 sbatch_options = ["--exclusive"]
 [launch]
-command = ["python3", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "{STEPS}",
+command = ["{cluster.python}", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "{STEPS}",
            "--checkpoint-every", "100", "--step-time", "{STEP_TIME}", "--log-every", "25",
            "--tokens-per-step", "{TOKENS}", "--model-params", "{PARAMS:g}"]
 workdir = "{REPO / 'examples'}"
@@ -55,11 +55,15 @@ LOGGED = re.compile(r"step (\d+) took [0-9.]+ s; loss ([0-9.]+); (\d+) tokens/s 
 
 
 def test_status_json_shows_the_tokens_per_second_and_mfu_the_trainer_logged(cluster, tmp_path):
-    proc, run_dir = supervised(cluster, tmp_path, _spec(tmp_path))
+    proc, run_dir = supervised(cluster, tmp_path, _spec(cluster, tmp_path))
     seen: list[dict] = []
+    looked: list[dict] = []  # the last status --json read, shown when the figures never came
 
     def training_measured() -> bool:
+        if not (run_dir / "journal.jsonl").exists():  # the supervisor has not made the run directory yet
+            return False
         status = json.loads(clusterctl_on(cluster, "status", str(run_dir), "--json").stdout)
+        looked[-1:] = [status]
         agent = status.get("agent") or {}
         training = agent.get("training") or {}
         # Every node heard twice within the window, well into the run (past start-up and the first checkpoint).
@@ -68,7 +72,10 @@ def test_status_json_shows_the_tokens_per_second_and_mfu_the_trainer_logged(clus
             return True
         return False
 
-    wait_until(training_measured, "tokens/s and MFU in status --json", timeout=150, proc=proc)
+    try:
+        wait_until(training_measured, "tokens/s and MFU in status --json", timeout=150, proc=proc)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nthe last status --json: {json.dumps(looked[-1:], indent=1)}") from None
     text = clusterctl_on(cluster, "status", str(run_dir)).stdout
     out = finished(cluster, proc, timeout=240)
     shown = seen[-1]
