@@ -133,7 +133,9 @@ class ApiTiers:
 
     def _resume(self, state: dict[str, Any], step: int, node: str, line: TierSlot) -> float:
         if self._a is not None:
-            self._a.close()  # the step that saved has ended
+            # The step that saved has ended by a node's loss, not with training done: its tiers are kept
+            # (close() with finished=True would empty bench-a's tier, and the survivor would read shared storage).
+            self._a.close(finished=False)
         index = write_tier_index(self.launch / f"resume-{node}-{step}.idx", step,
                                  [line, TierSlot(B, A, "shared", B)])
         began = time.perf_counter()
