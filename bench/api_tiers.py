@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.checkpoint.api import Checkpointer, CopyService
-from clusterctl.checkpoint.copies import shards_of
+from clusterctl.checkpoint.copies import ReceivedCopy, shards_of
 from clusterctl.checkpoint.tier import shared_copy_dir
 from clusterctl.checkpoint.transport import CopyServer, fetch_copy, push_copy
 from clusterctl.records.checkpoint_manifest import CheckpointManifest
@@ -50,7 +50,7 @@ class LoopbackTransport:
         push_copy("127.0.0.1", self.ports[host], key, copy_dir, manifest, timeout=timeout)
 
     def fetch(self, host: str, port: int, key: bytes, of_node: str, step: int, dest_dir: Path, *,
-              timeout: float) -> CheckpointManifest:
+              timeout: float) -> ReceivedCopy:
         return fetch_copy("127.0.0.1", self.ports[host], key, of_node, step, dest_dir, timeout=timeout)
 
     def serve(self, tier_root: Path, node: str, key: bytes, port: int,
