@@ -357,6 +357,8 @@ class CopyServer:
         what = f"{of_node}'s copy of step {step} pushed to {self.node}"
         with self._lock:
             kept = _kept_already(folder / copy_dir_name(step), held)
+        if kept is None and (kept := self._link_same_bytes(held, folder)) is not None:
+            self._received(kept)
         if kept is not None:
             channel.respond(manifest=kept, held=True)
             return
@@ -387,14 +389,43 @@ class CopyServer:
         if problem:
             channel.respond(error=problem)
             return
+        self._received(held)
+        channel.respond(manifest=held)
+
+    def _received(self, held: CheckpointManifest) -> None:
         # Before the answer: once push_copy returns, the buddy's holdings already list the copy.
         if self._on_received is not None:
             try:
                 self._on_received(held)
             except Exception as exc:  # noqa: BLE001 - the copy is kept; the caller's hook failing is reported
-                self._problem(f"after keeping {held.where} of step {step}: on_received failed: "
+                self._problem(f"after keeping {held.where} of step {held.step}: on_received failed: "
                               f"{type(exc).__name__}: {exc}")
-        channel.respond(manifest=held)
+
+    def _link_same_bytes(self, held: CheckpointManifest, folder: Path) -> CheckpointManifest | None:
+        """Keep `held` by linking the files of another buddy copy here with the same step, slot and shards
+        (a replacement node sends back the copy it fetched from this node: its buddy is the lost node's);
+        its manifest as kept, or None (then the bytes are sent)."""
+        with self._lock:
+            for other in sorted((self.tier_root / "buddy").glob(f"*/{copy_dir_name(held.step)}")):
+                source = _kept_already(other, held, any_node=True)
+                if source is None or other.parent == folder:
+                    continue
+                tmp: Path | None = None
+                try:
+                    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    tmp = _new_temporary(folder)
+                    for shard in held.shards:
+                        if "/" in shard.name:
+                            (tmp / shard.name.split("/")[0]).mkdir(mode=0o700, exist_ok=True)
+                        os.link(other / shard.name, tmp / shard.name, follow_symlinks=False)
+                    _complete(tmp, folder / copy_dir_name(held.step), held)
+                    return held
+                except OSError:
+                    return None  # the bytes are sent instead
+                finally:
+                    if tmp is not None:
+                        shutil.rmtree(tmp, ignore_errors=True)
+        return None
 
     def _remove_stale_temporaries(self, folder: Path) -> None:
         # A push that died with its process (the previous step's server) leaves a .tmp-* behind;
@@ -678,15 +709,16 @@ def _shard_file_problem(path: Path, shard: Shard) -> str | None:
     return None
 
 
-def _kept_already(directory: Path, pushed: CheckpointManifest) -> CheckpointManifest | None:
+def _kept_already(directory: Path, pushed: CheckpointManifest, *, any_node: bool = False) -> CheckpointManifest | None:
     """The manifest of the copy in `directory` when it is the pushed one (the same step, node, slot and
-    shards, every shard file there at its size); None otherwise (then the bytes are sent)."""
+    shards, every shard file there at its size; `any_node`: whoever's copy it is); None otherwise."""
     try:
         kept = read_checkpoint_manifest(directory / MANIFEST_NAME)
     except (OSError, RecordError):
         return None
-    same = ((kept.tier, kept.of_node, kept.held_on, kept.step, kept.slot, kept.slots, kept.shards)
-            == (pushed.tier, pushed.of_node, pushed.held_on, pushed.step, pushed.slot, pushed.slots, pushed.shards))
+    same = ((kept.tier, kept.step, kept.slot, kept.slots, kept.shards)
+            == (pushed.tier, pushed.step, pushed.slot, pushed.slots, pushed.shards)
+            and (any_node or (kept.of_node, kept.held_on) == (pushed.of_node, pushed.held_on)))
     if not same or any(_shard_file_problem(directory / s.name, s) for s in kept.shards):
         return None
     return kept

@@ -109,6 +109,26 @@ def test_a_copy_the_buddy_keeps_already_is_not_sent_again_unless_it_is_damaged_t
     assert files_in(kept) == files_in(copy)
 
 
+def test_a_replacement_sending_back_the_copy_it_fetched_from_its_buddy_moves_no_bytes(tmp_path):
+    # node3 is lost; node2 takes its slot, fetches node3's copy from node1 (the slot's buddy, so node2's
+    # buddy too) and, once resumed, sends its own copy of that step, the same bytes, to node1.
+    copy, manifest = node3_saves_step_40(tmp_path / "node3")
+    received: list[CheckpointManifest] = []
+    with CopyServer(tmp_path / "node1", "node1", KEY, 0, "127.0.0.1", on_received=received.append) as node1:
+        push_copy("127.0.0.1", node1.port, KEY, copy, manifest, timeout=SHORT)
+        staged = tmp_path / "node2" / "local" / copy_dir_name(40)
+        fetched = fetch_copy("127.0.0.1", node1.port, KEY, "node3", 40, staged, timeout=SHORT, held_on="node2").manifest
+        own = replace(fetched, of_node="node2", tier="local", held_on="node2")
+        assert push_copy("127.0.0.1", node1.port, KEY, staged, own, timeout=SHORT) is False
+    kept = tmp_path / "node1" / "buddy" / "node2" / copy_dir_name(40)
+    assert files_in(kept) == files_in(copy)
+    held = read_checkpoint_manifest(kept / MANIFEST_NAME)
+    assert (held.of_node, held.tier, held.held_on, held.shards) == ("node2", "buddy", "node1", manifest.shards)
+    assert [m.of_node for m in received] == ["node3", "node2"], "node1's holdings list node2's copy at once"
+    node3s = tmp_path / "node1" / "buddy" / "node3" / copy_dir_name(40)
+    assert all(os.stat(kept / name).st_ino == os.stat(node3s / name).st_ino for name in files_in(kept))
+
+
 def test_a_buddy_whose_holdings_hook_fails_still_keeps_the_copy_and_says_why(tmp_path):
     copy, manifest = node3_saves_step_40(tmp_path / "node3")
     said: list[str] = []
