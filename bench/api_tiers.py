@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.checkpoint.api import Checkpointer, CopyService
-from clusterctl.checkpoint.copies import shards_of
+from clusterctl.checkpoint.copies import ReceivedCopy, shards_of
 from clusterctl.checkpoint.tier import shared_copy_dir
 from clusterctl.checkpoint.transport import CopyServer, fetch_copy, push_copy
 from clusterctl.records.checkpoint_manifest import CheckpointManifest
@@ -50,7 +50,7 @@ class LoopbackTransport:
         push_copy("127.0.0.1", self.ports[host], key, copy_dir, manifest, timeout=timeout)
 
     def fetch(self, host: str, port: int, key: bytes, of_node: str, step: int, dest_dir: Path, *,
-              timeout: float) -> CheckpointManifest:
+              timeout: float) -> ReceivedCopy:
         return fetch_copy("127.0.0.1", self.ports[host], key, of_node, step, dest_dir, timeout=timeout)
 
     def serve(self, tier_root: Path, node: str, key: bytes, port: int,
@@ -133,7 +133,9 @@ class ApiTiers:
 
     def _resume(self, state: dict[str, Any], step: int, node: str, line: TierSlot) -> float:
         if self._a is not None:
-            self._a.close()  # the step that saved has ended
+            # The step that saved has ended by a node's loss, not with training done: its tiers are kept
+            # (close() with finished=True would empty bench-a's tier, and the survivor would read shared storage).
+            self._a.close(finished=False)
         index = write_tier_index(self.launch / f"resume-{node}-{step}.idx", step,
                                  [line, TierSlot(B, A, "shared", B)])
         began = time.perf_counter()

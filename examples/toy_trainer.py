@@ -26,6 +26,13 @@ It behaves like a real data-parallel training job where that matters to clusterc
   node, every k-th to shared storage) and resumes from what `Checkpointer.resume()` staged.
 * State is integers modulo a prime, so the final state is bit-identical whether or
   not the run was interrupted and resumed; rank 0 writes it to final.json.
+* `--state-mb N` gives each node N MB more state (the bulk of a model's weights and optimizer
+  state, for benchmarks): every rank carries N / LOCAL_WORLD_SIZE MB of fixed bytes, saves them with
+  each checkpoint and reads them back (and compares them) on a resume.  The classic way, each rank
+  writes its part to `<checkpoint dir>/bulk/step-NNNNNNNN/rank-R.bin` before rank 0 writes the
+  manifest (a barrier between), throttled to `--shared-mb-per-s` per node (shared storage's
+  bandwidth per node, split evenly among its ranks; 0: none), and only the two newest steps' bulk
+  is kept.  With multi-level checkpoints, it is `rank-R.bin` in the rank's part of the node's copy.
 
 Exit codes: 0 done, 1 a peer was lost, 2 bad usage, 3 this rank's GPU was lost.
 """
@@ -72,6 +79,9 @@ PARAMS = 64
 EXIT_PEER_LOST, EXIT_USAGE, EXIT_GPU_LOST = 1, 2, 3
 MANIFEST = "manifest.json"
 RESUME_ENV = "CLUSTERCTL_RESUME_FROM"
+BULK_DIR = "bulk"
+BULK_CHUNK = 4 << 20
+BULK_KEPT = 2
 
 
 class PeerLost(Exception):
@@ -192,6 +202,69 @@ def _write_synced(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
+
+
+# ---- the bulk of the state (--state-mb): bytes that only cost I/O ------------------------------
+def bulk_bytes(seed: int, rank: int, size: int) -> bytes:
+    """This rank's bulk state: `size` fixed bytes (a random MiB repeated: cheap to make at every start)."""
+    block = random.Random(seed * 1_000_003 + rank).randbytes(min(size, 1 << 20))
+    return block * (size // len(block)) + block[:size % len(block)] if size else b""
+
+
+class Pace:
+    """Keeps reads or writes at `rate` bytes per second on average (0: as fast as they go)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate, self.began, self.moved = rate, time.monotonic(), 0
+
+    def moved_bytes(self, count: int) -> None:
+        self.moved += count
+        if self.rate > 0:
+            ahead = self.moved / self.rate - (time.monotonic() - self.began)
+            if ahead > 0:
+                time.sleep(ahead)
+
+
+def bulk_path(directory: Path, step: int, rank: int) -> Path:
+    return directory / BULK_DIR / checkpoint_name(step) / f"rank-{rank}.bin"
+
+
+def write_bulk(path: Path, data: bytes, rate: float, *, sync: bool) -> None:
+    """`data` into `path` (a temporary renamed into place), paced to `rate` bytes/s, fsynced when `sync`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}-{os.getpid()}")
+    pace = Pace(rate)
+    view = memoryview(data)
+    with open(tmp, "wb") as f:
+        for at in range(0, len(data), BULK_CHUNK):
+            f.write(view[at:at + BULK_CHUNK])
+            pace.moved_bytes(min(BULK_CHUNK, len(data) - at))
+        f.flush()
+        if sync:
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_bulk(path: Path, expected: bytes, rate: float) -> None:
+    """Read `path` back, paced to `rate` bytes/s; ValueError unless it holds exactly `expected`."""
+    pace = Pace(rate)
+    data = bytearray()
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(BULK_CHUNK):
+                data += chunk
+                pace.moved_bytes(len(chunk))
+    except OSError as exc:
+        raise ValueError(f"{path}: the checkpoint's bulk state cannot be read ({exc})") from None
+    if data != expected:
+        raise ValueError(f"{path}: the bulk state read back is not the one saved ({len(data)} bytes)")
+
+
+def prune_bulk(directory: Path, newest: int) -> None:
+    """Rank 0: drop the bulk state of steps before the BULK_KEPT newest (disk space on long runs)."""
+    steps = sorted(p for p in (directory / BULK_DIR).glob("step-*") if p.name <= checkpoint_name(newest))
+    for old in steps[:-BULK_KEPT]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -388,9 +461,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="Tokens each rank pretends to process per step (reported to clusterctl; logged as tokens/s).")
     p.add_argument("--model-params", type=float, default=1e9,
                    help="Parameters of the pretend model: each token costs 6 x this many FLOPs (reported for MFU).")
+    p.add_argument("--state-mb", type=float, default=0.0,
+                   help="MB of bulk state per node, saved and resumed with every checkpoint (see module docstring)")
+    p.add_argument("--shared-mb-per-s", type=float, default=0.0,
+                   help="shared storage's bandwidth per node for the bulk state, MB/s (0: no limit)")
     args = p.parse_args(argv)
     if args.steps < 1 or args.checkpoint_every < 1:
         p.error("--steps and --checkpoint-every must be at least 1")
+    if args.state_mb < 0 or args.shared_mb_per_s < 0:
+        p.error("--state-mb and --shared-mb-per-s must not be negative")
     return args
 
 
@@ -400,16 +479,19 @@ def pretend_loss(step: int) -> float:
     return 2.0 + 8.0 / math.sqrt(1.0 + step / 10.0)
 
 
-def tiered_state(ckpt, args: argparse.Namespace, rank: int) -> tuple[dict, str]:
+def tiered_state(ckpt, args: argparse.Namespace, rank: int, bulk: bytes = b"") -> tuple[dict, str]:
     """The state to start from in a job with multi-level checkpoints: what `resume()` staged on this node
-    (every rank's own file, `rank-<r>.json`, checked against its recorded SHA-256), else a fresh start."""
+    (every rank's own file, `rank-<r>.json`, checked against its recorded SHA-256, and its bulk state),
+    else a fresh start."""
+    began = time.monotonic()
     resume = ckpt.resume()
     if resume is None:
         return initial_state(args.seed), "fresh start (multi-level checkpoints: none to resume)"
-    return load_tiered(resume.directory, rank), f"resumed step {resume.step} from {resume.source}"
+    state = load_tiered(resume.directory, rank, bulk)
+    return state, f"resumed step {resume.step} from {resume.source}" + _bulk_note(bulk, began)
 
 
-def save_tiered(ckpt, state: dict, rank: int) -> None:
+def save_tiered(ckpt, state: dict, rank: int, bulk: bytes = b"") -> None:
     """This rank's state into the node's fast tier (returns once it is there; copies follow in the background)."""
     payload = json.dumps({"params": state["params"]}).encode()
     record = {"format": "clusterctl-toy-trainer-rank/1", "step": state["step"], "data_cursor": state["data_cursor"],
@@ -417,10 +499,14 @@ def save_tiered(ckpt, state: dict, rank: int) -> None:
               "params_sha256": hashlib.sha256(payload).hexdigest()}
     with ckpt.save_files(state["step"]) as directory:
         (Path(directory) / f"rank-{rank}.json").write_text(json.dumps(record))
+        if bulk:
+            write_bulk(Path(directory) / f"rank-{rank}.bin", bulk, 0, sync=False)
 
 
-def load_tiered(directory, rank: int) -> dict:
+def load_tiered(directory, rank: int, bulk: bytes = b"") -> dict:
     """This rank's state from a staged copy; ValueError saying what is wrong with it."""
+    if bulk:
+        read_bulk(Path(directory) / f"rank-{rank}.bin", bulk, 0)
     path = Path(directory) / f"rank-{rank}.json"
     try:
         record = json.loads(path.read_text())
@@ -433,7 +519,8 @@ def load_tiered(directory, rank: int) -> dict:
             "data_cursor": record["data_cursor"]}
 
 
-def resume_state(args: argparse.Namespace) -> tuple[dict, str]:
+def resume_state(args: argparse.Namespace, rank: int = 0, bulk: bytes = b"", rate: float = 0.0) -> tuple[dict, str]:
+    began = time.monotonic()
     choice = os.environ.get(RESUME_ENV) or args.resume
     if choice == "none":
         return initial_state(args.seed), "fresh start"
@@ -441,8 +528,16 @@ def resume_state(args: argparse.Namespace) -> tuple[dict, str]:
         found = latest_checkpoint(args.checkpoint_dir)
         if found is None:
             return initial_state(args.seed), "fresh start (no complete checkpoint)"
-        return load_checkpoint(found), f"resumed from {found}"
-    return load_checkpoint(Path(choice)), f"resumed from {choice}"
+        choice = str(found)
+    state = load_checkpoint(Path(choice))
+    if bulk:
+        read_bulk(bulk_path(Path(choice).parent, state["step"], rank), bulk, rate)
+    return state, f"resumed from {choice}" + _bulk_note(bulk, began)
+
+
+def _bulk_note(bulk: bytes, began: float) -> str:
+    return f" ({len(bulk) / 1e6:.0f} MB of this rank's bulk state with it, in {time.monotonic() - began:.2f} s)" \
+        if bulk else ""
 
 
 def train(args: argparse.Namespace) -> int:
@@ -451,11 +546,14 @@ def train(args: argparse.Namespace) -> int:
     local_rank = env_int("LOCAL_RANK", "SLURM_LOCALID", default=0)
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = env_int("MASTER_PORT", default=29500)
+    local_ranks = max(1, env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", default=1))
     gpu = Gpu(local_rank)
     if rank == 0 and not gpu.present:
         log("no NVML driver on this host: GPU checks are off")
+    bulk = bulk_bytes(args.seed, rank, int(args.state_mb * 1e6 / local_ranks))
+    rate = args.shared_mb_per_s * 1e6 / local_ranks  # shared storage's bandwidth per node, split among its ranks
     ckpt = Checkpointer.from_env() if Checkpointer is not None else None
-    state, how = tiered_state(ckpt, args, rank) if ckpt is not None else resume_state(args)
+    state, how = tiered_state(ckpt, args, rank, bulk) if ckpt is not None else resume_state(args, rank, bulk, rate)
     if rank == 0:
         args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         log(f"{how}; world size {world}; steps {state['step']}..{args.steps}")
@@ -494,13 +592,19 @@ def train(args: argparse.Namespace) -> int:
             beat(state["step"], compute_seconds=compute, tokens=args.tokens_per_step, flops=flops_per_step, loss=loss)
             if ckpt is not None and state["step"] % args.checkpoint_every == 0:
                 beat(state["step"], "checkpoint-save")
-                save_tiered(ckpt, state, rank)
+                save_tiered(ckpt, state, rank, bulk)
                 if rank == 0:
                     log(f"checkpoint step {state['step']} saved to the node tier")
                 beat(state["step"])
-            elif rank == 0 and state["step"] % args.checkpoint_every == 0:
+            elif state["step"] % args.checkpoint_every == 0 and (rank == 0 or bulk):
                 beat(state["step"], "checkpoint-save")
-                log(f"checkpoint {write_checkpoint(args.checkpoint_dir, state)}")
+                if bulk:  # every rank's part first; the manifest (rank 0's) only once all are written
+                    write_bulk(bulk_path(args.checkpoint_dir, state["step"], rank), bulk, rate, sync=True)
+                    group.all_reduce([0])
+                if rank == 0:
+                    log(f"checkpoint {write_checkpoint(args.checkpoint_dir, state)}")
+                    if bulk:
+                        prune_bulk(args.checkpoint_dir, state["step"])
                 beat(state["step"])
     finally:
         group.close()

@@ -30,11 +30,13 @@ from typing import Any
 import pynvml
 
 from clusterctl.checkpoint.api import CopyTransport
+from clusterctl.checkpoint.copies import ReceivedCopy, file_sha256
 from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd.checks import GpuSample
 from clusterctl.healthd.nvml import GpuIdentity, NvmlCalls, NvmlReader, handle_address
 from clusterctl.launcher.login.code_version import GitAnswer, GitDoor
-from clusterctl.records.checkpoint_manifest import CheckpointManifest, read_checkpoint_manifest, write_checkpoint_manifest
+from clusterctl.records.checkpoint_manifest import (
+    CheckpointManifest, Shard, read_checkpoint_manifest, write_checkpoint_manifest)
 from clusterctl.records.drain_reason import HEALTHD, DrainOwner
 from clusterctl.slurm.commands import Completed, Runner
 from clusterctl.slurm.nodes import NodeSlurm, NodeState, PartitionShare
@@ -319,16 +321,21 @@ class FakeGit:
 
 class FakeCopyNetwork:
     """Every node's copy server in one process (clusterctl.checkpoint.api.CopyTransport): a push or a
-    fetch copies files between the nodes' tier roots, byte for byte, as the TCP transport would.
+    fetch copies files between the nodes' tier roots, byte for byte, as the TCP transport would.  A
+    fetch hashes what it wrote and, as the TCP transport does, refuses a copy whose bytes do not match
+    its manifest (a TransferError naming the shard), else returns its measurements.
 
     `gone`: nodes whose server refuses (a dead or unreachable node).  `starting`: nodes whose server
-    refuses the next N calls as one not listening yet would (a retryable TransferError).  `pushes`:
-    (from, to, step) sent."""
+    refuses the next N calls as one not listening yet would (a retryable TransferError).  `unchecked`:
+    nodes whose fetches hand over whatever bytes they copied with honest measurements but without
+    refusing a mismatch (a transport that forgot to check: the caller must still never load it).
+    `pushes`: (from, to, step) sent."""
 
     def __init__(self) -> None:
         self.servers: dict[str, FakeCopyServer] = {}
         self.gone: set[str] = set()
         self.starting: dict[str, int] = {}
+        self.unchecked: set[str] = set()
         self.pushes: list[tuple[str, str, int]] = []
 
     def serve(self, tier_root: Path, node: str, key: bytes, port: int,
@@ -362,12 +369,18 @@ class FakeCopyNetwork:
         server.on_received(kept)
 
     def fetch(self, host: str, port: int, key: bytes, of_node: str, step: int, dest_dir: Path, *,
-              timeout: float) -> CheckpointManifest:
+              timeout: float) -> ReceivedCopy:
         server = self._server(host)
         source = (server.root / "local" if of_node == host else server.root / "buddy" / of_node) / f"step-{step:012d}"
         manifest = read_checkpoint_manifest(source / "manifest.json")
         _copy_files(source, dest_dir, manifest)
-        return manifest
+        received = ReceivedCopy(manifest, tuple(Shard(s.name, *file_sha256(dest_dir / s.name))
+                                                for s in manifest.shards))
+        if host not in self.unchecked and (problem := received.problem()):
+            from clusterctl.checkpoint.transport import TransferError
+            raise TransferError(f"fetching {of_node}'s copy of step {step} from {host}: the copy {problem}; "
+                                "the fetched copy was discarded: take the next tier")
+        return received
 
 
 class FakeCopyServer:

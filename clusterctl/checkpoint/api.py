@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from clusterctl.checkpoint.copies import MANIFEST_NAME, CopyError, shards_of, verify_copy
+from clusterctl.checkpoint.copies import (
+    MANIFEST_NAME,
+    CopyError,
+    ReceivedCopy,
+    copy_verified,
+    link_shards,
+    shards_of,
+    verify_copy,
+)
 from clusterctl.checkpoint.flush import Throttle, flush_copy
 from clusterctl.checkpoint.tier import (
     abandoned_copies,
@@ -40,7 +48,6 @@ from clusterctl.checkpoint.tier import (
     attempt_token,
     budget_bytes,
     commit_copy,
-    copy_tree_files,
     flocked,
     flush_due,
     mark_done,
@@ -115,8 +122,11 @@ class CopyTransport(Protocol):
         """Send the copy in `copy_dir` to `host`'s server, which keeps it as its buddy copy of manifest.of_node."""
 
     def fetch(self, host: str, port: int, key: bytes, of_node: str, step: int, dest_dir: Path, *,
-              timeout: float) -> CheckpointManifest:
-        """Fetch `of_node`'s copy of `step` held on `host` into `dest_dir` (made, empty); its manifest."""
+              timeout: float) -> ReceivedCopy:
+        """Fetch `of_node`'s copy of `step` held on `host` into `dest_dir` (made, empty): its manifest and
+        every shard's size and SHA-256 as measured while the bytes were written (a transport hashes
+        what it receives; the caller loads a copy whose measurements equal its manifest without
+        hashing it again, and never one whose measurements differ)."""
 
     def serve(self, tier_root: Path, node: str, key: bytes, port: int,
               on_received: Callable[[CheckpointManifest], None]) -> CopyService:
@@ -135,7 +145,7 @@ class TcpTransport:
         push_copy(host, port, key, copy_dir, manifest, timeout=timeout)
 
     def fetch(self, host: str, port: int, key: bytes, of_node: str, step: int, dest_dir: Path, *,
-              timeout: float) -> CheckpointManifest:
+              timeout: float) -> ReceivedCopy:
         """See CopyTransport.fetch."""
         from clusterctl.checkpoint.transport import fetch_copy
 
@@ -359,12 +369,17 @@ class Checkpointer:
                 return self._resume_in_place(step, bad)  # nowhere to stage: shared storage, read in place
             try:
                 if line.held_on == self.node:
+                    # Kept here already: linked into the staging folder (no byte moves), then hashed once.
                     source = self.tier.buddy_copy(line.of_node, step)
                     fetched = read_checkpoint_manifest(source / MANIFEST_NAME)
-                    copy_tree_files(source, staging, [s.name for s in fetched.shards])
+                    link_shards(source, staging, [s.name for s in fetched.shards])
+                    problem = self._check_staged(staging, fetched, step)
                 else:
-                    fetched = self._fetch_waiting(line.held_on, line.of_node, step, staging)
-                problem = self._check_staged(staging, fetched, step)
+                    # The transport hashed every byte as it wrote it: its measurements are checked
+                    # against the manifest instead of reading the copy a second time.
+                    received = self._fetch_waiting(line.held_on, line.of_node, step, staging)
+                    fetched = received.manifest
+                    problem = self._check_identity(fetched, step) or received.problem()
             except Exception as exc:  # a dead, unreachable or refusing buddy is one more bad copy
                 problem = f"cannot be fetched ({exc})"
             if not problem and (resumed := self._commit_staged(staging, fetched, step)) is not None:
@@ -375,7 +390,7 @@ class Checkpointer:
             shutil.rmtree(staging, ignore_errors=True)
         return self._resume_from_shared(step, bad)
 
-    def _fetch_waiting(self, host: str, of_node: str, step: int, staging: Path) -> CheckpointManifest:
+    def _fetch_waiting(self, host: str, of_node: str, step: int, staging: Path) -> ReceivedCopy:
         """Fetch through the transport, trying again while the peer's server is not up yet (every node's
         first rank starts its server as the step starts), for at most PEER_START_SECONDS."""
         deadline = time.monotonic() + PEER_START_SECONDS
@@ -403,13 +418,14 @@ class Checkpointer:
             bad.append(BadCopy(step, of_node, "shared", None, f"has an unreadable manifest ({exc})"))
             return None, bad
         staging = self.tier.root / f".tmp-stage-{step:012d}-{self._attempt}"
+        problem = self._check_identity(manifest, step)
         try:
             self._fresh_dir(staging.name)
-            copy_tree_files(source, staging, [s.name for s in manifest.shards])
-        except (OSError, CopyError):
+            # Hashed as it is copied: shared storage is read once and the staged copy not again.
+            problem = problem or copy_verified(source, staging, manifest)
+        except OSError:
             shutil.rmtree(staging, ignore_errors=True)
             return self._resume_in_place(step, bad)  # the local tier is full or broken: read shared directly
-        problem = self._check_staged(staging, manifest, step)
         if problem:
             shutil.rmtree(staging, ignore_errors=True)
             bad.append(BadCopy(step, manifest.of_node, "shared", None, problem))
@@ -431,9 +447,12 @@ class Checkpointer:
         return Resume(step, source, "shared storage (read in place)", tier="shared", of_node=manifest.of_node), bad
 
     def _check_staged(self, directory: Path, manifest: CheckpointManifest, step: int) -> str:
+        return self._check_identity(manifest, step) or verify_copy(directory, manifest)
+
+    def _check_identity(self, manifest: CheckpointManifest, step: int) -> str:
         if (manifest.step, manifest.slot) != (step, self.slot):
-            return (f"is of step {manifest.step}, slot {manifest.slot}, not step {step}, slot {self.slot}")
-        return verify_copy(directory, manifest)
+            return f"is of step {manifest.step}, slot {manifest.slot}, not step {step}, slot {self.slot}"
+        return ""
 
     def _commit_staged(self, staging: Path, source: CheckpointManifest, step: int) -> Resume | None:
         """The verified copy in `staging` made this node's local copy of `step`; None when the local

@@ -22,14 +22,13 @@ import hashlib
 import os
 import re
 import shutil
-import stat
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterctl.checkpoint.copies import MANIFEST_NAME, CopyError
+from clusterctl.checkpoint.copies import MANIFEST_NAME
 from clusterctl.files import UnsafePathError, check_owned, open_checked_dir
 from clusterctl.records.checkpoint_holdings import (
     HOLDINGS_NAME,
@@ -435,14 +434,3 @@ def _subdirs(path: Path) -> list[Path]:
 
 def _step_dirs(path: Path) -> list[Path]:
     return [p for p in _subdirs(path) if parse_step_name(p.name) is not None]
-
-
-def copy_tree_files(source: Path, dest: Path, names: Iterable[str]) -> None:
-    """Copy the named shards of a copy (plain files, one level of folders) from `source` into `dest`."""
-    for name in names:
-        target = dest / name
-        target.parent.mkdir(mode=0o700, exist_ok=True)
-        src = source / name
-        if not stat.S_ISREG(os.stat(src, follow_symlinks=False).st_mode):
-            raise CopyError(f"{src}: not a regular file")
-        shutil.copyfile(src, target, follow_symlinks=False)

@@ -7,25 +7,33 @@ local copy of each checkpoint to its buddy (`push_copy`: the buddy keeps it as
 only they can ask: anyone else on the network (another user's job on a shared node) is refused
 before a byte of its request is parsed.
 
-Protocol (version 1), one request per connection:
+Protocol (version 2), one request per connection:
 
 1. server → client: MAGIC, then a fresh 32-byte nonce; BUSY instead when MAX_CONNECTIONS
    transfers already run (the client says so and may try again).
 2. client → server: its own 32-byte nonce, a request header (4-byte big-endian length, at most
-   HEADER_LIMIT bytes, then JSON: kind "copy-request", version 1) and HMAC-SHA256 under the key of
+   HEADER_LIMIT bytes, then JSON: kind "copy-request", version 2) and HMAC-SHA256 under the key of
    REQUEST_LABEL ‖ server nonce ‖ client nonce ‖ header.  The server checks the MAC
    (hmac.compare_digest) before parsing the JSON; a wrong MAC is answered with a header length of 0
    and the connection closed.
-3. server → client: a response header (length, JSON: kind "copy-response", version 1) and its HMAC
+3. server → client: a response header (length, JSON: kind "copy-response", version 2) and its HMAC
    of RESPONSE_LABEL ‖ client nonce ‖ server nonce ‖ counter ‖ header, so neither side's answer can
-   be forged or replayed, and a fetched manifest is the server's own.
+   be forged or replayed, and a fetched manifest is the server's own.  To a push of a copy the
+   server keeps already (the same step, slot and shards, every shard file there at its size) it
+   answers `held: true`, and nothing more is sent either way: every node sends its newest copy
+   again as a step starts (its buddy may be new), and after a recovery most buddies are not.
 4. the shards, in the manifest's order, each framed as name length (2 bytes), name, size (8 bytes),
    then exactly that many bytes; a name length of 0 ends them.  The bytes themselves carry no MAC:
    every shard's size and SHA-256 are in the authenticated manifest, and the receiver checks both
    as it reads.  A push then gets a second response saying whether the copy was kept.
 
+Version 2 added `held` to the response (version 1 had none: a copy was always sent again).
+
 A receiver writes into a `.tmp-*` directory, writes the manifest last, fsyncs and renames the
-directory to its final name only when every shard verified; anything else removes it.  A peer that
+directory to its final name only when every shard verified; anything else removes it.  A fetch
+returns what it measured of every shard (`ReceivedCopy`): the caller loads the copy without hashing
+it a second time.  A fetched copy's shards are not fsynced: it is staged for a load that follows at
+once, and any later load of it (as the node's own copy) verifies it again first.  A peer that
 sends more or fewer bytes than it announced, a frame that is not the next shard, or a header larger
 than HEADER_LIMIT is a TransferError.  Every socket operation waits at most `timeout` seconds.
 """
@@ -49,7 +57,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from clusterctl.checkpoint.copies import MANIFEST_NAME
+from clusterctl.checkpoint.copies import MANIFEST_NAME, ReceivedCopy
 from clusterctl.errors import ClusterctlError
 from clusterctl.files import fsync_directory
 from clusterctl.records.checkpoint_manifest import (
@@ -62,7 +70,7 @@ from clusterctl.text import one_line
 
 REQUEST_KIND = "copy-request"
 RESPONSE_KIND = "copy-response"
-VERSION = 1
+VERSION = 2
 MAGIC = b"CCT1"
 BUSY = b"CCTB"
 NONCE_BYTES = 32
@@ -74,11 +82,11 @@ RESPONSE_LABEL = b"clusterctl copy-response v1\0"
 MAX_CONNECTIONS = 4
 """Transfers one server runs at once; a further connection is told BUSY and closed."""
 CHUNK = 1 << 20
-"""Bytes received at a time (a buffer of this size per connection)."""
+"""Bytes received at a time (a buffer of this size per connection; larger ones measured no faster)."""
 REQUESTS = ("fetch", "push")
 _REQUEST_FIELDS = {"fetch": frozenset({"kind", "version", "request", "of_node", "step"}),
                    "push": frozenset({"kind", "version", "request", "manifest"})}
-_RESPONSE_FIELDS = frozenset({"kind", "version", "ok", "error", "manifest"})
+_RESPONSE_FIELDS = frozenset({"kind", "version", "ok", "error", "manifest", "held"})
 _LENGTH = struct.Struct(">I")
 _NAME_LENGTH = struct.Struct(">H")
 _SIZE = struct.Struct(">Q")
@@ -347,6 +355,13 @@ class CopyServer:
         held = replace(pushed, tier="buddy", held_on=self.node)
         folder = self.tier_root / "buddy" / of_node
         what = f"{of_node}'s copy of step {step} pushed to {self.node}"
+        with self._lock:
+            kept = _kept_already(folder / copy_dir_name(step), held)
+        if kept is None and (kept := self._link_same_bytes(held, folder)) is not None:
+            self._received(kept)
+        if kept is not None:
+            channel.respond(manifest=kept, held=True)
+            return
         try:
             with self._lock:
                 folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -358,7 +373,7 @@ class CopyServer:
             return
         try:
             channel.respond(manifest=held)
-            problem = _receive_shards(channel.sock, tmp, held, what)
+            problem, _ = _receive_shards(channel.sock, tmp, held, what, durable=True)
             if not problem:
                 problem = _no_more_bytes(channel.sock, what)
             if not problem:
@@ -374,14 +389,43 @@ class CopyServer:
         if problem:
             channel.respond(error=problem)
             return
+        self._received(held)
+        channel.respond(manifest=held)
+
+    def _received(self, held: CheckpointManifest) -> None:
         # Before the answer: once push_copy returns, the buddy's holdings already list the copy.
         if self._on_received is not None:
             try:
                 self._on_received(held)
             except Exception as exc:  # noqa: BLE001 - the copy is kept; the caller's hook failing is reported
-                self._problem(f"after keeping {held.where} of step {step}: on_received failed: "
+                self._problem(f"after keeping {held.where} of step {held.step}: on_received failed: "
                               f"{type(exc).__name__}: {exc}")
-        channel.respond(manifest=held)
+
+    def _link_same_bytes(self, held: CheckpointManifest, folder: Path) -> CheckpointManifest | None:
+        """Keep `held` by linking the files of another buddy copy here with the same step, slot and shards
+        (a replacement node sends back the copy it fetched from this node: its buddy is the lost node's);
+        its manifest as kept, or None (then the bytes are sent)."""
+        with self._lock:
+            for other in sorted((self.tier_root / "buddy").glob(f"*/{copy_dir_name(held.step)}")):
+                source = _kept_already(other, held, any_node=True)
+                if source is None or other.parent == folder:
+                    continue
+                tmp: Path | None = None
+                try:
+                    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                    tmp = _new_temporary(folder)
+                    for shard in held.shards:
+                        if "/" in shard.name:
+                            (tmp / shard.name.split("/")[0]).mkdir(mode=0o700, exist_ok=True)
+                        os.link(other / shard.name, tmp / shard.name, follow_symlinks=False)
+                    _complete(tmp, folder / copy_dir_name(held.step), held)
+                    return held
+                except OSError:
+                    return None  # the bytes are sent instead
+                finally:
+                    if tmp is not None:
+                        shutil.rmtree(tmp, ignore_errors=True)
+        return None
 
     def _remove_stale_temporaries(self, folder: Path) -> None:
         # A push that died with its process (the previous step's server) leaves a .tmp-* behind;
@@ -401,9 +445,10 @@ class CopyServer:
 # ---- the client side ---------------------------------------------------------------------------
 
 def push_copy(host: str, port: int, key: bytes, copy_dir: Path, manifest: CheckpointManifest, *,
-              timeout: float = 60) -> None:
+              timeout: float = 60) -> bool:
     """Send this node's local copy in `copy_dir` (described by `manifest`, tier local) to the
-    CopyServer on `host`:`port`, which keeps it as its buddy copy once every shard verified.
+    CopyServer on `host`:`port`, which keeps it as its buddy copy once every shard verified; True
+    when the bytes were sent, False when the server keeps this very copy already (nothing sent).
 
     `timeout` bounds each network operation (connecting, each read and write), not the whole copy.
     TransferError when the server cannot be reached, refuses the key, or refuses the copy (a shard
@@ -417,6 +462,8 @@ def push_copy(host: str, port: int, key: bytes, copy_dir: Path, manifest: Checkp
     request = CopyRequest("push", manifest.of_node, manifest.step, manifest)
     with _connect(host, port, key, request, timeout, what) as channel:
         channel.expect(what)
+        if channel.held:
+            return False
         try:
             for shard in manifest.shards:
                 _send_shard(channel.sock, copy_dir, shard, what)
@@ -427,20 +474,23 @@ def push_copy(host: str, port: int, key: bytes, copy_dir: Path, manifest: Checkp
             channel.expect(what)
             raise
         channel.expect(what)
+    return True
 
 
 def fetch_copy(host: str, port: int, key: bytes, of_node: str, step: int, dest_dir: Path, *,
-               timeout: float = 60, held_on: str | None = None) -> CheckpointManifest:
+               timeout: float = 60, held_on: str | None = None) -> ReceivedCopy:
     """Fetch the copy of `of_node`'s shards of `step` that the CopyServer on `host`:`port` holds
-    into `dest_dir` and return its manifest as written there.
+    into `dest_dir`; its manifest as written there, and every shard's size and SHA-256 as received.
 
     The shards are written into a `.tmp-*` sibling of `dest_dir`, each checked against the server's
     authenticated manifest (size and SHA-256) as it is read; only a whole copy is renamed to
-    `dest_dir` (replacing what was there), with its manifest written last.  That manifest is the
-    server's, or, with `held_on` (this node's name), relabelled as held here: `local` when
-    `held_on` is `of_node`, else `buddy`.  `timeout` bounds each network operation.
-    TransferError when the server cannot be reached, refuses the key, holds no such copy, or sends
-    a shard that does not verify (named); nothing is left at `dest_dir` or in a temporary then.
+    `dest_dir` (replacing what was there), with its manifest written last, and the returned
+    `measured` then equals the manifest's shards (the proof that no second pass is needed).  That
+    manifest is the server's, or, with `held_on` (this node's name), relabelled as held here:
+    `local` when `held_on` is `of_node`, else `buddy`.  The shards are not fsynced (see the module
+    docstring).  `timeout` bounds each network operation.  TransferError when the server cannot be
+    reached, refuses the key, holds no such copy, or sends a shard that does not verify (named);
+    nothing is left at `dest_dir` or in a temporary then.
     """
     if (problem := node_name_problem(of_node)):
         raise ValueError(problem)
@@ -465,7 +515,8 @@ def fetch_copy(host: str, port: int, key: bytes, of_node: str, step: int, dest_d
             raise TransferError(f"{what}: cannot make a folder in {dest_dir.parent}: {exc.strerror or exc}; "
                                 "check the node's tier root") from None
         try:
-            problem = _receive_shards(channel.sock, tmp, manifest, what) or _no_more_bytes(channel.sock, what)
+            problem, measured = _receive_shards(channel.sock, tmp, manifest, what, durable=False)
+            problem = problem or _no_more_bytes(channel.sock, what)
             if problem:
                 raise TransferError(f"{problem}; the fetched copy was discarded: take the next tier")
             try:
@@ -474,7 +525,7 @@ def fetch_copy(host: str, port: int, key: bytes, of_node: str, step: int, dest_d
                 raise TransferError(f"{what}: cannot store it as {dest_dir}: {exc.strerror or exc}") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        return manifest
+        return ReceivedCopy(manifest, measured)
 
 
 # ---- shared pieces -----------------------------------------------------------------------------
@@ -486,15 +537,16 @@ class _Channel:
         self.sock, self._key = sock, key
         self._client_nonce, self._server_nonce = client_nonce, server_nonce
         self._responses = 0
+        self.held = False
 
     def _response_mac(self, header: bytes) -> bytes:
         return _mac(self._key, RESPONSE_LABEL, self._client_nonce, self._server_nonce,
                     self._responses.to_bytes(4, "big"), header)
 
-    def respond(self, *, manifest: CheckpointManifest | None = None, error: str = "") -> None:
-        """Send the next response header (the server side)."""
+    def respond(self, *, manifest: CheckpointManifest | None = None, error: str = "", held: bool = False) -> None:
+        """Send the next response header (the server side); `held`: a pushed copy is kept here already."""
         document = {"kind": RESPONSE_KIND, "version": VERSION, "ok": not error, "error": error[:4096],
-                    "manifest": manifest.to_json() if manifest is not None else None}
+                    "manifest": manifest.to_json() if manifest is not None else None, "held": held}
         header = json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
         mac = self._response_mac(header)
         self._responses += 1
@@ -502,7 +554,8 @@ class _Channel:
 
     def expect(self, what: str) -> CheckpointManifest | None:
         """Read the next response header (the client side): its manifest when it says ok; TransferError
-        with the server's reason otherwise."""
+        with the server's reason otherwise.  `self.held` then says whether the server answered that it
+        keeps a pushed copy already."""
         raw_length = _recv_exact(self.sock, _LENGTH.size, "the answer")
         (length,) = _LENGTH.unpack(raw_length)
         if length == 0:
@@ -519,9 +572,10 @@ class _Channel:
         self._responses += 1
         document = _json_object(header, "answer", RESPONSE_KIND)
         _refuse_unknown(document, _RESPONSE_FIELDS, "answer")
-        ok, error, body = document.get("ok"), document.get("error"), document.get("manifest")
-        if type(ok) is not bool or not isinstance(error, str):
-            raise TransferError(f"{what}: the answer's `ok` or `error` has the wrong type")
+        ok, error, body, held = document.get("ok"), document.get("error"), document.get("manifest"), document.get("held")
+        if type(ok) is not bool or not isinstance(error, str) or type(held) is not bool:
+            raise TransferError(f"{what}: the answer's `ok`, `error` or `held` has the wrong type")
+        self.held = held
         if not ok:
             raise TransferError(f"{what}: the server says: {one_line(error)}")
         if body is None:
@@ -655,6 +709,21 @@ def _shard_file_problem(path: Path, shard: Shard) -> str | None:
     return None
 
 
+def _kept_already(directory: Path, pushed: CheckpointManifest, *, any_node: bool = False) -> CheckpointManifest | None:
+    """The manifest of the copy in `directory` when it is the pushed one (the same step, node, slot and
+    shards, every shard file there at its size; `any_node`: whoever's copy it is); None otherwise."""
+    try:
+        kept = read_checkpoint_manifest(directory / MANIFEST_NAME)
+    except (OSError, RecordError):
+        return None
+    same = ((kept.tier, kept.step, kept.slot, kept.slots, kept.shards)
+            == (pushed.tier, pushed.step, pushed.slot, pushed.slots, pushed.shards)
+            and (any_node or (kept.of_node, kept.held_on) == (pushed.of_node, pushed.held_on)))
+    if not same or any(_shard_file_problem(directory / s.name, s) for s in kept.shards):
+        return None
+    return kept
+
+
 def _send_shard(sock: socket.socket, directory: Path, shard: Shard, what: str) -> None:
     name = shard.name.encode("utf-8")
     try:
@@ -680,12 +749,15 @@ def _new_temporary(parent: Path) -> Path:
     return tmp
 
 
-def _receive_shards(sock: socket.socket, tmp: Path, manifest: CheckpointManifest, what: str) -> str:
-    """Read every shard of `manifest` into `tmp`, checking each; '' when all verified, else the first
-    shard's problem (the rest of the stream is read and dropped, so the sender hears the answer).
-    TransferError for a stream that is not the manifest's frames."""
+def _receive_shards(sock: socket.socket, tmp: Path, manifest: CheckpointManifest, what: str, *,
+                    durable: bool) -> tuple[str, tuple[Shard, ...]]:
+    """Read every shard of `manifest` into `tmp`, checking each (fsynced when `durable`); ('', every
+    shard as measured) when all verified, else the first shard's problem (the rest of the stream is
+    read and dropped, so the sender hears the answer).  _StreamError for a stream that is not the
+    manifest's frames."""
     buffer = bytearray(CHUNK)
     problem = ""
+    measured: list[Shard] = []
     for shard in manifest.shards:
         (length,) = _NAME_LENGTH.unpack(_recv_exact(sock, _NAME_LENGTH.size, f"shard {shard.name}"))
         if not 0 < length <= MAX_NAME_BYTES:
@@ -696,14 +768,20 @@ def _receive_shards(sock: socket.socket, tmp: Path, manifest: CheckpointManifest
         if name != shard.name or size != shard.size:
             raise _StreamError(f"expected shard {shard.name} of {shard.size} bytes, got "
                                 f"{one_line(name[:80])!r} of {size} bytes")
-        problem = _receive_one(sock, tmp, shard, buffer, what, keep=not problem) or problem
+        one, sha = _receive_one(sock, tmp, shard, buffer, what, keep=not problem, durable=durable)
+        problem = problem or one
+        if sha:
+            measured.append(Shard(shard.name, shard.size, sha))
     (end,) = _NAME_LENGTH.unpack(_recv_exact(sock, _NAME_LENGTH.size, "the end of the shards"))
     if end != 0:
         raise _StreamError(f"more shards were sent than the manifest's {len(manifest.shards)}")
-    return problem
+    return problem, tuple(measured)
 
 
-def _receive_one(sock: socket.socket, tmp: Path, shard: Shard, buffer: bytearray, what: str, *, keep: bool) -> str:
+def _receive_one(sock: socket.socket, tmp: Path, shard: Shard, buffer: bytearray, what: str, *, keep: bool,
+                 durable: bool) -> tuple[str, str]:
+    """One shard's bytes from the stream into `tmp` (dropped when not `keep`): (its problem or '', the
+    SHA-256 of the bytes written or '' when none were)."""
     view = memoryview(buffer)
     digest = hashlib.sha256()
     fd = -1
@@ -732,18 +810,21 @@ def _receive_one(sock: socket.socket, tmp: Path, shard: Shard, buffer: bytearray
                 problem = f"{what}: cannot write shard {shard.name}: {exc.strerror or exc}"
                 os.close(fd)
                 fd = -1
+        sha = ""
         if fd >= 0:
             try:
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
             except OSError as exc:
                 problem = f"{what}: cannot write shard {shard.name}: {exc.strerror or exc}"
-            if not problem and digest.hexdigest() != shard.sha256:
+            sha = digest.hexdigest()
+            if not problem and sha != shard.sha256:
                 problem = (f"{what}: shard {shard.name} fails its checksum (its bytes do not match the manifest's "
                            "SHA-256: changed after the manifest was written, or damaged on the way)")
     finally:
         if fd >= 0:
             os.close(fd)
-    return problem
+    return problem, sha
 
 
 def _write_all(fd: int, data: memoryview) -> None:

@@ -196,6 +196,65 @@ def test_a_corrupted_buddy_copy_falls_back_to_shared_storage_and_is_named(tmp_pa
     assert (resume.tier, held.last_resume.held_on) == ("shared", "")
 
 
+def test_a_fetched_copy_whose_bytes_the_transport_measured_wrong_is_never_loaded_even_unrefused(
+        tmp_path: Path) -> None:
+    # The replacement does not hash a fetched copy again: it checks what the transport measured while
+    # writing it, so a transport that forgot to refuse a bad copy still cannot get it loaded.
+    network = FakeCopyNetwork()
+    job = saved_job(tmp_path, network, range(1, 5))
+    shard = job.tier("node2") / "buddy" / "node1" / "step-000000000004" / "rank-0.bin"
+    data = bytearray(shard.read_bytes())
+    data[0] ^= 0x01
+    shard.write_bytes(bytes(data))
+    network.gone.add("node1")
+    network.unchecked.add("node2")
+    survivor = Job(tmp_path, network,
+                   two_nodes("buddy", of=("node1", "node2"), held=("node2", "node2"), nodes=("node3", "node2")),
+                   resume_step=4)
+    resume = survivor.ranks["node3"][0].resume()
+    assert resume is not None and resume.tier == "shared"
+    assert (resume.directory / "rank-0.bin").read_bytes() == payload(0, 4)
+    [bad] = survivor.ranks["node3"][0].bad_copies
+    assert (bad.tier, bad.held_on, bad.problem) == ("buddy", "node2", "fails its checksum (shard rank-0.bin)")
+
+
+def test_the_node_keeping_the_lost_nodes_copy_takes_its_slot_without_a_second_copy_in_memory(
+        tmp_path: Path) -> None:
+    network = FakeCopyNetwork()
+    job = saved_job(tmp_path, network, range(1, 4), flush_every=100)
+    network.gone.add("node1")
+    kept = job.tier("node2") / "buddy" / "node1" / "step-000000000003"
+    # node2 kept node1's copy; node2 now takes node1's slot 0 and a spare, node4, takes slot 1.
+    again = Job(tmp_path, network,
+                two_nodes("buddy", of=("node1", "node2"), held=("node2", "node2"), nodes=("node2", "node4")),
+                resume_step=3, flush_every=100)
+    resume = again.ranks["node2"][0].resume()
+    assert resume is not None and (resume.step, resume.tier, resume.of_node, resume.held_on) == \
+        (3, "buddy", "node1", "node2")
+    assert resume.source == "node1's copy kept on this node"
+    for rank in (0, 1):
+        staged = resume.directory / f"rank-{rank}.bin"
+        assert staged.read_bytes() == payload(rank, 3)
+        assert os.stat(staged).st_ino == os.stat(kept / staged.name).st_ino, "the same bytes, linked, not copied"
+    assert again.ranks["node2"][0].bad_copies == ()
+
+
+def test_a_corrupted_copy_kept_on_the_node_itself_is_caught_before_it_is_staged(tmp_path: Path) -> None:
+    network = FakeCopyNetwork()
+    job = saved_job(tmp_path, network, range(1, 4))
+    shard = job.tier("node2") / "buddy" / "node1" / "step-000000000003" / "rank-1.bin"
+    shard.write_bytes(shard.read_bytes()[:-1] + b"?")
+    network.gone.add("node1")
+    again = Job(tmp_path, network,
+                two_nodes("buddy", of=("node1", "node2"), held=("node2", "node2"), nodes=("node2", "node4")),
+                resume_step=3)
+    resume = again.ranks["node2"][0].resume()
+    assert resume is not None and resume.tier == "shared"
+    assert (resume.directory / "rank-1.bin").read_bytes() == payload(1, 3)
+    [bad] = again.ranks["node2"][0].bad_copies
+    assert (bad.tier, bad.held_on, bad.problem) == ("buddy", "node2", "fails its checksum (shard rank-1.bin)")
+
+
 def test_no_usable_copy_writes_a_resume_failure_and_exits_87(tmp_path: Path) -> None:
     network = FakeCopyNetwork()
     job = saved_job(tmp_path, network, range(1, 4))

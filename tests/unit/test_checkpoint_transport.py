@@ -62,14 +62,17 @@ def test_a_copy_pushed_to_its_buddy_is_fetched_back_bit_identical_through_two_no
 
         # node2 takes node3's slot after node3 is lost: it fetches the copy from node1 ...
         dest = tmp_path / "node2" / "buddy" / "node3" / copy_dir_name(40)
-        fetched = fetch_copy("127.0.0.1", node1.port, KEY, "node3", 40, dest, timeout=SHORT, held_on="node2")
+        received = fetch_copy("127.0.0.1", node1.port, KEY, "node3", 40, dest, timeout=SHORT, held_on="node2")
         assert files_in(dest) == files_in(copy)
+        fetched = received.manifest
         assert fetched == read_checkpoint_manifest(dest / MANIFEST_NAME)
         assert (fetched.tier, fetched.held_on, fetched.shards) == ("buddy", "node2", manifest.shards)
+        # What node2 measured of the bytes it wrote is the manifest's: nothing needs hashing again.
+        assert received.measured == manifest.shards and received.problem() == ""
 
         # ... and node3, back on its feet with an empty local tier, fetches its own copy from node2.
         back = tmp_path / "node3-again" / "local" / copy_dir_name(40)
-        own = fetch_copy("127.0.0.1", node2.port, KEY, "node3", 40, back, timeout=SHORT, held_on="node3")
+        own = fetch_copy("127.0.0.1", node2.port, KEY, "node3", 40, back, timeout=SHORT, held_on="node3").manifest
         assert files_in(back) == files_in(copy)
         assert (own.tier, own.held_on) == ("local", "node3")
         assert not [p for p in back.parent.iterdir() if p.name.startswith(".tmp-")]
@@ -87,6 +90,43 @@ def test_pushing_the_same_step_again_replaces_the_older_copy(tmp_path):
     assert [p.name for p in folder.iterdir()] == [copy_dir_name(40)]
     assert files_in(folder / copy_dir_name(40)) == files_in(copy)
     assert read_checkpoint_manifest(folder / copy_dir_name(40) / MANIFEST_NAME).written_at == again.written_at
+
+
+def test_a_copy_the_buddy_keeps_already_is_not_sent_again_unless_it_is_damaged_there(tmp_path):
+    # Every node sends its newest copy again as a step starts (its buddy may be new); after a
+    # recovery most buddies are the same nodes, which keep that copy already.
+    copy, manifest = node3_saves_step_40(tmp_path / "node3")
+    kept = tmp_path / "node1" / "buddy" / "node3" / copy_dir_name(40)
+    with CopyServer(tmp_path / "node1", "node1", KEY, 0, "127.0.0.1") as node1:
+        assert push_copy("127.0.0.1", node1.port, KEY, copy, manifest, timeout=SHORT) is True
+        before = {name: os.stat(kept / name).st_ino for name in files_in(kept)}
+
+        assert push_copy("127.0.0.1", node1.port, KEY, copy, manifest, timeout=SHORT) is False
+        assert {name: os.stat(kept / name).st_ino for name in files_in(kept)} == before
+
+        os.truncate(kept / "rank-3" / "__0_0.distcp", 100)  # lost on the buddy: sent again, whole
+        assert push_copy("127.0.0.1", node1.port, KEY, copy, manifest, timeout=SHORT) is True
+    assert files_in(kept) == files_in(copy)
+
+
+def test_a_replacement_sending_back_the_copy_it_fetched_from_its_buddy_moves_no_bytes(tmp_path):
+    # node3 is lost; node2 takes its slot, fetches node3's copy from node1 (the slot's buddy, so node2's
+    # buddy too) and, once resumed, sends its own copy of that step, the same bytes, to node1.
+    copy, manifest = node3_saves_step_40(tmp_path / "node3")
+    received: list[CheckpointManifest] = []
+    with CopyServer(tmp_path / "node1", "node1", KEY, 0, "127.0.0.1", on_received=received.append) as node1:
+        push_copy("127.0.0.1", node1.port, KEY, copy, manifest, timeout=SHORT)
+        staged = tmp_path / "node2" / "local" / copy_dir_name(40)
+        fetched = fetch_copy("127.0.0.1", node1.port, KEY, "node3", 40, staged, timeout=SHORT, held_on="node2").manifest
+        own = replace(fetched, of_node="node2", tier="local", held_on="node2")
+        assert push_copy("127.0.0.1", node1.port, KEY, staged, own, timeout=SHORT) is False
+    kept = tmp_path / "node1" / "buddy" / "node2" / copy_dir_name(40)
+    assert files_in(kept) == files_in(copy)
+    held = read_checkpoint_manifest(kept / MANIFEST_NAME)
+    assert (held.of_node, held.tier, held.held_on, held.shards) == ("node2", "buddy", "node1", manifest.shards)
+    assert [m.of_node for m in received] == ["node3", "node2"], "node1's holdings list node2's copy at once"
+    node3s = tmp_path / "node1" / "buddy" / "node3" / copy_dir_name(40)
+    assert all(os.stat(kept / name).st_ino == os.stat(node3s / name).st_ino for name in files_in(kept))
 
 
 def test_a_buddy_whose_holdings_hook_fails_still_keeps_the_copy_and_says_why(tmp_path):
@@ -232,10 +272,16 @@ def test_a_request_reads_back_as_sent_and_only_a_local_copy_is_pushed():
         parse_copy_request(CopyRequest("push", "node3", 40, buddy).to_bytes())
 
 
+def test_a_node_running_another_clusterctl_is_told_to_reinstall():
+    older = b'{"kind":"copy-request","version":1,"request":"fetch","of_node":"node3","step":40}'
+    with pytest.raises(TransferError, match="version 1; this clusterctl speaks version 2 .*reinstall it"):
+        parse_copy_request(older)
+
+
 REQUEST_PIECES = st.sampled_from([
-    b'{"kind":"copy-request","version":1,', b'"request":"fetch",', b'"request":"push",', b'"of_node":"node3",',
+    b'{"kind":"copy-request","version":2,', b'"request":"fetch",', b'"request":"push",', b'"of_node":"node3",',
     b'"of_node":"../x",', b'"step":40', b'"step":-1', b'"step":1e400', b'"manifest":{}', b'"manifest":null',
-    b'"version":2', b'}', b'{', b'[', b',', b'"', b'\xff', b'NaN', b'"extra":1,'])
+    b'"version":1', b'}', b'{', b'[', b',', b'"', b'\xff', b'NaN', b'"extra":1,'])
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

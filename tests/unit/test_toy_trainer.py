@@ -222,8 +222,9 @@ def test_without_clusterctl_a_rank_on_a_throttled_gpu_still_trains(tmp_path, nvm
     assert final(tmp_path / "ck")["step"] == 3 and not (tmp_path / "job").exists()
 
 
+@pytest.mark.parametrize("bulk", [(), ("--state-mb", "1")], ids=["small-state", "bulk-state"])
 def test_with_multi_level_checkpoints_on_each_rank_saves_to_its_node_and_a_resume_is_bit_identical(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, monkeypatch, capsys, bulk):
     import socket
 
     from clusterctl.records.checkpoint_settings import CheckpointSettings
@@ -247,12 +248,35 @@ def test_with_multi_level_checkpoints_on_each_rank_saves_to_its_node_and_a_resum
             monkeypatch.setenv(name, value)
 
     tiered("whole", None)
-    assert run(tmp_path / "whole" / "shared", 20) == 0
+    assert run(tmp_path / "whole" / "shared", 20, *bulk) == 0
     tiered("split", None)
-    assert run(tmp_path / "split" / "shared", 12) == 0  # saved steps 5 and 10 to node1's memory, 10 flushed too
+    assert run(tmp_path / "split" / "shared", 12, *bulk) == 0  # saved steps 5 and 10 to node1's memory, 10 flushed
     assert "checkpoint step 10 saved to the node tier" in capsys.readouterr().out
     assert not list((tmp_path / "split" / "shared").glob("step-*"))  # nothing the classic way
     tiered("split", 10)
-    assert run(tmp_path / "split" / "shared", 20) == 0
-    assert "resumed step 10 from shared storage" in capsys.readouterr().out
+    assert run(tmp_path / "split" / "shared", 20, *bulk) == 0
+    said = capsys.readouterr().out
+    assert "resumed step 10 from shared storage" in said
+    assert ("1 MB of this rank's bulk state with it" in said) == bool(bulk)
     assert final(tmp_path / "split" / "shared") == final(tmp_path / "whole" / "shared")
+
+
+def test_bulk_state_goes_to_shared_storage_at_its_bandwidth_and_comes_back_the_same(tmp_path, capsys):
+    assert run(tmp_path / "whole", 20, "--state-mb", "2") == 0
+    assert run(tmp_path / "split", 12, "--state-mb", "2", "--shared-mb-per-s", "40") == 0
+    assert sorted(p.name for p in (tmp_path / "split" / "bulk").iterdir()) == ["step-00000005", "step-00000010"]
+    capsys.readouterr()
+    assert run(tmp_path / "split", 20, "--state-mb", "2", "--shared-mb-per-s", "40") == 0
+    said = capsys.readouterr().out
+    seconds = float(said.split("2 MB of this rank's bulk state with it, in ")[1].split(" s)")[0])
+    assert seconds >= 0.04, "2 MB at 40 MB/s take 50 ms"
+    assert final(tmp_path / "split") == final(tmp_path / "whole")
+    assert sorted(p.name for p in (tmp_path / "split" / "bulk").iterdir()) == ["step-00000015", "step-00000020"]
+
+
+def test_bulk_state_that_does_not_read_back_as_saved_stops_the_resume(tmp_path, capsys):
+    assert run(tmp_path, 10, "--state-mb", "1") == 0
+    shard = tmp_path / "bulk" / "step-00000010" / "rank-0.bin"
+    shard.write_bytes(shard.read_bytes()[:-1])
+    assert run(tmp_path, 12, "--state-mb", "1") == toy.EXIT_USAGE
+    assert "rank-0.bin: the bulk state read back is not the one saved" in capsys.readouterr().out
