@@ -21,7 +21,9 @@ Protocol (version 2), one request per connection:
    be forged or replayed, and a fetched manifest is the server's own.  To a push of a copy the
    server keeps already (the same step, slot and shards, every shard file there at its size) it
    answers `held: true`, and nothing more is sent either way: every node sends its newest copy
-   again as a step starts (its buddy may be new), and after a recovery most buddies are not.
+   again as a step starts (its buddy may be new), and after a recovery most buddies are not.  So
+   is a push of the same shards the server keeps under another node's name (they are hard-linked):
+   a spare in a lost node's slot has that node's buddy as its own, and sends back the copy it fetched.
 4. the shards, in the manifest's order, each framed as name length (2 bytes), name, size (8 bytes),
    then exactly that many bytes; a name length of 0 ends them.  The bytes themselves carry no MAC:
    every shard's size and SHA-256 are in the authenticated manifest, and the receiver checks both
