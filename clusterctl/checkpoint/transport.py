@@ -83,8 +83,9 @@ REQUEST_LABEL = b"clusterctl copy-request v1\0"
 RESPONSE_LABEL = b"clusterctl copy-response v1\0"
 MAX_CONNECTIONS = 4
 """Transfers one server runs at once; a further connection is told BUSY and closed."""
-CHUNK = 1 << 20
-"""Bytes received at a time (a buffer of this size per connection; larger ones measured no faster)."""
+CHUNK = 4 << 20
+"""Bytes received at a time (a buffer of this size per connection): a 1 GB fetch over loopback took
+1.28-1.35 s with 4 MiB, 1.44-1.46 s with 1 MiB, no less with 16 MiB (median of 4, on a 2-core VM)."""
 REQUESTS = ("fetch", "push")
 _REQUEST_FIELDS = {"fetch": frozenset({"kind", "version", "request", "of_node", "step"}),
                    "push": frozenset({"kind", "version", "request", "manifest"})}

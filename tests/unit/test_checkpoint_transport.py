@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from clusterctl.checkpoint.copies import MANIFEST_NAME, shards_of
 from clusterctl.checkpoint.transport import (
-    MAGIC, NONCE_BYTES, REQUEST_LABEL, CopyRequest, CopyServer, TransferError, copy_dir_name, fetch_copy, parse_copy_request, push_copy)
+    CHUNK, MAGIC, NONCE_BYTES, REQUEST_LABEL, CopyRequest, CopyServer, TransferError, copy_dir_name, fetch_copy,
+    parse_copy_request, push_copy)
 from clusterctl.records.checkpoint_manifest import (
     CheckpointManifest, Shard, read_checkpoint_manifest, write_checkpoint_manifest)
 
@@ -32,7 +33,7 @@ def node3_saves_step_40(tier_root: Path) -> tuple[Path, CheckpointManifest]:
     """node3's local copy of step 40: a rank's folder, a file larger than one network read, an empty file."""
     copy = tier_root / "local" / copy_dir_name(40)
     (copy / "rank-3").mkdir(parents=True)
-    (copy / "rank-3" / "__0_0.distcp").write_bytes(os.urandom(3 << 20) + b"tail")
+    (copy / "rank-3" / "__0_0.distcp").write_bytes(os.urandom(2 * CHUNK) + b"tail")
     (copy / ".metadata").write_bytes(b'{"step": 40}')
     (copy / "empty.bin").write_bytes(b"")
     manifest = CheckpointManifest(step=40, of_node="node3", tier="local", held_on="node3", shards=shards_of(copy),
