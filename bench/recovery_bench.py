@@ -84,7 +84,7 @@ SPEC = """\
 name = "recovery-bench"
 nodes = 3
 [launch]
-command = ["python3", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "2000",
+command = ["{python}", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "2000",
            "--checkpoint-every", "10", "--step-time", "0.1", "--log-every", "1", "--peer-timeout", "15"]
 workdir = "{examples}"
 [parallel]
@@ -125,7 +125,7 @@ def _wait(predicate, timeout: float, what: str):
 def trial(tb: Testbed, work: Path, number: int, records: str) -> dict[str, float]:
     run = work / f"run-{number}"
     spec = work / f"spec-{number}.toml"
-    spec.write_text(SPEC.format(examples=REPO / "examples"))
+    spec.write_text(SPEC.format(examples=REPO / "examples", python=sys.executable))
     cli = [*tb.enter("ctl", cwd=str(REPO)), sys.executable, "-c", "from clusterctl.launcher.login.cli import main; main()"]
     supervisor = subprocess.Popen([*cli, "submit", str(spec), "--run-dir", str(run), "--supervise",
                                    "--job-records", records], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
@@ -177,7 +177,7 @@ nodes = 2
 spare_nodes = 1
 sbatch_options = ["--exclusive"]
 [launch]
-command = ["python3", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "2000",
+command = ["{python}", "toy_trainer.py", "--checkpoint-dir", "{{checkpoint_dir}}", "--steps", "2000",
            "--checkpoint-every", "10", "--step-time", "0.1", "--log-every", "1", "--peer-timeout", "{peer_timeout}"{state}]
 workdir = "{examples}"
 [parallel]
@@ -220,8 +220,9 @@ def compare_spec(examples: Path, recover: str, checkpoint: str, *, state_mb: flo
             keys += f"\nshared_mb_per_s = {shared_mb_per_s:g}"
     else:
         keys = 'validator = "manifest"\nresume_args = ["--resume", "{path}"]'
+    # The trainer runs with this Python (clusterctl importable): its Checkpointer and beat() are clusterctl's.
     return COMPARE_SPEC.format(examples=examples, recover=recover, peer_timeout=peer_timeout, state=state,
-                               checkpoint=keys)
+                               checkpoint=keys, python=sys.executable)
 
 
 def replicated_step(holdings: Iterable[CheckpointHoldings], nodes: Sequence[str]) -> int | None:
