@@ -363,13 +363,9 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
             tb.boot_node(node)
         elif "node" in locals():
             inject(tb.nvml_dir(node), Fault("clear"))
-        deadline = time.time() + 60
-        while not all(n.state == "idle" and n.responding for n in tb.nodes()):
-            if time.time() > deadline - 30:
-                tb.run_on("ctl", ["scontrol", "update", "NodeName=ALL", "State=RESUME"], check=False)
-            if time.time() > deadline:
-                raise RuntimeError(f"nodes not back: {tb.nodes()}")
-            time.sleep(0.5)
+        # The next trial must find every node in service, and healthd must have seen the healed GPU:
+        # otherwise it drains the spare again as that trial runs (seen: recovery fell back to the queue).
+        tb.back_in_service(faulted="node" in locals())
 
 
 def compare_cases(faults: Sequence[str], queues: Sequence[str], checkpoints: Sequence[str]) -> list[tuple[str, str, bool, str, str]]:

@@ -161,27 +161,7 @@ def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
         before = state.read_text() if state.exists() else ""
         inject(tb.nvml_dir(node), Fault("clear"))
         faulted = faulted or state.read_text() != before
-    # healthd acts asynchronously: a drain may land just after the test ended, so keep resuming.
-    # After a resume (or healed GPUs), give healthd one check cycle to see it: until then its
-    # state still holds the fault, and the next job's prolog would trust that and refuse the node.
-    settle = faulted
-    deadline = time.monotonic() + 90
-    while True:
-        nodes = tb.nodes()
-        if all(n.state == "idle" and n.responding for n in nodes):
-            if not settle:
-                break
-            settle = False
-            # Two cycles: healthd re-reads a node it drained only every drained_refresh_interval
-            # (the testbed's check interval), then judges what it read.
-            time.sleep(2 * tb.layout.healthd_interval + 1)
-            continue  # look again: healthd may have drained anew from what it still saw
-        assert time.monotonic() < deadline, f"nodes not back in service after the test: {nodes}"
-        for node in nodes:
-            if node.state.startswith("drain") or node.state.startswith("down"):
-                tb.run_on("ctl", ["scontrol", "update", f"NodeName={node.name}", "State=RESUME"], check=False)
-                settle = True
-        time.sleep(0.5)
+    tb.back_in_service(faulted=faulted)
 
 
 def run_python_on(tb: Testbed, host: str, code: str, *, timeout: float = 60) -> subprocess.CompletedProcess:

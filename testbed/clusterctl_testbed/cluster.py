@@ -499,6 +499,34 @@ class Testbed:
         return {"root": str(self.layout.root), "up": self.is_up(), "slurm": self.running().__dict__,
                 "bindir": str(self.bindir), "daemons": daemons, "nodes": nodes}
 
+    def back_in_service(self, *, faulted: bool, timeout: float = 90) -> None:
+        """Wait until every compute node is idle and responding, resuming drained or down ones on the way.
+
+        `faulted`: a fault was cleared just now. healthd acts asynchronously: a drain may land after the
+        caller's job ended, and until healthd has seen a healed GPU (or a resume) its state still holds the
+        fault, so the next job's prolog would refuse the node. Then the nodes must stay in service for two
+        healthd cycles (it re-reads a node it drained only every drained_refresh_interval, the testbed's
+        check interval, then judges what it read) before this returns.
+        """
+        settle = faulted
+        deadline = time.monotonic() + timeout
+        while True:
+            nodes = self.nodes()
+            if all(n.state == "idle" and n.responding for n in nodes):
+                if not settle:
+                    return
+                settle = False
+                time.sleep(2 * self.layout.healthd_interval + 1)
+                continue  # look again: healthd may have drained anew from what it still saw
+            if time.monotonic() > deadline:
+                raise TestbedError(f"nodes not back in service within {timeout:.0f} s: {nodes}")
+            for node in nodes:
+                if node.state.startswith("drain") or node.state.startswith("down"):
+                    self.run_on(CONTROLLER, ["scontrol", "update", f"NodeName={node.name}", "State=RESUME"],
+                                check=False)
+                    settle = True
+            time.sleep(0.5)
+
     # ---- faults ---------------------------------------------------------------
     def _check_node(self, node: str) -> None:
         if node not in self.layout.nodes:
