@@ -44,7 +44,7 @@ from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
 from clusterctl.launcher.job.checkpoint_plan import TierPlanner
-from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
+from clusterctl.launcher.pure.checkpoint_tiers import nodes_for_map, resumed_text
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings
 from clusterctl.launcher.job.report_channel import ReportInbox
 from clusterctl.launcher.job.signal_watch import Inbox, SignalWatch
@@ -497,6 +497,18 @@ class Agent:
         env = resized_environment(self.environ, nodes)
         rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm)
         if self.tiers is not None:
+            holders = self.tiers.holders()
+            chosen = nodes_for_map(nodes, rank_map.rank_map.slots, holders)
+            if chosen is not None:
+                # Seen on the testbed: a resubmitted job's map left the node holding the checkpoint's copies
+                # as its spare (best fit took the fuller leaf), where no copy server runs to give them.
+                spare = [n for n in nodes if n not in chosen]
+                self.doors.say(f"the map keeps {' '.join(sorted(holders & set(nodes)))} (they hold the copies the "
+                               f"resume reads); spare: {' '.join(spare)}")
+                env = resized_environment(self.environ, chosen)
+                rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm)
+            if not holders <= set(rank_map.rank_map.slots):
+                self.tiers.resume_point(rank_map.rank_map.slots)  # a copy off the map cannot be fetched
             # The program resumes through clusterctl.checkpoint, which reads the step's tier index.
             leaf_of = {str(n.get("node")): str(n.get("leaf")) for n in rank_map.plan.get("nodes", ())
                        if isinstance(n, Mapping)}

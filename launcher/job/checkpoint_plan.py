@@ -32,7 +32,8 @@ from pathlib import Path
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.pure.checkpoint_tiers import (
-    ResumePlan, SlotSource, buddy_map, plan_resume_from_copies, resume_said, resumed_event, slot_sources,
+    ResumePlan, SlotSource, buddy_map, holding_nodes, plan_resume_from_copies, resume_said, resumed_event,
+    slot_sources,
 )
 from clusterctl.launcher.pure.preflight import MASTER_PORTS
 from clusterctl.launcher.pure.spec import JobSpec
@@ -253,6 +254,10 @@ class TierPlanner:
             return None
         path = str(step_dir(self.shared, self.plan.step))
         return Checkpoint(path, self.plan.step, "tiers", from_tiers=self.plan.from_tiers(path))
+
+    def holders(self) -> frozenset[str]:
+        """The nodes whose tiers hold a copy the last plan reads (they must run ranks: see nodes_for_map)."""
+        return holding_nodes(self.plan) if self.plan is not None else frozenset()
 
     def resume_failed(self, launch_dir: Path) -> list[str]:
         """What the nodes of the step in `launch_dir` said when they could not load its checkpoint (each

@@ -394,6 +394,31 @@ class SlotSource:
     held_on: str = ""
 
 
+def holding_nodes(plan: ResumePlan) -> frozenset[str]:
+    """The nodes whose tiers hold a copy the plan reads (none for shared copies or a fresh start)."""
+    return frozenset(s.held_on for s in plan.sources if s.held_on is not None and s.tier != "shared")
+
+
+def nodes_for_map(nodes: Sequence[str], in_map: Sequence[str], holders: Iterable[str]) -> list[str] | None:
+    """The nodes to make a step's map of so that every node of `nodes` holding a copy the resume reads
+    (`holders`) runs ranks: a node outside the map runs no copy server, so a copy on it cannot be
+    fetched.  `in_map`: the nodes the map made of all of `nodes` took (the rest are spares).  The result
+    is `nodes` (in their order) less as many nodes that hold nothing as the map leaves out: the spares
+    that hold nothing first, then the map's own nodes that hold nothing, its last first.  None when the
+    map already takes every holder, or cannot (more holders than the map has nodes)."""
+    held = set(holders) & set(nodes)
+    taken = set(in_map)
+    if held <= taken:
+        return None
+    spare_count = len(nodes) - len(in_map)
+    drop = [n for n in nodes if n not in taken and n not in held]
+    drop += [n for n in reversed(in_map) if n not in held]
+    if len(drop) < spare_count:
+        return None
+    dropped = set(drop[:spare_count])
+    return [n for n in nodes if n not in dropped]
+
+
 def slot_sources(plan: ResumePlan, slots: Sequence[str], buddies: Mapping[str, str]) -> list[SlotSource]:
     """For each slot of the new map (`slots`: its nodes in slot order), where its shards come from.
 

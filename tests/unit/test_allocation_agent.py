@@ -753,9 +753,9 @@ class TiersCluster(ReportingCluster):
             step.code = 0
 
 
-def tiers_agent(tmp_path, **story):
+def tiers_agent(tmp_path, cluster_class=None, **story):
     clock = [0.0]
-    cluster = TiersCluster(clock, **story)
+    cluster = (cluster_class or TiersCluster)(clock, **story)
     shell = agent(tmp_path, cluster, TIERS_SPEC)
     shell.doors.open_inbox = lambda key: cluster.inbox
     said: list[str] = []
@@ -840,3 +840,31 @@ def test_a_resume_that_fails_on_the_spare_starts_the_step_again_from_the_next_ti
     assert (failed.restart, failed.reported, failed.read_seconds, failed.slowest_node) == (1, 1, 0.5, "node1")
     assert dict(failed.tiers) == {"local": 1, "buddy": 1}
     assert (again.restart, again.reported, dict(again.tiers)) == (2, 2, {"local": 1, "shared": 1})
+
+
+class ResubmittedTiersCluster(TiersCluster):
+    """A resubmitted job's single step: it loads what its tier index says, then completes."""
+
+    def tick(self, step):
+        self.polls += 1
+        if self.polls >= 3:
+            step.code = 0
+
+
+def test_a_resubmitted_job_keeps_the_node_holding_the_copies_in_its_map_not_as_its_spare(tmp_path):
+    from clusterctl.launcher.job.checkpoint_plan import TierPlanner
+    from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
+    shell, cluster, said = tiers_agent(tmp_path, ResubmittedTiersCluster)
+    # The run's previous job (41) ran on node3 and node9; node9 was lost. node3 holds its own part and node9's.
+    previous = TierPlanner(shell.run_dir, shell.run_dir / "jobs" / "41", shell.spec, {}, said.append)
+    previous.observe({"node3": CheckpointHoldings("node3", (
+        HeldCopy(20, "node3", "local", 0, 2, 1795305000.0, 1.0), HeldCopy(20, "node9", "buddy", 1, 2, 1795305000.0, 1.0)),
+        1795305000.0)})
+    previous.record_pending()
+    assert shell.run(None) == 0
+    # Without a topology the map takes Slurm's order, node1 node2, and node3 would stay spare, its copies out of reach.
+    [index] = cluster.indexes
+    assert [(line.node, line.tier, line.held_on) for line in index] == [("node1", "buddy", "node3"),
+                                                                      ("node3", "buddy", "node3")]
+    assert "the map keeps node3 (they hold the copies the resume reads); spare: node2" in said
+    assert "resuming from step 20: 1 node(s) from their own copies, 1 node(s) from a buddy's copy (node9's on node3)" in said

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from clusterctl.launcher.pure.checkpoint_tiers import (
     FAILED_RESUMES_BEFORE_FALLBACK, CopyCheck, ResumeFacts, SavedCheckpoint, buddy_map, copy_key, plan_resume,
-    SlotSource, plan_resume_from_copies, resume_facts, resume_said, resumed_event, resumed_text, slot_sources)
+    SlotSource, nodes_for_map, plan_resume_from_copies, resume_facts, resume_said, resumed_event, resumed_text, slot_sources)
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, LastResume
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, Shard
 
@@ -464,3 +464,30 @@ def test_only_a_resume_of_this_step_since_it_started_counts_not_one_an_earlier_l
     nodes = ["node1", "node2", "node3", "node4", "node5"]
     assert resume_said(holdings, nodes, 20, 100.0, {"node1": earlier}) == {"node4": holdings["node4"].last_resume}
     assert "node1" in resume_said(holdings, nodes, 20, 80.0, {})
+
+
+# ---- the step's map keeps the nodes holding the copies it reads ----------------------------------------------
+
+def test_a_resubmitted_job_whose_map_left_the_holder_as_spare_drops_a_node_that_holds_nothing_instead():
+    # node2 was lost; node1 holds its own part and node2's buddy copy; best fit took node3 node4 (one leaf).
+    assert nodes_for_map(["node1", "node3", "node4"], ["node3", "node4"], {"node1"}) == ["node1", "node3"]
+
+
+def test_a_map_that_already_takes_every_holder_is_kept():
+    assert nodes_for_map(["node1", "node2", "node3"], ["node1", "node2"], {"node1", "node2"}) is None
+    assert nodes_for_map(["node1", "node2", "node3"], ["node1", "node2"], set()) is None
+
+
+@given(st.integers(1, 12), st.integers(0, 4), st.randoms(), st.data())
+def test_the_nodes_for_the_map_keep_every_holder_they_can_and_the_map_s_size(slots, spares, rnd, data):
+    nodes = [f"n{i}" for i in range(slots + spares)]
+    rnd.shuffle(nodes)
+    in_map = rnd.sample(nodes, slots)
+    holders = set(data.draw(st.sets(st.sampled_from(nodes + ["gone"]))))
+    chosen = nodes_for_map(nodes, in_map, holders)
+    held = holders & set(nodes)
+    if chosen is None:  # already all in the map, or more holders than the map has nodes
+        assert held <= set(in_map) or len(held) > slots
+    else:
+        assert held <= set(chosen) and len(chosen) == slots
+        assert chosen == [n for n in nodes if n in chosen]  # in the allocation's order
