@@ -418,13 +418,21 @@ def compare(tb: Testbed, trials: int, busy_seconds: int, faults: tuple[str, ...]
                 results.setdefault(label, []).append(compare_trial(
                     tb, work, slug, recover, busy, number, records, busy_seconds, fault, checkpoint, state_mb,
                     shared_mb_per_s, flush_every_steps))
+                _write_compare(out, results, busy_seconds, checkpoints, state_mb, shared_mb_per_s, flush_every_steps)
         for label, _ in ways:
             totals = [float(t["total"]) for t in results[label]]
             print(f"{label:36s} fault → stepping again: median {statistics.median(totals):6.2f} s "
                   f"[{min(totals):.2f}–{max(totals):.2f}] over {len(totals)}", flush=True)
-    summary = summarize(results)
-    for line in side_by_side(summary):
+    for line in side_by_side(summarize(results)):
         print(line, flush=True)
+    _write_compare(out, results, busy_seconds, checkpoints, state_mb, shared_mb_per_s, flush_every_steps)
+
+
+def _write_compare(out: Path | None, results: Mapping[str, Sequence[Mapping[str, float | str]]], busy_seconds: int,
+                   checkpoints: Sequence[str], state_mb: float, shared_mb_per_s: float, flush_every_steps: int) -> None:
+    """The comparison's trials so far and their summary, as JSON (rewritten after every trial: a run that
+    stops keeps what it measured)."""
+    summary = summarize(results)
     out = out or REPO / "bench" / "results" / "recovery_compare.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"busy_seconds": busy_seconds, "checkpoints": list(checkpoints), "state_mb": state_mb,
