@@ -6,6 +6,7 @@ stopped job."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -244,6 +245,43 @@ def test_a_setting_the_agent_cannot_use_is_one_line_in_its_log_and_the_job_goes_
     assert shell.run(None) == 0
     assert [s for s in said if "metrics" in s] == [line.replace("{tmp}", tmp)]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "job"]  # nothing made, nothing written
+
+
+def as_another_user(ask):
+    """`ask()` in a forked child running as nobody (uid 65534) when this is root, who writes anywhere."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # the child: its answer goes back through the pipe, then it ends at once
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os.write(write, str(ask()).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        said = answer.read()
+    os.waitpid(child, 0)
+    return said
+
+
+def test_a_directory_the_job_cannot_write_is_said_with_the_jobs_uid():
+    import tempfile
+
+    from clusterctl.job_metrics_file import directory_problem
+    place = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        place.chmod(0o755)
+        (place / "textfile").mkdir(mode=0o755)  # root's, as node_exporter's own directory usually is
+        if os.geteuid() == 0:
+            said, uid = as_another_user(lambda: directory_problem(place / "textfile")), 65534
+        else:
+            (place / "textfile").chmod(0o555)
+            said, uid = str(directory_problem(place / "textfile")), os.getuid()
+        assert said == f"is not writable by this job (uid {uid})"
+    finally:
+        (place / "textfile").chmod(0o755)
+        shutil.rmtree(place)
 
 
 def test_healthd_toml_the_agent_cannot_read_is_a_problem_not_an_error(tmp_path):
