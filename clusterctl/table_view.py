@@ -49,7 +49,8 @@ class Column:
     header: str
     justify: Literal["left", "right"] = "left"
     max_width: int | None = None
-    """Wrap values wider than this between words (a longer word widens the column: none is cut)."""
+    """Wrap values wider than this between words when the line is short of room (a longer word widens
+    the column: none is cut); with room to spare, after the descriptions', values stay on one line."""
     prose: bool = False
     """A description: takes the room the other columns leave; stacked, on its own indented lines."""
     bare: bool = False
@@ -142,11 +143,13 @@ def table_widths(table: TextTable, width: int) -> tuple[int, ...] | None:
     room = width - _overhead(table) - sum(widths)
     if room < 0:
         return None
-    for index, column in enumerate(table.columns):  # the room left goes to the descriptions, in turn
-        if column.prose:
-            extra = min(room, naturals[index] - widths[index])
-            widths[index] += extra
-            room -= extra
+    # The room left goes to the descriptions, in turn, then to the columns kept narrow by max_width.
+    for wanted in (lambda c: c.prose, lambda c: not c.prose and c.max_width is not None):
+        for index, column in enumerate(table.columns):
+            if wanted(column):
+                extra = min(room, naturals[index] - widths[index])
+                widths[index] += extra
+                room -= extra
     return tuple(max(1, w) for w in widths)
 
 

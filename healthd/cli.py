@@ -10,14 +10,15 @@ import time
 from pathlib import Path
 
 import click
-from rich.table import Table
+from rich.console import Group, RenderableType
 from rich.text import Text
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import POLICY_VERSION, policy_rows
-from clusterctl.terminal_view import plain, terminal
+from clusterctl.table_view import Column, TextTable
+from clusterctl.terminal_view import plain, show, terminal
 from clusterctl.text import one_line
 
 EXIT_CONFIG = ConfigError.exit_code  # 78, EX_CONFIG
@@ -98,29 +99,28 @@ def status(config_path: Path | None, as_json: bool) -> None:
     now = time.time()
     age = now - state.updated_at
     fresh = state_is_fresh(state, config, now)
-    console = terminal()
+    parts: list[RenderableType] = []
     if not fresh:
-        console.print(Text.assemble(("stale", "red"), f": healthd (pid {state.pid}) is not running or stopped writing "
-                                    f"{age:.0f} s ago; what follows is its last word"))
+        parts.append(Text.assemble(("stale", "red"), f": healthd (pid {state.pid}) is not running or stopped writing "
+                                   f"{age:.0f} s ago; what follows is its last word"))
 
     def shown(action: Action) -> str:
         return "healthy" if action is Action.IGNORE else action.label
 
-    console.print(Text.assemble(plain(state.node, "bold"), ": verdict ", (shown(state.verdict), "bold"),
-                                plain(f", NVML {'ok' if state.nvml_ok else 'unavailable'}, "
-                                       f"updated {age:.1f} s ago, policy {state.policy_version}"),
-                                (" (dry run)" if state.dry_run else "", "yellow")))
-    table = Table("GPU", "UUID", "verdict", "findings")
-    for gpu in state.gpus:
-        findings = "; ".join(f"{f.what} ({f.action.label}) {f.at}" for f in gpu.findings) or "—"
-        table.add_row(*(plain(cell) for cell in (gpu.index, gpu.uuid, shown(gpu.verdict), findings)))
-    console.print(table)
+    parts.append(Text.assemble(plain(state.node, "bold"), ": verdict ", (shown(state.verdict), "bold"),
+                               plain(f", NVML {'ok' if state.nvml_ok else 'unavailable'}, "
+                                     f"updated {age:.1f} s ago, policy {state.policy_version}"),
+                               (" (dry run)" if state.dry_run else "", "yellow")))
+    rows = tuple((str(gpu.index), gpu.uuid, shown(gpu.verdict),
+                  "; ".join(f"{f.what} ({f.action.label}) {f.at}" for f in gpu.findings) or "none") for gpu in state.gpus)
+    parts.append(TextTable((Column("GPU"), Column("UUID"), Column("verdict"), Column("findings", prose=True)), rows))
     for finding in state.node_findings:
-        console.print(plain(f"node: {finding.what} ({finding.action.label}): {finding.detail or finding.reason}"))
+        parts.append(plain(f"node: {finding.what} ({finding.action.label}): {finding.detail or finding.reason}"))
     for alert in state.alerts:
-        console.print(Text.assemble(("alert", "red"), plain(f" {alert.at}: {alert.detail}")))
+        parts.append(Text.assemble(("alert", "red"), plain(f" {alert.at}: {alert.detail}")))
     if state.pending_actions:
-        console.print(plain(f"{state.pending_actions} Slurm action(s) pending (slurmctld unreachable?)"))
+        parts.append(plain(f"{state.pending_actions} Slurm action(s) pending (slurmctld unreachable?)"))
+    show(terminal(), Group(*parts))
     if not fresh:
         sys.exit(EXIT_NO_STATE)
 
@@ -144,10 +144,8 @@ def policy(as_json: bool) -> None:
         click.echo(json.dumps({"version": POLICY_VERSION, "rules": [
             {"signal": s, "action": a, "meaning": m} for s, a, m in rows]}, indent=2))
         return
-    table = Table("signal", "action", "meaning", title=f"healthd policy {POLICY_VERSION}")
-    for row in rows:
-        table.add_row(*(plain(cell) for cell in row))
-    terminal().print(table)
+    show(terminal(), TextTable((Column("signal", bare=True, max_width=24), Column("action"), Column("meaning", prose=True)),
+                               tuple(rows), title=f"healthd policy {POLICY_VERSION}"))
 
 
 @cli.command()
@@ -182,12 +180,11 @@ def breaker(config_path: Path | None, partition: str, as_json: bool) -> None:
         click.echo(json.dumps({"partition": partition, "slots": [s.to_json() for s in slots],
                                "unreadable": problems}, indent=2))
         return
-    table = Table("slot", "node", "since (UTC)", "reason",
-                  title=plain(f"breaker slots of {partition} in {config.breaker_dir}"))
-    for slot in slots:
-        table.add_row(*(plain(cell) for cell in (slot.name, slot.node,
-                                                  time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(slot.at)), slot.reason)))
-    terminal().print(table)
+    show(terminal(), TextTable(
+        (Column("slot", bare=True), Column("node"), Column("since (UTC)", max_width=10), Column("reason", prose=True)),
+        tuple((slot.name, slot.node, time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(slot.at)), slot.reason)
+              for slot in slots),
+        title=f"breaker slots of {partition} in {config.breaker_dir}"))
     for problem in problems:
         click.echo(f"healthd: unreadable slot: {one_line(problem)}", err=True)
 

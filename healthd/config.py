@@ -14,9 +14,11 @@ from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import PolicyConfig
+from clusterctl.job_metrics_file import NODE_CONFIG
 from clusterctl.slurm.names import is_node_name
 
-DEFAULT_PATH = Path("/etc/clusterctl/healthd.toml")
+DEFAULT_PATH = NODE_CONFIG
+"""/etc/clusterctl/healthd.toml (a job's agent reads its `job_metrics_dir` too)."""
 
 
 class ConfigError(ClusterctlError):
@@ -74,6 +76,10 @@ class HealthdConfig:
     to: any user could then take the node out of service by filling it."""
     job_records_dir: Path = Path("/var/spool/clusterctl/job-health")
     """Where the epilog writes per-job health records (<job>/<node>.json); shared storage, for the supervisor."""
+    job_metrics_dir: Path | None = None
+    """node_exporter's textfile directory for the jobs' metrics (clusterctl/job_metrics_file.py): each job's agent
+    writes clusterctl_job_<JOB>.prom there (a job's CLUSTERCTL_METRICS_TEXTFILE_DIR overrides it) and the epilog
+    removes it when the job ends.  The jobs' users must be able to write it (mode 1777: sticky).  Unset: none."""
     hook_timeout: float = 20.0
     """The prolog/epilog give up after this long (not a refusal: exit 0 unless already drained), their Slurm calls
     within three quarters of it; keep it below Slurm's PrologEpilogTimeout."""
@@ -128,7 +134,7 @@ class _Rule:
 _RULES: dict[str, _Rule] = {
     "node": _Rule("node"), "partition": _Rule("partition"),
     "state_dir": _Rule("path"), "journal_dir": _Rule("path"), "kmsg": _Rule("path"), "boot_id": _Rule("path"),
-    "job_records_dir": _Rule("path"), "breaker_dir": _Rule("optional-path"),
+    "job_records_dir": _Rule("path"), "breaker_dir": _Rule("optional-path"), "job_metrics_dir": _Rule("optional-path"),
     "disk_paths": _Rule("paths"), "disk_drain_paths": _Rule("paths"),
     "dry_run": _Rule("bool"), "resume_when_clean": _Rule("bool"),
     "metrics": _Rule("address"),

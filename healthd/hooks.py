@@ -6,6 +6,7 @@ is read from its default path, and every step is bounded by `hook_timeout`.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import signal
@@ -25,6 +26,7 @@ from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, read_state, state_is_fresh
 from clusterctl.healthd.kmsg import RecordReader, parse_gpu_event
 from clusterctl.healthd.policy import drain_reason, judge
+from clusterctl.job_metrics_file import remove_textfile
 from clusterctl.records.drain_reason import DrainReason
 from clusterctl.records.healthd_actions import PlannedAction
 from clusterctl.records.healthd_job_start import JobStart, job_start_path, read_job_start, write_job_start
@@ -358,6 +360,8 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], 
     killed = kill_leftovers(job, _job_uid(environ))
     if killed:
         _say("epilog", f"job {job}: killed {len(killed)} leftover task(s): {', '.join(map(str, killed))}")
+    if config.job_metrics_dir is not None:
+        _remove_job_metrics(config.job_metrics_dir, job)
     node = _node_name(environ, config)
     gpus = parse_job_gpus(environ.get("SLURM_JOB_GPUS"))
     end = time.time()
@@ -411,6 +415,25 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], 
         reason = DrainReason(kind=hardware.kind, action=hardware.action, at=utc(end), xid=hardware.xid,
                              gpu=hardware.gpu, uuid=hardware.uuid)
         _say("epilog", _drain("epilog", config, node, reason, slurm_factory).text)
+
+
+def _remove_job_metrics(directory: Path, job: str) -> None:
+    """Remove the job's metrics file from node_exporter's textfile directory (`job_metrics_dir`), which
+    its agent left if it was killed hard (clusterctl/job_metrics_file.py); said only when there was one.
+
+    Root removes by a name built from slurmd's job id, relative to the admin's directory opened without
+    following a symlink there, and unlink never follows one: a link a user planted at that name is itself
+    removed, nothing it points to.  A directory others may write (the jobs write there) is no hazard
+    for that, so it is not refused."""
+    try:
+        removed = remove_textfile(directory, job, follow_symlinks=False)
+    except OSError as exc:
+        hint = ": name the real directory, not a symlink to it" if exc.errno in (errno.ELOOP, errno.ENOTDIR) else ""
+        _say("epilog", f"job {job}: cannot remove its metrics file from job_metrics_dir {directory} "
+                       f"({exc.strerror}){hint}")
+        return
+    if removed:
+        _say("epilog", f"job {job}: removed {', '.join(removed)} from {directory} (its agent did not)")
 
 
 def _ancestors(pid: int, proc: Path) -> set[int]:

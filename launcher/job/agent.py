@@ -39,7 +39,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clusterctl.files import atomic_write
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
@@ -63,7 +62,10 @@ from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
 from clusterctl.launcher.pure.takeover import Takeover
 from clusterctl.records.agent_lease import AgentLease, current_lease, take_lease
 from clusterctl.records.agent_summary import AgentSummary, write_agent_summary
-from clusterctl.launcher.pure.job_metrics_text import TEXTFILE_DIR_ENV, job_metrics_text, textfile_name
+from clusterctl.launcher.pure.job_metrics_text import job_metrics_text
+from clusterctl.job_metrics_file import (
+    AdminSetting, destination, directory_problem, read_admin_setting, remove_textfile, textfile_name, write_textfile,
+)
 from clusterctl.records.gpu_evidence import GpuEvidence
 from clusterctl.records.node_report import REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV
 from clusterctl.records.rank_map import RankMap
@@ -242,6 +244,10 @@ class AgentDoors:
     wait_for_end: Callable[[], None] = field(default=lambda: _pause_until_killed())
     """What an agent that stood down does: wait, doing nothing, until the job ends (its batch script
     must not exit: that would end the job under the agent that took over)."""
+    admin_metrics: Callable[[], AdminSetting] = field(default=lambda: AdminSetting())
+    """The admins' textfile directory for the job's metrics (`job_metrics_dir` in the node's healthd.toml)."""
+    on_terminate: Callable[[Callable[[], None]], None] = field(default=lambda cleanup: None)
+    """Have `cleanup` run when the job is cancelled or its time is up (SIGTERM), before the agent dies of it."""
 
 
 class StoodDown(Exception):
@@ -251,6 +257,19 @@ class StoodDown(Exception):
 def _pause_until_killed() -> None:
     while True:
         signal.pause()
+
+
+def cleanup_on_sigterm(cleanup: Callable[[], None]) -> None:
+    """On SIGTERM (scancel, the job's time limit: Slurm sends it to the batch script, this agent, and
+    SIGKILLs KillWait seconds later), run `cleanup`, then die of the signal as without a handler: what
+    Slurm and the supervisor see of the job does not change."""
+    def terminated(signum: int, _frame: object) -> None:
+        try:
+            cleanup()
+        finally:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+    signal.signal(signal.SIGTERM, terminated)
 
 
 def default_doors(python: str = sys.executable) -> AgentDoors:
@@ -269,7 +288,8 @@ def default_doors(python: str = sys.executable) -> AgentDoors:
     return AgentDoors(slurm, lambda name: SlurmNode(name, slurm.runner, slurm.timeout).state(), Step,
                       gpu_evidence=srun_gpu_evidence(python),
                       drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain, node_table=node_table,
-                      start_standby=Step, cancel_other_steps=cancel_other_steps)
+                      start_standby=Step, cancel_other_steps=cancel_other_steps, admin_metrics=read_admin_setting,
+                      on_terminate=cleanup_on_sigterm)
 
 
 # ---- the loop --------------------------------------------------------------------------------------
@@ -280,7 +300,10 @@ class Agent:
     def __init__(self, run_dir: Path, job_dir: Path, spec: JobSpec, environ: Mapping[str, str], doors: AgentDoors,
                  *, python: str = sys.executable, epoch: int = 1) -> None:
         self.run_dir, self.job_dir, self.spec, self.environ, self.doors = run_dir, job_dir, spec, environ, doors
+        self.metrics_dir: Path | None = None
+        """Where the job's metrics file goes (node_exporter's textfile directory; None: nowhere)."""
         self.metrics_export_failed = False
+        self.metrics_written = False
         self.python = python
         self.job_id = environ["SLURM_JOB_ID"]
         self.allocated = tuple(hostlist.expand(environ["SLURM_JOB_NODELIST"]))
@@ -465,20 +488,48 @@ class Agent:
         self._export_metrics(summary)
         self._check_in_charge()
 
-    def _export_metrics(self, summary: AgentSummary) -> None:
-        """The summary's figures as a node_exporter textfile, when the job's environment names the
-        directory (launcher/pure/job_metrics_text.py); a failure is said once, the job goes on."""
-        directory = self.environ.get(TEXTFILE_DIR_ENV, "")
-        if not directory:
+    def _choose_metrics_dir(self) -> None:
+        """Where the job's metrics file goes (clusterctl/job_metrics_file.py: the job's environment, else
+        the admins' healthd.toml): said in one line, or why not; the job goes on either way."""
+        chosen = destination(self.environ, self.doors.admin_metrics())
+        self.metrics_dir = None
+        if chosen.problem:
+            self.doors.say(chosen.problem)
+        if chosen.directory is None:
             return
-        path = Path(directory) / textfile_name(self.job_id)
+        problem = directory_problem(chosen.directory)
+        if problem is not None:
+            self.doors.say(f"{chosen.source} names {chosen.directory}, which {problem}: the job's metrics are not "
+                           "exported")
+            return
+        self.metrics_dir = chosen.directory
+        self.doors.say(f"the job's metrics go to {chosen.directory / textfile_name(self.job_id)} (from "
+                       f"{chosen.source}) while this agent runs")
+        self.doors.on_terminate(self._withdraw_metrics)
+
+    def _export_metrics(self, summary: AgentSummary) -> None:
+        """The summary's figures as a node_exporter textfile (launcher/pure/job_metrics_text.py), when a
+        directory was chosen; a failure is said once, the job goes on."""
+        if self.metrics_dir is None:
+            return
         try:
-            atomic_write(path, job_metrics_text(summary, self.spec.job.name))
+            self.metrics_written = True  # a write cut short may leave its temp file: withdrawn too
+            write_textfile(self.metrics_dir, self.job_id, job_metrics_text(summary, self.spec.job.name))
         except OSError as exc:
             if not self.metrics_export_failed:
-                self.doors.say(f"cannot write the job's metrics to {path} ({exc.strerror}); {TEXTFILE_DIR_ENV} "
-                               "names a directory this job cannot write: watching on without it")
+                self.doors.say(f"cannot write the job's metrics to {self.metrics_dir / textfile_name(self.job_id)} "
+                               f"({exc.strerror}): watching on without them")
             self.metrics_export_failed = True
+
+    def _withdraw_metrics(self) -> None:
+        """Remove the job's metrics file: once the agent is gone nobody updates it, and node_exporter
+        would export its last figures for ever (the epilog removes it too, for an agent killed hard)."""
+        if self.metrics_dir is None or not self.metrics_written:
+            return
+        try:
+            remove_textfile(self.metrics_dir, self.job_id)
+        except OSError as exc:
+            self.doors.say(f"cannot remove the job's metrics file from {self.metrics_dir} ({exc.strerror})")
 
     def _evidence_after(self, nodes: Sequence[str]) -> list[Blame]:
         """The step failed by itself: healthd's drain (or Slurm's DOWN) may show a moment later."""
@@ -552,6 +603,7 @@ class Agent:
             doors.say(f"cannot open the report inbox ({exc.strerror}): watching the nodes through Slurm only "
                       f"(every {slurm_sweep_seconds(len(self.allocated)):g} s), with no hang or straggler watch")
         self.launches = 0
+        self._choose_metrics_dir()
         self.tiers: TierPlanner | None = None
         if self.spec.checkpoint.tiers:
             self.tiers = TierPlanner(self.run_dir, self.job_dir, self.spec, self.environ, doors.say, doors.monotonic)
@@ -595,9 +647,12 @@ class Agent:
             self._keep_standby(launched, self.allocated, resume_from)
             return self._drive(launched, self.allocated, resume_from, 0)
         except StoodDown as exc:
+            self._withdraw_metrics()  # the agent in charge writes its own, on its node
             self.doors.say(f"standing down: {exc}; waiting for the job to end")
             self.doors.wait_for_end()
             return 0
+        finally:
+            self._withdraw_metrics()
 
     def take_over(self, taken: Takeover, in_use: Sequence[str], resume_from: str | None) -> int | None:
         """Carry on the job whose agent (on its batch host, `taken.node`) is gone: take the next epoch of
@@ -605,6 +660,12 @@ class Agent:
         the nodes of its last step and the job's spares, the dead host among them).  The job's exit
         code; None when another agent took this epoch first (this one then does nothing)."""
         self._prepare()
+        try:
+            return self._carry_on(taken, in_use, resume_from)
+        finally:
+            self._withdraw_metrics()
+
+    def _carry_on(self, taken: Takeover, in_use: Sequence[str], resume_from: str | None) -> int | None:
         self.took_over_from = taken.node
         self.out_of_job = frozenset({taken.node}) if taken.left_job else frozenset()
         try:

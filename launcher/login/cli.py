@@ -221,7 +221,7 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
         final = wait_for_job(slurm, job_id)
         console = terminal(stderr=True)
         for shown in gather_status([run], slurm, lambda note: console.print(plain(note))):
-            console.print(status_renderables(shown))
+            show(console, status_renderables(shown))
         console.print(plain(f"job {job_id} ended {final.state}{ended_how(final)}"))
         if final.state != "COMPLETED":
             sys.exit(1)
@@ -392,7 +392,7 @@ def status(target: str | None, as_json: bool, watch: bool, interval: float) -> N
         click.echo(f"no runs under {default_runs_dir()}")
     console = terminal()
     for s in statuses:
-        console.print(status_renderables(s))
+        show(console, status_renderables(s))
 
 
 def _watch(run: RunDir, as_json: bool, interval: float) -> int:

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.table import Table
 from rich.text import Text
 
 from clusterctl.clock import utc
-from clusterctl.terminal_view import plain, plain_row
+from clusterctl.table_view import Column, TextTable
+from clusterctl.terminal_view import plain
 from clusterctl.launcher.shared.runs import attempts_of, log_path
 from clusterctl.records.agent_summary import AgentSummary
 from clusterctl.records.node_step_times import NodeStepTimes
@@ -262,18 +262,18 @@ def _seconds(value: float | None) -> str:
 
 
 def step_time_table(step_times: NodeStepTimes) -> Group:
-    """Per-node compute time per step, the slowest first (at most STEP_TIME_ROWS nodes)."""
+    """Per-node compute time per step, the slowest first (at most STEP_TIME_ROWS nodes, then how many more)."""
     nodes = sorted(step_times.nodes, key=lambda n: -(n.ratio or 0.0))
     title = plain(f"compute time per step, job {step_times.job_id} at step {step_times.step}: the job's "
                  f"{_seconds(step_times.reference)} s; lost to slow nodes {step_times.lost_s:.1f} s")
-    table = Table(box=None, pad_edge=False)
-    for column in ("node", "ranks", "s/step", "x job", "state", "lost s"):
-        table.add_column(column, justify="right" if column in ("s/step", "x job", "lost s") else "left")
+    rows = []
     for n in nodes[:STEP_TIME_ROWS]:
         ranks = n.ranks
         ranks_text = f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0]) if ranks else "-"
         ratio = f"{n.ratio:.2f}" if n.ratio is not None else "-"
-        table.add_row(*plain_row(n.node, ranks_text, _seconds(n.seconds), ratio, n.state, f"{n.lost_s:.1f}"))
+        rows.append((n.node, ranks_text, _seconds(n.seconds), ratio, n.state, f"{n.lost_s:.1f}"))
+    table = TextTable((Column("node", bare=True), Column("ranks"), Column("s/step", "right"), Column("x job", "right"),
+                       Column("state"), Column("lost s", "right")), tuple(rows), boxed=False)
     parts: list[RenderableType] = [title, table]
     if len(nodes) > STEP_TIME_ROWS:
         parts.append(Text(f"... and {len(nodes) - STEP_TIME_ROWS} more nodes (--json lists them all)"))
@@ -286,10 +286,7 @@ def status_renderables(status: RunStatus) -> Group:
     parts: list[RenderableType] = [title]
     if status.message:
         parts.append(plain(status.message))
-    table = Table(box=None, pad_edge=False)
-    for column in ("attempt", "job", "state", "nodes", "cross-leaf groups (map / Slurm order)"):
-        table.add_column(column)
-    table.add_column("log", overflow="fold")
+    rows = []
     for a in status.attempts:
         rm = a.rank_map
         # A map without the planner's summary shows "None / None", as it always has.
@@ -298,8 +295,12 @@ def status_renderables(status: RunStatus) -> Group:
                 f"{summary.slurm_order_leaf_crossing_groups if summary else None}" if rm else "-")
         state = a.state + (f" ({a.reason})" if a.reason not in ("", "None") else "") + (
             f" {a.ended}" if a.ended else "")
-        table.add_row(*plain_row(a.attempt, a.job_id, state, a.nodes or "-", cost, a.log))
-    parts.append(table)
+        rows.append((str(a.attempt), a.job_id, state, a.nodes or "-", cost, str(a.log)))
+    # Laid out where it is shown (clusterctl/table_view.py): piped, a row a line with every value whole;
+    # on a terminal too narrow for the table, each attempt stacked with its values labelled.
+    parts.append(TextTable((Column("attempt"), Column("job"), Column("state", max_width=28), Column("nodes"),
+                            Column("cross-leaf (map/Slurm)", max_width=12), Column("log")),
+                           tuple(rows), boxed=False))
     for r in status.in_allocation:
         step = r.checkpoint_step if r.checkpoint_step is not None else "the start"
         why = (f"{', '.join(f'{b.node} ({b.reason})' for b in r.blame)} given back"

@@ -1,7 +1,8 @@
 """The job's training metrics in Prometheus' text exposition format, for node_exporter's textfile collector.
 
-The job's agent already writes its summary every interval; when `TEXTFILE_DIR_ENV` names a directory it
-also writes this text there (`textfile_name`), atomically, so node_exporter
+The job's agent already writes its summary every interval; when a textfile directory is set (the
+job's `CLUSTERCTL_METRICS_TEXTFILE_DIR`, else the admins' `job_metrics_dir`: clusterctl/job_metrics_file.py,
+which also names the file and removes it) it also writes this text there, atomically, so node_exporter
 (`--collector.textfile.directory`) exports it.  Labels are the job id and the run's name only: one
 series per metric per job, never per node or rank (a 100,000-rank job is still one series each).
 Format: https://prometheus.io/docs/instrumenting/exposition_formats/#text-based-format
@@ -12,9 +13,6 @@ from __future__ import annotations
 import math
 
 from clusterctl.records.agent_summary import AgentSummary
-
-TEXTFILE_DIR_ENV = "CLUSTERCTL_METRICS_TEXTFILE_DIR"
-"""The job environment's variable naming node_exporter's textfile directory (unset: nothing is written)."""
 
 METRICS: tuple[tuple[str, str], ...] = (
     ("clusterctl_job_summary_timestamp_seconds", "When the job's agent wrote the summary these come from"),
@@ -28,12 +26,6 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("clusterctl_job_loss", "The loss the program last reported"),
     ("clusterctl_job_grad_norm", "The gradient norm the program last reported"),
 )
-
-
-def textfile_name(job_id: str) -> str:
-    """The job's file in the textfile directory (node_exporter reads *.prom only, so the atomic
-    write's temp file is never read half-written)."""
-    return f"clusterctl_job_{job_id}.prom"
 
 
 def escape_label_value(value: str) -> str:

@@ -1,13 +1,15 @@
-"""The tables of `clusterctl spec`, `plan` and `report` stay readable wherever they are shown.
+"""The tables of `clusterctl spec`, `plan`, `report` and `status`, and healthd's (`status`, `policy`,
+`breaker`), stay readable wherever they are shown.
 
 Piped (not a terminal), each row is one line with every value whole, whatever COLUMNS says, for
 `grep` and `less -S`.  On a terminal wide enough, the boxed table; narrower, the same table without
 its box; narrower still, each row stacked: its name, its short values labelled, its description on
 its own indented lines.  In no layout is a word cut, and every description appears whole.
 
-What each command prints at 60, 80 and 120 columns and piped is pinned in tests/data/golden/tables/
-(UPDATE_GOLDEN=1 rewrites them when a change is intended).  A terminal is what rich takes for one
-(`TTY_COMPATIBLE=1`) `COLUMNS` wide; styles (bold, italic) are removed before comparing.
+What spec, plan and report print at 60, 80 and 120 columns and piped is pinned in
+tests/data/golden/tables/ (UPDATE_GOLDEN=1 rewrites them when a change is intended).  A terminal is
+what rich takes for one (`TTY_COMPATIBLE=1`) `COLUMNS` wide; styles (bold, italic) are removed before
+comparing.
 """
 
 from __future__ import annotations
@@ -27,13 +29,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+import clusterctl.launcher.login.cli as cli_module
+from clusterctl.healthd.breaker_ledger import BreakerLedger
+from clusterctl.healthd.cli import cli as healthd_cli
+from clusterctl.healthd.findings import Action
+from clusterctl.healthd.policy import policy_rows
 from clusterctl.launcher.login.cli import cli
 from clusterctl.launcher.pure.spec import reference_rows
 from clusterctl.table_view import Column, TextTable
 from clusterctl.terminal_view import show
 from tests.conftest import REPO
 from tests.golden import assert_golden
-from tests.unit.test_view_models import SHOWN_ROOT, a_run_with_every_kind_of_event
+from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding, write_healthd_state
+from clusterctl.slurm.commands import Slurm
+from tests.unit.test_view_models import SHOWN_ROOT, a_run_with_every_kind_of_event, recorded_slurm
 
 WIDTHS = (60, 80, 120)
 PLAN = ["plan", "--tp", "4", "--pp", "4", "--topology", str(REPO / "tests" / "data" / "slurm" / "fragmented-topology.conf"),
@@ -42,12 +51,12 @@ STYLE = re.compile(r"\x1b\[[0-9;]*m")
 BOX = re.compile("[\u2500-\u257f]")  # box drawing: the table's borders
 
 
-def printed(argv: list[str], width: int | None) -> str:
+def printed(argv: list[str], width: int | None, command=cli, exit_code: int = 0) -> str:
     """What the command prints on a terminal `width` columns wide, or piped (None; COLUMNS says 60)."""
     env = {"TTY_COMPATIBLE": "1" if width else "0", "COLUMNS": str(width or 60), "FORCE_COLOR": None,
            "NO_COLOR": None}
-    result = CliRunner().invoke(cli, argv, env=env)
-    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(command, argv, env=env)
+    assert result.exit_code == exit_code, result.output
     return STYLE.sub("", result.stdout)
 
 
@@ -186,6 +195,151 @@ def test_report_stacks_its_attempts_on_a_terminal_too_narrow_for_the_table(a_run
     at = lines.index("attempt 2")
     assert lines[at + 1:at + 6] == ["    job:        5", "    ended:      COMPLETED", "    outcome:    completed",
                                     "    checkpoint: 30", "    decision:   done"]
+
+
+# status
+
+@pytest.fixture
+def status_of(a_run, monkeypatch):
+    """`clusterctl status` of the run with every kind of event, Slurm answering from recordings."""
+    monkeypatch.setattr(cli_module, "Slurm", lambda: Slurm(recorded_slurm))
+
+    def shown(width: int | None) -> str:
+        return printed(["status", str(a_run)], width).replace(str(a_run.parent), SHOWN_ROOT)
+    return shown
+
+
+ATTEMPTS = [["attempt", "job", "state", "nodes", "cross-leaf", "(map/Slurm)", "log"],
+            ["1", "4", "FAILED", "(NonZeroExitCode)", "exit", "3", "node1", "None", "/", "None",
+             f"{SHOWN_ROOT}/llm/logs/4.out"],
+            ["2", "5", "CANCELLED", "exit", "0,", "signal", "15", "node1", "0", "/", "2", f"{SHOWN_ROOT}/llm/logs/5.out"]]
+STRAGGLER = ("job 5: straggler node4: 1.43x the job's compute time for 40 steps from step 25, 12.5 s lost; excluded; "
+             "GPUs: gpu1: clocks throttled (thermal); drained: healthd: straggler")
+
+
+def test_status_piped_is_one_attempt_a_line_with_every_value_whole(status_of):
+    lines = status_of(None).splitlines()  # `clusterctl status RUN | less`, COLUMNS=60
+
+    assert [line.split() for line in lines[2:5]] == ATTEMPTS
+    assert STRAGGLER in lines  # a line is a line, whatever its length
+    assert "... and 4 more nodes (--json lists them all)" in lines  # the step-time table says what it leaves out
+
+
+def test_status_at_200_columns_is_the_table_an_attempt_a_line(status_of):
+    output = status_of(200)
+    lines = output.splitlines()
+
+    assert [line.split() for line in lines[2:5]] == ATTEMPTS
+    assert STRAGGLER in lines and all(len(line) <= 200 for line in lines)
+    at = lines.index("compute time per step, job 5 at step 60: the job's 0.051 s; lost to slow nodes 12.5 s")
+    assert lines[at + 1].split() == ["node", "ranks", "s/step", "x", "job", "state", "lost", "s"]
+    assert lines[at + 2].split() == ["node12", "44", "0.0715", "1.43", "straggler", "12.5"]
+    assert lines[at + 10] == "... and 4 more nodes (--json lists them all)"
+
+
+def test_status_at_60_columns_stacks_each_attempt_and_cuts_no_word(status_of):
+    output = status_of(60)
+    lines = output.splitlines()
+
+    assert all(len(line) <= 60 for line in lines)
+    assert not cut_words(output, status_of(None), "job: state: nodes: (map/Slurm): log:")
+    at = lines.index("attempt 1")
+    assert lines[at + 1:at + 6] == ["    job:                    4",
+                                    "    state:                  FAILED (NonZeroExitCode) exit 3",
+                                    "    nodes:                  node1",
+                                    "    cross-leaf (map/Slurm): None / None",
+                                    f"    log:                    {SHOWN_ROOT}/llm/logs/4.out"]
+    assert flowing(STRAGGLER) in flowing(output)
+    assert "node12  44     0.0715   1.43  straggler    12.5" in lines  # the step-time table fits: a table still
+    assert "... and 4 more nodes (--json lists them all)" in lines
+
+
+# healthd
+
+XID_79 = StateFinding(kind="xid", action=Action.DRAIN_REBOOT, reason="fell off the bus", source="kmsg",
+                      at_ts=1795305600.0, xid=79, gpu=3, detail="NVRM: Xid (PCI:0000:5d:00): 79")
+ECC = StateFinding(kind="ecc-dbe", action=Action.DRAIN_RESET, reason="r", source="check", at_ts=1795305630.0, gpu=3)
+UUIDS = [f"GPU-{i}a3f9c2e-7b1d-4e5f-9a8b-0c1d2e3f4a5{i}" for i in range(4)]
+
+
+@pytest.fixture
+def healthd_config(tmp_path):
+    """A node's healthd.toml and state (node gpu-node-0017, GPU 3 with two findings; healthd gone: its last
+    word, exit 3), and a breaker ledger with one slot held."""
+    write_healthd_state(tmp_path, HealthdState(
+        node="gpu-node-0017", pid=999999999, policy_version="3", updated_at=1795305660.0,
+        started="2026-11-22T00:00:00Z", nvml_ok=True,
+        gpus=tuple(GpuState(i, UUIDS[i], f"0000:{i:02x}:00", (XID_79, ECC) if i == 3 else ()) for i in range(4))))
+    (tmp_path / "breaker").mkdir(mode=0o755)
+    BreakerLedger(tmp_path / "breaker", "gpu-node-0017", now=lambda: 1795305600.0).claim(
+        "gpu", 5, f"healthd: xid 79 gpu3 ({UUIDS[3]}) drain-reboot 2026-11-22T03:00:00Z")
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'state_dir = "{tmp_path}"\nbreaker_dir = "{tmp_path}/breaker"\npartition = "gpu"\n')
+    return config
+
+
+GPU_3 = ["3", UUIDS[3], "drain-reboot", "xid", "79", "(drain-reboot)", "2026-11-22T00:00:00Z;", "ecc-dbe",
+         "(drain-reset)", "2026-11-22T00:00:30Z"]
+
+
+def test_healthd_status_piped_is_one_gpu_a_line(healthd_config):
+    lines = printed(["status", "--config", str(healthd_config)], None, healthd_cli, exit_code=3).splitlines()
+
+    assert lines[1].startswith("gpu-node-0017: verdict drain-reboot, NVML ok, updated ")
+    assert lines[2].split() == ["GPU", "UUID", "verdict", "findings"]
+    assert [line.split() for line in lines[3:7]] == [[str(i), UUIDS[i], "healthy", "none"] for i in range(3)] + [GPU_3]
+
+
+def test_healthd_status_at_200_columns_is_the_boxed_table(healthd_config):
+    output = printed(["status", "--config", str(healthd_config)], 200, healthd_cli, exit_code=3)
+
+    assert boxed_rows(output) == [[str(i), UUIDS[i], "healthy", "none"] for i in range(3)] + \
+        [[GPU_3[0], GPU_3[1], GPU_3[2], " ".join(GPU_3[3:])]]
+    assert all(len(line) <= 200 for line in output.splitlines())
+
+
+def test_healthd_status_at_60_columns_stacks_each_gpu_with_its_uuid_and_findings_whole(healthd_config):
+    output = printed(["status", "--config", str(healthd_config)], 60, healthd_cli, exit_code=3)
+    lines = output.splitlines()
+
+    assert all(len(line) <= 60 for line in lines)
+    at = lines.index("GPU 3")
+    assert lines[at + 1:at + 5] == [f"    UUID:    {UUIDS[3]}", "    verdict: drain-reboot",
+                                    "    xid 79 (drain-reboot) 2026-11-22T00:00:00Z; ecc-dbe",
+                                    "    (drain-reset) 2026-11-22T00:00:30Z"]
+    assert not cut_words(output, printed(["status", "--config", str(healthd_config)], None, healthd_cli, 3),
+                         "GPU UUID: verdict:")
+
+
+@pytest.mark.parametrize("width", [None, 60, 200])
+def test_healthd_policy_shows_every_rule_whole(width):
+    output = printed(["policy"], width, healthd_cli)
+    lines = output.splitlines()
+
+    if width is None:  # a rule a line: `healthd policy | grep xid`
+        assert [line.split() for line in lines[2:]] == [" ".join(row).split() for row in policy_rows()]
+    else:
+        assert all(len(line) <= width for line in lines)
+        assert not cut_words(output, printed(["policy"], None, healthd_cli), "action:")
+        for signal, action, meaning in policy_rows():
+            assert flowing(f"{signal} action: {action} {meaning}") in flowing(output) if width == 60 else \
+                [signal, action, meaning] in [[" ".join(c.split()) for c in row] for row in boxed_rows(output)]
+
+
+@pytest.mark.parametrize("width", [None, 60, 200])
+def test_healthd_breaker_shows_each_slots_reason_whole(healthd_config, width):
+    output = printed(["breaker", "--config", str(healthd_config)], width, healthd_cli)
+    reason = f"healthd: xid 79 gpu3 ({UUIDS[3]}) drain-reboot 2026-11-22T03:00:00Z"
+
+    slot = re.search(r"slot-\d+", output)
+    assert slot is not None  # the slot a claim takes is random
+    if width is None:
+        assert output.splitlines()[2] == f"{slot[0]}  gpu-node-0017  2026-11-22 00:00:00  {reason}"
+    else:  # only the title's path, one word, may be longer than a line: whole, for the terminal to fold
+        assert all(len(line) <= width or len(line.split()) == 1 for line in output.splitlines())
+        shown = f"{slot[0]} node: gpu-node-0017 since (UTC): 2026-11-22 00:00:00" if width == 60 else \
+            f"{slot[0]} gpu-node-0017 2026-11-22 00:00:00"
+        assert flowing(f"{shown} {reason}") in flowing(output)
 
 
 # any table
