@@ -21,8 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import psutil
-
 from clusterctl.healthd.stale_tiers import (
     DIRECTORY, OTHER, RUN_TREE, SYMLINK, TRASH_PREFIX, USER_DIR, USER_TRASH, Entry, NodeTiers, Reclaim,
     UserDir, run_trash_name, user_trash_name,
@@ -57,6 +55,8 @@ class TierDoor(Protocol):
 
 def process_uids() -> frozenset[int]:
     """Every uid a process on this node runs as: real, effective and saved (psutil, from /proc)."""
+    import psutil  # here: the hooks that never ask (the epilog, HealthCheckProgram) do not pay its 17 ms import
+
     uids: set[int] = set()
     for process in psutil.process_iter(["uids"]):
         found = process.info.get("uids")
