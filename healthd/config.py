@@ -83,6 +83,14 @@ class HealthdConfig:
     hook_timeout: float = 20.0
     """The prolog/epilog give up after this long (not a refusal: exit 0 unless already drained), their Slurm calls
     within three quarters of it; keep it below Slurm's PrologEpilogTimeout."""
+    tier_bases: tuple[str, ...] = ("/dev/shm", "/tmp")
+    """Where jobs keep node-local checkpoint tiers (`<base>/clusterctl-<uid>/ckpt-<run key>`): the prolog
+    reclaims stale ones here (healthd/stale_tiers.py).  The default holds the node-local base every job uses
+    unless told otherwise (/dev/shm, else /tmp); add each `[checkpoint] local_dir` your users' specs name.
+    Each must be root's, writable by others only with the sticky bit; [] reclaims nothing."""
+    tier_keep_hours: float = 24.0
+    """A run's tier of the starting job's own user is reclaimed once unused this long (a resubmission of the
+    same user landing here within it resumes from it); keep it above the longest checkpoint interval."""
     checks: CheckLimits = field(default_factory=CheckLimits)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
@@ -144,6 +152,7 @@ _RULES: dict[str, _Rule] = {
     "breaker_spread_per_node": _Rule("float", 0.0, 1.0), "node_refresh_interval": _Rule("float", 1.0, 86400.0),
     "drained_refresh_interval": _Rule("float", 1.0, 86400.0), "clean_checks": _Rule("int", 1, 1000),
     "hook_timeout": _Rule("float", 1.0, 3600.0),
+    "tier_bases": _Rule("paths"), "tier_keep_hours": _Rule("float", 1.0, 24 * 366.0),
     "checks.expected_gpus": _Rule("int", 0, 1024), "checks.uncorrectable_remap_limit": _Rule("int", 0, 1_000_000),
     "checks.retired_pages_limit": _Rule("int", 0, 1_000_000), "checks.temperature_warn_c": _Rule("int", 1, 200),
     "checks.temperature_sustain_s": _Rule("float", 0.0, 86400.0),

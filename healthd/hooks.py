@@ -25,13 +25,18 @@ from clusterctl.healthd.engine import EngineSettings, drain_request, drain_rules
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, read_state, state_is_fresh
 from clusterctl.healthd.kmsg import RecordReader, parse_gpu_event
+from clusterctl.healthd.node_tiers import LocalTiers, TierDoor
 from clusterctl.healthd.policy import drain_reason, judge
+from clusterctl.healthd.stale_tiers import ReclaimSettings, size, stale_tiers
 from clusterctl.job_metrics_file import remove_textfile
 from clusterctl.records.drain_reason import DrainReason
 from clusterctl.records.healthd_actions import PlannedAction
-from clusterctl.records.healthd_job_start import JobStart, job_start_path, read_job_start, write_job_start
+from clusterctl.records.healthd_job_start import (
+    JobStart, job_start_path, read_job_start, read_job_starts, write_job_start,
+)
 from clusterctl.records.healthd_state import Alert, HealthdState
 from clusterctl.records.healthd_node_record import NodeRecordEntry, append_node_record
+from clusterctl.records.healthd_tier_reclaim import ReclaimedTree, TierReclaim, append_tier_reclaim
 from clusterctl.records.job_health import HealthFinding, JobHealthRecord, write_job_health
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import drains
@@ -208,7 +213,7 @@ class _Refusal:
 def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] | None = None,
                config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node, *,
                config_path: Path | None = None, runner: Runner = subprocess_runner,
-               clock: Callable[[], float] = time.monotonic) -> int:
+               clock: Callable[[], float] = time.monotonic, tiers: TierDoor | None = None) -> int:
     """0 lets the job start; 1 refuses it (Slurm drains the node and requeues the job).
 
     A job is refused only when the node is (now) drained by the drain door: Slurm drains a node
@@ -218,6 +223,9 @@ def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm
     is logged.  The Slurm calls of the drain path (up to four: the release, the node, the partition's
     share, the drain) share what is left of `hook_timeout` (`runner`'s timeouts are cut to it), so
     they end before the deadline.
+
+    A job let in then gets the node's memory and disk back from checkpoint tiers nobody resumes from
+    (`reclaim_stale_tiers`, through `tiers`: the node's own tier bases unless a test gives its own door).
     """
     start = clock()
     config = _setup("prolog", config, config_path)
@@ -226,11 +234,74 @@ def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm
         slurm_factory = _budgeted(runner, start, config.hook_timeout, clock)
     with _bounded("prolog", config.hook_timeout, refusal.exit_code):
         try:
-            return _prolog(environ, slurm_factory, config, node_check, refusal)
+            code = _prolog(environ, slurm_factory, config, node_check, refusal)
         except Exception as exc:  # noqa: BLE001 - a bug must not drain the node around the breaker
             _say("prolog", f"job {environ.get('SLURM_JOB_ID', 'unknown')!r}: gave up: "
                            f"{exc.__class__.__name__}: {exc}; exit {refusal.exit_code()}")
             return refusal.exit_code()
+        if code == 0 and config.tier_bases:
+            reclaim_stale_tiers(environ, config, tiers or LocalTiers(config.tier_bases),
+                                deadline=start + config.hook_timeout * (1 - HOOK_RESERVE), clock=clock)
+        return code
+
+
+SAID_TREES = 8
+"""Trees named in slurmd's log line at most (the journal keeps them all)."""
+
+
+def reclaim_stale_tiers(environ: Mapping[str, str], config: HealthdConfig, tiers: TierDoor, *, deadline: float,
+                        clock: Callable[[], float] = time.monotonic) -> tuple[ReclaimedTree, ...]:
+    """Remove the checkpoint tiers on this node nobody will resume from (healthd/stale_tiers.py says which),
+    before the job of `environ` starts; what was removed or tried, also said in slurmd's log and appended to
+    `<journal_dir>/tier-reclaims.jsonl`.
+
+    Never fails the prolog: an error is one line in slurmd's log and the job starts.  No removal starts past
+    `deadline` (on `clock`): what is left waits for the next job's prolog."""
+    job = _job_id(environ) or "unknown"
+    try:
+        return _reclaim(job, _node_name(environ, config), _job_uid(environ), config, tiers, deadline, clock)
+    except Exception as exc:  # noqa: BLE001 - a cleanup must never keep a job from a healthy node
+        _say("prolog", f"job {job}: stale checkpoint tiers not reclaimed: {exc.__class__.__name__}: {exc}")
+        return ()
+
+
+def _reclaim(job: str, node: str, uid: int | None, config: HealthdConfig, tiers: TierDoor, deadline: float,
+             clock: Callable[[], float]) -> tuple[ReclaimedTree, ...]:
+    if uid is None:
+        _say("prolog", f"job {job}: SLURM_JOB_UID is not a uid: stale checkpoint tiers not reclaimed")
+        return ()
+    began = clock()
+    held = tiers.look(uid)
+    for note in held.notes:
+        _say("prolog", f"job {job}: {note}")
+    starts, _unreadable = read_job_starts(config.journal_dir)  # the epilog says what it cannot read
+    plan = stale_tiers(held, starts, ReclaimSettings(uid, config.tier_keep_hours * 3600, time.time()))
+    for note in plan.left_alone:
+        _say("prolog", f"job {job}: {note}")
+    done: list[ReclaimedTree] = []
+    for reclaim in plan.reclaims:
+        if clock() >= deadline:
+            _say("prolog", f"job {job}: out of time: {len(plan.reclaims) - len(done)} stale checkpoint tier(s) "
+                           "left for the next job's prolog")
+            break
+        removed = tiers.remove(reclaim)
+        done.append(ReclaimedTree(reclaim.path, reclaim.uid, reclaim.runs, removed.freed_bytes, reclaim.why,
+                                  removed.error))
+    if not done:
+        return ()
+    seconds = max(clock() - began, 0.0)
+    said = [f"{tree.path} (uid {tree.uid}, {tree.runs} run(s), {size(tree.freed_bytes)}: {tree.why})"
+            + (f" NOT removed: {tree.error}" if tree.error is not None else "") for tree in done[:SAID_TREES]]
+    if len(done) > SAID_TREES:
+        said.append(f"{len(done) - SAID_TREES} more in {config.journal_dir}")
+    _say("prolog", f"job {job}: reclaimed {size(sum(t.freed_bytes for t in done))} of stale checkpoint tiers in "
+                   f"{seconds:.2f} s: " + "; ".join(said))
+    try:
+        append_tier_reclaim(config.journal_dir, TierReclaim(utc(time.time()), job, node, round(seconds, 3),
+                                                            tuple(done)))
+    except OSError as exc:
+        _say("prolog", f"job {job}: reclaim not recorded in {config.journal_dir}: {exc}")
+    return tuple(done)
 
 
 def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], config: HealthdConfig,

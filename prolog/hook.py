@@ -4,7 +4,8 @@ Runs as root on every allocated node before the job starts, with no PATH and no
 SLURM_CONF.  It refuses the job (exit 1: Slurm drains the node and requeues the job)
 when a GPU of the job is lost, has uncorrectable errors, a failed or pending row remap,
 retired pages at the limit, or healthd holds an unhandled fault for it; otherwise exit 0.
-The checks and the policy are healthd's own (healthd/gate.py).
+The checks and the policy are healthd's own (healthd/gate.py).  A job it lets in then gets the
+node back from checkpoint tiers nobody resumes from (healthd.toml `tier_bases`; healthd/stale_tiers.py).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import pytest
 
 from clusterctl.records.actions import Action
 from clusterctl.records.healthd_node_record import read_node_record
+from clusterctl.records.healthd_tier_reclaim import read_tier_reclaims
 from clusterctl.records.job_health import JobHealthRecord, job_health_path, read_job_health
 from clusterctl_testbed.gpu_faults import Fault, inject
 from clusterctl_testbed.system import is_alive
@@ -201,3 +203,29 @@ def test_under_a_stopped_controller_the_hooks_let_the_job_in_record_it_and_slurm
         assert not row.state.startswith("drain") and row.reason != "Prolog error", row
     finally:
         toml.write_text(original)
+
+
+def test_a_job_start_reclaims_a_checkpoint_tier_nobody_resumed_from_and_keeps_a_fresh_one(cluster, tmp_path):
+    """Issue 25, nodes stay healthy: a run's tier untouched for 30 h goes at the node's next job start (the
+    testbed's jobs run as root, so it is the same user's: tier_keep_hours, 24 h by default); one saved a
+    minute ago is a resubmission's fast resume and stays."""
+    mine = Path("/dev/shm/clusterctl-0")  # the testbed's nodes share this machine's /dev/shm
+    stale, fresh = mine / "ckpt-0e2e0e2e0e2e0e2e", mine / "ckpt-0e2e0e2e0e2e0e2f"
+    mine.mkdir(mode=0o700, exist_ok=True)  # as a job makes it: private to its user
+    try:
+        for tree in (stale, fresh):
+            (tree / "node1" / "local" / "step-000000000010").mkdir(parents=True, mode=0o700)
+            (tree / "node1" / "local" / "step-000000000010" / "shard").write_bytes(b"x" * 4096)
+        old = time.time() - 30 * 3600
+        for folder in [stale, *(p for p in stale.rglob("*") if p.is_dir())]:
+            os.utime(folder, (old, old))
+        job = cluster.run_on("ctl", ["sbatch", "--parsable", "-N1", "-w", "node1", "-o", str(tmp_path / "out"),
+                                     "--wrap", "true"]).stdout.strip()
+        assert wait_job(cluster, job, timeout=60) == "COMPLETED"
+        assert not stale.exists() and (fresh / "node1" / "local" / "step-000000000010" / "shard").exists()
+        reclaims = [r for r in read_tier_reclaims(cluster.layout.host_dir("node1") / "lib-healthd") if r.job_id == job]
+        assert [(t.path, t.uid, t.runs, t.error) for r in reclaims for t in r.trees if t.path == str(stale)] == [
+            (str(stale), 0, 1, None)]
+    finally:
+        shutil.rmtree(stale, ignore_errors=True)
+        shutil.rmtree(fresh, ignore_errors=True)

@@ -17,6 +17,9 @@ from clusterctl.records.healthd_kmsg_cursor import KmsgCursor, cursor_path, read
 from clusterctl.records.healthd_node_record import (
     NodeRecordEntry, append_node_record, node_record_path, read_node_record,
 )
+from clusterctl.records.healthd_tier_reclaim import (
+    ReclaimedTree, TierReclaim, append_tier_reclaim, read_tier_reclaims, tier_reclaims_path,
+)
 from clusterctl.records.healthd_state import (
     Alert, GpuState, HealthdState, StateFinding, read_healthd_state, state_path, write_healthd_state,
 )
@@ -150,6 +153,34 @@ def test_node_record_from_a_newer_hook_is_refused(tmp_path):
     bump_version(node_record_path(tmp_path))
     with pytest.raises(RecordError, match="healthd-node-record record version 2 is newer"):
         read_node_record(tmp_path)
+
+
+RECLAIM = TierReclaim("2026-11-22T00:00:00Z", "7", "node3", 0.25, (
+    ReclaimedTree("/dev/shm/clusterctl-1001", 1001, 2, 3_000_000_000, "no process of uid 1001 on this node"),
+    ReclaimedTree("/dev/shm/clusterctl-1000/ckpt-0123456789abcdef", 1000, 1, 0, "not used for 31 h",
+                  error="not removed whole (1 error(s); the first: x: Device or resource busy)")))
+
+
+def test_tier_reclaims_round_trip(tmp_path):
+    append_tier_reclaim(tmp_path, RECLAIM)
+    append_tier_reclaim(tmp_path, RECLAIM)
+    assert read_tier_reclaims(tmp_path) == (RECLAIM, RECLAIM)
+    assert RECLAIM.freed_bytes == 3_000_000_000
+
+
+def test_tier_reclaims_from_a_newer_prolog_are_refused(tmp_path):
+    append_tier_reclaim(tmp_path, RECLAIM)
+    bump_version(tier_reclaims_path(tmp_path))
+    with pytest.raises(RecordError, match="healthd-tier-reclaim record version 2 is newer"):
+        read_tier_reclaims(tmp_path)
+
+
+def test_a_reclaimed_tree_with_a_field_this_reader_does_not_know_is_refused(tmp_path):
+    record = RECLAIM.to_json()
+    record["trees"][0]["inode"] = 12
+    tier_reclaims_path(tmp_path).write_text(json.dumps(record) + "\n")
+    with pytest.raises(RecordError, match="tree 1: unknown field `inode`"):
+        read_tier_reclaims(tmp_path)
 
 
 def test_xid_history_round_trips(tmp_path):

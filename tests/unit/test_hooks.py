@@ -37,7 +37,7 @@ def config(tmp_path, monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent")
     return HealthdConfig(node="node3", state_dir=tmp_path / "run", journal_dir=tmp_path / "lib",
                          kmsg=tmp_path / "kmsg", job_records_dir=tmp_path / "records", disk_paths=(),
-                         checks=CheckLimits(expected_gpus=0))
+                         tier_bases=(), checks=CheckLimits(expected_gpus=0))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -327,8 +327,8 @@ from clusterctl.healthd.hooks import run_epilog, run_prolog
 from tests.unit.test_hooks import fake_proc, lost_gpu
 root = Path(sys.argv[0]).parent
 config = HealthdConfig(node="node3", state_dir=root / "run", journal_dir=root / "lib", kmsg=root / "kmsg",
-                       job_records_dir=root / "records", disk_paths=(), checks=CheckLimits(expected_gpus=0),
-                       hook_timeout=2.0)
+                       job_records_dir=root / "records", disk_paths=(), tier_bases=(),
+                       checks=CheckLimits(expected_gpus=0), hook_timeout=2.0)
 '''
 
 

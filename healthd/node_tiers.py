@@ -1,0 +1,270 @@
+"""The prolog's door to the checkpoint tiers left on its node: what the tier bases hold, whose processes run
+here, and the removal of what `stale_tiers` (pure) says to reclaim.
+
+Root acts here in directories users write (/dev/shm, /tmp), so nothing is looked up through a path a user
+could plant: each base is opened with O_NOFOLLOW and must be root's (others may write it only with the
+sticky bit); every entry below is found relative to its directory's fd and checked with lstat (a real
+directory, owned by the uid its name says, nobody else may write it) again just before it is removed; a
+tree is first renamed to a `.clusterctl-reclaim-*` name (a job of that user starting meanwhile makes a new
+directory and never sees half of the old one; a prolog stopped halfway leaves a name the next one finishes),
+then removed by `shutil.rmtree` relative to the parent's fd, which never follows a symlink on this platform
+(`shutil.rmtree.avoids_symlink_attacks`: without it nothing is removed).  A tree holding a mount point is
+left alone.  No Slurm, no shared storage: the cost is the listing, and the removal of the bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from clusterctl.healthd.stale_tiers import (
+    DIRECTORY, OTHER, RUN_TREE, SYMLINK, TRASH_PREFIX, USER_DIR, USER_TRASH, Entry, NodeTiers, Reclaim,
+    UserDir, run_trash_name, user_trash_name,
+)
+
+MAX_ENTRIES = 10_000
+"""Entries of a user's directory listed at most (a clusterctl user's holds a few: its runs and jobs)."""
+MAX_WALK = 10_000
+"""Directories of one run's tier looked at for its last use at most (one holds tens); past it, unknown: kept."""
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@dataclass(frozen=True)
+class Removed:
+    """What one removal came to: the bytes it freed, and what went wrong (None: the tree is gone)."""
+
+    freed_bytes: int
+    error: str | None = None
+
+
+class TierDoor(Protocol):
+    """What the prolog asks of its node about the checkpoint tiers there."""
+
+    def look(self, job_uid: int) -> NodeTiers:
+        """The tier bases' user directories (with the runs' last use in `job_uid`'s) and the uids running here."""
+        ...
+
+    def remove(self, reclaim: Reclaim) -> Removed:
+        """Remove one tree `stale_tiers` chose, checking it again first; never raises for the tree's sake."""
+        ...
+
+
+def process_uids() -> frozenset[int]:
+    """Every uid a process on this node runs as: real, effective and saved (psutil, from /proc)."""
+    import psutil  # here: the hooks that never ask (the epilog, HealthCheckProgram) do not pay its 17 ms import
+
+    uids: set[int] = set()
+    for process in psutil.process_iter(["uids"]):
+        found = process.info.get("uids")
+        if found is not None:
+            uids.update((found.real, found.effective, found.saved))
+    return frozenset(uids)
+
+
+class LocalTiers:
+    """The `TierDoor` of this node: `bases` are the admin's tier bases (healthd.toml `tier_bases`);
+    `running_uids` reads the process table (`process_uids` unless a test gives its own)."""
+
+    def __init__(self, bases: Sequence[str], running_uids: Callable[[], frozenset[int]] = process_uids) -> None:
+        self.bases = tuple(bases)
+        self.running_uids = running_uids
+
+    def look(self, job_uid: int) -> NodeTiers:
+        notes: list[str] = []
+        if not shutil.rmtree.avoids_symlink_attacks:
+            return NodeTiers((), frozenset(), ("this platform's shutil.rmtree can be steered by a symlink: "
+                                               "no checkpoint tier is reclaimed",))
+        found: list[UserDir] = []
+        for base in self.bases:
+            try:
+                base_fd = _open_base(base)
+            except FileNotFoundError:
+                continue  # a base this node does not have (a local disk some nodes lack)
+            except _NotABase as exc:
+                notes.append(str(exc))
+                continue
+            try:
+                found.extend(_user_dirs(base, base_fd, job_uid))
+            except OSError as exc:
+                notes.append(f"{base}: cannot be listed ({exc.strerror}); its checkpoint tiers are not reclaimed")
+            finally:
+                os.close(base_fd)
+        return NodeTiers(tuple(found), self.running_uids(), tuple(notes))
+
+    def remove(self, reclaim: Reclaim) -> Removed:
+        if not shutil.rmtree.avoids_symlink_attacks:
+            return Removed(0, "shutil.rmtree can be steered by a symlink here: not removed")
+        try:
+            base_fd = _open_base(reclaim.base)
+        except (OSError, _NotABase) as exc:
+            return Removed(0, str(exc))
+        parent_fd = base_fd
+        try:
+            if reclaim.parent:
+                parent_fd = os.open(reclaim.parent, _OPEN_DIR, dir_fd=base_fd)
+                problem = _not_owned(os.fstat(parent_fd), reclaim.uid, no_others=True)
+                if problem is not None:
+                    return Removed(0, f"{reclaim.base}/{reclaim.parent}: {problem}; left alone")
+            return _remove_tree(parent_fd, reclaim)
+        except OSError as exc:
+            return Removed(0, f"{exc.strerror or exc}")
+        finally:
+            if parent_fd != base_fd:
+                os.close(parent_fd)
+            os.close(base_fd)
+
+
+class _NotABase(Exception):
+    pass
+
+
+def _open_base(base: str) -> int:
+    """An fd on tier base `base`: a real directory of root's, others may write it only with the sticky bit."""
+    try:
+        # The admin's path, their links resolved (/dev/shm is a link to /run/shm on some systems); the directory
+        # it names must be root's all the same.
+        fd = os.open(os.path.realpath(base), _OPEN_DIR)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise _NotABase(f"{base}: not a real directory ({exc.strerror}); its checkpoint tiers are not reclaimed") \
+            from None
+    info = os.fstat(fd)
+    if info.st_uid != 0 or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
+        os.close(fd)
+        raise _NotABase(f"{base}: owned by uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):o}: a tier base must "
+                        "be root's, writable by others only with the sticky bit (like /dev/shm); its checkpoint "
+                        "tiers are not reclaimed")
+    return fd
+
+
+def _entry(name: str, info: os.stat_result, last_used: float | None = None) -> Entry:
+    kind = DIRECTORY if stat.S_ISDIR(info.st_mode) else SYMLINK if stat.S_ISLNK(info.st_mode) else OTHER
+    return Entry(name, kind, info.st_uid, stat.S_IMODE(info.st_mode), last_used)
+
+
+def _user_dirs(base: str, base_fd: int, job_uid: int) -> list[UserDir]:
+    found = []
+    with os.scandir(base_fd) as entries:
+        names = [e.name for e in entries if e.name.startswith(("clusterctl-", TRASH_PREFIX))]
+    for name in sorted(names):
+        match = USER_DIR.fullmatch(name) or USER_TRASH.fullmatch(name)
+        if match is None:
+            continue
+        try:
+            info = os.stat(name, dir_fd=base_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            continue
+        children: tuple[Entry, ...] = ()
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == int(match.group(1)):
+            children = _children(base_fd, name, info, look_into=USER_DIR.fullmatch(name) is not None
+                                 and info.st_uid == job_uid)
+        found.append(UserDir(base, _entry(name, info), children))
+    return found
+
+
+def _children(base_fd: int, name: str, info: os.stat_result, *, look_into: bool) -> tuple[Entry, ...]:
+    """The entries of a user's directory; with `look_into`, each run tier's last use."""
+    try:
+        fd = os.open(name, _OPEN_DIR, dir_fd=base_fd)
+    except OSError:
+        return ()
+    try:
+        if not os.path.samestat(info, os.fstat(fd)):
+            return ()  # swapped since it was looked at: the next prolog sees it again
+        children = []
+        with os.scandir(fd) as entries:
+            for count, child in enumerate(entries):
+                if count >= MAX_ENTRIES:
+                    break
+                try:
+                    child_info = child.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                last_used = None
+                if look_into and stat.S_ISDIR(child_info.st_mode) and RUN_TREE.fullmatch(child.name):
+                    last_used = _last_used(fd, child.name, child_info)
+                children.append(_entry(child.name, child_info, last_used))
+        return tuple(children)
+    finally:
+        os.close(fd)
+
+
+def _last_used(parent_fd: int, name: str, info: os.stat_result) -> float | None:
+    """The newest modification time of a directory in the tree; None when it cannot be told (too many
+    directories, another filesystem mounted inside)."""
+    newest = info.st_mtime
+    try:
+        for count, (_path, _dirs, _files, fd) in enumerate(os.fwalk(name, dir_fd=parent_fd, follow_symlinks=False)):
+            inner = os.fstat(fd)
+            if count >= MAX_WALK or inner.st_dev != info.st_dev:
+                return None
+            newest = max(newest, inner.st_mtime)
+    except OSError:
+        return None
+    return newest
+
+
+def _not_owned(info: os.stat_result, uid: int, *, no_others: bool) -> str | None:
+    if stat.S_ISLNK(info.st_mode):
+        return "a symlink, not followed"
+    if not stat.S_ISDIR(info.st_mode):
+        return "not a directory"
+    if info.st_uid != uid:
+        return f"owned by uid {info.st_uid}, not by uid {uid}"
+    if no_others and info.st_mode & 0o022:
+        return f"writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
+    return None
+
+
+def _remove_tree(parent_fd: int, reclaim: Reclaim) -> Removed:
+    """Check the tree again, measure it, rename it to its trash name, remove it: all relative to `parent_fd`."""
+    info = os.stat(reclaim.name, dir_fd=parent_fd, follow_symlinks=False)
+    problem = _not_owned(info, reclaim.uid, no_others=not reclaim.parent)
+    if problem is not None:
+        return Removed(0, f"{problem}; left alone")
+    freed, mounted = _measure(parent_fd, reclaim.name, info)
+    if mounted:
+        return Removed(0, f"another filesystem is mounted inside ({mounted}); left alone")
+    trash = reclaim.name
+    if not reclaim.name.startswith(TRASH_PREFIX):
+        token = os.urandom(4).hex()
+        trash = run_trash_name(reclaim.name, token) if reclaim.parent else user_trash_name(reclaim.uid, token)
+        os.rename(reclaim.name, trash, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+        if not os.path.samestat(info, os.stat(trash, dir_fd=parent_fd, follow_symlinks=False)):
+            return Removed(0, f"replaced while it was being removed; left alone as {trash}")
+    errors: list[str] = []
+
+    def failed(_function: object, path: str, excinfo: tuple[type[BaseException], BaseException, object]) -> None:
+        error = excinfo[1]
+        errors.append(f"{path}: {error.strerror if isinstance(error, OSError) and error.strerror else error}")
+
+    shutil.rmtree(trash, onerror=failed, dir_fd=parent_fd)
+    if errors:
+        return Removed(0, f"not removed whole ({len(errors)} error(s); the first: {errors[0]})")
+    return Removed(freed)
+
+
+def _measure(parent_fd: int, name: str, info: os.stat_result) -> tuple[int, str]:
+    """The bytes the tree holds on its filesystem (each file once, however many links), and the first directory
+    in it on another filesystem ('' when none)."""
+    seen: set[int] = set()
+    total = 0
+    for path, dirs, files, fd in os.fwalk(name, dir_fd=parent_fd, follow_symlinks=False):
+        if os.fstat(fd).st_dev != info.st_dev:
+            return total, path
+        for file in (*files, *dirs):
+            try:
+                held = os.stat(file, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            if held.st_dev != info.st_dev:
+                return total, f"{path}/{file}"
+            if held.st_ino not in seen:
+                seen.add(held.st_ino)
+                total += held.st_blocks * 512
+    return total, ""

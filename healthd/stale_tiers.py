@@ -1,0 +1,205 @@
+"""Which checkpoint tiers left on a node the prolog reclaims (pure): what the node holds → what to remove, and why.
+
+A run's copies on a node live in `<base>/clusterctl-<uid>/ckpt-<run key>/<node>` (`CheckpointSettings.tier_root`).
+`Checkpointer.close()` empties them when training is done; a job that ends otherwise (a node lost, a time
+limit, cancelled) keeps them for the resume that follows, and a resubmission that lands on the same node
+reads its own copy.  When no such resume comes, they would hold the node's memory (/dev/shm is tmpfs) or
+disk for good.  The prolog, root on every node before a job starts, asks `stale_tiers` what to reclaim in
+the admin's tier bases (healthd.toml `tier_bases`) and removes that through a door (healthd/node_tiers.py):
+
+- a `clusterctl-<uid>` directory of **another** user than the starting job's: whole, when no process of that
+  user runs on the node and no job of theirs started here within `tier_keep_hours` (its prolog ran, its
+  processes may not be up yet);
+- of the **starting job's own** user: only the `ckpt-<run key>` trees not used for `tier_keep_hours`: a
+  resubmission of the same user keeps its fast resume;
+- what an interrupted reclaim left (`.clusterctl-reclaim-*`, a name nothing else uses).
+
+Only the exact layout is ever removed: a real directory (never a symlink) owned by the uid its name says,
+that nobody else may write.  Anything else named like it is left alone and said (planted by another user?).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from clusterctl.records.healthd_job_start import JobStart
+
+USER_DIR = re.compile(r"clusterctl-(0|[1-9][0-9]{0,9})")
+"""A user's node-local directory in a tier base (clusterctl/node_dir.py, `tier_root`)."""
+RUN_TREE = re.compile(r"ckpt-[0-9a-f]{16}")
+"""One run's tier in a user's directory (`ckpt-<run key>`)."""
+TRASH_PREFIX = ".clusterctl-reclaim-"
+USER_TRASH = re.compile(r"\.clusterctl-reclaim-(0|[1-9][0-9]{0,9})-[0-9a-f]{8}")
+"""A user's directory renamed by a reclaim before its removal (left behind when the prolog was stopped)."""
+RUN_TRASH = re.compile(r"\.clusterctl-reclaim-ckpt-[0-9a-f]{16}-[0-9a-f]{8}")
+"""A run's tier renamed by a reclaim before its removal."""
+
+DIRECTORY, SYMLINK, OTHER = "directory", "symlink", "other"
+_GROUP_OR_OTHERS_WRITE = 0o022
+
+
+def user_trash_name(uid: int, token: str) -> str:
+    """What a user's directory is renamed to before it is removed (`token`: 8 hex digits)."""
+    return f"{TRASH_PREFIX}{uid}-{token}"
+
+
+def run_trash_name(run_tree: str, token: str) -> str:
+    """What a run's tier `ckpt-<run key>` is renamed to before it is removed."""
+    return f"{TRASH_PREFIX}{run_tree}-{token}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One directory entry as lstat saw it (a symlink is never followed)."""
+
+    name: str
+    kind: str  # DIRECTORY, SYMLINK or OTHER
+    owner: int
+    mode: int  # the permission bits
+    last_used: float | None = None
+    """A run's tier of the starting job's user: the newest modification time of any directory in it (a save,
+    a buddy's copy and a holdings rewrite each rename into one); None when the door did not look."""
+
+
+@dataclass(frozen=True)
+class UserDir:
+    """An entry of a tier base named like a user's directory or a reclaim's leftover, with the entries in it
+    (listed only when it is a real directory)."""
+
+    base: str
+    entry: Entry
+    children: tuple[Entry, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeTiers:
+    """What a node holds in its tier bases, and whose processes run on it."""
+
+    dirs: tuple[UserDir, ...]
+    running_uids: frozenset[int]
+    """Every uid a process on the node runs as (real, effective or saved)."""
+    notes: tuple[str, ...] = ()
+    """Bases that could not be looked into, and why."""
+
+
+@dataclass(frozen=True)
+class ReclaimSettings:
+    """Whose job starts, how long a run's tier of that user is kept unused, and the time now (epoch seconds)."""
+
+    job_uid: int
+    keep_seconds: float
+    now: float
+
+
+@dataclass(frozen=True)
+class Reclaim:
+    """One tree to remove: `<base>/<name>` (a user's whole directory, or a leftover), or `<base>/<parent>/<name>`
+    (a run's tier in the starting job's user's directory)."""
+
+    base: str
+    parent: str  # "" for an entry of the base itself
+    name: str
+    uid: int
+    runs: int
+    """The run tiers (`ckpt-*`) it holds."""
+    why: str
+
+    @property
+    def path(self) -> str:
+        """The tree's path, for messages."""
+        return "/".join(part for part in (self.base.rstrip("/"), self.parent, self.name) if part)
+
+
+@dataclass(frozen=True)
+class ReclaimPlan:
+    """What to remove, and what is named like a tier but is not one (said, never touched)."""
+
+    reclaims: tuple[Reclaim, ...]
+    left_alone: tuple[str, ...] = ()
+
+
+def stale_tiers(node: NodeTiers, job_starts: Iterable[JobStart], settings: ReclaimSettings) -> ReclaimPlan:
+    """What the prolog of a job of `settings.job_uid` removes from the node (see the module's docstring).
+
+    `job_starts` are the jobs whose prolog ran here and whose epilog has not yet (healthd's job-start notes):
+    a user with one that started within `keep_seconds` counts as present even before a process of theirs shows.
+    """
+    present = set(node.running_uids)
+    present.update(s.uid for s in job_starts
+                   if s.uid is not None and settings.now - s.start < settings.keep_seconds)
+    reclaims: list[Reclaim] = []
+    left: list[str] = []
+    for found in sorted(node.dirs, key=lambda d: (d.base, d.entry.name)):
+        entry = found.entry
+        path = f"{found.base.rstrip('/')}/{entry.name}"
+        user = USER_DIR.fullmatch(entry.name) or USER_TRASH.fullmatch(entry.name)
+        if user is None:
+            continue
+        uid = int(user.group(1))
+        problem = _not_a_users_directory(entry, uid)
+        if problem is not None:
+            left.append(f"{path}: {problem}; left alone")
+            continue
+        runs = sum(1 for child in found.children if RUN_TREE.fullmatch(child.name) or RUN_TRASH.fullmatch(child.name))
+        if USER_TRASH.fullmatch(entry.name):
+            reclaims.append(Reclaim(found.base, "", entry.name, uid, runs, "left by an interrupted reclaim"))
+        elif uid != settings.job_uid:
+            if uid not in present:
+                reclaims.append(Reclaim(found.base, "", entry.name, uid, runs,
+                                        f"no process of uid {uid} on this node and no job of theirs started here"))
+        else:
+            own, notes = _stale_runs(found, uid, settings)
+            reclaims.extend(own)
+            left.extend(notes)
+    return ReclaimPlan(tuple(reclaims), tuple(left))
+
+
+def _stale_runs(found: UserDir, uid: int, settings: ReclaimSettings) -> tuple[list[Reclaim], list[str]]:
+    reclaims: list[Reclaim] = []
+    left: list[str] = []
+    for child in sorted(found.children, key=lambda c: c.name):
+        trash = RUN_TRASH.fullmatch(child.name) is not None
+        if not trash and not RUN_TREE.fullmatch(child.name):
+            continue  # the user's node-local job directories and anything else of theirs: not a tier
+        if child.kind != DIRECTORY or child.owner != uid:
+            what = "a symlink" if child.kind == SYMLINK else "not a directory" if child.kind != DIRECTORY \
+                else f"owned by uid {child.owner}"
+            left.append(f"{found.base.rstrip('/')}/{found.entry.name}/{child.name}: {what}, not a run's tier of uid "
+                        f"{uid}; left alone")
+            continue
+        if trash:
+            reclaims.append(Reclaim(found.base, found.entry.name, child.name, uid, 1, "left by an interrupted reclaim"))
+        elif child.last_used is not None and settings.now - child.last_used >= settings.keep_seconds:
+            reclaims.append(Reclaim(found.base, found.entry.name, child.name, uid, 1,
+                                    f"not used for {hours(settings.now - child.last_used)} "
+                                    f"(kept {hours(settings.keep_seconds)} for a resume)"))
+    return reclaims, left
+
+
+def _not_a_users_directory(entry: Entry, uid: int) -> str | None:
+    """Why root must not remove `entry` as user `uid`'s directory; None when it may."""
+    if entry.kind == SYMLINK:
+        return "a symlink, not followed"
+    if entry.kind != DIRECTORY:
+        return "not a directory"
+    if entry.owner != uid:
+        return f"owned by uid {entry.owner}, not by uid {uid} (planted by another user?)"
+    if entry.mode & _GROUP_OR_OTHERS_WRITE:
+        return f"writable by group or others (mode {entry.mode:o})"
+    return None
+
+
+def hours(seconds: float) -> str:
+    """`seconds` as hours for a log line: `31 h`, `1.5 h`."""
+    value = seconds / 3600
+    return f"{value:.0f} h" if value >= 10 else f"{value:.2g} h"
+
+
+def size(n: int) -> str:
+    """A byte count for a log line: `512 B`, `12.0 KB`, `3.4 GB` (powers of 1000)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
