@@ -1,4 +1,4 @@
-"""The one clock: wall time for records, monotonic time for intervals, UTC text for humans.
+"""The one clock: wall time for records, monotonic time for intervals, UTC and durations as text for humans.
 
 Passed in wherever time matters so tests can drive it; `SYSTEM_CLOCK` is the real one.
 """
@@ -14,6 +14,17 @@ from datetime import UTC, datetime
 def utc(ts: float) -> str:
     """Seconds since the epoch → `2026-11-22T15:04:05Z` (what journals and drain reasons carry)."""
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def duration_text(seconds: float | None) -> str:
+    """Seconds as a person reads them: `250 ms`, `12.5 s`, `4.8 min`, `2.5 h` (`-` for None)."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def parse_utc(text: str) -> float | None:

@@ -27,7 +27,6 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
 from pathlib import Path
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint
@@ -38,8 +37,8 @@ from clusterctl.launcher.pure.checkpoint_tiers import (
 from clusterctl.launcher.pure.preflight import MASTER_PORTS
 from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.launcher.shared.checkpoint_inventory import (
-    FlushedCheckpoint, flushed_checkpoints, inventory_text, newest_inventory, read_inventory, step_dir,
-    write_complete, write_inventory,
+    FlushedCheckpoint, copies_of, flushed_checkpoints, flushed_copies, gone_from, inventory_text, newest_inventory,
+    read_inventory, step_dir, tiers_checkpoint, write_complete, write_inventory,
 )
 from clusterctl.node_dir import node_tmp_base
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, LastResume
@@ -61,21 +60,6 @@ def run_key(run_dir: Path) -> str:
     """The run's name on a node's fast tier: 16 hex digits of its directory's path (the same for every job
     of the run, so a resubmitted job finds the copies its predecessor left on a node)."""
     return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
-
-
-def copies_of(holdings: CheckpointHoldings) -> tuple[CheckpointManifest, ...]:
-    """A node's holdings as the copies they are (shards not listed: they are verified where loaded)."""
-    return tuple(CheckpointManifest(step=h.step, of_node=h.of_node, tier=h.tier,
-                                    held_on=None if h.tier == "shared" else holdings.node, shards=(),
-                                    written_at=h.written_at, save_seconds=h.save_seconds, slot=h.slot, slots=h.slots)
-                 for h in holdings.copies)
-
-
-def flushed_copies(flushed: FlushedCheckpoint) -> tuple[CheckpointManifest, ...]:
-    """A checkpoint marked complete on shared storage as one shared copy per slot."""
-    return tuple(CheckpointManifest(step=flushed.step, of_node=node, tier="shared", held_on=None, shards=(),
-                                    written_at=0.0, save_seconds=0.0, slot=slot, slots=len(flushed.nodes))
-                 for slot, node in enumerate(flushed.nodes))
 
 
 @dataclass
@@ -244,16 +228,11 @@ class TierPlanner:
         self._flushed = {checkpoint: self._flushed_copies(checkpoint) for checkpoint in flushed}
         for made in self._flushed.values():
             copies.extend(made)
-        named = set(map(attrgetter("of_node"), copies)) | set(map(attrgetter("held_on"), copies))
-        named.discard(None)
-        gone = named - here
-        self.plan = plan_resume_from_copies(copies, gone=gone, problems=self.problems, failed_resumes=self.failed)
+        self.plan = plan_resume_from_copies(copies, gone=gone_from(copies, here), problems=self.problems,
+                                            failed_resumes=self.failed)
         for line in self.plan.lines():
             self.say(line)
-        if self.plan.step is None:
-            return None
-        path = str(step_dir(self.shared, self.plan.step))
-        return Checkpoint(path, self.plan.step, "tiers", from_tiers=self.plan.from_tiers(path))
+        return tiers_checkpoint(self.plan, self.shared)
 
     def holders(self) -> frozenset[str]:
         """The nodes whose tiers hold a copy the last plan reads (they must run ranks: see nodes_for_map)."""

@@ -16,9 +16,10 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from clusterctl.clock import duration_text
 from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
 from clusterctl.launcher.pure.goodput import (
-    COST_LOCAL_SAVE, AttemptTimes, Goodput, InAllocationRestart, LostSpan, account, lost_spans,
+    COST_LOCAL_SAVE, Goodput, LostSpan, account, attempt_times, lost_spans, restarts_of,
 )
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.login.status import resume_where, resumed_json, resumes_of, straggler_json, stragglers_of
@@ -30,17 +31,6 @@ from clusterctl.records.run_journal import (
     BlamedNode, DecisionAction, OutcomeKind, RecoveredInAllocation, Resumed, RunEvent, StragglerFound,
 )
 from clusterctl.text import one_line
-
-
-def duration_text(seconds: float | None) -> str:
-    """Seconds as a person reads them: `250 ms`, `12.5 s`, `4.8 min`, `2.5 h` (`-` for None)."""
-    if seconds is None:
-        return "-"
-    if seconds < 1:
-        return f"{seconds * 1000:.0f} ms"
-    if seconds < 120:
-        return f"{seconds:.1f} s"
-    return f"{seconds / 60:.1f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 @dataclass(frozen=True)
@@ -232,12 +222,7 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
     attempts = []
     for a in state.attempts:
         d = a.decided
-        t = d.times if d is not None else None
-        # The journal's sbatch time is sub-second; Slurm's times are whole seconds.
-        times.append(AttemptTimes(a.number, a.submitted_at or (t.submit if t else None) or 0.0,
-                                  (t.start if t else None) or 0.0, (t.end if t else None) or 0.0,
-                                  d is not None and d.outcome != OutcomeKind.COMPLETED,
-                                  d is not None and d.outcome == OutcomeKind.NODE_FAILURE))
+        times.append(attempt_times(a))
         attempts.append(AttemptReport(attempt=a.number, job_id=a.job_id, state=d.state if d else "running",
                                       outcome=d.outcome if d else None, message=d.message if d else None,
                                       blame=d.blame if d else (), checkpoint_step=d.checkpoint_step if d else None,
@@ -245,7 +230,7 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                                       started_at=times[-1].start or None,
                                       ended_at=(times[-1].end or d.at) if d is not None else None))
     recoveries = tuple(e for e in events if isinstance(e, RecoveredInAllocation))
-    restarts = [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases)) for e in recoveries]
+    restarts = restarts_of(recoveries)
     goodput = account(times, list(checkpoints), now, restarts, slow_node_seconds, tiers)
     return RunReport(run=run_path, state=str(state.ended.kind) if state.ended else "running",
                      message=state.ended.message if state.ended else "", attempts=tuple(attempts),

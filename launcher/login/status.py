@@ -15,16 +15,18 @@ from typing import Any
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from clusterctl.clock import utc
+from clusterctl.clock import duration_text, utc
 from clusterctl.table_view import Column, TextTable
 from clusterctl.terminal_view import plain
+from clusterctl.launcher.pure.eta import DONE, ESTIMATE, Eta, eta
+from clusterctl.launcher.pure.goodput import Goodput
 from clusterctl.launcher.shared.runs import attempts_of, log_path
 from clusterctl.records.agent_summary import AgentSummary
 from clusterctl.records.node_step_times import NodeStepTimes
 from clusterctl.records.rank_map import JobRankMap, PlanSummary
-from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
+from clusterctl.launcher.pure.checkpoint_tiers import PartsHeld, resumed_text
 from clusterctl.records.run_journal import (
-    RESUME_TIERS, Created, RecoveredInAllocation, Resumed, RunEnded, RunEvent, StragglerFound,
+    END_KINDS, RESUME_TIERS, Created, RecoveredInAllocation, Resumed, RunEnded, RunEvent, StragglerFound,
 )
 from clusterctl.slurm.jobs import JobReport
 
@@ -113,6 +115,30 @@ def resume_where(resumed: Resumed) -> str:
 
 
 @dataclass(frozen=True)
+class CheckpointStatus:
+    """The run's newest complete checkpoint as `status` shows it: in `directory` (the spec's), recognised by
+    `validator` (`tiers`: multi-level checkpoints), `complete` checkpoints found there; `step` None: none is
+    complete yet.  `written_at`: when it was saved (the writer's clock; None: not known).  With tiers: the
+    newest checkpoint complete across the tiers of the nodes present, `held` where its parts are, and
+    `flushed_step` the newest flushed whole to shared storage (None: none yet)."""
+
+    directory: str
+    validator: str
+    complete: int = 0
+    step: int | None = None
+    path: str | None = None
+    written_at: float | None = None
+    held: PartsHeld | None = None
+    flushed_step: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """As `status --json` shows it (`checkpoint`)."""
+        return {"directory": self.directory, "validator": self.validator, "complete": self.complete,
+                "step": self.step, "path": self.path, "written_at": self.written_at,
+                "tiers": self.held.to_json() if self.held is not None else None, "flushed_step": self.flushed_step}
+
+
+@dataclass(frozen=True)
 class RunStatus:
     """What `clusterctl status` shows of one run; `to_json()` is its `--json`."""
 
@@ -130,6 +156,31 @@ class RunStatus:
     """What the latest job's in-allocation agent last saw of its nodes (None: no agent, or none written)."""
     last_resume: Resumed | None = None
     """The run's newest resume from multi-level checkpoints (None: none journaled)."""
+    total_steps: int | None = None
+    """The spec's `[job] total_steps` (None: not set, or the spec was not read)."""
+    checkpoint: CheckpointStatus | None = None
+    """The newest complete checkpoint (None: no checkpoint directory, or not read: an ended run in a listing)."""
+    goodput: Goodput | None = None
+    """The run's goodput so far, as `report` accounts it (None: not read: an ended run in a listing)."""
+    looked_at: float | None = None
+    """When this status was gathered (epoch s; not in the JSON: ages are counted from it)."""
+
+    @property
+    def live(self) -> bool:
+        """The run goes on: its journal has no end (a run without a supervisor has none: it goes on as long as
+        one looks at it)."""
+        return self.state not in RUN_ENDS
+
+    @property
+    def eta(self) -> Eta:
+        """When the training ends, at the steps/s the job's agent measured (launcher/pure/eta.py)."""
+        training = self.agent.training if self.agent is not None else None
+        step = self.agent.max_step if self.agent is not None else None
+        goodput = self.goodput.goodput if self.goodput is not None else None
+        running = self.state in ("RUNNING", "COMPLETING")
+        why = "" if running else f"the run {self.state}" if self.state in RUN_ENDS else f"the job is {self.state}"
+        return eta(self.total_steps, step, training.steps_per_s if training is not None else None, goodput,
+                   not_training=why, finished=self.state == "done")
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "name": self.name, "state": self.state, "message": self.message,
@@ -138,7 +189,14 @@ class RunStatus:
                 "stragglers": [straggler_json(s) for s in self.stragglers],
                 "step_times": self.step_times.to_json() if self.step_times is not None else None,
                 "agent": self.agent.to_json() if self.agent is not None else None,
-                "last_resume": resumed_json(self.last_resume) if self.last_resume is not None else None}
+                "last_resume": resumed_json(self.last_resume) if self.last_resume is not None else None,
+                "eta": self.eta.to_json(),
+                "checkpoint": self.checkpoint.to_json() if self.checkpoint is not None else None,
+                "goodput": self.goodput.to_json() if self.goodput is not None else None}
+
+
+RUN_ENDS = frozenset(str(kind) for kind in END_KINDS)
+"""The run states its journal's end gives (done, stopped, cancelled)."""
 
 
 def best_report(job_id: str, queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport]) -> JobReport | None:
@@ -168,9 +226,12 @@ def stragglers_of(events: Sequence[RunEvent]) -> tuple[StragglerFound, ...]:
 
 def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[str, JobRankMap],
                queue: Mapping[str, JobReport], accounting: Mapping[str, JobReport],
-               step_times: NodeStepTimes | None = None, agent: AgentSummary | None = None) -> RunStatus:
+               step_times: NodeStepTimes | None = None, agent: AgentSummary | None = None, *,
+               total_steps: int | None = None, checkpoint: CheckpointStatus | None = None,
+               goodput: Goodput | None = None, looked_at: float | None = None) -> RunStatus:
     """The status of the run at `run_path` from its journal's `events`, the `rank_maps` its jobs wrote
-    (by job id), Slurm's `queue` and `accounting`, and the latest job's per-node step times."""
+    (by job id), Slurm's `queue` and `accounting`, the latest job's per-node step times and agent summary,
+    the spec's total step count, the newest checkpoint, the goodput so far, and when it was looked at."""
     attempts: list[AttemptStatus] = []
     for attempt in attempts_of(events):
         report = best_report(attempt.job_id, queue, accounting)
@@ -194,7 +255,8 @@ def run_status(run_path: Path, events: Sequence[RunEvent], rank_maps: Mapping[st
                      message=ended[-1].message if ended else "", attempts=tuple(attempts),
                      in_allocation=tuple(e for e in events if isinstance(e, RecoveredInAllocation)),
                      stragglers=stragglers_of(events), step_times=step_times, agent=agent,
-                     last_resume=(resumes_of(events) or (None,))[-1])
+                     last_resume=(resumes_of(events) or (None,))[-1], total_steps=total_steps,
+                     checkpoint=checkpoint, goodput=goodput, looked_at=looked_at)
 
 
 def agent_line(summary: AgentSummary) -> str:
@@ -257,6 +319,70 @@ def training_line(summary: AgentSummary) -> str | None:
     return f"job {summary.job_id} training (last {t.window_s:g} s): " + ", ".join(parts)
 
 
+def eta_text(e: Eta) -> str:
+    """The ETA in words: "ETA 2.1 h: 3,800 steps left at 0.52 steps/s (2.3 h at the run's goodput so far,
+    91%)", "ETA: done (step 5,000 of 5,000)", "ETA unknown: set [job] total_steps in the spec"."""
+    if e.state == DONE:
+        shown = f"step {e.step:,} of {e.total_steps:,}" if e.step is not None and e.total_steps is not None else ""
+        return "ETA: done" + (f" ({shown})" if shown else "")
+    if e.state != ESTIMATE or e.seconds is None or e.steps_per_s is None:
+        return f"ETA unknown: {e.why}"
+    text = f"ETA {duration_text(e.seconds)}: {e.steps_left:,} steps left at {e.steps_per_s:.3g} steps/s"
+    if e.seconds_at_goodput is not None and e.goodput is not None:
+        text += f" ({duration_text(e.seconds_at_goodput)} at the run's goodput so far, {_percent(e.goodput)})"
+    return text
+
+
+def _percent(fraction: float) -> str:
+    return f"{100 * fraction:.0f}%"
+
+
+def _age(written_at: float | None, now: float | None) -> str:
+    """ ", 4.8 min ago" from the time a thing was written; '' when either is unknown."""
+    if written_at is None or now is None:
+        return ""
+    return f", {duration_text(max(0.0, now - written_at))} ago"
+
+
+def checkpoint_text(c: CheckpointStatus, now: float | None = None, *, short: bool = False) -> str:
+    """The newest complete checkpoint in words, its age counted to `now` (None: no age shown).  `short` (one
+    line of the watch): "checkpoint step 1200 saved 4.8 min ago (parts of 12 nodes: 12 on their node, 12 on a
+    buddy, 0 on shared storage)"; else with when it was saved and where it is."""
+    if c.step is None:
+        return "no complete checkpoint yet" + ("" if short else f" in {c.directory}")
+    held = c.held
+    where = ""
+    if held is not None:
+        where = (f"parts of {held.parts} node{'' if held.parts == 1 else 's'}: {held.local} on their node, "
+                 f"{held.buddy} on a buddy, {held.shared} on shared storage")
+    if short:
+        age = _age(c.written_at, now)
+        return f"checkpoint step {c.step}" + (f" saved{age[1:]}" if age else "") + (f" ({where})" if where else "")
+    saved = f" (saved {utc(c.written_at)}{_age(c.written_at, now)})" if c.written_at is not None else ""
+    text = f"newest complete checkpoint: step {c.step}{saved}"
+    if held is None:
+        return text + f": {c.path}"
+    flushed = ("none yet" if c.flushed_step is None else
+               f"step {c.flushed_step}" + (f" ({c.path})" if c.flushed_step == c.step and c.path else ""))
+    return text + f"; {where}; newest flushed whole to shared storage: {flushed}"
+
+
+def goodput_text(g: Goodput, *, so_far: bool = True, short: bool = False) -> str:
+    """The goodput in words: "goodput so far 85% (5.7 min training of 6.7 min since the first submission;
+    lost: queue 30.0 s, work redone 31.0 s, restarts 17.8 s, slow nodes 12.5 s)"; `short`: the first words."""
+    label = "goodput so far" if so_far else "goodput"
+    if g.goodput is None:
+        return f"{label} unknown (no wall time since the first submission yet)"
+    text = f"{label} {_percent(g.goodput)}"
+    if short:
+        return text
+    lost = [f"{what} {duration_text(seconds)}" for what, seconds in (
+        ("queue", g.queue_seconds), ("work redone", g.redone_seconds), ("restarts", g.restart_overhead_seconds),
+        ("slow nodes", g.slow_node_seconds)) if seconds > 0]
+    return (text + f" ({duration_text(g.productive_seconds)} training of {duration_text(g.wall_seconds)} since "
+            "the first submission" + (f"; lost: {', '.join(lost)})" if lost else ")"))
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.3g}"
 
@@ -280,8 +406,23 @@ def step_time_table(step_times: NodeStepTimes) -> Group:
     return Group(*parts)
 
 
-def status_renderables(status: RunStatus) -> Group:
-    """The status for a terminal."""
+def progress_lines(status: RunStatus, now: float | None = None) -> list[str]:
+    """The lines of how far the run got, as `status` shows them below the agent's: the ETA (while the run goes
+    on), the newest checkpoint (its age while the run goes on, counted to `now`, default when the status was
+    gathered) and the goodput so far."""
+    lines = []
+    live = status.live
+    if live:
+        lines.append(eta_text(status.eta))
+    if status.checkpoint is not None:
+        lines.append(checkpoint_text(status.checkpoint, (now if now is not None else status.looked_at) if live else None))
+    if status.goodput is not None:
+        lines.append(goodput_text(status.goodput, so_far=live))
+    return lines
+
+
+def status_renderables(status: RunStatus, now: float | None = None) -> Group:
+    """The status for a terminal (ages counted to `now`, default when the status was gathered)."""
     title = Text.assemble(plain(status.name, "bold"), plain(f"  {status.state}  {status.run}"))
     parts: list[RenderableType] = [title]
     if status.message:
@@ -319,6 +460,7 @@ def status_renderables(status: RunStatus) -> Group:
         parts.append(plain(agent_line(status.agent)))
         if (training := training_line(status.agent)) is not None:
             parts.append(plain(training))
+    parts += [plain(line) for line in progress_lines(status, now)]
     if status.step_times:
         parts.append(step_time_table(status.step_times))
     return Group(*parts)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from pathlib import Path
 
-from clusterctl.errors import LayoutError, RunError
+from clusterctl.errors import HostlistError, LayoutError, RunError
 from clusterctl.launcher.shared.checkpoints import find_checkpoints
 from clusterctl.launcher.pure.parallel import ParallelLayout, layout_from_mapping
 from clusterctl.launcher.pure.render import SlurmFacts, SubmitRequest
@@ -23,13 +23,17 @@ from clusterctl.launcher.shared.runs import (
     RunDir, attempts_of, check_new_run_path, create_run, find_run_of_job, list_runs, unique_run_path,
 )
 from clusterctl.launcher.pure.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
-from clusterctl.launcher.login.status import RunStatus, run_status
+from clusterctl.launcher.login.status import CheckpointStatus, RunStatus, best_report, run_status
+from clusterctl.launcher.login.status_reads import Looks, run_checkpoints, run_spec, slow_node_seconds
+from clusterctl.launcher.pure.goodput import Goodput, run_goodput
 from clusterctl.launcher.login.code_version import GitDoor, run_git
 from clusterctl.launcher.login.submit import gather_facts, prepare, submit_attempt
 from clusterctl.records.agent_summary import read_agent_summary
 from clusterctl.records.experiment_record import experiment_record_path, read_experiment_record
 from clusterctl.records.node_step_times import NodeStepTimes, read_node_step_times
-from clusterctl.records.run_journal import EventKind, RunEnded, RunEvent
+from clusterctl.records.run_journal import (
+    Decided, EventKind, RecoveredInAllocation, RunEnded, RunEvent, SlurmTimes,
+)
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
@@ -161,13 +165,17 @@ class JobQueries(Protocol):
 
 
 def gather_status(runs: Sequence[RunDir], slurm: JobQueries, say: Callable[[str], None],
-                  skip_damaged: bool = False) -> list[RunStatus]:
+                  skip_damaged: bool = False, *, looks: dict[Path, Looks] | None = None,
+                  now: float | None = None) -> list[RunStatus]:
     """The status of each run: its journal and rank maps joined with one squeue (and sacct for the rest).
 
     A rank map this clusterctl cannot read is shown as missing, with a note through `say`; a
     damaged journal line, with a warning saying what it may have cost.  With
     `skip_damaged` (listing every run), a run whose journal cannot be read is left out with a note
-    instead of ending the listing; without it, its RecordError is the answer.
+    instead of ending the listing, and an ended run's checkpoints and goodput are not read (`report`'s);
+    without it, its RecordError is the answer.  `looks`: by run, what was read before and is read again only
+    when it changed (the watch keeps them from one look to the next); `now`: the time of the look (goodput so
+    far, ages; default the run's clock).
     """
     journals = {}
     for run in runs:
@@ -205,8 +213,54 @@ def gather_status(runs: Sequence[RunDir], slurm: JobQueries, say: Callable[[str]
                 agent = read_agent_summary(job_dir)
             except (RecordError, OSError) as exc:
                 say(f"note: {exc}")
-        statuses.append(run_status(run.path, journals[run.path], rank_maps, queue, accounting, step_times, agent))
+        events = journals[run.path]
+        at = now if now is not None else run.now()
+        progress = RunProgress()
+        if not (skip_damaged and any(isinstance(e, RunEnded) for e in events)):
+            run_looks = looks.setdefault(run.path, Looks()) if looks is not None else Looks()
+            progress = run_progress(run, events, run_looks, queue, accounting, step_times, at, say)
+        statuses.append(run_status(run.path, events, rank_maps, queue, accounting, step_times, agent,
+                                   total_steps=progress.total_steps, checkpoint=progress.checkpoint,
+                                   goodput=progress.goodput, looked_at=at))
     return statuses
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """How far a run got (each None: not known, or not read)."""
+
+    total_steps: int | None = None
+    checkpoint: CheckpointStatus | None = None
+    goodput: Goodput | None = None
+
+
+def run_progress(run: RunDir, events: Sequence[RunEvent], looks: Looks, queue: Mapping[str, JobReport],
+                 accounting: Mapping[str, JobReport], step_times: NodeStepTimes | None, now: float,
+                 say: Callable[[str], None]) -> RunProgress:
+    """How far the run got, for `run_status`: the spec's total step count, the newest checkpoint (with tiers:
+    where its parts are, the running job's nodes present) and the goodput so far (`report`'s account, with
+    Slurm's times of the jobs no supervisor has decided on yet)."""
+    spec = run_spec(looks, run, say)
+    if spec is None:
+        return RunProgress()
+    jobs = [a.job_id for a in attempts_of(events)]
+    latest = best_report(jobs[-1], queue, accounting) if jobs else None
+    present = None
+    if latest is not None and latest.state == "RUNNING" and latest.nodes:
+        given_back = {node for e in events if isinstance(e, RecoveredInAllocation) and e.job_id == jobs[-1]
+                      for node in e.given_back}
+        try:
+            present = [node for node in hostlist.expand(latest.nodes) if node not in given_back]
+        except HostlistError:
+            present = None
+    checkpoints = run_checkpoints(looks, run, spec, jobs[-1] if jobs else None, present, say)
+    decided = {e.job_id for e in events if isinstance(e, Decided) and e.job_id is not None}
+    slurm_times = {job: SlurmTimes(r.submit_time or None, r.start_time or None, r.end_time or None)
+                   for job in jobs if job not in decided and (r := best_report(job, queue, accounting)) is not None}
+    slow = slow_node_seconds(looks, run, jobs[:-1]) + (step_times.lost_s if step_times is not None else 0.0)
+    goodput = run_goodput(events, checkpoints.complete if checkpoints is not None else (), now, slow,
+                          spec.checkpoint.tiers, slurm_times)
+    return RunProgress(spec.job.total_steps, checkpoints.newest if checkpoints is not None else None, goodput)
 
 
 def gather_report(run: RunDir, now: float) -> RunReport:

@@ -4,9 +4,12 @@ One place builds what is shown (`gather_status` → `RunStatus`, as `status` doe
 when to read again and what is new, and the views only render.  The loop (`watch_run`) takes its
 reads, its clock and its view as Protocols, so a test drives it with a fake clock and fake files.
 
-Cost per watcher per interval: one stat of the journal, the agent's summary and the step-time table;
-the journal's new bytes only (read from the last offset); the status model rebuilt only when a stat
-changed; Slurm (squeue, and sacct for jobs the controller has forgotten) at most once per
+Cost per watcher per interval: one stat of the journal, the agent's summary and the step-time table, and
+of what tells a new checkpoint (`checkpoints.markers`: the checkpoint directory, its candidates newer than
+the newest complete one, Megatron's tracker; with tiers `tiers/` and the job's inventory); the journal's
+new bytes only (read from the last offset); the status model rebuilt only when a stat changed, and in it
+the checkpoints, the spec and the earlier jobs' step-time tables read again only when theirs changed
+(`status_reads.Looks`); Slurm (squeue, and sacct for jobs the controller has forgotten) at most once per
 `SLURM_EVERY_S`, never more often than `clusterctl status` itself asks.
 """
 
@@ -20,7 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from clusterctl.launcher.login.status import RunStatus, resume_where, training_line
+from clusterctl.launcher.login.status import (
+    RunStatus, checkpoint_text, eta_text, goodput_text, resume_where, training_line,
+)
+from clusterctl.launcher.login.status_reads import Looks
 from clusterctl.launcher.login.use_cases import JobQueries, gather_status
 from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
 from clusterctl.launcher.shared.runs import RunDir
@@ -43,7 +49,6 @@ END_STATES = frozenset(str(kind) for kind in END_KINDS)
 """The run states that say its journal has its end (done, stopped, cancelled)."""
 RECENT_EVENTS = 8
 """Journal events the live view keeps below the status (the plain and JSON views print each once)."""
-ETA_UNKNOWN = "ETA unknown: neither the spec nor the program names a total step count"
 WATCH_FAILED_EXIT = 1
 """The run ended otherwise than done (stopped, cancelled, its last job not COMPLETED)."""
 
@@ -104,8 +109,9 @@ def slowest_node(status: RunStatus) -> str | None:
     return f"slowest node {slow.node} at {slow.ratio:.2f}x the job"
 
 
-def status_line(status: RunStatus) -> str:
-    """The status in one line (the plain view's): state, training figures, the slowest node, ETA."""
+def status_line(status: RunStatus, now: float | None = None) -> str:
+    """The status in one line (the plain view's): state, training figures, the slowest node, the newest
+    checkpoint (its age counted to `now`; None: without its age), the goodput so far, the ETA."""
     parts = [f"{status.name} {status.state}"]
     if status.attempts:
         parts.append(f"attempt {status.attempts[-1].attempt} (job {status.attempts[-1].job_id})")
@@ -113,7 +119,11 @@ def status_line(status: RunStatus) -> str:
         parts.append(training)
     if (slow := slowest_node(status)) is not None:
         parts.append(slow)
-    parts.append(ETA_UNKNOWN)
+    if status.checkpoint is not None:
+        parts.append(checkpoint_text(status.checkpoint, now, short=True))
+    if status.goodput is not None:
+        parts.append(goodput_text(status.goodput, so_far=status.live, short=True))
+    parts.append(eta_text(status.eta))
     return printable("; ".join(parts))
 
 
@@ -195,17 +205,20 @@ def _stamp(path: Path) -> tuple[int, int] | None:
 
 @dataclass
 class RunFiles:
-    """WatchReads over a run directory: stat before reading, the journal from its last offset."""
+    """WatchReads over a run directory: stat before reading, the journal from its last offset, the rest of
+    what status reads (checkpoints, spec, earlier step-time tables) kept in `looks` while unchanged."""
 
     run: RunDir
     slurm: JobQueries
     say: Callable[[str], None]
+    now: Callable[[], float] = time.time
     offset: int = 0
     stamps: tuple[object, ...] = ()
     latest: RunStatus | None = None
 
     def __post_init__(self) -> None:
         self.answers = AnswersOnce(self.slurm)
+        self.looks: dict[Path, Looks] = {}
 
     def _files(self) -> list[Path]:
         files = [self.run.journal_path]
@@ -216,10 +229,11 @@ class RunFiles:
 
     def status(self, ask_slurm: bool) -> RunStatus | None:
         stamps = tuple(_stamp(p) for p in self._files())
-        if not ask_slurm and stamps == self.stamps:
+        looks = self.looks.get(self.run.path)
+        if not ask_slurm and stamps == self.stamps and (looks is None or not looks.changed()):
             return None
         self.answers.fresh = ask_slurm
-        self.latest = gather_status([self.run], self.answers, self.say)[0]
+        self.latest = gather_status([self.run], self.answers, self.say, looks=self.looks, now=self.now())[0]
         self.stamps = tuple(_stamp(p) for p in self._files())
         return self.latest
 

@@ -11,7 +11,7 @@ from rich.console import Group, RenderableType
 
 from clusterctl.clock import utc
 from clusterctl.launcher.login.status import RunStatus, status_renderables
-from clusterctl.launcher.login.watch import ETA_UNKNOWN, RECENT_EVENTS, slowest_node, status_line
+from clusterctl.launcher.login.watch import RECENT_EVENTS, slowest_node, status_line
 from clusterctl.terminal_view import plain, printable
 
 
@@ -24,6 +24,7 @@ class LineView:
     last: str = ""
 
     def status(self, at: float, status: RunStatus) -> None:
+        # The checkpoint's age grows with every look: a line is written when anything else changed.
         text = json.dumps(status.to_json(), sort_keys=True) if self.as_json else status_line(status)
         if text == self.last:
             return
@@ -31,7 +32,7 @@ class LineView:
         if self.as_json:
             self.write(json.dumps(watch_json_record(at, status), sort_keys=True))
         else:
-            self.write(f"{utc(at)} {text}")
+            self.write(f"{utc(at)} {status_line(status, at)}")
 
     def event(self, at: float, line: str) -> None:
         if self.as_json:
@@ -48,7 +49,8 @@ class LineView:
 
 @dataclass
 class LiveView:
-    """On a terminal: the status as `clusterctl status` draws it, the ETA, and the newest events."""
+    """On a terminal: the status as `clusterctl status` draws it (with the ETA, the newest checkpoint and its
+    age, the goodput so far), the slowest node, and the newest events."""
 
     update: Callable[[RenderableType], None]
     latest: RunStatus | None = None
@@ -57,10 +59,9 @@ class LiveView:
     def _draw(self, at: float) -> None:
         parts: list[RenderableType] = []
         if self.latest is not None:
-            parts.append(status_renderables(self.latest))
+            parts.append(status_renderables(self.latest, at))
             if (slow := slowest_node(self.latest)) is not None:
                 parts.append(plain(slow))
-        parts.append(plain(ETA_UNKNOWN))
         parts += [plain(line) for line in self.recent[-RECENT_EVENTS:]]
         parts.append(plain(f"as of {utc(at)}; Ctrl-C to stop watching (the run goes on)", "dim"))
         self.update(Group(*parts))

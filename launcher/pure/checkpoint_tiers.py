@@ -381,6 +381,47 @@ def _saved_checkpoints(copies: Iterable[CheckpointManifest], problems: Mapping[t
 
 
 @dataclass(frozen=True)
+class PartsHeld:
+    """Where the parts of checkpoint `step` are: of its `parts` (the slots of the map that saved it), how many
+    have a copy on the node that saved it (`local`), on another node (`buddy`), on shared storage (`shared`),
+    counting the nodes not gone.  `saved_at`: when its last part was saved on its node (epoch s, that node's
+    clock), else its newest copy's time; None when no copy says (a checkpoint known from complete.json alone)."""
+
+    step: int
+    parts: int
+    local: int = 0
+    buddy: int = 0
+    shared: int = 0
+    saved_at: float | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """As `status --json` shows it (`checkpoint.tiers`)."""
+        return {"step": self.step, "parts": self.parts, "local": self.local, "buddy": self.buddy,
+                "shared": self.shared, "saved_at": self.saved_at}
+
+
+def parts_held(copies: Iterable[CheckpointManifest], step: int, gone: Iterable[str] = ()) -> PartsHeld:
+    """Where the parts of checkpoint `step` are held, from every copy known (the nodes' holdings and shared
+    storage's complete.json), the copies on the nodes `gone` not counted."""
+    lost = frozenset(gone)
+    slots = 0
+    held: dict[str, set[int]] = {tier: set() for tier in ("local", "buddy", "shared")}
+    saved: dict[str, float] = {"local": 0.0, "any": 0.0}
+    for copy in copies:
+        if copy.step != step:
+            continue
+        slots = max(slots, copy.slots)
+        if copy.held_on is not None and copy.held_on in lost:
+            continue
+        held[copy.tier].add(copy.slot)
+        saved["any"] = max(saved["any"], copy.written_at)
+        if copy.tier == "local":
+            saved["local"] = max(saved["local"], copy.written_at)
+    return PartsHeld(step, slots, len(held["local"]), len(held["buddy"]), len(held["shared"]),
+                     saved["local"] or saved["any"] or None)
+
+
+@dataclass(frozen=True)
 class SlotSource:
     """Where the node in one slot of a new map finds that slot's shards: `tier` `local` (its own copy),
     `buddy` (the copy of `of_node`'s shards held on node `held_on`, fetched over the network),

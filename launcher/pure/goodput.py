@@ -14,17 +14,24 @@ checkpoint and MTBF the observed run time per node failure.  C is the median of 
 times: the save to shared storage, or with multi-level checkpoints (`tiers`) the local save (the slowest
 node's, from complete.json), since the copy to the buddy and the flush to shared storage run behind
 training.  `checkpoint_cost_source` says which.
+
+`report` accounts a run from its journal alone; `status` (`run_goodput`) accounts it so far, with Slurm's
+times of the attempts no supervisor has decided on yet (the running one), so that the same run gives the
+same goodput to both once it has ended.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from types import MappingProxyType
 from typing import Any
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint
+from clusterctl.launcher.pure.restart_policy import AttemptState, replay
+from clusterctl.records.run_journal import OutcomeKind, RecoveredInAllocation, RunEvent, SlurmTimes
 
 COST_SAVE = "save"
 """The checkpoint's cost is its save to shared storage (the program's own)."""
@@ -173,3 +180,34 @@ def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint],
     advice = young_daly(cost, mtbf) if cost is not None and mtbf is not None else None
     return Goodput(wall, productive, redone, queue, overhead, productive / wall if wall > 0 else None, failures,
                    mtbf, cost, interval, advice, slow, COST_LOCAL_SAVE if tiers else COST_SAVE)
+
+
+def attempt_times(attempt: AttemptState, slurm: SlurmTimes | None = None) -> AttemptTimes:
+    """One attempt's clock readings: those its `decided` event kept, or, for an attempt not decided yet (it runs,
+    or it ended and no supervisor has decided yet), `slurm`'s times of its job (never counted as failed: what
+    its end was is not decided).  The journal's sbatch time is sub-second, Slurm's are whole seconds: it is
+    taken for the submission when there."""
+    decided = attempt.decided
+    times = decided.times if decided is not None else slurm
+    return AttemptTimes(attempt.number, attempt.submitted_at or (times.submit if times else None) or 0.0,
+                        (times.start if times else None) or 0.0, (times.end if times else None) or 0.0,
+                        decided is not None and decided.outcome != OutcomeKind.COMPLETED,
+                        decided is not None and decided.outcome == OutcomeKind.NODE_FAILURE)
+
+
+def restarts_of(recoveries: Sequence[RecoveredInAllocation]) -> list[InAllocationRestart]:
+    """The restarts inside allocations as `account` counts them: when each new step started, and how long the
+    restart took (the sum of its phases)."""
+    return [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases)) for e in recoveries]
+
+
+def run_goodput(events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint], now: float,
+                slow_node_seconds: float = 0.0, tiers: bool = False,
+                slurm: Mapping[str, SlurmTimes] = MappingProxyType({})) -> Goodput:
+    """The run's goodput so far from its journal's `events`, its complete checkpoints, the seconds its jobs lost
+    to slow nodes and Slurm's times of the jobs no supervisor has decided on yet (`slurm`, by job id): what
+    `report` accounts, with the running attempt counted from its start, not as queue time."""
+    attempts = replay(events).attempts
+    times = [attempt_times(a, slurm.get(a.job_id) if a.job_id is not None else None) for a in attempts]
+    recoveries = [e for e in events if isinstance(e, RecoveredInAllocation)]
+    return account(times, list(checkpoints), now, restarts_of(recoveries), slow_node_seconds, tiers)

@@ -92,6 +92,9 @@ FIELDS: tuple[Field, ...] = (
           "in, the MFU that `clusterctl status` shows is measured against (e.g. 989 for an H100 SXM in BF16); "
           "default: from the GPU model NVML names on the nodes (A100, H100, H200, B200, GB200), else no MFU.",
           minimum=0.001, maximum=1e6),
+    Field("job", "total_steps", "int", "The step the training ends at (the step the program's last "
+          "clusterctl.progress.beat reports): `clusterctl status` and its --watch show an ETA from it and the steps/s "
+          "measured; default: no ETA.", minimum=1, maximum=10**15),
     Field("launch", "command", "argv", "What each rank runs, as an argv list (no shell): "
           "['python3', 'train.py', '--lr', '3e-4']; '{run_dir}', '{checkpoint_dir}', '{tp}', '{pp}', '{dp}', "
           "'{cp}', '{ep}' are replaced.",
@@ -233,6 +236,7 @@ class JobSection:
     sbatch_options: tuple[str, ...] = ()
     data_version: str | None = None
     gpu_peak_tflops: float | None = None
+    total_steps: int | None = None
 
 
 @dataclass(frozen=True)

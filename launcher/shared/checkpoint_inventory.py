@@ -12,6 +12,11 @@ Two files, both written by the job's agent (launcher/job/checkpoint_plan.py), ne
   adds `save_seconds`: what saving the checkpoint stalled training, the slowest slot's local save (null when
   no slot's is known), which `report`'s Young/Daly advice takes as the checkpoint's cost.  Version 1 files
   (an older agent's, kept on shared storage) are still read, without it.
+
+What both tell of the newest checkpoint complete across the tiers is asked of one place: the agent's resume
+(launcher/job/checkpoint_plan.py) and `clusterctl status` (launcher/login/status_reads.py) turn them into copies
+(`copies_of`, `flushed_copies`), count as gone the nodes not present (`gone_from`), plan with
+`checkpoint_tiers.plan_resume_from_copies` and name the chosen checkpoint with `tiers_checkpoint`.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from clusterctl.files import atomic_write
+from clusterctl.launcher.pure.checkpoint import Checkpoint
+from clusterctl.launcher.pure.checkpoint_tiers import ResumePlan
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings
+from clusterctl.records.checkpoint_manifest import CheckpointManifest
 from clusterctl.records.versioned import (
     RecordError, check_header, field, header, node_field, read_json_record, refuse_unknown, seconds_field, whole_field,
 )
@@ -172,3 +180,39 @@ def flushed_checkpoints(shared_dir: str | Path) -> tuple[list[FlushedCheckpoint]
             continue
         good.append(flushed)
     return good, problems
+
+
+# ---- the copies a plan is made from ------------------------------------------------------------------
+
+def copies_of(holdings: CheckpointHoldings) -> tuple[CheckpointManifest, ...]:
+    """A node's holdings as the copies they are (shards not listed: they are verified where loaded)."""
+    return tuple(CheckpointManifest(step=h.step, of_node=h.of_node, tier=h.tier,
+                                    held_on=None if h.tier == "shared" else holdings.node, shards=(),
+                                    written_at=h.written_at, save_seconds=h.save_seconds, slot=h.slot, slots=h.slots)
+                 for h in holdings.copies)
+
+
+def flushed_copies(flushed: FlushedCheckpoint) -> tuple[CheckpointManifest, ...]:
+    """A checkpoint marked complete on shared storage as one shared copy per slot."""
+    return tuple(CheckpointManifest(step=flushed.step, of_node=node, tier="shared", held_on=None, shards=(),
+                                    written_at=0.0, save_seconds=0.0, slot=slot, slots=len(flushed.nodes))
+                 for slot, node in enumerate(flushed.nodes))
+
+
+def gone_from(copies: Iterable[CheckpointManifest], present: Iterable[str]) -> set[str]:
+    """The nodes the copies name (whose part, or held where) that are not `present`: their tiers are gone."""
+    named: set[str] = set()
+    for copy in copies:
+        named.add(copy.of_node)
+        if copy.held_on is not None:
+            named.add(copy.held_on)
+    return named - set(present)
+
+
+def tiers_checkpoint(plan: ResumePlan, shared_dir: str | Path) -> Checkpoint | None:
+    """The checkpoint a plan chose (None: none), as the supervisor, the agent and `status` name it: its folder
+    on shared storage (which holds it only once flushed) and what the nodes' tiers give of it (`from_tiers`)."""
+    if plan.step is None:
+        return None
+    path = str(step_dir(shared_dir, plan.step))
+    return Checkpoint(path, plan.step, "tiers", from_tiers=plan.from_tiers(path))

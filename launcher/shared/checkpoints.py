@@ -13,12 +13,16 @@ A checkpoint is complete when the marker its writer puts down *last* is there an
 
 Anything else — a temp directory, a manifest that does not parse, a checksum that does not
 match — is skipped, and the reason is reported so the supervisor can log it.
+
+`markers` says what to stat to learn, without reading a checkpoint, that a newer one may have become
+complete (what `clusterctl status --watch` stats each interval).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -179,3 +183,34 @@ def resume_point(directory: str | None, validator: str, say: Callable[[str], Non
     for item in skipped:
         say(f"skipping checkpoint {item.path}: {item.why}")
     return best
+
+
+MAX_MARKED = 16
+"""Candidates newer than the newest complete checkpoint that `markers` names (the newest of them)."""
+
+
+def markers(directory: Path, validator: str = "auto", above: int | None = None) -> list[tuple[Path, int | None]]:
+    """What to stat to learn that a checkpoint newer than step `above` may have become complete, without reading
+    one: each path with its step (None for a path that is not one checkpoint's).  The folder the validator lists
+    (a checkpoint renamed into place or a new candidate changes it: `tiers/` with tiers), every candidate in it
+    of a step above `above` (its marker lands inside it: manifest.json, .metadata, complete.json; the newest
+    MAX_MARKED), and Megatron's tracker file.  One listing of that folder; nothing below it is read."""
+    listed = directory / TIERS_DIR if validator == "tiers" else directory
+    found: list[tuple[Path, int | None]] = [(listed, None)]
+    if validator in ("auto", "megatron"):
+        found.append((directory / "latest_checkpointed_iteration.txt", None))
+    if validator == "megatron":
+        return found
+    try:
+        entries = list(os.scandir(listed))
+    except OSError:
+        return found
+    newer = []
+    for entry in entries:
+        step = _step_of(entry.name)
+        if step is None or entry.name.startswith(".") or (above is not None and step <= above):
+            continue
+        if validator == "tiers" and not entry.name.startswith("step-"):
+            continue
+        newer.append((step, entry.name))
+    return found + [(listed / name, step) for step, name in sorted(newer)[-MAX_MARKED:]]

@@ -151,6 +151,16 @@ def test_status_json_and_text_are_pinned(root):
     assert_golden("views/status.txt", _invoke(root, "status", str(run)))
 
 
+def test_status_accounts_an_ended_runs_goodput_as_report_does_and_names_the_checkpoint_a_resume_would_take(root):
+    run = a_run_with_every_kind_of_event(root)
+
+    status = json.loads(_invoke(root, "status", str(run), "--json"))
+    report = json.loads(_invoke(root, "report", str(run), "--json"))
+    assert status["goodput"] == report["goodput"]
+    assert (status["checkpoint"]["step"], status["checkpoint"]["complete"]) == (
+        report["checkpoints"]["latest_step"], report["checkpoints"]["complete"])
+
+
 def test_report_json_and_text_are_pinned(root):
     run = a_run_with_every_kind_of_event(root)
 
