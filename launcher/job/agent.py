@@ -63,6 +63,7 @@ from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
 from clusterctl.launcher.pure.takeover import Takeover
 from clusterctl.records.agent_lease import AgentLease, current_lease, take_lease
 from clusterctl.records.agent_summary import AgentSummary, write_agent_summary
+from clusterctl.records.training_series import SERIES_NAME, append_training_point, point_of
 from clusterctl.launcher.pure.job_metrics_text import TEXTFILE_DIR_ENV, job_metrics_text, textfile_name
 from clusterctl.records.gpu_evidence import GpuEvidence
 from clusterctl.records.node_report import REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV
@@ -281,6 +282,9 @@ class Agent:
                  *, python: str = sys.executable, epoch: int = 1) -> None:
         self.run_dir, self.job_dir, self.spec, self.environ, self.doors = run_dir, job_dir, spec, environ, doors
         self.metrics_export_failed = False
+        self.series_failed = False
+        self.series_last: tuple[str, int] | None = None
+        """(launch, step) of the last point appended to the job's training series."""
         self.python = python
         self.job_id = environ["SLURM_JOB_ID"]
         self.allocated = tuple(hostlist.expand(environ["SLURM_JOB_NODELIST"]))
@@ -368,7 +372,7 @@ class Agent:
             sweep = now >= next_sweep
             if now >= next_summary and watch is not None:
                 next_summary = now + max(SUMMARY_MIN_SECONDS, heartbeat)
-                self._summarize(launched, watch, signals)
+                self._summarize(launched, watch, signals, stragglers=stragglers)
                 if self.tiers is not None:
                     self.tiers.record_due()
             if not hinted and not sweep and now < next_judge:
@@ -441,8 +445,10 @@ class Agent:
         states.update(self._states([n for n in hinted if n not in states]))
         return states
 
-    def _summarize(self, launched: Launched, watch: SignalWatch, signals: Signals, state: str = "watching") -> None:
-        """Rewrite the agent summary the supervisor and `clusterctl status` read (one file per interval)."""
+    def _summarize(self, launched: Launched, watch: SignalWatch, signals: Signals, state: str = "watching",
+                   stragglers: StragglerWatch | None = None) -> None:
+        """Rewrite the agent summary the supervisor and `clusterctl status` read (one file per interval), and
+        append to the job's training series when the step moved (`stragglers`: the slowest node's step time)."""
         if self.tiers is not None:
             self.tiers.observe(watch.holdings())
         steps = [r.step for r in watch.records()]
@@ -462,8 +468,30 @@ class Agent:
             write_agent_summary(self.job_dir, summary)
         except OSError as exc:
             self.doors.say(f"cannot write the agent summary in {self.job_dir} ({exc.strerror}); watching on")
+        self._append_training(summary, stragglers)
         self._export_metrics(summary)
         self._check_in_charge()
+
+    def _append_training(self, summary: AgentSummary, stragglers: StragglerWatch | None) -> None:
+        """One point of the job's training series (`<job dir>/training-series.jsonl`), when the summary has
+        training figures and the step moved since the last point; a failure is said once, the job goes on."""
+        if summary.training is None or summary.max_step is None or \
+                (summary.launch, summary.max_step) == self.series_last:
+            return
+        slowest = stragglers.slowest if stragglers is not None else None
+        point = point_of(summary, (slowest.node, slowest.seconds) if slowest and slowest.seconds is not None else None,
+                         stragglers.reference if stragglers is not None else None)
+        if point is None:
+            return
+        try:
+            append_training_point(self.job_dir, point)
+        except OSError as exc:
+            if not self.series_failed:
+                self.doors.say(f"cannot append the job's training series to {self.job_dir / SERIES_NAME} "
+                               f"({exc.strerror}): `report --html` will draw its curves with gaps; watching on")
+            self.series_failed = True
+            return
+        self.series_last = (summary.launch, summary.max_step)
 
     def _export_metrics(self, summary: AgentSummary) -> None:
         """The summary's figures as a node_exporter textfile, when the job's environment names the
