@@ -3,7 +3,8 @@
 Every file one process writes and another reads goes through here: `atomic_write` for whole
 files (a reader sees the old or the new text, never half, even after a power cut) and
 `append_json_line` / `read_json_lines` for append-only journals (a crash mid-append leaves a
-torn last line, which the reader skips and reports).
+torn last line, which the reader skips and reports); `read_lines` streams a file too large to
+hold whole (a job's training series).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -52,22 +54,40 @@ def atomic_write(path: Path, text: str, *, mode: int = 0o644) -> Path:
     return path
 
 
-def append_json_line(path: Path, record: dict[str, Any], *, mode: int = 0o644) -> None:
-    """Append one JSON record as a line and make it durable before returning (a journal).
+def append_json_line(path: Path, record: dict[str, Any], *, mode: int = 0o644,
+                     torn_tail: Literal["keep", "cut"] = "keep") -> None:
+    """Append one JSON record as a line (O_APPEND, one write) and make it durable before returning.
 
-    After a torn last line (a crash mid-append) the record starts on a line of its own: glued
-    to the torn one, it would be lost with it.
+    After a torn last line (a crash mid-append), `torn_tail` says what becomes of it: "keep" (a
+    journal, whose reader reports a damaged line with what it may have cost) starts the record on a
+    line of its own, since glued to the torn one it would be lost with it; "cut" (a series whose
+    reader refuses a damaged line anywhere but last) cuts the torn bytes off first.
     """
     line = json.dumps(record, sort_keys=True) + "\n"
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, mode)
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
-            line = "\n" + line
+            if torn_tail == "cut":
+                os.ftruncate(fd, _end_of_last_whole_line(fd, size))
+            else:
+                line = "\n" + line
         os.write(fd, line.encode())
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _end_of_last_whole_line(fd: int, size: int) -> int:
+    """The offset just past the file's last newline (0 when it has none), read backwards a block at a time."""
+    end = size
+    while end > 0:
+        start = max(0, end - (64 << 10))
+        at = os.pread(fd, end - start, start).rfind(b"\n")
+        if at >= 0:
+            return start + at + 1
+        end = start
+    return 0
 
 
 class UnreadableFileError(OSError):
@@ -85,15 +105,8 @@ class UnreadableFileError(OSError):
         return f"{self.path}: {self.reason}"
 
 
-def read_regular_file(path: Path, *, limit: int, follow_symlinks: bool = True) -> bytes:
-    """The bytes of the regular file at `path`, never more than `limit` of them.
-
-    Opened with O_NONBLOCK (a FIFO planted where a file should be must not block the reader),
-    and refused with UnreadableFileError when it is not a regular file (a directory, a FIFO, a
-    device) or holds more than `limit` bytes (checked while reading too: a file growing under
-    the reader is not read past it).  Without `follow_symlinks`, a symlink is refused (O_NOFOLLOW).
-    FileNotFoundError for a missing file; other OSErrors become UnreadableFileError.
-    """
+def _open_checked(path: Path, *, limit: int, follow_symlinks: bool) -> tuple[int, int]:
+    """An fd on the regular file at `path` and its size, refused as `read_regular_file` says."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
         fd = os.open(path, flags)
@@ -112,6 +125,23 @@ def read_regular_file(path: Path, *, limit: int, follow_symlinks: bool = True) -
         if info.st_size > limit:
             raise UnreadableFileError(path, f"{info.st_size} bytes, more than the {limit} this reader accepts; "
                                             "it is not a file clusterctl wrote (move it away)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, info.st_size
+
+
+def read_regular_file(path: Path, *, limit: int, follow_symlinks: bool = True) -> bytes:
+    """The bytes of the regular file at `path`, never more than `limit` of them.
+
+    Opened with O_NONBLOCK (a FIFO planted where a file should be must not block the reader),
+    and refused with UnreadableFileError when it is not a regular file (a directory, a FIFO, a
+    device) or holds more than `limit` bytes (checked while reading too: a file growing under
+    the reader is not read past it).  Without `follow_symlinks`, a symlink is refused (O_NOFOLLOW).
+    FileNotFoundError for a missing file; other OSErrors become UnreadableFileError.
+    """
+    fd, _ = _open_checked(path, limit=limit, follow_symlinks=follow_symlinks)
+    try:
         chunks: list[bytes] = []
         size = 0
         while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
@@ -122,6 +152,38 @@ def read_regular_file(path: Path, *, limit: int, follow_symlinks: bool = True) -
         return b"".join(chunks)
     except UnreadableFileError:
         raise
+    except OSError as exc:
+        raise UnreadableFileError(path, f"cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def read_lines(path: Path, *, limit: int, follow_symlinks: bool = True) -> Generator[bytes, None, None]:
+    """The lines of the regular file at `path`, one at a time (each with its newline, the last maybe
+    without): for files too large to hold whole.  Refused as `read_regular_file` refuses, at the first
+    line; the lines stop at `limit` bytes (the size it had when opened: a file growing meanwhile is
+    read as it was then, and a line being written past it is not seen half)."""
+    fd, size = _open_checked(path, limit=limit, follow_symlinks=follow_symlinks)
+    with os.fdopen(fd, "rb", buffering=1 << 20) as stream:
+        left = size
+        try:
+            for line in stream:
+                if len(line) >= left:
+                    yield line[:left]
+                    return
+                left -= len(line)
+                yield line
+        except OSError as exc:
+            raise UnreadableFileError(path, f"cannot read: {exc.strerror}") from None
+
+
+def read_tail(path: Path, size: int, *, limit: int, follow_symlinks: bool = True) -> tuple[int, bytes]:
+    """The last `size` bytes of the regular file at `path` (all of it when smaller), and the offset they
+    start at; refused as `read_regular_file` refuses (a file of more than `limit` bytes too)."""
+    fd, length = _open_checked(path, limit=limit, follow_symlinks=follow_symlinks)
+    try:
+        start = max(0, length - size)
+        return start, os.pread(fd, length - start, start)
     except OSError as exc:
         raise UnreadableFileError(path, f"cannot read: {exc.strerror}") from None
     finally:

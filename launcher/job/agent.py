@@ -66,6 +66,7 @@ from clusterctl.launcher.pure.job_metrics_text import job_metrics_text
 from clusterctl.job_metrics_file import (
     AdminSetting, destination, directory_problem, read_admin_setting, remove_textfile, textfile_name, write_textfile,
 )
+from clusterctl.records.training_series import SERIES_NAME, append_training_point, point_of
 from clusterctl.records.gpu_evidence import GpuEvidence
 from clusterctl.records.node_report import REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV
 from clusterctl.records.rank_map import RankMap
@@ -91,6 +92,8 @@ HINT_BACKOFF_MAX_SECONDS = 30.0
 after 1, 2, 4, ... up to this many seconds while the hint lasts."""
 SUMMARY_MIN_SECONDS = 2.0
 """The agent summary (`<job dir>/agent-summary.json`) is rewritten every max(this, heartbeat) s."""
+SERIES_MIN_SECONDS = 10.0
+"""The job's training series gets a point at most this often while the step runs (and at each state change)."""
 
 
 GC_THRESHOLD = (100_000, 50, 100)
@@ -304,6 +307,11 @@ class Agent:
         """Where the job's metrics file goes (node_exporter's textfile directory; None: nowhere)."""
         self.metrics_export_failed = False
         self.metrics_written = False
+        self.series_failed = False
+        self.series_at = float("-inf")
+        """When the last point was appended (the summary's time)."""
+        self.series_last: tuple[str, int] | None = None
+        """(launch, step) of the last point appended to the job's training series."""
         self.python = python
         self.job_id = environ["SLURM_JOB_ID"]
         self.allocated = tuple(hostlist.expand(environ["SLURM_JOB_NODELIST"]))
@@ -391,7 +399,7 @@ class Agent:
             sweep = now >= next_sweep
             if now >= next_summary and watch is not None:
                 next_summary = now + max(SUMMARY_MIN_SECONDS, heartbeat)
-                self._summarize(launched, watch, signals)
+                self._summarize(launched, watch, signals, stragglers=stragglers)
                 if self.tiers is not None:
                     self.tiers.record_due()
             if not hinted and not sweep and now < next_judge:
@@ -464,8 +472,10 @@ class Agent:
         states.update(self._states([n for n in hinted if n not in states]))
         return states
 
-    def _summarize(self, launched: Launched, watch: SignalWatch, signals: Signals, state: str = "watching") -> None:
-        """Rewrite the agent summary the supervisor and `clusterctl status` read (one file per interval)."""
+    def _summarize(self, launched: Launched, watch: SignalWatch, signals: Signals, state: str = "watching",
+                   stragglers: StragglerWatch | None = None) -> None:
+        """Rewrite the agent summary the supervisor and `clusterctl status` read (one file per interval), and
+        append to the job's training series when the step moved (`stragglers`: the slowest node's step time)."""
         if self.tiers is not None:
             self.tiers.observe(watch.holdings())
         steps = [r.step for r in watch.records()]
@@ -485,6 +495,7 @@ class Agent:
             write_agent_summary(self.job_dir, summary)
         except OSError as exc:
             self.doors.say(f"cannot write the agent summary in {self.job_dir} ({exc.strerror}); watching on")
+        self._append_training(summary, stragglers)
         self._export_metrics(summary)
         self._check_in_charge()
 
@@ -506,6 +517,30 @@ class Agent:
         self.doors.say(f"the job's metrics go to {chosen.directory / textfile_name(self.job_id)} (from "
                        f"{chosen.source}) while this agent runs")
         self.doors.on_terminate(self._withdraw_metrics)
+
+    def _append_training(self, summary: AgentSummary, stragglers: StragglerWatch | None) -> None:
+        """One point of the job's training series (`<job dir>/training-series.jsonl`), when the summary has
+        training figures and the step moved since the last point; a failure is said once, the job goes on."""
+        if summary.training is None or summary.max_step is None or \
+                (summary.launch, summary.max_step) == self.series_last:
+            return
+        if summary.state == "watching" and summary.at - self.series_at < SERIES_MIN_SECONDS:
+            return  # a small job's 2 s summaries: its rates are 30 s averages, a point each 10 s loses nothing
+        slowest = stragglers.slowest if stragglers is not None else None
+        point = point_of(summary, (slowest.node, slowest.seconds) if slowest and slowest.seconds is not None else None,
+                         stragglers.reference if stragglers is not None else None)
+        if point is None:
+            return
+        try:
+            append_training_point(self.job_dir, point)
+        except OSError as exc:
+            if not self.series_failed:
+                self.doors.say(f"cannot append the job's training series to {self.job_dir / SERIES_NAME} "
+                               f"({exc.strerror}): `report --html` will draw its curves with gaps; watching on")
+            self.series_failed = True
+            return
+        self.series_last = (summary.launch, summary.max_step)
+        self.series_at = summary.at
 
     def _export_metrics(self, summary: AgentSummary) -> None:
         """The summary's figures as a node_exporter textfile (launcher/pure/job_metrics_text.py), when a

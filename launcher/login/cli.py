@@ -351,7 +351,8 @@ def report(run_dir: Path, as_json: bool, html_file: Path | None) -> None:
     now = time.time()
     document = gather_report(run, now)
     if html_file is not None:
-        _write_drawing("--html", html_file, report_html(document, now, gather_drawing(run)))
+        drawing = gather_drawing(run, lambda note: click.echo(f"clusterctl: {printable(note)}", err=True))
+        _write_drawing("--html", html_file, report_html(document, now, drawing))
         click.echo(f"clusterctl: drew the run to {printable(str(html_file))}", err=True)
     if as_json:
         click.echo(json.dumps(document.to_json(), indent=2, sort_keys=True))

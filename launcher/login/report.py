@@ -24,9 +24,11 @@ from clusterctl.launcher.pure.goodput import (
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.login.status import resume_where, resumed_json, resumes_of, straggler_json, stragglers_of
 from clusterctl.launcher.pure.checkpoint_tiers import resumed_text
+from clusterctl.launcher.pure.training_curves import training_line
 from clusterctl.table_view import Column, TextTable
 from clusterctl.terminal_view import plain
 from clusterctl.records.experiment_record import CodeVersion, ExperimentRecord
+from clusterctl.records.training_series import TrainingPoint
 from clusterctl.records.run_journal import (
     BlamedNode, DecisionAction, OutcomeKind, RecoveredInAllocation, Resumed, RunEvent, StragglerFound,
 )
@@ -191,6 +193,10 @@ class RunReport:
     """What each attempt ran (its experiment record), oldest first."""
     lost: tuple[LostSpan, ...] = ()
     """Where the time `goodput` counts as lost went, span by span (queue, work redone, restarts)."""
+    training: tuple[TrainingPoint, TrainingPoint] | None = None
+    """The first and the newest point of the jobs' training series (None: none kept one)."""
+    training_problems: tuple[str, ...] = ()
+    """What could not be read of those series."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "state": self.state, "message": self.message,
@@ -204,19 +210,29 @@ class RunReport:
                                 "skipped": [{"path": s.path, "why": s.why} for s in self.skipped]},
                 "goodput": self.goodput.to_json(),
                 "restarts": {"used": self.restarts_used, "max": self.max_restarts},
-                "journal_warnings": list(self.journal_warnings)}
+                "journal_warnings": list(self.journal_warnings), "training": self._training_json()}
+
+    def _training_json(self) -> dict[str, Any] | None:
+        if self.training is None and not self.training_problems:
+            return None
+        first, last = self.training or (None, None)
+        return {"first": first.to_json() if first else None, "last": last.to_json() if last else None,
+                "problems": list(self.training_problems)}
 
 
 def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint],
                skipped: Sequence[Skipped], now: float, slow_node_seconds: float = 0.0,
                max_restarts: int | None = None, journal_warnings: Sequence[str] = (), tiers: bool = False,
-               experiment: Sequence[AttemptExperiment] = ()) -> RunReport:
+               experiment: Sequence[AttemptExperiment] = (),
+               training: tuple[TrainingPoint, TrainingPoint] | None = None,
+               training_problems: Sequence[str] = ()) -> RunReport:
     """The report of the run at `run_path` from its journal's `events`, the complete `checkpoints`
     (oldest first) and `skipped` ones found in its checkpoint directory, the seconds its jobs
     lost to slow nodes (their step-time tables), its spec's restart.max_restarts, and the warnings
     of the journal's damaged lines (shown first: every count below may be off by what they held).
     `tiers`: the spec has multi-level checkpoints on (the checkpoints' cost is the local save's).
-    `experiment`: each attempt's experiment record, oldest first."""
+    `experiment`: each attempt's experiment record, oldest first.  `training`: the first and the newest
+    point of the jobs' training series, and what could not be read of them."""
     state = replay(events)
     times = []
     attempts = []
@@ -238,7 +254,8 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                      stragglers=stragglers_of(events), checkpoints=tuple(checkpoints), skipped=tuple(skipped),
                      goodput=goodput, restarts_used=state.budget.restarts, max_restarts=max_restarts,
                      journal_warnings=tuple(journal_warnings), resumes=resumes_of(events),
-                     experiment=tuple(experiment), lost=lost_spans(times, list(checkpoints), now, restarts))
+                     experiment=tuple(experiment), lost=lost_spans(times, list(checkpoints), now, restarts),
+                     training=training, training_problems=tuple(training_problems))
 
 
 def report_renderables(report: RunReport) -> Group:
@@ -254,6 +271,9 @@ def report_renderables(report: RunReport) -> Group:
     parts.append(TextTable(tuple(Column(header) for header in ("attempt", "job", "ended", "outcome", "checkpoint",
                                                                "decision")), rows, boxed=False))
     parts += [plain(text, style) for text, style in experiment_lines(report.experiment)]
+    if report.training is not None:
+        parts.append(plain(training_line(*report.training)))
+    parts += [plain(f"warning: {problem}", "yellow") for problem in report.training_problems]
     for a in report.attempts:
         for b in a.blame:
             parts.append(plain(f"attempt {a.attempt}: blamed {b.node}: {b.reason}"))

@@ -1,10 +1,11 @@
 """`clusterctl report RUN --html FILE`: the run drawn on one self-contained HTML page (pure).
 
 `report_html(report, now, extra)` turns a `RunReport` (what `clusterctl report` shows) and what
-the run's files hold besides the journal (`RunSeries`: per-node step times, and the training curves
-where the program reported them) into one HTML page: a timeline of attempts, faults, recoveries and
-checkpoints; the time lost, by cause; the training curves; a per-node step-time heat map; and
-what happened, in words.  Inline SVG and CSS only: no script, nothing fetched, so the file opens
+the run's files hold besides the journal (`RunSeries`: per-node step times, and the loss, tokens/s
+and MFU curves of the jobs' training series, `run_series`) into one HTML page: a timeline of
+attempts, faults, recoveries and checkpoints; the time lost, by cause; the training curves on the
+timeline's axis, each fault and recovery a dashed line across them; a per-node step-time heat map;
+and what happened, in words.  Inline SVG and CSS only: no script, nothing fetched, so the file opens
 offline, attached to a ticket or mailed.
 
 Every text from outside (the run's path, job ids, node names, blame reasons, evidence, commands,
@@ -28,6 +29,7 @@ from typing import TypeVar
 from clusterctl import __version__
 from clusterctl.launcher.login.report import AttemptReport, RunReport, duration_text, experiment_lines
 from clusterctl.launcher.pure.goodput import LOST_QUEUE, LOST_REDONE, LOST_RESTART
+from clusterctl.launcher.pure.training_curves import TrainingCurves
 from clusterctl.records.node_step_times import NodeStepTime, NodeStepTimes
 from clusterctl.records.run_journal import OutcomeKind
 from clusterctl.text import one_line
@@ -79,6 +81,8 @@ class Series:
     source: str = ""
     from_zero: bool = False
     """Draw the value axis from 0 (a rate), not from the lowest value (a loss)."""
+    not_finite: tuple[tuple[float, str], ...] = ()
+    """Where the value was not a number (epoch s, what: `loss nan at step 1200`): marked, not drawn."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,32 @@ class RunSeries:
     step_times: tuple[NodeStepTimes, ...] = ()
     loss: Series | None = None
     throughput: Series | None = None
+    mfu: Series | None = None
+    recorded: bool = False
+    """Some job of the run kept a training series, whatever it held."""
+    unread: tuple[str, ...] = ()
+    """The jobs' series that could not be read, a sentence each (the curves leave them out)."""
+    notes: tuple[str, ...] = ()
+    """What else the curves leave out (a last line incomplete), a sentence each."""
+
+
+SERIES_SOURCE = "the jobs' training series (RUN/jobs/<job>/training-series.jsonl, {points:,} points)"
+
+
+def run_series(curves: TrainingCurves, step_times: Sequence[NodeStepTimes] = (), unread: Sequence[str] = (),
+               notes: Sequence[str] = ()) -> RunSeries:
+    """What the page draws of the run's training: its jobs' series joined (`training_curves.joined`), the
+    per-node step-time tables, and what could not be read.  Throughput is tokens/s where the program
+    reported tokens, else steps/s; MFU in percent."""
+    source = SERIES_SOURCE.format(points=curves.points)
+    loss = Series("loss", curves.loss, source, not_finite=tuple(
+        (at, f"loss {value} at step {step}") for at, step, value in curves.not_finite_loss)) \
+        if curves.loss or curves.not_finite_loss else None
+    throughput = Series("tokens/s", curves.tokens_per_s, source, from_zero=True) if curves.tokens_per_s else \
+        Series("steps/s", curves.steps_per_s, source, from_zero=True) if curves.steps_per_s else None
+    mfu = Series("MFU (%)", tuple((t, 100 * v) for t, v in curves.mfu), source, from_zero=True) if curves.mfu else None
+    return RunSeries(tuple(step_times), loss, throughput, mfu, recorded=curves.points > 0, unread=tuple(unread),
+                     notes=tuple(notes))
 
 
 def _text(value: object) -> str:
@@ -183,8 +213,10 @@ def _axis_svg(axis: _Axis, y: float, height: float) -> list[str]:
     return out
 
 
-def _time_domain(report: RunReport, now: float) -> _Axis | None:
-    """From the first submission to the last end (now, while an attempt runs); None before any attempt."""
+def _time_domain(report: RunReport, now: float, extra: RunSeries = RunSeries()) -> _Axis | None:
+    """From the first submission to the last end (now, while an attempt runs), or the newest point of a
+    training curve when later (Slurm's end is a whole second, cut; the agent's last summary may follow it);
+    None before any attempt."""
     # The journal's submission times, when there are any: Slurm's start times are whole seconds (cut),
     # so a start may read as before the submission.
     starts = [a.submitted_at for a in report.attempts if a.submitted_at] or [
@@ -192,6 +224,8 @@ def _time_domain(report: RunReport, now: float) -> _Axis | None:
     if not starts:
         return None
     ends = [a.ended_at if a.ended_at else now for a in report.attempts]
+    ends += [max(t for t, _ in series.points) for series in (extra.loss, extra.throughput, extra.mfu)
+             if series is not None and series.points]
     start = min(starts)
     end = max([*ends, start])
     return _Axis(start, end if end > start else start + 1.0)
@@ -429,7 +463,8 @@ def checkpoint_rate_series(report: RunReport) -> Series:
 
 
 def _pieces(points: Sequence[tuple[float, float]], breaks: Sequence[float]) -> list[list[tuple[float, float]]]:
-    """The points cut where an attempt ended between two of them: no line joins two jobs."""
+    """The points cut where an attempt ended or a step restarted between two of them: no line joins two
+    jobs, or the two sides of a restart."""
     pieces: list[list[tuple[float, float]]] = []
     for t, v in points:
         if not pieces or any(pieces[-1][-1][0] < b < t for b in breaks):
@@ -438,17 +473,43 @@ def _pieces(points: Sequence[tuple[float, float]], breaks: Sequence[float]) -> l
     return pieces
 
 
-def _curve_svg(series: Series, axis: _Axis, faults: Sequence[float], breaks: Sequence[float],
-               height: int = 120) -> str:
+@dataclass(frozen=True)
+class _Lines:
+    """The vertical lines every curve carries: faults, and the recoveries after them (epoch s, what)."""
+
+    faults: tuple[tuple[float, str], ...]
+    recoveries: tuple[tuple[float, str], ...]
+    breaks: tuple[float, ...]
+
+
+def _lines(report: RunReport, axis: _Axis) -> _Lines:
+    """The faults and the recoveries (resubmissions, restarts inside the allocation) of the run, at most one
+    of a kind per pixel and TIMELINE_MARKS of a kind; and where a curve's line is broken."""
+    def spread(kinds: tuple[str, ...]) -> tuple[tuple[float, str], ...]:
+        by_pixel: dict[int, tuple[float, str]] = {}
+        for m in marks:
+            if m.kind in kinds:
+                by_pixel.setdefault(round(axis.x(m.at)), (m.at, m.detail))
+        return tuple(_thin(sorted(by_pixel.values()), TIMELINE_MARKS)[0])
+
+    marks = [m for m in _marks(report) if axis.inside(m.at)]
+    # An attempt's end, a second on: Slurm's whole seconds (see _during); a restart inside the allocation.
+    breaks = [a.ended_at + 1.0 for a in report.attempts if a.ended_at]
+    breaks += [r.at for r in report.in_allocation]
+    return _Lines(spread(("fault",)), spread(("resubmit", "restart")), tuple(sorted(breaks)))
+
+
+def _curve_svg(series: Series, axis: _Axis, lines: _Lines, height: int = 120) -> str:
     points = thin_curve([(t, v) for t, v in series.points if axis.inside(t)]) or [(axis.start, 0.0)]
     top, bottom = 14, height - 18
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" class="curve" role="img" '
            f'aria-label="{_text(series.label)} over time">',
            f'<text x="8" y="{top + 10}" class="lane">{_text(series.label)}</text>']
     out += _axis_svg(axis, top, bottom - top)
-    for t in faults:
-        x = axis.x(t)
-        out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" class="fault-line"/>')
+    for kind, marked in (("fault-line", lines.faults), ("recovery-line", lines.recoveries)):
+        for t, _ in marked:
+            x = math.floor(axis.x(t)) + 0.5  # a pixel's middle: a 1-pixel line in its own colour, not two half-tones
+            out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" class="{kind}"/>')
     low = min(v for _, v in points)
     high = max(v for _, v in points)
     if series.from_zero and low > 0:
@@ -461,42 +522,71 @@ def _curve_svg(series: Series, axis: _Axis, faults: Sequence[float], breaks: Seq
 
     out.append(f'<text x="{LEFT - 6}" y="{top + 4}" text-anchor="end" class="tick">{_number(high)}</text>')
     out.append(f'<text x="{LEFT - 6}" y="{bottom}" text-anchor="end" class="tick">{_number(low)}</text>')
-    for piece in _pieces(points, breaks):
+    for piece in _pieces(points, lines.breaks) if series.points else []:
         path = " ".join(f"{axis.x(t):.1f},{y(v):.1f}" for t, v in piece)
         out.append(f'<polyline points="{path}" fill="none" stroke="{CURVE_COLOUR}" stroke-width="1.8"/>')
-    if len(points) <= 60:
+        if len(piece) == 1 and len(points) > 60:  # a piece of one point draws no line: a dot
+            out.append(f'<circle cx="{axis.x(piece[0][0]):.1f}" cy="{y(piece[0][1]):.1f}" r="2" fill="{CURVE_COLOUR}"/>')
+    if series.points and len(points) <= 60:
         out += [f'<circle cx="{axis.x(t):.1f}" cy="{y(v):.1f}" r="2.5" fill="{CURVE_COLOUR}">'
                 f"<title>{_text(series.label)} {_number(v)} at +{duration_text(t - axis.start)}</title></circle>"
                 for t, v in points]
+    for t, what in _thin([(t, w) for t, w in series.not_finite if axis.inside(t)], TIMELINE_MARKS)[0]:
+        out.append(f'<text x="{axis.x(t):.1f}" y="{top + 8}" text-anchor="middle" class="not-finite">NaN'
+                   f"<title>{_text(what)} at +{duration_text(t - axis.start)}</title></text>")
     out.append("</svg>")
     return "\n".join(out)
 
 
+NO_SERIES = ("no training curves: none of the run's jobs kept a training series (the job's agent appends one, "
+             "RUN/jobs/<job>/training-series.jsonl, while the program reports its loss or throughput through "
+             "clusterctl.progress.beat; a run made by an older clusterctl, a job without the agent, or a program "
+             "that reports none of it has none)")
+
+
 def curves_html(report: RunReport, axis: _Axis, extra: RunSeries) -> str:
-    """The loss, the throughput and the step reached, on the timeline's axis (a fault is a dashed line)."""
-    faults = [m.at for m in _marks(report) if m.kind == "fault"]
-    # An attempt's end, a second on: Slurm's whole seconds (see _during).
-    breaks = sorted(a.ended_at + 1.0 for a in report.attempts if a.ended_at)
+    """The loss, the throughput (tokens/s), MFU and the step reached, on the timeline's axis, a dashed line
+    at each fault and each recovery; a sentence for each curve there is not, saying why."""
+    lines = _lines(report, axis)
     out = ["<h2>Training curves</h2>"]
+    out += [f'<p class="warning">warning: {_text(problem)}</p>' for problem in extra.unread]
+    out += [f'<p class="note">{_text(note)}</p>' for note in extra.notes]
+    recorded = extra.recorded or any(s is not None for s in (extra.loss, extra.throughput, extra.mfu))
+    if not recorded and not extra.unread:  # (a series that could not be read is said above)
+        out.append(f'<p class="missing">{_text(NO_SERIES)}</p>')
     panels: list[tuple[Series | None, str]] = [
-        (extra.loss, "loss: no metrics reported (the program reported no loss)"),
+        (extra.loss, "loss: the program reported no loss (clusterctl.progress.beat(step, loss=...))"),
         (extra.throughput, ""),
+        (extra.mfu, "MFU: not known (the program reported no FLOPs, or the GPUs' peak is unknown: "
+                    "`clusterctl status` says which; set [job] gpu_peak_tflops in the spec)"),
         (progress_series(report), "step: no complete checkpoint with a time yet"),
     ]
+    if not recorded:
+        panels = panels[1:2] + panels[3:]
     if extra.throughput is None:
         rate = checkpoint_rate_series(report)
-        panels[1] = (rate, "throughput: no metrics reported (no tokens/s from the program, and fewer than two "
-                           "checkpoints in one attempt to measure steps/s)")
+        panels[1 if recorded else 0] = (
+            rate, "throughput: not measured (no tokens/s or steps/s from the program, and fewer than two "
+                  "checkpoints in one attempt to measure steps/s)")
         out.append('<p class="note">throughput: the program reported no tokens/s; steps/s measured between '
                    "consecutive checkpoints instead</p>")
-    for series, missing in panels:
-        shown = [p for p in series.points if axis.inside(p[0])] if series is not None else []
+    drawn = [(series, missing, series is not None and any(
+        axis.inside(t) for t, _ in (*series.points, *series.not_finite))) for series, missing in panels]
+    labels: list[str] = []  # the panels drawn since their source was last said: said once under them
+    for i, (series, missing, shown) in enumerate(drawn):
         if series is None or not shown:
             out.append(f'<p class="missing">{_text(missing)}</p>')
             continue
-        out.append(_curve_svg(series, axis, faults, breaks))
-        if series.source:
-            out.append(f'<p class="note">{_text(series.label)}: from {_text(series.source)}</p>')
+        out.append(_curve_svg(series, axis, lines))
+        labels.append(series.label)
+        following = drawn[i + 1] if i + 1 < len(drawn) else None
+        if following is None or not following[2] or following[0] is None or following[0].source != series.source:
+            if series.source:
+                out.append(f'<p class="note">{_text(", ".join(labels))}: from {_text(series.source)}</p>')
+            labels = []
+    if lines.faults or lines.recoveries:
+        out.append(_legend([(FAULT_COLOUR, "dashed: a fault"), (RECOVERY_COLOUR, "dashed: a resubmission or restart")])
+                   .replace("</p>", " <span>a gap in a curve: nothing measured (queued, restarting)</span></p>"))
     return "\n".join(out)
 
 
@@ -692,7 +782,8 @@ svg .lane { font-weight: bold; } svg .tick { fill: #777; font-size: 10px; }
 svg .label { font-size: 11px; } svg .fault-label { fill: #a11; font-weight: bold; }
 svg .on-bar { fill: #fff; font-weight: bold; } svg .cell { font-size: 10px; fill: #333; }
 svg .cell-dark { font-size: 10px; fill: #fff; } svg .band { font-style: italic; }
-.grid { stroke: #eee; } .fault-line { stroke: #999; stroke-dasharray: 4 3; }
+.grid { stroke: #eee; } .fault-line { stroke: #d62728; stroke-dasharray: 4 3; }
+.recovery-line { stroke: #6a51a3; stroke-dasharray: 2 3; } svg .not-finite { fill: #d62728; font-weight: bold; }
 table { border-collapse: collapse; } .events td:first-child { white-space: nowrap; } td, th { padding: 2px 10px 2px 0; text-align: left; vertical-align: top; }
 th { color: #555; font-weight: normal; border-bottom: 1px solid #ddd; }
 tr.fault td { color: #a11; } .evidence { color: #666; font-size: 12px; }
@@ -710,7 +801,7 @@ def report_html(report: RunReport, now: float, extra: RunSeries = RunSeries()) -
     attempts and what happened.  `now`: when it is drawn (a running attempt runs until then)."""
     g = report.goodput
     name = report.run.name or str(report.run)
-    axis = _time_domain(report, now)
+    axis = _time_domain(report, now, extra)
     share = f"{g.goodput * 100:.1f}%" if g.goodput is not None else "-"
     limit = f" of {report.max_restarts}" if report.max_restarts is not None else ""
     out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',

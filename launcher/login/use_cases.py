@@ -18,7 +18,8 @@ from clusterctl.launcher.shared.checkpoints import find_checkpoints
 from clusterctl.launcher.pure.parallel import ParallelLayout, layout_from_mapping
 from clusterctl.launcher.pure.render import SlurmFacts, SubmitRequest
 from clusterctl.launcher.login.report import NOT_RECORDED, AttemptExperiment, RunReport, run_report
-from clusterctl.launcher.login.report_drawing import RunSeries
+from clusterctl.launcher.login.report_drawing import RunSeries, run_series
+from clusterctl.launcher.pure.training_curves import joined, thin_series
 from clusterctl.launcher.shared.runs import (
     RunDir, attempts_of, check_new_run_path, create_run, find_run_of_job, list_runs, unique_run_path,
 )
@@ -34,6 +35,7 @@ from clusterctl.records.node_step_times import NodeStepTimes, read_node_step_tim
 from clusterctl.records.run_journal import (
     Decided, EventKind, RecoveredInAllocation, RunEnded, RunEvent, SlurmTimes,
 )
+from clusterctl.records.training_series import TrainingPoint, TrainingSeriesReader, read_series_ends
 from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Slurm
@@ -271,9 +273,28 @@ def gather_report(run: RunDir, now: float) -> RunReport:
     journal = run.journal()
     events = journal.events
     slow = sum(table.lost_s for table in step_time_tables(run, events))
+    training, problems = training_ends(run, events)
     return run_report(run.path, events, checkpoints, skipped, now, slow, spec.restart.max_restarts,
                       journal_warnings=journal.warnings, tiers=spec.checkpoint.tiers,
-                      experiment=read_experiments(run, sorted({a.number for a in attempts_of(events)})))
+                      experiment=read_experiments(run, sorted({a.number for a in attempts_of(events)})),
+                      training=training, training_problems=problems)
+
+
+def training_ends(run: RunDir, events: Sequence[RunEvent]) -> tuple[tuple[TrainingPoint, TrainingPoint] | None,
+                                                                     list[str]]:
+    """The first point of the run's first training series and the newest of its last (each job's series
+    read at its two ends only: cheap whatever its length), and what could not be read."""
+    ends: list[tuple[TrainingPoint, TrainingPoint]] = []
+    problems = []
+    for attempt in attempts_of(events):
+        try:
+            found = read_series_ends(run.job_dir(attempt.job_id))
+        except RecordError as exc:
+            problems.append(f"cannot read the training series of job {attempt.job_id}: {exc}")
+            continue
+        if found is not None:
+            ends.append(found)
+    return ((ends[0][0], ends[-1][1]) if ends else None), problems
 
 
 def step_time_tables(run: RunDir, events: Sequence[RunEvent]) -> list[NodeStepTimes]:
@@ -290,10 +311,26 @@ def step_time_tables(run: RunDir, events: Sequence[RunEvent]) -> list[NodeStepTi
     return tables
 
 
-def gather_drawing(run: RunDir) -> RunSeries:
-    """What `report --html` draws besides the report: each job's per-node step times.  (The program's
-    loss and throughput are drawn once the job's records keep them over time.)"""
-    return RunSeries(step_times=tuple(step_time_tables(run, run.journal().events)))
+def gather_drawing(run: RunDir, say: Callable[[str], None] = lambda note: None) -> RunSeries:
+    """What `report --html` draws besides the report: each job's per-node step times, and the training
+    curves of its jobs' series, each read whole and thinned (`training_curves.thin_series`: bounded memory,
+    at most CURVE_LIMIT points a curve).  A series that cannot be read is left out, and said (on the page,
+    and through `say`); so is a last line left out (a crash mid-append, or the line being written)."""
+    events = run.journal().events
+    curves, unread, notes = [], [], []
+    for attempt in attempts_of(events):
+        reader = TrainingSeriesReader(run.job_dir(attempt.job_id))
+        try:
+            curves.append(thin_series(reader))
+        except RecordError as exc:
+            unread.append(f"cannot read the training series of job {attempt.job_id}: {exc}; "
+                          "its curves are left out")
+            continue
+        if reader.last_line_problem:
+            notes.append(f"{reader.path}, line {reader.lines} (the last): {reader.last_line_problem}; left out")
+    for note in (*unread, *notes):
+        say(note)
+    return run_series(joined(curves), step_time_tables(run, events), unread, notes)
 
 
 def read_experiments(run: RunDir, attempts: Sequence[int]) -> list[AttemptExperiment]:

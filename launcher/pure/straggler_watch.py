@@ -155,6 +155,12 @@ class StragglerWatch:
         return tuple(sorted((n for n in self.nodes.values() if n.straggler), key=lambda n: -(n.ratio or 0.0)))
 
     @property
+    def slowest(self) -> NodeStats | None:
+        """The node whose slowest rank took longest per step in its latest sample (None: none measured yet)."""
+        return max((n for n in self.nodes.values() if n.seconds is not None), key=lambda n: n.seconds or 0.0,
+                   default=None)
+
+    @property
     def lost_s(self) -> float:
         """Seconds the job lost to slow nodes so far."""
         return sum(n.lost_s for n in self.nodes.values())

@@ -2,7 +2,8 @@
 tokens, FLOPs and loss through `clusterctl.progress.beat`, its nodes' reporters carry them to the job's
 agent, and `status --json`, read while the job runs, shows tokens/s and an MFU that agree with what the
 trainer itself logged, the MFU against the spec's peak (the testbed's emulated NVML names an H100, which
-the spec's peak overrides: the testbed's "GPUs" compute nothing like one)."""
+the spec's peak overrides: the testbed's "GPUs" compute nothing like one); the job's training series keeps
+those figures over time and `report --html` draws the loss from it."""
 
 from __future__ import annotations
 
@@ -68,7 +69,7 @@ def test_status_json_shows_the_tokens_per_second_and_mfu_the_trainer_logged(clus
         training = agent.get("training") or {}
         # Every node heard twice within the window, well into the run (past start-up and the first checkpoint).
         if training.get("nodes") == 2 and training.get("mfu") is not None and (agent.get("max_step") or 0) > 300:
-            seen.append({**training, "max_step": agent["max_step"]})
+            seen.append({**training, "max_step": agent["max_step"], "job_id": agent["job_id"], "at": agent["at"]})
             return True
         return False
 
@@ -95,3 +96,14 @@ def test_status_json_shows_the_tokens_per_second_and_mfu_the_trainer_logged(clus
     # The loss shown is rank 0's at the step beside it: the toy's pretend curve.
     assert shown["loss_rank"] == 0 and shown["loss"] == pytest.approx(2.0 + 8.0 / math.sqrt(1 + shown["loss_step"] / 10))
     assert "MFU" in text and "(peak 989 TFLOP/s per GPU from the spec)" in text and "tokens/s" in text, text
+    # The agent kept the training over time: the summary status showed is a point of the job's series, and
+    # `report --html` draws the loss from it.
+    lines = (run_dir / "jobs" / shown["job_id"] / "training-series.jsonl").read_text().splitlines()
+    series = [json.loads(line) for line in lines]
+    assert len(series) >= 2, lines
+    point = min(series, key=lambda p: abs(p["at"] - shown["at"]))
+    assert point["at"] == pytest.approx(shown["at"], abs=1e-3), (point, shown)
+    assert point["tokens_per_s"] == pytest.approx(shown["tokens_per_s"], rel=1e-9)
+    drawn = tmp_path / "report.html"
+    clusterctl_on(cluster, "report", str(run_dir), "--html", str(drawn))
+    assert 'aria-label="loss over time"' in drawn.read_text()

@@ -666,6 +666,37 @@ def test_a_program_that_reports_no_training_metrics_has_none_in_the_summary_and_
     assert "job 42 agent" in text and "training" not in text
 
 
+def test_the_agent_keeps_the_training_over_time_a_line_each_summary_that_the_step_moved(tmp_path):
+    from clusterctl.records.agent_summary import read_agent_summary
+    from clusterctl.records.training_series import TrainingSeriesReader, series_path
+    shell = training_agent(tmp_path, SPEC.replace("gpus_per_node = 8\n", "gpus_per_node = 8\ngpu_peak_tflops = 100\n"))
+    assert shell.run(None) == 0
+    points = list(TrainingSeriesReader(shell.job_dir))
+    # A summary every 2 s for the step's 40 s, the ranks 5 steps a second: each summary moved the step.
+    assert 15 <= len(points) <= 21 and [p.step for p in points] == sorted({p.step for p in points})
+    assert points[0].tokens_per_s is None and points[0].loss == 10.0  # no rate before two reports: absent, not 0
+    summary = read_agent_summary(shell.job_dir)
+    last = points[-1]
+    assert (last.at, last.step, last.tokens_per_s, last.mfu, last.loss) == (
+        summary.at, summary.max_step, summary.training.tokens_per_s, summary.training.mfu, summary.training.loss)
+    assert last.tokens_per_s == pytest.approx(2 * 8 * 4096 * 5)
+    assert series_path(shell.job_dir).stat().st_size / len(points) < 400  # a few hundred bytes a line
+
+
+def test_a_training_series_that_cannot_be_written_is_said_once_and_the_job_goes_on(tmp_path):
+    from clusterctl.records.agent_summary import read_agent_summary
+    from clusterctl.records.training_series import series_path
+    shell = training_agent(tmp_path)
+    series_path(shell.job_dir).mkdir(parents=True)  # something in its place
+    said: list[str] = []
+    shell.doors.say = said.append
+    assert shell.run(None) == 0
+    failed = [line for line in said if "training series" in line]
+    assert failed == [f"cannot append the job's training series to {series_path(shell.job_dir)} (Is a directory): "
+                      "`report --html` will draw its curves with gaps; watching on"]
+    assert read_agent_summary(shell.job_dir).training is not None  # the summary carried on
+
+
 # ---- multi-level checkpoints: the spare resumes from the lost node's buddy -------------------------------
 
 TIERS_SPEC = SPEC.replace('validator = "manifest"\n', "tiers = true\n")

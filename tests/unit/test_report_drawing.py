@@ -109,10 +109,83 @@ def test_the_recorded_xid_79_run_is_drawn_with_its_fault_its_resubmission_and_th
     for cause, key in (("work redone after failures", "redone_seconds"), ("queue", "queue_seconds"),
                        ("restarts", "restart_overhead_seconds")):
         assert f"{cause} {duration_text(goodput[key])}" in shown
-    assert "loss: no metrics reported" in shown
-    assert "steps/s measured between consecutive checkpoints instead" in shown
     assert "no per-node step times recorded" in shown
     assert f"{run}/checkpoints/step-00000090: no manifest.json (written last): incomplete" in shown
+
+
+def curve_panels(page: Page) -> list[str]:
+    return [attrs["aria-label"] or "" for tag, attrs in page.elements if tag == "svg" and attrs.get("class") == "curve"]
+
+
+def test_the_recorded_run_draws_its_loss_tokens_and_mfu_across_both_attempts_with_the_fault_and_resubmission(tmp_path):
+    run = recorded_run(tmp_path)
+    drawn = tmp_path / "report.html"
+
+    result = CliRunner().invoke(cli, ["report", str(run), "--html", str(drawn)])
+
+    assert result.exit_code == 0, result.output
+    page = page_of(drawn.read_text())
+    assert curve_panels(page) == ["loss over time", "tokens/s over time", "MFU (%) over time", "step over time"]
+    assert ("loss, tokens/s, MFU (%): from the jobs' training series (RUN/jobs/<job>/training-series.jsonl, "
+            "6 points)") in page.text
+    assert "7.66" in page.texts and "5.02" in page.texts  # the loss axis: step 10's loss to step 60's
+    lines = [attrs["class"] for tag, attrs in page.elements if tag == "line" and "-line" in (attrs.get("class") or "")]
+    assert lines == ["fault-line", "recovery-line"] * 4  # the Xid 79 and the resubmission, on every curve
+    polylines = [attrs for tag, attrs in page.elements if tag == "polyline"]
+    assert len(polylines) == 2 * 3 + 2  # each curve in two pieces: the first attempt's, the second's
+    # The text report: the same series, read at their ends only.
+    assert ("training: loss 7.657 → 5.024 over steps 10–60; newest: 318k tokens/s, 6.47 steps/s, MFU 8.0%"
+            in result.stdout)
+
+
+def test_a_run_without_a_training_series_says_why_there_is_no_curve(tmp_path):
+    run = recorded_run(tmp_path)
+    for job in ("2", "3"):
+        (run / "jobs" / job / "training-series.jsonl").unlink()
+    drawn = tmp_path / "report.html"
+
+    result = CliRunner().invoke(cli, ["report", str(run), "--html", str(drawn)])
+
+    assert result.exit_code == 0, result.output
+    page = page_of(drawn.read_text())
+    assert "no training curves: none of the run's jobs kept a training series" in page.text
+    assert "steps/s measured between consecutive checkpoints instead" in page.text
+    assert curve_panels(page) == ["steps/s over time", "step over time"] and "training:" not in result.stdout
+
+
+def test_a_damaged_series_is_said_and_everything_else_is_still_drawn(tmp_path):
+    run = recorded_run(tmp_path)
+    damaged = run / "jobs" / "2" / "training-series.jsonl"
+    damaged.write_text("garbage\n" + damaged.read_text())
+    with open(run / "jobs" / "3" / "training-series.jsonl", "a") as out:
+        out.write('{"at": 1795667341.15, "job_i')  # the agent died mid-append
+    drawn = tmp_path / "report.html"
+
+    result = CliRunner().invoke(cli, ["report", str(run), "--html", str(drawn)])
+
+    assert result.exit_code == 0, result.output
+    problem = (f"cannot read the training series of job 2: {damaged}, line 1: not a JSON line (JSONDecodeError); "
+               "lines follow it, so it is not a crash mid-append: the series is damaged (move the file away to draw "
+               "the run without it); its curves are left out")
+    torn = (f"{run}/jobs/3/training-series.jsonl, line 5 (the last): incomplete (no end of line: a crash mid-append, "
+            "or the line being written); left out")
+    assert f"clusterctl: {problem}" in result.stderr and f"clusterctl: {torn}" in result.stderr
+    page = page_of(drawn.read_text())
+    assert f"warning: {problem}" in page.text and torn in page.text
+    assert curve_panels(page)[:3] == ["loss over time", "tokens/s over time", "MFU (%) over time"]  # job 3's
+    assert "4 points)" in page.text and "node2: Xid 79 on gpu3" in page.text
+
+
+def test_a_loss_that_went_nan_is_marked_where_it_did(tmp_path):
+    events = [Submitted(at=100.0, attempt=1, job_id="4")]
+    report = run_report(tmp_path / "r", events, [], [], now=400.0)
+    loss = Series("loss", tuple((100.0 + t, 3.0 - t / 200) for t in range(150)),
+                  not_finite=((260.0, "loss nan at step 1600"),))
+
+    page = page_of(report_html(report, 400.0, RunSeries(loss=loss)))
+
+    marks = [attrs for tag, attrs in page.elements if tag == "text" and attrs.get("class") == "not-finite"]
+    assert len(marks) == 1 and "NaN" in page.texts and "loss nan at step 1600 at +2.7 min" in page.texts
 
 
 HOSTILE = '<script>alert("reason")</script>'
@@ -211,8 +284,8 @@ def test_the_programs_loss_and_throughput_are_drawn_when_reported(tmp_path):
 
     page = page_of(report_html(report, 400.0, RunSeries(loss=loss, throughput=tokens)))
 
-    assert "loss: from the agent's summaries" in page.text and "tokens/s: from the agent's summaries" in page.text
-    assert "no metrics reported" not in page.text and "2.5M" in page.text
+    assert "loss, tokens/s: from the agent's summaries" in page.text and "2.5M" in page.text
+    assert "no training curves" not in page.text and "MFU: not known (the program reported no FLOPs" in page.text
 
 
 points = st.lists(st.tuples(st.floats(0, 1e6), st.floats(-1e9, 1e9)), max_size=3000).map(sorted)

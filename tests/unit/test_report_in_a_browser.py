@@ -1,7 +1,8 @@
 """`clusterctl report RUN --html FILE` in a real browser: headless Chromium (Debian's `chromium`
 package; scripts/setup.sh installs it) renders the page to a PNG and dumps the DOM it built, and
 the test looks at what rendered: the fault's marker where the failed attempt meets the resubmitted
-one, the texts a user reads, and nothing that runs.
+one, the training curves under it with their gap at the fault, the texts a user reads, and nothing
+that runs.
 
 The PNG is read with zlib and struct (8-bit RGB or RGBA, not interlaced: what Chromium writes).
 """
@@ -22,7 +23,9 @@ import pytest
 from click.testing import CliRunner
 
 from clusterctl.launcher.login.cli import cli
-from clusterctl.launcher.login.report_drawing import COMPLETED_COLOUR, ENDED_COLOUR, FAULT_COLOUR
+from clusterctl.launcher.login.report_drawing import (
+    COMPLETED_COLOUR, CURVE_COLOUR, ENDED_COLOUR, FAULT_COLOUR, RECOVERY_COLOUR,
+)
 from clusterctl.launcher.pure.spec import load_spec
 from clusterctl.launcher.shared.runs import create_run
 from clusterctl.records.run_journal import BlamedNode, Decided, DecisionAction, OutcomeKind, SlurmTimes, Submitted
@@ -163,6 +166,26 @@ def test_the_recorded_xid_79_run_renders_its_fault_between_the_failed_and_the_re
     assert "node2: Xid 79 on gpu3" in dom.text and "resubmit from step 20" in dom.text
     assert "work redone after failures 1.2 s" in dom.text and "restarts 1.8 s" in dom.text
     assert "script" not in dom.tags
+    # The training curves under it, on the same time axis: the loss (then tokens/s) of the failed attempt up
+    # to the fault, nothing while the job was lost and queued again, the resubmitted attempt's after.
+    assert "Training curves" in dom.text and "loss, tokens/s, MFU (%): from the jobs' training series" in dom.text
+    assert {"polyline", "circle"} <= dom.tags
+    curve = list(shown.pixels(CURVE_COLOUR))
+    assert curve and min(y for _, y in curve) > bar_bottom + 300, "no training curve under the timeline"
+    columns = sorted({x for x, _ in curve})
+    gaps = [(a, b) for a, b in zip(columns, columns[1:]) if b - a > 100]
+    # (The failed attempt's last point is its agent's last summary, written as the step ended: within a second
+    # of Slurm's end, a whole second cut, where the fault is marked.)
+    assert len(gaps) == 1 and fault_x - 10 < gaps[0][0] < fault_x + 50 and gaps[0][1] > resubmitted_start, \
+        (gaps, fault_x, resubmitted_start)
+    # ...with the fault and the resubmission as dashed lines across it, where the timeline has them.
+    resubmit = [x for x, y in shown.pixels(RECOVERY_COLOUR) if bar_bottom < y < bar_bottom + 80]  # its marker
+    resubmit_x = sum(resubmit) / len(resubmit)
+    top = min(y for _, y in curve) - 20
+    fault_line = {x for x, y in shown.pixels(FAULT_COLOUR) if y > top}
+    recovery_line = {x for x, y in shown.pixels(RECOVERY_COLOUR) if y > top}
+    assert fault_line and all(abs(x - fault_x) < 3 for x in fault_line), (fault_line, fault_x)
+    assert recovery_line and all(abs(x - resubmit_x) < 3 for x in recovery_line), (recovery_line, resubmit_x)
 
 
 def test_a_hostile_blame_reason_renders_as_text_in_a_browser(tmp_path):

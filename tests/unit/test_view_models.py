@@ -36,6 +36,7 @@ from clusterctl.records.run_journal import (
     BlamedNode, Decided, DecisionAction, EventKind, OutcomeKind, RecoveredInAllocation, Resumed, RunEnded, SlurmTimes,
     StragglerFound, Submitted,
 )
+from clusterctl.records.training_series import TrainingPoint, append_training_point
 from clusterctl.slurm.commands import Completed, Slurm
 from tests.conftest import REPO
 from tests.golden import assert_golden
@@ -111,6 +112,11 @@ def a_run_with_every_kind_of_event(root: Path) -> Path:
                        message="completed", checkpoint_step=30, checkpoint=str(checkpoints / "step-00000030"),
                        action=DecisionAction.DONE, times=SlurmTimes(210.0, 230.0, 490.0), blame=()))
     run.record(RunEnded(kind=EventKind.DONE, at=500.0, message="completed"))
+    for job, launch, at, step, loss in (("4", "0", 150.0, 12, 6.25), ("4", "0", 190.0, 21, 5.5),
+                                         ("5", "0", 290.0, 24, 5.25), ("5", "restart-2", 480.0, 31, math.nan)):
+        run.job_dir(job).mkdir(parents=True, exist_ok=True)
+        append_training_point(run.job_dir(job), TrainingPoint(at, job, launch, step, steps_per_s=0.5,
+                                                              tokens_per_s=4096.0, mfu=0.41, loss=loss))
     spec = load_spec(REPO / "examples" / "toy_trainer.toml")
     command = ("python3", "toy_trainer.py", "--checkpoint-dir", str(checkpoints))
     workdir = "/home/alice/llm"
