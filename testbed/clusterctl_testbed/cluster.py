@@ -308,6 +308,9 @@ class Testbed:
         for path in (layout.etc, layout.run_dir, layout.log_dir, layout.spool_dir / "ctld", layout.lib_dir,
                      layout.dev_dir, layout.munge_dir, layout.mysql_dir):
             path.mkdir(parents=True, exist_ok=True)
+        metrics = slurm_config.job_metrics_dir(layout)
+        metrics.mkdir(exist_ok=True)
+        metrics.chmod(0o1777)  # as an admin makes it: every job's user writes its file there (docs/admins-guide.md)
         for node in layout.nodes:
             (layout.spool_dir / node).mkdir(parents=True, exist_ok=True)
             for sub in ("run-healthd", "etc-clusterctl", "lib-healthd"):

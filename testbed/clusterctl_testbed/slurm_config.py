@@ -180,6 +180,12 @@ def ld_so_conf(layout: Layout) -> str:
     return f"{layout.lib_dir}\ninclude /etc/ld.so.conf.d/*.conf\n"
 
 
+def job_metrics_dir(layout: Layout) -> Path:
+    """node_exporter's textfile directory as the testbed's admins set it (`job_metrics_dir`): one for all
+    nodes, like the job-health records (the job's agent writes there, the epilog removes what it left)."""
+    return layout.root / "node-exporter-textfile"
+
+
 def healthd_toml(layout: Layout, node: str) -> str:
     """The node's /etc/clusterctl/healthd.toml: its kernel-log stand-in and durable dir."""
     return "\n".join([
@@ -189,6 +195,7 @@ def healthd_toml(layout: Layout, node: str) -> str:
         'state_dir = "/run/healthd"',
         f'journal_dir = "{layout.host_dir(node) / "lib-healthd"}"',
         f'job_records_dir = "{layout.root / "job-health"}"',
+        f'job_metrics_dir = "{job_metrics_dir(layout)}"',
         f"check_interval = {layout.healthd_interval}",
         f"drained_refresh_interval = {layout.healthd_interval}",  # an admin's resume seen within one check
         "nvml_timeout = 2.0",

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl_testbed.slurm_config import job_metrics_dir
+
 from tests.conftest import REPO, clusterctl_on
 from tests.e2e.supervised_runs import finished, supervised, wait_until
 
@@ -69,7 +71,10 @@ def test_status_json_shows_the_tokens_per_second_and_mfu_the_trainer_logged(clus
         training = agent.get("training") or {}
         # Every node heard twice within the window, well into the run (past start-up and the first checkpoint).
         if training.get("nodes") == 2 and training.get("mfu") is not None and (agent.get("max_step") or 0) > 300:
-            seen.append({**training, "max_step": agent["max_step"], "job_id": agent["job_id"], "at": agent["at"]})
+            # The admins' node_exporter sees the job too (the testbed's healthd.toml names job_metrics_dir).
+            exported = job_metrics_dir(cluster.layout) / f"clusterctl_job_{agent['job_id']}.prom"
+            seen.append({**training, "max_step": agent["max_step"], "job_id": agent["job_id"], "at": agent["at"],
+                         "prom": exported.read_text() if exported.exists() else ""})
             return True
         return False
 
@@ -104,6 +109,9 @@ def test_status_json_shows_the_tokens_per_second_and_mfu_the_trainer_logged(clus
     point = min(series, key=lambda p: abs(p["at"] - shown["at"]))
     assert point["at"] == pytest.approx(shown["at"], abs=1e-3), (point, shown)
     assert point["tokens_per_s"] == pytest.approx(shown["tokens_per_s"], rel=1e-9)
+    assert f'clusterctl_job_mfu_ratio{{job_id="{shown["job_id"]}",run="metrics"}}' in shown["prom"], shown["prom"]
+    # The job ended: its agent took its file away (node_exporter would export its last figures for ever).
+    assert not list(job_metrics_dir(cluster.layout).glob("clusterctl_job_*")), out
     drawn = tmp_path / "report.html"
     clusterctl_on(cluster, "report", str(run_dir), "--html", str(drawn))
     assert 'aria-label="loss over time"' in drawn.read_text()
