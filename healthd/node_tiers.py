@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from clusterctl.files import check_owned
 from clusterctl.healthd.stale_tiers import (
     DIRECTORY, OTHER, RUN_TREE, SYMLINK, TRASH_PREFIX, USER_DIR, USER_TRASH, Entry, NodeTiers, Reclaim,
     UserDir, run_trash_name, user_trash_name,
@@ -210,14 +211,14 @@ def _last_used(parent_fd: int, name: str, info: os.stat_result) -> float | None:
 
 
 def _not_owned(info: os.stat_result, uid: int, *, no_others: bool) -> str | None:
+    if no_others:
+        return check_owned(info, uid=uid, kind="directory")
     if stat.S_ISLNK(info.st_mode):
-        return "a symlink, not followed"
+        return "a symlink, not a real directory"
     if not stat.S_ISDIR(info.st_mode):
         return "not a directory"
     if info.st_uid != uid:
-        return f"owned by uid {info.st_uid}, not by uid {uid}"
-    if no_others and info.st_mode & 0o022:
-        return f"writable by group or others (mode {stat.S_IMODE(info.st_mode):o})"
+        return f"owned by uid {info.st_uid} (mode {stat.S_IMODE(info.st_mode):o}), not by uid {uid}"
     return None
 
 

@@ -14,6 +14,7 @@ import os
 import stat
 from pathlib import Path
 
+from clusterctl.files import check_owned
 from clusterctl_testbed.system import TestbedError
 
 ROOT_MODE = 0o755
@@ -23,17 +24,7 @@ cluster.  Only its owner may write it."""
 
 def root_problem(path: Path, uid: int) -> str | None:
     """Why the directory at `path` cannot be the testbed's root (owned by `uid`); None when it can."""
-    info = os.lstat(path)
-    mode = stat.S_IMODE(info.st_mode)
-    if stat.S_ISLNK(info.st_mode):
-        return "a symlink (planted by someone else?), not a real directory"
-    if not stat.S_ISDIR(info.st_mode):
-        return "not a directory"
-    if info.st_uid != uid:
-        return f"owned by uid {info.st_uid}, not by uid {uid} (made by someone else?)"
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"writable by group or others (mode {mode:o})"
-    return None
+    return check_owned(path, uid=uid, kind="directory")
 
 
 def ensure_private_root(path: Path, *, uid: int | None = None) -> Path:
