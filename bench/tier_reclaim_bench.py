@@ -103,7 +103,7 @@ def main() -> None:
             gone = LocalTiers((str(base),), running_uids=frozenset)
             plan = stale_tiers(gone.look(1000), (), ReclaimSettings(1000, DAY, time.time()))
             started = time.perf_counter()
-            removed = [gone.remove(reclaim) for reclaim in plan.reclaims]
+            removed = [gone.remove(reclaim, 600.0) for reclaim in plan.reclaims]
             removals.append(time.perf_counter() - started)
             assert removed and all(r.error is None for r in removed) and not user_dir.exists(), removed
         results[f"remove_{args.gib:g}_gib"] = {**summary(removals),

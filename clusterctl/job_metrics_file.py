@@ -163,11 +163,13 @@ def remove_textfile(directory: Path, job_id: str, *, follow_symlinks: bool = Tru
         removed = []
         with os.scandir(fd) as entries:
             names = [entry.name for entry in entries if is_job_file(entry.name, job_id)]
-        for name in names:
+        # The real file first: a name planted beside it (a directory called like a temp file) must not keep
+        # a killed job's figures exported for ever.
+        for name in sorted(names, key=lambda n: n != textfile_name(job_id)):
             try:
                 os.unlink(name, dir_fd=fd)
-            except FileNotFoundError:
-                continue
+            except OSError:
+                continue  # gone already, or not a file this removes (a directory planted under its name)
             removed.append(name)
         return removed
     finally:

@@ -27,7 +27,7 @@ from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, 
 from clusterctl.healthd.kmsg import RecordReader, parse_gpu_event
 from clusterctl.healthd.node_tiers import LocalTiers, TierDoor
 from clusterctl.healthd.policy import drain_reason, judge
-from clusterctl.healthd.stale_tiers import ReclaimSettings, size, stale_tiers
+from clusterctl.healthd.stale_tiers import TRASH_PREFIX, ReclaimSettings, size, stale_tiers
 from clusterctl.job_metrics_file import remove_textfile
 from clusterctl.records.drain_reason import DrainReason
 from clusterctl.records.healthd_actions import PlannedAction
@@ -272,19 +272,23 @@ def _reclaim(job: str, node: str, uid: int | None, config: HealthdConfig, tiers:
         return ()
     began = clock()
     held = tiers.look(uid)
-    for note in held.notes:
-        _say("prolog", f"job {job}: {note}")
     starts, _unreadable = read_job_starts(config.journal_dir)  # the epilog says what it cannot read
     plan = stale_tiers(held, starts, ReclaimSettings(uid, config.tier_keep_hours * 3600, time.time()))
-    for note in plan.left_alone:
+    notes = [*held.notes, *plan.left_alone]
+    for note in notes[:SAID_TREES]:  # a user can plant any number of look-alikes: a few said, the rest counted
         _say("prolog", f"job {job}: {note}")
+    if len(notes) > SAID_TREES:
+        _say("prolog", f"job {job}: and {len(notes) - SAID_TREES} more names like a checkpoint tier's left alone")
     done: list[ReclaimedTree] = []
     for reclaim in plan.reclaims:
         if clock() >= deadline:
             _say("prolog", f"job {job}: out of time: {len(plan.reclaims) - len(done)} stale checkpoint tier(s) "
                            "left for the next job's prolog")
             break
-        removed = tiers.remove(reclaim)
+        if reclaim.uid != uid and not reclaim.parent and not reclaim.name.startswith(TRASH_PREFIX) \
+                and reclaim.uid in tiers.running_uids():
+            continue  # a job of theirs started here since the look (a shared node): theirs again
+        removed = tiers.remove(reclaim, max(deadline - clock(), 0.0))
         done.append(ReclaimedTree(reclaim.path, reclaim.uid, reclaim.runs, removed.freed_bytes, reclaim.why,
                                   removed.error))
     if not done:

@@ -7,18 +7,20 @@ sticky bit); every entry below is found relative to its directory's fd and check
 directory, owned by the uid its name says, nobody else may write it) again just before it is removed; a
 tree is first renamed to a `.clusterctl-reclaim-*` name (a job of that user starting meanwhile makes a new
 directory and never sees half of the old one; a prolog stopped halfway leaves a name the next one finishes),
-then removed by `shutil.rmtree` relative to the parent's fd, which never follows a symlink on this platform
-(`shutil.rmtree.avoids_symlink_attacks`: without it nothing is removed).  A tree holding a mount point is
-left alone.  No Slurm, no shared storage: the cost is the listing, and the removal of the bytes.
+then removed depth first, each directory opened with O_NOFOLLOW relative to its parent's fd (a symlink is
+unlinked, never followed), until the prolog's time is up: the rest keeps its trash name for the next prolog
+(a user who fills a tier with millions of files cannot make every job start wait).  A tree holding a mount
+point is left alone.  No Slurm, no shared storage: the cost is the listing, and the removal of the bytes.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import stat
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Protocol
 
 from clusterctl.files import check_owned
@@ -49,8 +51,13 @@ class TierDoor(Protocol):
         """The tier bases' user directories (with the runs' last use in `job_uid`'s) and the uids running here."""
         ...
 
-    def remove(self, reclaim: Reclaim) -> Removed:
-        """Remove one tree `stale_tiers` chose, checking it again first; never raises for the tree's sake."""
+    def remove(self, reclaim: Reclaim, seconds: float) -> Removed:
+        """Remove one tree `stale_tiers` chose, checking it again first, for at most `seconds` (what is left
+        keeps its trash name for the next prolog); never raises for the tree's sake."""
+        ...
+
+    def running_uids(self) -> frozenset[int]:
+        """Every uid a process on this node runs as, now."""
         ...
 
 
@@ -66,19 +73,31 @@ def process_uids() -> frozenset[int]:
     return frozenset(uids)
 
 
+def boot_time(proc_stat: str = "/proc/stat") -> float:
+    """When this node booted (epoch seconds, the kernel's `btime`); 0.0 when it cannot be read (every note
+    then counts as a job's)."""
+    try:
+        with open(proc_stat, encoding="ascii", errors="replace") as lines:
+            for line in lines:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
 class LocalTiers:
     """The `TierDoor` of this node: `bases` are the admin's tier bases (healthd.toml `tier_bases`);
     `running_uids` reads the process table (`process_uids` unless a test gives its own)."""
 
-    def __init__(self, bases: Sequence[str], running_uids: Callable[[], frozenset[int]] = process_uids) -> None:
+    def __init__(self, bases: Sequence[str], running_uids: Callable[[], frozenset[int]] = process_uids,
+                 booted: Callable[[], float] = boot_time) -> None:
         self.bases = tuple(bases)
         self.running_uids = running_uids
+        self.booted = booted
 
     def look(self, job_uid: int) -> NodeTiers:
         notes: list[str] = []
-        if not shutil.rmtree.avoids_symlink_attacks:
-            return NodeTiers((), frozenset(), ("this platform's shutil.rmtree can be steered by a symlink: "
-                                               "no checkpoint tier is reclaimed",))
         found: list[UserDir] = []
         for base in self.bases:
             try:
@@ -94,11 +113,9 @@ class LocalTiers:
                 notes.append(f"{base}: cannot be listed ({exc.strerror}); its checkpoint tiers are not reclaimed")
             finally:
                 os.close(base_fd)
-        return NodeTiers(tuple(found), self.running_uids(), tuple(notes))
+        return NodeTiers(tuple(found), self.running_uids(), tuple(notes), self.booted())
 
-    def remove(self, reclaim: Reclaim) -> Removed:
-        if not shutil.rmtree.avoids_symlink_attacks:
-            return Removed(0, "shutil.rmtree can be steered by a symlink here: not removed")
+    def remove(self, reclaim: Reclaim, seconds: float) -> Removed:
         try:
             base_fd = _open_base(reclaim.base)
         except (OSError, _NotABase) as exc:
@@ -110,7 +127,7 @@ class LocalTiers:
                 problem = _not_owned(os.fstat(parent_fd), reclaim.uid, no_others=True)
                 if problem is not None:
                     return Removed(0, f"{reclaim.base}/{reclaim.parent}: {problem}; left alone")
-            return _remove_tree(parent_fd, reclaim)
+            return _remove_tree(parent_fd, reclaim, time.monotonic() + seconds)
         except OSError as exc:
             return Removed(0, f"{exc.strerror or exc}")
         finally:
@@ -151,7 +168,8 @@ def _entry(name: str, info: os.stat_result, last_used: float | None = None) -> E
 def _user_dirs(base: str, base_fd: int, job_uid: int) -> list[UserDir]:
     found = []
     with os.scandir(base_fd) as entries:
-        names = [e.name for e in entries if e.name.startswith(("clusterctl-", TRASH_PREFIX))]
+        names = list(islice((e.name for e in entries if e.name.startswith(("clusterctl-", TRASH_PREFIX))),
+                            MAX_ENTRIES))
     for name in sorted(names):
         match = USER_DIR.fullmatch(name) or USER_TRASH.fullmatch(name)
         if match is None:
@@ -222,15 +240,13 @@ def _not_owned(info: os.stat_result, uid: int, *, no_others: bool) -> str | None
     return None
 
 
-def _remove_tree(parent_fd: int, reclaim: Reclaim) -> Removed:
-    """Check the tree again, measure it, rename it to its trash name, remove it: all relative to `parent_fd`."""
+def _remove_tree(parent_fd: int, reclaim: Reclaim, deadline: float) -> Removed:
+    """Check the tree again, rename it to its trash name, remove it: all relative to `parent_fd`, until
+    `deadline` (time.monotonic): a tree a user filled with millions of files must not hold every job start."""
     info = os.stat(reclaim.name, dir_fd=parent_fd, follow_symlinks=False)
     problem = _not_owned(info, reclaim.uid, no_others=not reclaim.parent)
     if problem is not None:
         return Removed(0, f"{problem}; left alone")
-    freed, mounted = _measure(parent_fd, reclaim.name, info)
-    if mounted:
-        return Removed(0, f"another filesystem is mounted inside ({mounted}); left alone")
     trash = reclaim.name
     if not reclaim.name.startswith(TRASH_PREFIX):
         token = os.urandom(4).hex()
@@ -238,34 +254,46 @@ def _remove_tree(parent_fd: int, reclaim: Reclaim) -> Removed:
         os.rename(reclaim.name, trash, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
         if not os.path.samestat(info, os.stat(trash, dir_fd=parent_fd, follow_symlinks=False)):
             return Removed(0, f"replaced while it was being removed; left alone as {trash}")
-    errors: list[str] = []
-
-    def failed(_function: object, path: str, excinfo: tuple[type[BaseException], BaseException, object]) -> None:
-        error = excinfo[1]
-        errors.append(f"{path}: {error.strerror if isinstance(error, OSError) and error.strerror else error}")
-
-    shutil.rmtree(trash, onerror=failed, dir_fd=parent_fd)
-    if errors:
-        return Removed(0, f"not removed whole ({len(errors)} error(s); the first: {errors[0]})")
-    return Removed(freed)
+    return _remove_walk(parent_fd, trash, info, deadline)
 
 
-def _measure(parent_fd: int, name: str, info: os.stat_result) -> tuple[int, str]:
-    """The bytes the tree holds on its filesystem (each file once, however many links), and the first directory
-    in it on another filesystem ('' when none)."""
-    seen: set[int] = set()
-    total = 0
-    for path, dirs, files, fd in os.fwalk(name, dir_fd=parent_fd, follow_symlinks=False):
-        if os.fstat(fd).st_dev != info.st_dev:
-            return total, path
-        for file in (*files, *dirs):
-            try:
-                held = os.stat(file, dir_fd=fd, follow_symlinks=False)
-            except OSError:
+def _remove_walk(parent_fd: int, name: str, info: os.stat_result, deadline: float) -> Removed:
+    """Remove the directory `name` (of `info`) in `parent_fd` depth first, every step relative to an fd opened
+    without following a symlink (a link is unlinked, never followed); bytes counted as each file's last link
+    goes.  A directory on another filesystem (a mount inside) is left alone with what holds it; at `deadline`
+    the rest stays under its trash name, which the next prolog finishes."""
+    freed = 0
+    stack: list[tuple[int, int, str]] = []  # (fd of a directory being emptied, its parent's fd, its name there)
+    try:
+        stack.append((os.open(name, _OPEN_DIR, dir_fd=parent_fd), parent_fd, name))
+        if not os.path.samestat(info, os.fstat(stack[0][0])):
+            return Removed(0, f"replaced while it was being removed; left alone as {name}")
+        while stack:
+            fd = stack[-1][0]
+            descended = False
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if time.monotonic() >= deadline:
+                        return Removed(freed, f"out of time; the rest is left as {name} for the next job's prolog")
+                    held = entry.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(held.st_mode):
+                        if held.st_dev != info.st_dev:
+                            return Removed(freed, f"another filesystem is mounted inside ({name}/…/{entry.name}); "
+                                                  "left alone")
+                        stack.append((os.open(entry.name, _OPEN_DIR, dir_fd=fd), fd, entry.name))
+                        descended = True
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+                    if held.st_nlink <= 1:
+                        freed += held.st_blocks * 512
+            if descended:
                 continue
-            if held.st_dev != info.st_dev:
-                return total, f"{path}/{file}"
-            if held.st_ino not in seen:
-                seen.add(held.st_ino)
-                total += held.st_blocks * 512
-    return total, ""
+            emptied, parent, entry_name = stack.pop()
+            os.close(emptied)
+            os.rmdir(entry_name, dir_fd=parent)
+        return Removed(freed)
+    except OSError as exc:
+        return Removed(freed, f"not removed whole ({exc.strerror or exc})")
+    finally:
+        for fd, _parent, _name in stack:
+            os.close(fd)

@@ -8,8 +8,8 @@ disk for good.  The prolog, root on every node before a job starts, asks `stale_
 the admin's tier bases (healthd.toml `tier_bases`) and removes that through a door (healthd/node_tiers.py):
 
 - a `clusterctl-<uid>` directory of **another** user than the starting job's: whole, when no process of that
-  user runs on the node and no job of theirs started here within `tier_keep_hours` (its prolog ran, its
-  processes may not be up yet);
+  user runs on the node and no job of theirs is on it (its prolog ran and its epilog has not: its processes
+  may not be up yet, or be between two steps; a note from before the node booted is a crash's leftover);
 - of the **starting job's own** user: only the `ckpt-<run key>` trees not used for `tier_keep_hours`: a
   resubmission of the same user keeps its fast resume;
 - what an interrupted reclaim left (`.clusterctl-reclaim-*`, a name nothing else uses).
@@ -82,6 +82,8 @@ class NodeTiers:
     """Every uid a process on the node runs as (real, effective or saved)."""
     notes: tuple[str, ...] = ()
     """Bases that could not be looked into, and why."""
+    booted: float = 0.0
+    """When the node booted (epoch seconds): a job-start note from before is a crash's leftover, not a job."""
 
 
 @dataclass(frozen=True)
@@ -124,11 +126,11 @@ def stale_tiers(node: NodeTiers, job_starts: Iterable[JobStart], settings: Recla
     """What the prolog of a job of `settings.job_uid` removes from the node (see the module's docstring).
 
     `job_starts` are the jobs whose prolog ran here and whose epilog has not yet (healthd's job-start notes):
-    a user with one that started within `keep_seconds` counts as present even before a process of theirs shows.
+    a user with one counts as present, however long ago it started (a job of days between two steps, an
+    in-allocation restart, runs no process here for a while), unless it started before the node booted.
     """
     present = set(node.running_uids)
-    present.update(s.uid for s in job_starts
-                   if s.uid is not None and settings.now - s.start < settings.keep_seconds)
+    present.update(s.uid for s in job_starts if s.uid is not None and s.start >= node.booted)
     reclaims: list[Reclaim] = []
     left: list[str] = []
     for found in sorted(node.dirs, key=lambda d: (d.base, d.entry.name)):
@@ -148,7 +150,7 @@ def stale_tiers(node: NodeTiers, job_starts: Iterable[JobStart], settings: Recla
         elif uid != settings.job_uid:
             if uid not in present:
                 reclaims.append(Reclaim(found.base, "", entry.name, uid, runs,
-                                        f"no process of uid {uid} on this node and no job of theirs started here"))
+                                        f"no process of uid {uid} on this node and no job of theirs on it"))
         else:
             own, notes = _stale_runs(found, uid, settings)
             reclaims.extend(own)

@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from clusterctl.errors import SlurmCommandError
+from clusterctl.errors import PlacementError, SlurmCommandError
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.shared.checkpoints import resume_point
 from clusterctl.launcher.job.checkpoint_plan import TierPlanner
@@ -591,8 +591,11 @@ class Agent:
                 spare = [n for n in nodes if n not in chosen]
                 self.doors.say(f"the map keeps {' '.join(sorted(holders & set(nodes)))} (they hold the copies the "
                                f"resume reads); spare: {' '.join(spare)}")
-                env = resized_environment(self.environ, chosen)
-                rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm)
+                try:
+                    rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm, candidates=chosen)
+                except (PlacementError, ValueError) as exc:  # the first map stands: a slower resume, not none
+                    self.doors.say(f"cannot make the map of {' '.join(chosen)} ({exc}); keeping the first")
+                    rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm)
             if not holders <= set(rank_map.rank_map.slots):
                 self.tiers.resume_point(rank_map.rank_map.slots)  # a copy off the map cannot be fetched
             # The program resumes through clusterctl.checkpoint, which reads the step's tier index.

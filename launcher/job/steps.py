@@ -77,8 +77,10 @@ def port_is_free(port: int) -> bool:
     return True
 
 
-def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm: TopologySource) -> JobRankMap:
-    """Compute and write the job's rank map; returns it."""
+def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm: TopologySource,
+                 candidates: Sequence[str] | None = None) -> JobRankMap:
+    """Compute and write the job's rank map; returns it.  `candidates`: the nodes of the allocation the map
+    may take (default: all of them); the map records the whole allocation, the rest as its unused nodes."""
     # Imported here, not at the top: every rank runs this module (the `rank` step), and on a
     # node starting 8 ranks the planner's imports (rich among them) cost more than the check.
     from clusterctl.slurm import hostlist
@@ -91,7 +93,8 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
     topology, warning = job_topology(spec.placement.topology, slurm, allocated)
     if warning:
         say(f"warning: {warning}")
-    result = make_plan(spec.parallel, spec.job.gpus_per_node, topology, allocated, spec.placement.weight_map())
+    pool = [n for n in allocated if n in set(candidates)] if candidates is not None else allocated
+    result = make_plan(spec.parallel, spec.job.gpus_per_node, topology, pool, spec.placement.weight_map())
     summary = result.summary()
     in_map = set(result.rank_map.slots)
     rank_map = JobRankMap(job_id, environ["SLURM_JOB_NODELIST"], result.rank_map,

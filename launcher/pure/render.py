@@ -121,6 +121,8 @@ def launch_command(spec: JobSpec, run_dir: str, resume_from: str | None) -> list
 def _command(spec: JobSpec, run_dir: str, resume_from: str | None) -> list[str]:
     fills = {"{run_dir}": run_dir, "{checkpoint_dir}": spec.checkpoint_dir(run_dir) or ""}
     fills.update({f"{{{dim}}}": str(spec.parallel.size(dim)) for dim in DIMS})
+    if spec.job.total_steps is not None:
+        fills["{total_steps}"] = str(spec.job.total_steps)
     argv = []
     for arg in spec.launch.command:
         for placeholder, value in fills.items():

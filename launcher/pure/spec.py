@@ -58,7 +58,7 @@ MANAGED_SBATCH = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--gpu
                   "--no-requeue", "--wrap")
 DEFAULT_RESUME_ENV = "CLUSTERCTL_RESUME_FROM"
 RUN_DIR_PLACEHOLDER = "{run_dir}"
-COMMAND_PLACEHOLDERS = ("run_dir", "checkpoint_dir", "tp", "pp", "dp", "cp", "ep")
+COMMAND_PLACEHOLDERS = ("run_dir", "checkpoint_dir", "tp", "pp", "dp", "cp", "ep", "total_steps")
 RESUME_PLACEHOLDERS = ("path",)
 _BRACED = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # sbatch (getopt_long) accepts any unambiguous prefix of a long option (`--node=2` is --nodes);
@@ -94,10 +94,11 @@ FIELDS: tuple[Field, ...] = (
           minimum=0.001, maximum=1e6),
     Field("job", "total_steps", "int", "The step the training ends at (the step the program's last "
           "clusterctl.progress.beat reports): `clusterctl status` and its --watch show an ETA from it and the steps/s "
-          "measured; default: no ETA.", minimum=1, maximum=10**15),
+          "measured; default: no ETA.  '{total_steps}' in the command gives the program the same number.",
+          minimum=1, maximum=10**15),
     Field("launch", "command", "argv", "What each rank runs, as an argv list (no shell): "
           "['python3', 'train.py', '--lr', '3e-4']; '{run_dir}', '{checkpoint_dir}', '{tp}', '{pp}', '{dp}', "
-          "'{cp}', '{ep}' are replaced.",
+          "'{cp}', '{ep}' and '{total_steps}' are replaced.",
           required=True),
     Field("launch", "style", "choice", "srun: one task per GPU, RANK=SLURM_PROCID. torchrun: one task per "
           "node running torchrun with static rendezvous and --node-rank from the rank map.", "srun",
@@ -688,6 +689,9 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
     _check_placeholders(values["launch"]["command"], COMMAND_PLACEHOLDERS, where, "launch", "command")
     _check_placeholders(values["checkpoint"]["resume_args"], RESUME_PLACEHOLDERS, where, "checkpoint", "resume_args")
     _check_placeholders([values["checkpoint"]["dir"] or ""], ("run_dir",), where, "checkpoint", "dir")
+    if values["job"]["total_steps"] is None and any("{total_steps}" in arg for arg in values["launch"]["command"]):
+        raise where.error("uses {total_steps}, but [job] total_steps is not set (it would reach the program "
+                          "literally): set job.total_steps, e.g. 10000, or drop the placeholder", "launch", "command")
     if values["checkpoint"]["dir"] is None and any("{checkpoint_dir}" in arg for arg in values["launch"]["command"]):
         raise where.error("uses {checkpoint_dir}, but [checkpoint] dir is not set (it would become an empty "
                           "argument): set checkpoint.dir, e.g. '{run_dir}/checkpoints', or drop the placeholder",

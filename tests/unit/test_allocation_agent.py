@@ -900,3 +900,21 @@ def test_a_resubmitted_job_keeps_the_node_holding_the_copies_in_its_map_not_as_i
                                                                       ("node3", "buddy", "node3")]
     assert "the map keeps node3 (they hold the copies the resume reads); spare: node2" in said
     assert "resuming from step 20: 1 node(s) from their own copies, 1 node(s) from a buddy's copy (node9's on node3)" in said
+
+
+def test_a_map_kept_for_the_holders_still_records_the_whole_allocation_and_its_batch_host(tmp_path):
+    from clusterctl.launcher.job.checkpoint_plan import TierPlanner
+    from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
+    from clusterctl.records.rank_map import read_rank_map
+    shell, cluster, said = tiers_agent(tmp_path, ResubmittedTiersCluster)
+    # The previous job ran on node2 and node3; this one got node1 (its batch host) too.
+    previous = TierPlanner(shell.run_dir, shell.run_dir / "jobs" / "41", shell.spec, {}, said.append)
+    previous.observe({
+        "node2": CheckpointHoldings("node2", (HeldCopy(20, "node2", "local", 0, 2, 1795305000.0, 1.0),), 1795305000.0),
+        "node3": CheckpointHoldings("node3", (HeldCopy(20, "node3", "local", 1, 2, 1795305000.0, 1.0),), 1795305000.0)})
+    previous.record_pending()
+    assert shell.run(None) == 0
+    kept = read_rank_map(shell.job_dir)
+    assert kept.slots == ("node2", "node3")
+    # The supervisor finds the batch host as the allocation's first node: the map must not hide node1.
+    assert kept.nodelist == "node[1-3]" and kept.unused_nodes == ("node1",)

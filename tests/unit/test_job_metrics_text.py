@@ -22,7 +22,8 @@ from clusterctl.healthd.config import HealthdConfig, load_config
 from clusterctl.healthd.gate import GateReport
 from clusterctl.healthd.hooks import run_epilog
 from clusterctl.job_metrics_file import (
-    TEXTFILE_DIR_ENV, AdminSetting, Destination, destination, is_job_file, read_admin_setting, textfile_name,
+    TEXTFILE_DIR_ENV, AdminSetting, Destination, destination, is_job_file, read_admin_setting, remove_textfile,
+    textfile_name,
 )
 from clusterctl.launcher.pure.job_metrics_text import escape_label_value, job_metrics_text
 from clusterctl.records.agent_summary import AgentSummary, TrainingMetrics, read_agent_summary
@@ -323,7 +324,7 @@ def test_the_epilog_removes_the_jobs_file_an_agent_killed_hard_left_and_nothing_
 
     assert sorted(p.name for p in textfiles.iterdir()) == ["clusterctl_job_4.prom", "clusterctl_job_421.prom",
                                                            "node_gpu.prom"]
-    assert (f"clusterctl-epilog: job 42: removed .clusterctl_job_42.prom.31337.deadbeef.tmp, clusterctl_job_42.prom "
+    assert (f"clusterctl-epilog: job 42: removed clusterctl_job_42.prom, .clusterctl_job_42.prom.31337.deadbeef.tmp "
             f"from {textfiles} (its agent did not)") in capsys.readouterr().err.splitlines()
 
 
@@ -360,3 +361,12 @@ def test_the_epilog_does_not_follow_a_symlink_where_the_directory_should_be(tmp_
                                f"{tmp_path}/textfiles (") and line.endswith(": name the real directory, not a "
                                                                             "symlink to it")
                for line in capsys.readouterr().err.splitlines())
+
+
+def test_a_directory_planted_under_a_temp_files_name_does_not_keep_the_jobs_figures_exported(tmp_path):
+    exported = tmp_path / "textfiles"
+    exported.mkdir()
+    (exported / "clusterctl_job_42.prom").write_text("clusterctl_job_step 1\n")
+    (exported / ".clusterctl_job_42.prom.1.x.tmp").mkdir()  # another user's, in the 1777 directory
+    assert remove_textfile(exported, "42", follow_symlinks=False) == ["clusterctl_job_42.prom"]
+    assert sorted(p.name for p in exported.iterdir()) == [".clusterctl_job_42.prom.1.x.tmp"]

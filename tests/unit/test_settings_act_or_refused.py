@@ -82,6 +82,16 @@ def test_checkpoint_dir_placeholder_with_a_checkpoint_dir_is_filled():
                                           python="p").command
 
 
+# ---- {total_steps} needs [job] total_steps ------------------------------------------------------
+def test_total_steps_placeholder_without_a_total_is_refused_and_with_one_is_the_same_number():
+    message = _error(SPEC.replace('"train.py"]', '"train.py", "--steps", "{total_steps}"]'))
+    assert "key `launch.command`: uses {total_steps}, but [job] total_steps is not set" in message
+    spec = parse_spec(SPEC.replace('"train.py"]', '"train.py", "--steps", "{total_steps}"]').replace(
+        "[job]\n", "[job]\ntotal_steps = 5000\n"), "job.toml", base_dir=Path("/base"))
+    from clusterctl.launcher.pure.render import launch_command
+    assert launch_command(spec, "/runs/r", None)[-2:] == ["--steps", "5000"]
+
+
 # ---- spec --markdown SPEC -----------------------------------------------------------------------
 def test_spec_markdown_with_a_spec_file_is_a_usage_error(tmp_path):
     result = CliRunner().invoke(cli, ["spec", "--markdown", str(write_spec(tmp_path, SPEC))])

@@ -122,7 +122,7 @@ def test_the_starting_users_fresh_tiers_and_their_directory_are_never_removed(sc
 @given(scene=scenes())
 def test_nothing_of_another_user_with_a_process_or_a_recent_job_here_is_removed(scene):
     node, starts, rules = scene
-    present = node.running_uids | {s.uid for s in starts if s.uid is not None and rules.now - s.start < rules.keep_seconds}
+    present = node.running_uids | {s.uid for s in starts if s.uid is not None and s.start >= node.booted}
     for reclaim in stale_tiers(node, starts, rules).reclaims:
         if not USER_TRASH.fullmatch(reclaim.name):  # what an interrupted reclaim renamed: nobody's any more
             assert reclaim.uid not in present or reclaim.uid == rules.job_uid
@@ -132,7 +132,7 @@ def test_nothing_of_another_user_with_a_process_or_a_recent_job_here_is_removed(
 @given(scene=scenes())
 def test_another_users_directory_with_nothing_of_theirs_on_the_node_is_removed(scene):
     node, starts, rules = scene
-    present = node.running_uids | {s.uid for s in starts if s.uid is not None and rules.now - s.start < rules.keep_seconds}
+    present = node.running_uids | {s.uid for s in starts if s.uid is not None and s.start >= node.booted}
     removed = {(r.base, r.name) for r in stale_tiers(node, starts, rules).reclaims if not r.parent}
     for found in node.dirs:
         user = USER_DIR.fullmatch(found.entry.name)
@@ -231,7 +231,7 @@ def test_a_job_start_gives_the_node_back_what_nobody_will_resume_from(node, caps
     assert re.search(re.escape(f"{base}/clusterctl-1000/ckpt-{KEY} (uid 1000, 1 run(s), ") + r"2\.\d MB: "
                      + re.escape("not used for 30 h (kept 24 h for a resume))"), err)
     assert re.search(re.escape(f"{base}/clusterctl-1001 (uid 1001, 2 run(s), ") + r"2\.\d MB: "
-                     + re.escape("no process of uid 1001 on this node and no job of theirs started here)"), err)
+                     + re.escape("no process of uid 1001 on this node and no job of theirs on it)"), err)
     [record] = read_tier_reclaims(config.journal_dir)
     assert (record.job_id, record.node) == ("7", "node3")
     assert [(t.path, t.uid, t.runs, t.error) for t in record.trees] == [
@@ -347,3 +347,37 @@ def test_a_refused_job_reclaims_nothing(node):
     assert run_prolog(env, FakePartition(20), config, node_check=lost_gpu,
                       tiers=LocalTiers(config.tier_bases, running_uids=frozenset)) == 1
     assert departed.exists()
+
+
+def test_a_job_still_running_here_for_longer_than_the_keep_time_keeps_its_users_tiers():
+    # Another user's 3-day job has this node between two steps (no process of theirs here just now).
+    now = 1_800_000_000.0
+    node = NodeTiers((UserDir("/dev/shm", Entry("clusterctl-2000", DIRECTORY, 2000, 0o700),
+                              (Entry("ckpt-0123456789abcdef", DIRECTORY, 2000, 0o700),)),), frozenset({0}),
+                     booted=now - 30 * 24 * 3600)
+    started = JobStart("77", now - 72 * 3600, None, 2000)
+    assert stale_tiers(node, [started], ReclaimSettings(1000, 24 * 3600, now)).reclaims == ()
+    # A note from before the node booted is a crash's leftover: that user's tier goes.
+    rebooted = NodeTiers(node.dirs, node.running_uids, booted=now - 3600)
+    assert [r.name for r in stale_tiers(rebooted, [started], ReclaimSettings(1000, 24 * 3600, now)).reclaims] == [
+        "clusterctl-2000"]
+
+
+def test_a_tier_of_very_many_files_is_removed_a_prologs_time_at_a_time_never_holding_a_job_start(node):
+    """A departed user left a tier of many small files: a prolog with no time left renames it and stops; the
+    next one, with time, finishes it (nothing of it is ever read again meanwhile: it has its trash name)."""
+    base, _etc, config = node
+    departed = user_dir(base, 1001)
+    tree = make_tier(departed, KEY, 1001)
+    for i in range(300):
+        (tree / "node3" / f"shard-{i}").write_bytes(b"x")
+    own(departed, 1001)
+    door = LocalTiers(config.tier_bases, running_uids=lambda: frozenset({0}))
+    [reclaim] = stale_tiers(door.look(1000), (), ReclaimSettings(1000, 24 * 3600, 1_800_000_000.0)).reclaims
+    first = door.remove(reclaim, 0.0)
+    assert first.error is not None and first.error.startswith("out of time") and not departed.exists()
+    [left] = [p.name for p in base.iterdir()]
+    assert left.startswith(".clusterctl-reclaim-1001-")
+    [again] = stale_tiers(door.look(1000), (), ReclaimSettings(1000, 24 * 3600, 1_800_000_000.0)).reclaims
+    assert again.why == "left by an interrupted reclaim"
+    assert door.remove(again, 60.0).error is None and list(base.iterdir()) == []
