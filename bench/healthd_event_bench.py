@@ -171,7 +171,7 @@ def main() -> None:
     labels = [c.name if names.count(c.name) == 1 else f"{c.name}-{i}" for i, c in enumerate(checkouts)]
     if args.release_out is not None:
         release = versions.release(args.slurm[0])
-        root = rootfs.CACHE / release.suite / "rootfs" if release.suite else None
+        root = rootfs.cached_root(release) if release.suite else None
         shape = FleetShape(nodes=args.nodes, jobs=args.jobs)
         args.release_out.write_text(json.dumps(run_release(release, root, shape, args.work / release.name,
                                                            checkouts, labels, args)))

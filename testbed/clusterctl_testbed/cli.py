@@ -12,9 +12,16 @@ from clusterctl_testbed.cluster import Testbed
 from clusterctl_testbed.compose_cli import compose
 from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
 from clusterctl_testbed.layout import Layout
+from clusterctl_testbed.rootfs import BUILD_MINUTES_HERE
 from clusterctl_testbed.slurm_config import TOPOLOGIES
 from clusterctl_testbed.system import TestbedError
+from clusterctl_testbed.slurm_source import ENV as SLURM_SOURCE_ENV
+from clusterctl_testbed.slurm_source import SCHEDMD_URL
 from clusterctl_testbed.versions import DEFAULT, RELEASES
+
+SLURM_HELP = ("Which Slurm: " + "; ".join(r.describe() for r in RELEASES.values()) + ". A root filesystem "
+              "is built with mmdebstrap on first use and cached; building Slurm from source takes about "
+              f"{BUILD_MINUTES_HERE} min on 2 cores, once.")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,15 +44,17 @@ def install() -> None:
 
 @cli.command()
 @click.option("--timeout", default=60.0, show_default=True, help="Seconds to wait for nodes to be idle.")
-@click.option("--slurm", type=click.Choice(list(RELEASES)), default=DEFAULT, show_default=True,
-              help="Which Slurm: this machine's own packages (host), or 22.05 / 24.11 / 26.05 from a Debian "
-                   "root filesystem (bookworm / trixie / sid) built with mmdebstrap on first use and cached.")
+@click.option("--slurm", type=click.Choice(list(RELEASES)), default=DEFAULT, show_default=True, help=SLURM_HELP)
+@click.option("--slurm-source", metavar="PATH|URL", envvar=SLURM_SOURCE_ENV, show_envvar=True,
+              help="SchedMD's source for a release built from it, the first time: a clone (or bare mirror) of "
+                   f"{SCHEDMD_URL}, a release tarball, or a git URL. Default: fetch the release's tag from "
+                   "that repository (needs a network).")
 @click.option("--topology", type=click.Choice(TOPOLOGIES), default="tree", show_default=True,
               help="Slurm's topology plugin: tree (two leaf switches under a spine) or block (each leaf a "
                    "block, for --segment; Slurm 23.11 or newer).")
-def up(timeout: float, slurm: str, topology: str) -> None:
+def up(timeout: float, slurm: str, slurm_source: str | None, topology: str) -> None:
     """Start the cluster (fresh state, job ids from 1); no-op if it is already up."""
-    Testbed(Layout(topology=topology)).up(timeout=timeout, slurm=slurm)
+    Testbed(Layout(topology=topology)).up(timeout=timeout, slurm=slurm, slurm_source=slurm_source)
 
 
 @cli.command()

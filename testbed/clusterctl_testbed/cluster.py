@@ -75,7 +75,7 @@ class Running:
     """Which Slurm a testbed runs (kept in `<root>/run/slurm.json` while it is up)."""
 
     release: str
-    """The `--slurm` name: "host", "22.05", "24.11", "26.05"."""
+    """The `--slurm` name: "host", "22.05", "24.05", "24.11", "26.05"."""
     rootfs: str | None
     """The root filesystem every host is chrooted into; None for this machine's own Slurm."""
     version: str = ""
@@ -226,13 +226,21 @@ class Testbed:
             expected |= {f"healthd:{n}" for n in self.layout.nodes}
         return expected <= pids.keys() and all(is_alive(pids[name]) for name in expected)
 
-    def up(self, *, timeout: float = 60, slurm: str | None = None) -> None:
+    def up(self, *, timeout: float = 60, slurm: str | None = None, slurm_source: str | None = None) -> None:
         """Start the cluster from scratch and wait until every node is idle; no-op if it is up.
 
         `slurm` picks the release (clusterctl_testbed.versions.RELEASES; default: the newest,
         versions.DEFAULT); a testbed already up with another release is an error, not silently reused.
+        `slurm_source` names SchedMD's source for a release built from it (a git directory, a tarball
+        or a URL; clusterctl_testbed.slurm_source), needed only the first time it is built.
         """
-        release = versions.release(slurm or versions.DEFAULT)
+        try:
+            release = versions.release(slurm or versions.DEFAULT)
+        except ValueError as exc:
+            raise TestbedError(str(exc)) from None
+        if slurm_source and not release.built_from_source:
+            _say(f"Slurm {release.name} comes from Debian's packages; --slurm-source is used only by releases "
+                 f"built from source ({', '.join(r.name for r in versions.RELEASES.values() if r.built_from_source)})")
         if self.is_up():
             running = self.running()
             if (running.release, running.topology) != (release.name, self.layout.topology):
@@ -249,7 +257,7 @@ class Testbed:
             raise TestbedError(str(exc)) from None
         ensure_private_root(self.layout.root)  # before anything is written into it, or removed from it
         install_packages()
-        root = rootfs.ensure(release, REPO) if release.uses_rootfs else None
+        root = rootfs.ensure(release, REPO, slurm_source_given=slurm_source) if release.uses_rootfs else None
         self.down(quiet=True)
         started = time.monotonic()
         self._set_running(Running(release.name, None if root is None else str(root), topology=self.layout.topology))

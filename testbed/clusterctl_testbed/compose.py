@@ -317,10 +317,15 @@ class ComposeTestbed(Testbed):
             self._record(f"holder:{host}", pid)
 
     # ---- lifecycle ----------------------------------------------------------------------------
-    def up(self, *, timeout: float = 90, slurm: str | None = None) -> None:
-        """Start the cluster as compose services and wait until every node is idle; no-op if up."""
+    def up(self, *, timeout: float = 90, slurm: str | None = None, slurm_source: str | None = None) -> None:
+        """Start the cluster as compose services and wait until every node is idle; no-op if up.
+        (`slurm_source` is not used: the compose testbed runs the releases Debian packages.)"""
         name = slurm or DEFAULT_RELEASE
         release = versions.release(versions.RELEASES["22.05"].name if name == versions.HOST else name)
+        if release.built_from_source:
+            # Its images would come from Debian's packages of the suite, which hold another Slurm.
+            raise TestbedError(f"Slurm {release.name} is built from source, which the compose testbed does not do "
+                               f"yet; run it on the namespaces testbed (`clusterctl-testbed up --slurm {release.name}`)")
         if self.is_up():
             if self.running().release != release.name:
                 raise TestbedError(f"the compose testbed runs Slurm {self.running().release}, not "

@@ -30,7 +30,8 @@ def compose() -> None:
 
 @compose.command()
 @click.option("--timeout", default=90.0, show_default=True, help="Seconds to wait for nodes to be idle.")
-@click.option("--slurm", type=click.Choice([r for r in RELEASES if r != "host"]), default=DEFAULT_RELEASE,
+@click.option("--slurm", type=click.Choice([r for r, release in RELEASES.items() if release.suite is not None
+                                            and not release.built_from_source]), default=DEFAULT_RELEASE,
               show_default=True, help="Which Slurm: 22.05 / 24.11 / 26.05 (Debian bookworm / trixie / sid).")
 def up(timeout: float, slurm: str) -> None:
     """Build the images if needed, start the services and wait until every node is idle."""

@@ -139,10 +139,14 @@ def gres_conf(layout: Layout) -> str:
     )
 
 
+CGROUP_DISABLED_SINCE: Version = (24, 5)
+"""`CgroupPlugin=disabled` exists from Slurm 24.05 (its NEWS: "Add CgroupPlugin=disabled")."""
+
+
 def cgroup_conf(version: Version = OLDEST) -> str:
-    """cgroup.conf: no cgroup plugin where Slurm has `cgroup/disabled` (24.11 on), else autodetect
+    """cgroup.conf: no cgroup plugin where Slurm has `cgroup/disabled` (24.05 on), else autodetect
     (cgroup/v2 is fatal on this machine's hybrid mounts, and 22.05 has no `disabled`)."""
-    if version >= (24, 11):
+    if version >= CGROUP_DISABLED_SINCE:
         return "CgroupPlugin=disabled\n"
     return "CgroupPlugin=autodetect\n"
 

@@ -45,6 +45,50 @@ def run(argv: Sequence[str], *, timeout: float = 60, check: bool = True,
     return result
 
 
+def run_logged(argv: Sequence[str], log: Path, *, timeout: float, env: dict[str, str] | None = None,
+               progress: Callable[[float, list[str]], None] | None = None, every: float = 60.0) -> None:
+    """Run a long command (a build) to completion with its output appended to `log`, telling
+    `progress` the elapsed seconds and the log's last lines every `every` seconds; TestbedError
+    naming the log when it fails or outlives `timeout` (then it is killed, children and all)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True, env=env)
+    except FileNotFoundError as exc:
+        raise TestbedError(f"`{argv[0]}` is not installed; run `clusterctl-testbed install`") from exc
+    started = time.monotonic()
+    try:
+        while True:
+            try:
+                returncode = proc.wait(timeout=min(every, max(0.1, started + timeout - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                elapsed = time.monotonic() - started
+                if elapsed >= timeout:
+                    raise TestbedError(f"`{' '.join(argv)}` did not finish within {timeout:g} s; "
+                                       f"its output is in {log}") from None
+                if progress is not None:
+                    progress(elapsed, tail(log, 60))
+    finally:
+        if proc.poll() is None:  # timed out, or this process was interrupted: the build goes too
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if returncode != 0:
+        raise TestbedError(f"`{' '.join(argv)}` exited with {returncode}; the end of its output, in {log}:\n"
+                           + "\n".join(tail(log, 15)))
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    """The last `lines` lines of a (possibly large) text file; [] when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 16384))
+            return f.read().decode(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
 def with_sbin(env: dict[str, str]) -> dict[str, str]:
     """The environment with the sbin directories on PATH (ip, ldconfig, munged live there;
     some root shells leave them out)."""
@@ -102,6 +146,13 @@ def power_off(pids_now: Callable[[], Sequence[int]]) -> None:
         deadline = time.monotonic() + 2
         while time.monotonic() < deadline and any(is_alive(p) for p in pids):
             time.sleep(0.02)
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal(pid: int, sig: signal.Signals) -> None:

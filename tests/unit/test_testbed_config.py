@@ -56,10 +56,10 @@ def test_socket_paths_fit_the_unix_limit():
 
 # ---- Slurm releases: what differs in the rendered config, and how their root filesystems are built
 
-def test_cgroup_plugin_is_autodetect_on_22_05_and_disabled_from_24_11():
+def test_cgroup_plugin_is_autodetect_on_22_05_and_disabled_from_24_05():
     assert slurm_config.cgroup_conf(versions.release("22.05").version) == "CgroupPlugin=autodetect\n"
     assert slurm_config.cgroup_conf(versions.release("host").version) == "CgroupPlugin=autodetect\n"
-    for name in ("24.11", "26.05"):
+    for name in ("24.05", "24.11", "26.05"):
         assert slurm_config.cgroup_conf(versions.release(name).version) == "CgroupPlugin=disabled\n"
 
 
@@ -69,13 +69,14 @@ def test_up_without_a_release_runs_the_newest_and_the_host_release_renders_as_be
     assert slurm_config.slurm_conf(LAYOUT, HOOKS, versions.release("host").version) == RENDERED["slurm.conf"]
 
 
-def test_each_release_comes_from_the_debian_suite_that_packages_it():
+def test_each_release_comes_from_the_debian_suite_that_packages_or_builds_it():
     assert {n: r.suite for n, r in versions.RELEASES.items()} == {
-        "host": None, "22.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
+        "host": None, "22.05": "bookworm", "24.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
+    assert [n for n, r in versions.RELEASES.items() if r.built_from_source] == ["24.05"]
 
 
 def test_an_unknown_release_names_the_choices():
-    with pytest.raises(ValueError, match=r"unknown Slurm release '23.02'; one of: host, 22.05, 24.11, 26.05"):
+    with pytest.raises(ValueError, match=r"unknown Slurm release '23.02'; one of: host, 22.05, 24.05, 24.11, 26.05"):
         versions.release("23.02")
 
 
