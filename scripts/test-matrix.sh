@@ -3,15 +3,30 @@
 #   bash scripts/test-matrix.sh                    22.05, 24.11 and 26.05 (each from its Debian root filesystem)
 #   bash scripts/test-matrix.sh 24.11 host         only these (`host`: this machine's own Slurm packages)
 #   bash scripts/test-matrix.sh 26.05 -- -x -k hooks   arguments after -- go to pytest
-# Each release's root filesystem is built on first use (about a minute) and cached.  At the end a
+#   bash scripts/test-matrix.sh built -- -m slurm_versions   the version stories on every release built
+#                                                  from SchedMD's source (23.02 23.11 24.05 25.05 25.11)
+#   bash scripts/test-matrix.sh all -- -m slurm_versions     ... on every release the testbed runs
+# Each release's root filesystem is built on first use (about a minute; a release built from source
+# about 6 min, and it needs the source once: CLUSTERCTL_SLURM_SOURCE=DIR, see docs/testbed.md) and cached.  At the end a
 # table says, per release and per part of the project, how many tests passed and failed; the
 # JUnit reports stay in $CLUSTERCTL_MATRIX_DIR (default: a new directory in /tmp).
 # Set CLUSTERCTL_TEST_TESTBED=<name> to run on a testbed of your own (/tmp/ctb-<name>).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+known() {  # the testbed's releases: all, or only those built from SchedMD's source
+  .venv/bin/python -c 'import sys
+from clusterctl_testbed.versions import HOST, RELEASES
+print(" ".join(n for n, r in RELEASES.items() if n != HOST and (sys.argv[1] == "all" or r.built_from_source)))' "$1"
+}
 releases=()
-while [[ $# -gt 0 && $1 != -- ]]; do releases+=("$1"); shift; done
+while [[ $# -gt 0 && $1 != -- ]]; do
+  case $1 in
+    all|built) read -ra listed <<<"$(known "$1")"; releases+=("${listed[@]}") ;;
+    *) releases+=("$1") ;;
+  esac
+  shift
+done
 [[ ${1:-} == -- ]] && shift
 [[ ${#releases[@]} -gt 0 ]] || releases=(22.05 24.11 26.05)
 out=${CLUSTERCTL_MATRIX_DIR:-$(mktemp -d /tmp/clusterctl-matrix.XXXXXX)}

@@ -64,6 +64,13 @@ CONFIGURE_ARGS = (
     # a Slurm without --json, slurmrestd or slurmdbd's MariaDB plugin.
     "--with-munge", "--with-mysql_config=/usr/bin", "--with-json", "--with-http-parser", "--with-yaml",
     "--with-jwt", "--with-hwloc", "--with-lz4", "--with-lua",
+    # The testbed's slurmd all share one machine and so one munged: a step's launch credential,
+    # forwarded from node to node, reaches that munged again and SchedMD's code refuses it as
+    # replayed ("_verify_signature: failed decode", "Header lengths are longer than data received":
+    # every multi-node step failed) unless built for several slurmd on one machine.  Debian's packages
+    # accept the replay with a patch of their own.  Its other effects: slurmstepd's and syslog's name
+    # carry the node's ("slurmstepd-node1"), and the cluster's flags say MULTIPLE_SLURMD.
+    "--enable-multiple-slurmd",
 )
 BUILD_DIR = Path("/usr/src/slurm")
 """Inside the root filesystem: where SchedMD's tree is unpacked and built (removed once installed)."""

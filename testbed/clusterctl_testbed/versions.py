@@ -6,14 +6,11 @@ that packages that Slurm (see shared/notes/slurm-versions.md), or, for a release
 ship, of the suite whose compiler and libraries build it, with Slurm built from SchedMD's source
 tag (clusterctl_testbed.rootfs, clusterctl_testbed.slurm_source).
 
-Another release built from source is one more line in RELEASES; the newest patch tags at the time
-of writing, each with the suite it would build on (their configure checks need nothing newer than
-bookworm has; 25.x would build on trixie like 24.11 runs there), not built yet:
-
-    "23.02": Release("23.02", "bookworm", (23, 2), source_tag="slurm-23-02-8-1"),
-    "23.11": Release("23.11", "bookworm", (23, 11), source_tag="slurm-23-11-11-1"),
-    "25.05": Release("25.05", "trixie", (25, 5), source_tag="slurm-25-05-8-1"),
-    "25.11": Release("25.11", "trixie", (25, 11), source_tag="slurm-25-11-7-1"),
+Another release built from source is one more line in RELEASES.  Each line's tag is the newest
+patch of its release line in SchedMD's repository when it was written (rootfs builds exactly that
+tag; `newest_patch_tag` picks it from a list of tags).  23.x and 24.05 build on bookworm, whose
+compiler and libraries their configure checks accept; 25.x on trixie, the suite whose packages run
+24.11.
 """
 
 from __future__ import annotations
@@ -65,8 +62,12 @@ class Release:
 RELEASES: dict[str, Release] = {
     HOST: Release(HOST, None, (22, 5)),
     "22.05": Release("22.05", "bookworm", (22, 5)),
+    "23.02": Release("23.02", "bookworm", (23, 2), source_tag="slurm-23-02-8-1"),
+    "23.11": Release("23.11", "bookworm", (23, 11), source_tag="slurm-23-11-11-1"),
     "24.05": Release("24.05", "bookworm", (24, 5), source_tag="slurm-24-05-8-1"),
     "24.11": Release("24.11", "trixie", (24, 11)),
+    "25.05": Release("25.05", "trixie", (25, 5), source_tag="slurm-25-05-8-1"),
+    "25.11": Release("25.11", "trixie", (25, 11), source_tag="slurm-25-11-7-1"),
     "26.05": Release("26.05", "sid", (26, 5), stale_release_file=True),
 }
 

@@ -71,13 +71,16 @@ def test_up_without_a_release_runs_the_newest_and_the_host_release_renders_as_be
 
 def test_each_release_comes_from_the_debian_suite_that_packages_or_builds_it():
     assert {n: r.suite for n, r in versions.RELEASES.items()} == {
-        "host": None, "22.05": "bookworm", "24.05": "bookworm", "24.11": "trixie", "26.05": "sid"}
-    assert [n for n, r in versions.RELEASES.items() if r.built_from_source] == ["24.05"]
+        "host": None, "22.05": "bookworm", "23.02": "bookworm", "23.11": "bookworm", "24.05": "bookworm",
+        "24.11": "trixie", "25.05": "trixie", "25.11": "trixie", "26.05": "sid"}
+    assert [n for n, r in versions.RELEASES.items() if r.built_from_source] == [
+        "23.02", "23.11", "24.05", "25.05", "25.11"]
 
 
 def test_an_unknown_release_names_the_choices():
-    with pytest.raises(ValueError, match=r"unknown Slurm release '23.02'; one of: host, 22.05, 24.05, 24.11, 26.05"):
-        versions.release("23.02")
+    with pytest.raises(ValueError, match=r"unknown Slurm release '23.05'; one of: host, 22.05, 23.02, 23.11, 24.05, "
+                                         r"24.11, 25.05, 25.11, 26.05"):
+        versions.release("23.05")
 
 
 @pytest.mark.parametrize("text,expected", [("slurm-wlm 22.05.8", (22, 5, 8)), ("slurm 24.11.5\n", (24, 11, 5)),
