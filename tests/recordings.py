@@ -166,17 +166,25 @@ FAILED_EXIT_CODE = 3
 UNFINISHED_ROLES = frozenset({"running", "pending"})
 
 
-def check_job(recording: Recording, role: str, report: JobReport | None, *, exit_code_known: bool = True) -> None:
-    """`report` is what a user must see of the recorded job `role`: its state, and the failed job's
-    exit 3 (`exit_code_known=False`: the reader cannot know it, so it must say unknown, never 0)."""
+def check_job(recording: Recording, role: str, report: JobReport | None, *, accounting: bool = False) -> None:
+    """`report` is what a user must see of the recorded job `role`: its state, and the failed job's exit 3.
+
+    From accounting (`accounting=True`) a job not ended yet may be missing or still read as an earlier
+    unfinished state (slurmdbd lags the controller: the real 24.05.8 recording lacks the pending job and
+    has the running one PENDING with its steps RUNNING) but never as ended, and the failed job's exit
+    code is unknown (None, never 0) where the release's sacct cannot be trusted with it."""
     where = f"{recording.where}: job {recording.jobs[role]} ({role})"
     assert role in JOB_STATES, f"{where}: no expected state for role {role!r}: add it to tests/recordings.py"
+    unfinished = role in UNFINISHED_ROLES
+    if report is None and accounting and unfinished:
+        return
     assert report is not None, f"{where} is missing"
-    assert report.state == JOB_STATES[role], f"{where} read as {report.state}, expected {JOB_STATES[role]}"
-    assert report.terminal == (role not in UNFINISHED_ROLES), f"{where}: terminal is {report.terminal}"
+    expected = {JOB_STATES[r] for r in UNFINISHED_ROLES} if accounting and unfinished else {JOB_STATES[role]}
+    assert report.state in expected, f"{where} read as {report.state}, expected {' or '.join(sorted(expected))}"
+    assert report.terminal == (not unfinished), f"{where}: terminal is {report.terminal}"
     if role == "failed" and report.source != LINE_SOURCE:
-        expected = FAILED_EXIT_CODE if exit_code_known else None
-        assert report.exit_code == expected, f"{where}: exit code {report.exit_code}, expected {expected}"
+        code = FAILED_EXIT_CODE if not accounting or recording.version.sacct_exit_code_trustworthy else None
+        assert report.exit_code == code, f"{where}: exit code {report.exit_code}, expected {code}"
 
 
 NodeCheck = Callable[[NodeState], bool]

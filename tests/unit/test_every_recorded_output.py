@@ -63,8 +63,7 @@ def read_sacct(recording: Recording, file: RecordedFile) -> None:
         if role is None:
             assert job_id not in jobs, f"job {job_id}, which accounting never saw, is read as {jobs[job_id]}"
         else:
-            check_job(recording, role, jobs.get(job_id),
-                      exit_code_known=recording.version.sacct_exit_code_trustworthy)
+            check_job(recording, role, jobs.get(job_id), accounting=True)
 
 
 def read_job_line(recording: Recording, file: RecordedFile) -> None:
