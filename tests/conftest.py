@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.recordings import Recording, load_recording, recording_dirs
+
 if TYPE_CHECKING:
     from clusterctl_testbed.cluster import Testbed
     from clusterctl_testbed.layout import Layout
@@ -117,6 +119,13 @@ def __getattr__(name: str) -> Any:
     if name == "TEST_SLURM":
         return _test_release()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@pytest.fixture(params=recording_dirs(), ids=lambda directory: directory.name)
+def recording(request: pytest.FixtureRequest) -> Recording:
+    """Each release's recorded Slurm outputs in turn (tests/data/slurm/*/index.json, listed: a new
+    release's directory is tested with no test edit; see tests/recordings.py)."""
+    return load_recording(request.param)
 
 
 @pytest.fixture(scope="session")

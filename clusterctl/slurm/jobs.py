@@ -1,6 +1,6 @@
 """Parsers for Slurm's job reports (`squeue --json`, `sacct --json`, `sbatch --parsable`), every release.
 
-Pure functions on text; the recorded outputs of real Slurm 22.05, 24.11 and 26.05
+Pure functions on text; the real outputs of each Slurm release recorded on the testbed
 (tests/data/slurm/<release>/) are their unit-test data.  Each output names its own format in
 `meta` (22.05: `meta.plugin.type` "openapi/v0.0.38"; 23.11 on: `meta.plugin.data_parser`
 "data_parser/v0.0.4x"); the family decides how each field reads:

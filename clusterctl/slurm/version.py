@@ -9,6 +9,10 @@ Facts relied on (SchedMD's release notes and data_parser plugins, measured on De
 - `scontrol show node N --json` exists from 23.02; `squeue --only-job-state` from 24.05.
 - sacct's JSON exit code of a failed job reads SUCCESS/0 on 22.05 and 23.02 (a dumper bug).
 - `--segment` from 24.05; topology/block from 23.11; topology.yaml from 25.05.
+- From 25.11 (checked in SchedMD's source, tags slurm-25-05-8-1 and slurm-25-11-7-1): `sbatch
+  --requeue=expedite`; `HealthCheckNodeState=START_ONLY`; squeue shows a job's SLUID (`%s`).
+- From 26.05 (tag slurm-26-05-3-1): a step's tasks follow the topology's order unless the user names a
+  distribution (`SelectTypeParameters=CR_NO_DIST_TOPO_BLOCK` turns it off).
 """
 
 from __future__ import annotations
@@ -91,6 +95,47 @@ class SlurmVersion:
     def topology_yaml(self) -> bool:
         """topology.yaml is read (and topology.conf ignored when it exists)."""
         return self.at_least(25, 5)
+
+    @property
+    def expedited_requeue(self) -> bool:
+        """sbatch takes `--requeue=expedite`: after a node failure (or a failed epilog following a non-zero
+        exit) the job requeues at once as the highest-priority job, and its nodes run no other work first.
+
+        SchedMD's RELEASE_NOTES.md of 25.11 ("Expedited Requeue"); src/common/slurm_opt.c
+        `arg_set_requeue`: exactly `expedite` (25.11.0's own help and man page said `expedited`, which
+        is a plain `--requeue`); up to 25.05.8 `--requeue` takes no value at all."""
+        return self.at_least(25, 11)
+
+    @property
+    def health_check_start_only(self) -> bool:
+        """`HealthCheckNodeState=START_ONLY`: HealthCheckProgram runs only when slurmd starts.
+
+        SchedMD's CHANGELOG/slurm-25.11.md (25.11.0rc1: "Add HealthCheckNodeState=START_ONLY option");
+        src/common/read_config.c reads it from 25.11.0, not in 25.05.8 (26.05 adds `REBOOT_ONLY`)."""
+        return self.at_least(25, 11)
+
+    @property
+    def sluid(self) -> bool:
+        """squeue shows a job's SLUID, the unique id of one run of a job (`squeue -o %s`, `--Format=SLUID`;
+        also sbatch's `%S` file name pattern and SLURM_JOB_SLUID in the prolog's and epilog's environment).
+
+        src/squeue/opts.c of 25.11.0 (`{"SLUID", 's', ...}`; 25.05.8's squeue calls `%s` an invalid
+        format) and CHANGELOG/slurm-25.11.md (25.11.0rc2: `%S`, SLURM_JOB_SLUID).  Only accounting had
+        it before: sacct's `SLUID` field from 24.11 (src/sacct/sacct.c); 26.05 accepts a SLUID wherever
+        a job id goes."""
+        return self.at_least(25, 11)
+
+    @property
+    def topology_ordered_steps(self) -> bool:
+        """A step's tasks and nodes follow the topology's order by default when a topology plugin is
+        configured and the user names no distribution; `SelectTypeParameters=CR_NO_DIST_TOPO_BLOCK`
+        turns it off.  (clusterctl's rank steps name `--distribution=arbitrary`: their placement is the
+        rank map's either way.)
+
+        SchedMD's CHANGELOG/slurm-26.05.md (26.05.0rc1: "Add topology-aware task distribution for
+        steps"); doc/man/man5/slurm.conf.5 and srun.1's `--distribution`; src/common/read_config.c
+        reads CR_NO_DIST_TOPO_BLOCK from 26.05.0, not in 25.11.7."""
+        return self.at_least(26, 5)
 
 
 def parse_version(text: str, command: list[str] | None = None) -> SlurmVersion:

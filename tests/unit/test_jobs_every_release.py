@@ -1,5 +1,6 @@
 """`clusterctl submit --wait`, `status` and `cancel` on each Slurm release, without accounting,
-as a user sees them (Slurm replayed from the testbed's recordings, tests/data/slurm/<release>/)."""
+as a user sees them (Slurm replayed from each release's recordings, tests/data/slurm/<release>/, found by
+listing: tests/recordings.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from clusterctl.launcher.login.cli import cli
 from clusterctl.launcher.login.use_cases import WAIT_MISSING_POLLS, wait_for_job
 from clusterctl.slurm.commands import Completed, Slurm
 from tests.conftest import REPO
+from tests.recordings import Recording
 
-DATA = REPO / "tests" / "data" / "slurm"
 EXAMPLE = str(REPO / "examples" / "toy_trainer.toml")
 NO_ACCOUNTING = Completed(1, "", "sacct: error: Slurm accounting storage is disabled\n")
 
@@ -24,13 +25,9 @@ class ReleaseSlurm:
     """One release's recorded answers, keyed by argv; sbatch "submits" the recorded job of a role;
     sacct answers as a cluster without slurmdbd does."""
 
-    def __init__(self, release: str, role: str) -> None:
-        index = json.loads((DATA / release / "index.json").read_text())
-        self.jobs: dict[str, str] = index["jobs"]
-        self.job_id = self.jobs[role]
-        self.answers = {tuple(e["argv"]): Completed(e["returncode"], (DATA / release / name).read_text(),
-                                                    e.get("stderr", ""))
-                        for name, e in index["files"].items()}
+    def __init__(self, recording: Recording, role: str) -> None:
+        self.job_id = recording.jobs[role]
+        self.answers = {file.argv: file.completed for file in recording.files.values()}
         self.calls: list[list[str]] = []
 
     def __call__(self, argv, timeout) -> Completed:
@@ -46,7 +43,7 @@ class ReleaseSlurm:
         if argv[0] == "scancel":
             return Completed(0, "", "")
         if argv[:2] == ["squeue", "--json"]:
-            # 22.05: the one plain call; later: -t all -j <id>, answered from the full recording.
+            # Without filters (22.05): the one plain call; with: -t all -j <id>, answered from the full recording.
             every = self.answers[("squeue", "--json")] if argv == ["squeue", "--json"] else \
                 self.answers[("squeue", "--json", "-t", "all")]
             if "-j" not in argv:
@@ -65,10 +62,9 @@ def _use(monkeypatch, tmp_path, fake: ReleaseSlurm) -> None:
     monkeypatch.setenv("CLUSTERCTL_RUNS", str(tmp_path / "runs"))
 
 
-@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
 def test_submit_wait_on_a_job_that_exits_3_says_failed_with_exit_3_without_accounting(monkeypatch, tmp_path,
-                                                                                       release):
-    fake = ReleaseSlurm(release, "failed")
+                                                                                       recording):
+    fake = ReleaseSlurm(recording, "failed")
     _use(monkeypatch, tmp_path, fake)
     result = CliRunner().invoke(cli, ["submit", EXAMPLE, "--wait"])
     assert result.exit_code == 1, result.output
@@ -76,20 +72,18 @@ def test_submit_wait_on_a_job_that_exits_3_says_failed_with_exit_3_without_accou
     assert not any(c[0] == "sacct" for c in fake.calls)  # the controller answered
 
 
-@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
-def test_submit_wait_on_a_completed_job_exits_0(monkeypatch, tmp_path, release):
-    fake = ReleaseSlurm(release, "completed")
+def test_submit_wait_on_a_completed_job_exits_0(monkeypatch, tmp_path, recording):
+    fake = ReleaseSlurm(recording, "completed")
     _use(monkeypatch, tmp_path, fake)
     result = CliRunner().invoke(cli, ["submit", EXAMPLE, "--wait"])
     assert result.exit_code == 0, result.output
     assert f"job {fake.job_id} ended COMPLETED" in result.stderr
 
 
-@pytest.mark.parametrize("release", ["22.05", "24.11", "26.05"])
 @pytest.mark.parametrize(("role", "state", "exit_code"), [("running", "RUNNING", None), ("failed", "FAILED", 3),
                                                            ("completed", "COMPLETED", 0)])
-def test_status_of_running_failed_and_completed_runs(monkeypatch, tmp_path, release, role, state, exit_code):
-    fake = ReleaseSlurm(release, role)
+def test_status_of_running_failed_and_completed_runs(monkeypatch, tmp_path, recording, role, state, exit_code):
+    fake = ReleaseSlurm(recording, role)
     _use(monkeypatch, tmp_path, fake)
     assert CliRunner().invoke(cli, ["submit", EXAMPLE]).exit_code == 0
     result = CliRunner().invoke(cli, ["status", fake.job_id, "--json"])
@@ -100,18 +94,20 @@ def test_status_of_running_failed_and_completed_runs(monkeypatch, tmp_path, rele
     assert state in shown and (exit_code is None or f"exit {exit_code}" in shown), shown
 
 
-@pytest.mark.parametrize("release", ["24.11", "26.05"])
-def test_cancel_asks_only_for_the_runs_jobs_and_cancels_the_live_one(monkeypatch, tmp_path, release):
-    fake = ReleaseSlurm(release, "running")
+def test_cancel_cancels_the_live_job_asking_only_for_the_runs_jobs_where_squeue_filters(monkeypatch, tmp_path,
+                                                                                        recording):
+    fake = ReleaseSlurm(recording, "running")
     _use(monkeypatch, tmp_path, fake)
     assert CliRunner().invoke(cli, ["submit", EXAMPLE]).exit_code == 0
     result = CliRunner().invoke(cli, ["cancel", fake.job_id])
     assert result.exit_code == 0 and ["scancel", fake.job_id] in fake.calls
-    assert ["squeue", "--json", "-t", "all", "-j", fake.job_id] in fake.calls
+    asked = [call for call in fake.calls if call[0] == "squeue"]
+    assert asked and all(call == (["squeue", "--json", "-t", "all", "-j", fake.job_id]
+                                  if recording.version.squeue_json_filters else ["squeue", "--json"]) for call in asked)
 
 
-def test_a_job_neither_the_controller_nor_accounting_knows_ends_the_wait_with_a_clear_error():
-    fake = ReleaseSlurm("26.05", "failed")
+def test_a_job_neither_the_controller_nor_accounting_knows_ends_the_wait_with_a_clear_error(recording):
+    fake = ReleaseSlurm(recording, "failed")
     polls: list[float] = []
     with pytest.raises(RunError, match="job 999999 is known neither to slurmctld nor to accounting"):
         wait_for_job(Slurm(fake), "999999", sleep=polls.append, poll=0.1)

@@ -1,4 +1,5 @@
-"""Slurm's JSON job reports from every release, as recorded on the testbed (tests/data/slurm/<release>/)."""
+"""Slurm's JSON job reports from every release, as recorded on the testbed (tests/data/slurm/<release>/,
+found by listing: tests/recordings.py)."""
 
 from __future__ import annotations
 
@@ -10,42 +11,13 @@ from hypothesis import strategies as st
 
 from clusterctl.errors import SlurmCommandError
 from clusterctl.slurm.commands import Completed, Slurm
-from clusterctl.slurm.jobs import parse_sacct_json, parse_sbatch_parsable, parse_squeue_json
+from clusterctl.slurm.jobs import FAMILY_40, parse_sacct_json, parse_sbatch_parsable, parse_squeue_json
 from clusterctl.slurm.version import SlurmVersion, SlurmVersionError
-from tests.conftest import REPO
-
-DATA = REPO / "tests" / "data" / "slurm"
-RELEASES = ("22.05", "24.11", "26.05")
 
 
-def recording(release: str, name: str) -> str:
-    return (DATA / release / name).read_text()
-
-
-class Recorded:
-    """A runner replaying what one release's commands printed (its index.json says which argv)."""
-
-    def __init__(self, release: str, **extra: Completed) -> None:
-        index = json.loads(recording(release, "index.json"))
-        self.jobs: dict[str, str] = index["jobs"]
-        self.answers = {tuple(entry["argv"]): Completed(entry["returncode"], recording(release, name),
-                                                        entry.get("stderr", ""))
-                        for name, entry in index["files"].items()}
-        self.extra = extra
-        self.calls: list[list[str]] = []
-
-    def __call__(self, argv, timeout) -> Completed:
-        self.calls.append(list(argv))
-        key = " ".join(argv)
-        if key in self.extra:
-            return self.extra[key]
-        return self.answers.get(tuple(argv), Completed(1, "", f"not recorded: {argv}"))
-
-
-@pytest.mark.parametrize("release", RELEASES)
-def test_every_release_reads_into_the_same_reports(release):
-    jobs = parse_squeue_json(recording(release, "squeue-t-all.json"))
-    ids = json.loads(recording(release, "index.json"))["jobs"]
+def test_every_release_reads_into_the_same_reports(recording):
+    jobs = parse_squeue_json(recording.text("squeue-t-all.json"))
+    ids = recording.jobs
     completed, failed, cancelled = jobs[ids["completed"]], jobs[ids["failed"]], jobs[ids["cancelled"]]
     assert (completed.state, completed.exit_code, completed.terminal) == ("COMPLETED", 0, True)
     assert (failed.state, failed.exit_code, failed.reason, failed.nodes) == ("FAILED", 3, "NonZeroExitCode", "node1")
@@ -57,54 +29,53 @@ def test_every_release_reads_into_the_same_reports(release):
     assert failed.states == ("FAILED",) and running.name == "running"
 
 
-@pytest.mark.parametrize("release", RELEASES)
-def test_accounting_steps_and_exit_codes_per_release(release):
-    ids = json.loads(recording(release, "index.json"))["jobs"]
-    jobs = parse_sacct_json(recording(release, "sacct.json"))
+def test_accounting_steps_and_exit_codes_per_release(recording):
+    ids = recording.jobs
+    jobs = parse_sacct_json(recording.text("sacct.json"))
     failed, running = jobs[ids["failed"]], jobs[ids["running"]]
     assert failed.state == "FAILED" and failed.source == "sacct"
     assert [s.step for s in running.steps] == ["batch", "0", "1"]
     assert running.steps[1].state == "COMPLETED" and running.steps[1].nodes == ("node1",)
-    if release == "22.05":  # sacct says SUCCESS/0 for a job that exited 3: unknown, never 0
+    if not recording.version.sacct_exit_code_trustworthy:  # SUCCESS/0 for a job that exited 3: unknown, never 0
         assert failed.exit_code is None and failed.steps[0].exit_code is None
     else:
         assert failed.exit_code == 3 and failed.steps[0].exit_code == 3
     assert running.exit_code is None  # not ended yet
 
 
-def test_newer_releases_keep_state_flags_after_the_base_state():
-    text = recording("26.05", "squeue-t-all.json")
-    data = json.loads(text)
+def test_list_states_keep_their_flags_after_the_base_state(recording):
+    if recording.version.json_family != FAMILY_40:
+        pytest.skip(f"{recording.where}: Slurm {recording.version} prints a job's state as one string, without flags")
+    data = json.loads(recording.text("squeue-t-all.json"))
     data["jobs"][0]["job_state"] = ["PENDING", "REQUEUED"]
     job = parse_squeue_json(json.dumps(data))[str(data["jobs"][0]["job_id"])]
     assert (job.state, job.state_flags, job.states, job.terminal) == ("PENDING", ("REQUEUED",),
                                                                       ("PENDING", "REQUEUED"), False)
 
 
-@pytest.mark.parametrize("release", ["24.11", "26.05"])
-def test_a_job_whose_epilog_still_runs_is_not_finished_yet(release):
-    data = json.loads(recording(release, "squeue-t-all.json"))
-    data["jobs"][0]["job_state"] = ["CANCELLED", "COMPLETING"]
+def test_a_job_whose_epilog_still_runs_is_not_finished_yet(recording):
+    data = json.loads(recording.text("squeue-t-all.json"))
+    # A cancelled job still COMPLETING, as each family prints it.
+    listed = recording.version.json_family == FAMILY_40
+    data["jobs"][0]["job_state"] = ["CANCELLED", "COMPLETING"] if listed else "COMPLETING"
     job = parse_squeue_json(json.dumps(data))[str(data["jobs"][0]["job_id"])]
-    assert job.state == "CANCELLED" and not job.terminal
+    assert job.state == ("CANCELLED" if listed else "COMPLETING") and not job.terminal
 
 
-@pytest.mark.parametrize("release", ["24.11", "26.05"])
-def test_a_list_state_read_with_the_old_shape_is_an_error_naming_release_command_and_field(release):
-    data = json.loads(recording(release, "squeue-t-all.json"))
-    data["jobs"][1]["job_state"] = "FAILED"  # the shape 22.05 printed, in a newer output
-    with pytest.raises(SlurmVersionError) as caught:
+def test_the_other_familys_shape_is_an_error_naming_release_command_and_field(recording):
+    data = json.loads(recording.text("squeue-t-all.json"))
+    failed = [str(job["job_id"]) for job in data["jobs"]].index(recording.jobs["failed"])
+    if recording.version.json_family == FAMILY_40:
+        data["jobs"][failed]["job_state"] = "FAILED"  # the shape 22.05 printed, in a newer output
+        field, expected = rf"`jobs\[{failed}\]\.job_state`", "a list of states"
+    else:
+        data["jobs"][failed]["exit_code"] = {"return_code": 3}  # a newer release's shape, in a v0.0.38 output
+        field, expected = rf"`jobs\[{failed}\]\.exit_code`", "a wait status"
+    with pytest.raises(SlurmVersionError, match=field + ".*" + expected) as caught:
         parse_squeue_json(json.dumps(data), argv=["squeue", "--json", "-t", "all"])
     message = str(caught.value)
-    assert f"Slurm {release}." in message and "squeue --json -t all" in message
-    assert "`jobs[1].job_state`" in message and caught.value.exit_code == 8
-
-
-def test_22_05_output_with_a_list_state_is_an_error_too():
-    data = json.loads(recording("22.05", "squeue.json"))
-    data["jobs"][0]["exit_code"] = {"return_code": 3}
-    with pytest.raises(SlurmVersionError, match=r"Slurm 22\.05\.8: `jobs\[0\]\.exit_code`.*wait status"):
-        parse_squeue_json(json.dumps(data))
+    assert f"Slurm {recording.version}:" in message and "squeue --json -t all" in message
+    assert caught.value.exit_code == 8
 
 
 def test_23_02s_family_is_refused_clearly():
@@ -120,34 +91,30 @@ def test_output_that_names_no_format_is_read_as_the_asked_release_or_refused():
         parse_squeue_json('{"jobs": []}')
 
 
-@pytest.mark.parametrize("release", RELEASES)
-def test_the_door_asks_what_each_release_answers(release):
-    runner = Recorded(release)
-    ids = runner.jobs
+def test_the_door_asks_what_each_release_answers(recording):
+    runner = recording.replay()
+    ids = recording.jobs
     slurm = Slurm(runner)
     asked = [ids["completed"], ids["failed"], ids["running"]]
-    jobs = slurm.queue(asked)  # 22.05 ignores filters: one plain call; later: exactly these, finished included
+    jobs = slurm.queue(asked)  # without filters (22.05): one plain call; with: exactly these, finished included
     assert set(jobs) == set(asked) and jobs[ids["failed"]].exit_code == 3
     squeue_calls = [c for c in runner.calls if c[0] == "squeue"]
-    assert squeue_calls == [["squeue", "--json"] if release == "22.05" else
-                            ["squeue", "--json", "-t", "all", "-j", ",".join(asked)]]
+    assert squeue_calls == [["squeue", "--json", "-t", "all", "-j", ",".join(asked)]
+                            if recording.version.squeue_json_filters else ["squeue", "--json"]]
 
 
-@pytest.mark.parametrize("release", ["24.11", "26.05"])
-def test_a_job_the_controller_no_longer_holds_is_absent_not_an_error(release):
-    runner = Recorded(release)
-    unknown = runner.answers[("squeue", "--json", "-t", "all", "-j", "999999")]
-    assert unknown.returncode == 1  # what Slurm really does for one unknown id
-    assert Slurm(runner).queue(["999999"]) == {}
+def test_a_job_the_controller_no_longer_holds_is_absent_not_an_error(recording):
+    if recording.version.squeue_json_filters:  # what Slurm really does when asked for one unknown id
+        assert recording.require(["squeue", "--json", "-t", "all", "-j", "999999"]).returncode == 1
+    assert Slurm(recording.replay()).queue(["999999"]) == {}
 
 
-def test_accounting_disabled_is_unknown_not_an_error():
+def test_accounting_disabled_is_unknown_not_an_error(recording):
     disabled = Completed(1, "", "sacct: error: Slurm accounting storage is disabled\n")
-    runner = Recorded("26.05", **{"sacct --json -j 2": disabled})
-    assert Slurm(runner).accounting(["2"]) == {}
-    runner = Recorded("26.05", **{"sacct --json -j 2": Completed(1, "", "sacct: error: Problem talking to the db")})
+    assert Slurm(recording.replay({"sacct --json -j 2": disabled})).accounting(["2"]) == {}
+    trouble = recording.replay({"sacct --json -j 2": Completed(1, "", "sacct: error: Problem talking to the db")})
     with pytest.raises(SlurmCommandError, match="Problem talking"):
-        Slurm(runner).accounting(["2"])
+        Slurm(trouble).accounting(["2"])
 
 
 def test_sbatch_parsable_output_and_garbage():

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from clusterctl.errors import SlurmCommandError
 from clusterctl.slurm.commands import Completed, Slurm
+from clusterctl.slurm.jobs import FAMILY_38
 from clusterctl.slurm.nodes import BASE_STATES, NodeState, SlurmNode, parse_nodes_json
 from clusterctl.slurm.version import SlurmVersion, SlurmVersionError
 
@@ -169,25 +170,9 @@ def test_an_answer_about_another_node_or_of_another_shape_is_a_clear_error():
         SlurmNode("node9", replay({"sinfo": "many|idle|none\n"}, []), release=MID).partition_share("gpu")
 
 
-# ---- real outputs recorded from each release's testbed (scripts/record-slurm-outputs.py) ----
-RECORDED = sorted(path.parent for path in DATA.glob("*/index.json"))
-
-
-def recorded_runner(directory: Path):
-    """Replays what the recording script saw for each argv; a command it did not record fails the test."""
-    index = json.loads((directory / "index.json").read_text())
-    answers = {tuple(entry["argv"]): (directory / name).read_text() for name, entry in index["files"].items()
-               if entry["returncode"] == 0}
-
-    def runner(argv, timeout):
-        assert tuple(argv) in answers, f"{directory.name}: no recorded output of {argv}"
-        return Completed(0, answers[tuple(argv)], "")
-    return runner
-
-
-@pytest.mark.parametrize("directory", RECORDED, ids=[path.name for path in RECORDED])
-def test_on_every_recorded_release_healthd_tells_an_admin_drain_from_its_own(directory):
-    runner = recorded_runner(directory)
+# ---- real outputs recorded from each release's testbed (tests/recordings.py: every recorded release) ----
+def test_on_every_recorded_release_healthd_tells_an_admin_drain_from_its_own(recording):
+    runner = recording.replay()
     state = {name: SlurmNode(name, runner).state() for name in ("node1", "node2", "node3", "node4")}
     assert state["node2"].drained_by_someone_else and state["node2"].reason == "admin: maintenance"
     assert state["node3"].drained_by_us and state["node3"].reason.startswith("healthd: xid 79 gpu0")
@@ -196,21 +181,20 @@ def test_on_every_recorded_release_healthd_tells_an_admin_drain_from_its_own(dir
     share = SlurmNode("node1", runner).partition_share("gpu")
     assert (share.nodes, share.drained_by_us) == (4, 1)
     assert SlurmNode("node1", runner).partition_size("gpu") == 4
+    assert ["sbatch", "--version"] not in runner.calls  # the same commands on every release
 
 
-@pytest.mark.parametrize("directory", RECORDED, ids=[path.name for path in RECORDED])
-def test_on_every_recorded_release_the_supervisors_node_view_has_each_nodes_own_reason(directory):
-    nodes = {n.name: n for n in parse_nodes_json(Slurm(recorded_runner(directory)).nodes_json())}
+def test_on_every_recorded_release_the_supervisors_node_view_has_each_nodes_own_reason(recording):
+    nodes = {n.name: n for n in parse_nodes_json(Slurm(recording.replay()).nodes_json())}
     assert nodes["node3"].drained_by_us and nodes["node2"].drained_by_someone_else
 
 
-@pytest.mark.parametrize("directory", RECORDED, ids=[path.name for path in RECORDED])
-def test_on_every_recorded_release_a_dead_node_reads_as_not_responding_by_either_query(directory):
-    single = SlurmNode("node4", recorded_runner(directory)).state()
-    table = {n.name: n for n in parse_nodes_json(Slurm(recorded_runner(directory)).nodes_json())}["node4"]
+def test_on_every_recorded_release_a_dead_node_reads_as_not_responding_by_either_query(recording):
+    single = SlurmNode("node4", recording.replay()).state()
+    table = {n.name: n for n in parse_nodes_json(Slurm(recording.replay()).nodes_json())}["node4"]
     assert (single.state, single.flags) == ("down", ("NOT_RESPONDING",))
     assert table.state == "down" and "NOT_RESPONDING" in table.flags
-    assert "NOT_RESPONDING" not in SlurmNode("node1", recorded_runner(directory)).state().flags
+    assert "NOT_RESPONDING" not in SlurmNode("node1", recording.replay()).state().flags
 
 
 def test_sinfo_state_suffixes_read_as_the_flags_json_names():
@@ -222,10 +206,9 @@ def test_sinfo_state_suffixes_read_as_the_flags_json_names():
         assert (state.state, state.flags) == expected, text
 
 
-@pytest.mark.parametrize("directory", RECORDED, ids=[path.name for path in RECORDED])
-def test_plain_sinfo_json_is_read_on_2205_and_refused_where_it_groups_two_drains(directory):
-    text = (directory / "sinfo.json").read_text()
-    if (directory / "sbatch-version.txt").read_text().split()[-1].startswith("22.05"):
+def test_plain_sinfo_json_is_read_where_nodes_are_flat_and_refused_where_it_groups_two_drains(recording):
+    text = recording.text("sinfo.json")
+    if recording.version.json_family == FAMILY_38:  # one entry per node, each with its own reason
         assert {n.name for n in parse_nodes_json(text) if n.drained_by_us} == {"node3"}
     else:
         with pytest.raises(SlurmVersionError, match="only the first one's"):

@@ -38,3 +38,38 @@ def test_any_other_text_is_a_slurm_error_never_a_traceback(text):
         parse_version(text)
     except SlurmCommandError as exc:
         assert exc.exit_code == 8
+
+
+FIRST_RELEASE = {
+    "scontrol_node_json": (23, 2, 0), "sacct_exit_code_trustworthy": (23, 11, 0), "topology_block": (23, 11, 0),
+    "segment": (24, 5, 0), "only_job_state": (24, 5, 0), "squeue_json_filters": (24, 5, 1),
+    "topology_yaml": (25, 5, 0), "expedited_requeue": (25, 11, 0), "health_check_start_only": (25, 11, 0),
+    "sluid": (25, 11, 0), "topology_ordered_steps": (26, 5, 0),
+}
+"""Each capability → the first release that has it (each property's docstring says where that comes from; the
+25.11 ones are absent from SchedMD's slurm-25-05-8-1 and present in slurm-25-11-0-1, CR_NO_DIST_TOPO_BLOCK absent
+from slurm-25-11-7-1 and present in slurm-26-05-0-1)."""
+
+versions = st.builds(SlurmVersion, st.integers(20, 40), st.integers(0, 12), st.integers(0, 20))
+
+
+def capabilities(version: SlurmVersion) -> set[str]:
+    return {name for name in FIRST_RELEASE if getattr(version, name)}
+
+
+def test_every_capability_has_its_first_release_here():
+    properties = {name for name, value in vars(SlurmVersion).items() if isinstance(value, property)}
+    assert properties - {"json_family"} == set(FIRST_RELEASE)
+
+
+@given(versions)
+def test_a_release_has_exactly_the_capabilities_that_started_at_or_before_it(version):
+    release = (version.major, version.minor, version.micro)
+    assert capabilities(version) == {name for name, first in FIRST_RELEASE.items() if release >= first}
+
+
+@given(versions, versions)
+def test_a_newer_release_loses_no_capability(one, other):
+    older, newer = sorted((one, other))
+    assert capabilities(older) <= capabilities(newer)
+

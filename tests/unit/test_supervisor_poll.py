@@ -3,57 +3,37 @@ Slurm about its own job (one line of text) and its own nodes, and waits longer w
 
 from __future__ import annotations
 
-import json
-
-import pytest
-
 from clusterctl.launcher.login.supervisor import next_poll_interval
-from clusterctl.slurm.commands import Completed, Slurm, parse_exit_code
+from clusterctl.slurm.commands import Slurm, parse_exit_code
+from clusterctl.slurm.jobs import job_line_argv
 from tests.conftest import REPO
+from tests.recordings import check_job
 
 DATA = REPO / "tests" / "data" / "slurm"
-RELEASES = ("22.05", "26.05")
-STATES = {"completed": "COMPLETED", "failed": "FAILED", "cancelled": "CANCELLED", "node_fail": "NODE_FAIL",
-          "running": "RUNNING", "pending": "PENDING"}
 
 
-def recorded(release: str):
-    """A runner that answers with the release's recordings, keyed by argv."""
-    index = json.loads((DATA / release / "index.json").read_text())
-    answers = {tuple(e["argv"]): Completed(e["returncode"], (DATA / release / name).read_text(), e.get("stderr", ""))
-               for name, e in index["files"].items()}
-
-    def runner(argv, timeout) -> Completed:
-        return answers[tuple(argv)]
-    return index["jobs"], runner
-
-
-@pytest.mark.parametrize("release", RELEASES)
-def test_one_line_of_text_tells_each_recorded_jobs_state_nodes_and_owner(release):
-    jobs, runner = recorded(release)
-    slurm = Slurm(runner)
-    for role, state in STATES.items():
-        report = slurm.job(jobs[role])
-        assert report is not None and report.job_id == jobs[role] and report.state == state
+def test_one_line_of_text_tells_each_recorded_jobs_state_nodes_and_owner(recording):
+    slurm = Slurm(recording.replay())
+    for role, job_id in recording.jobs.items():
+        recording.require(job_line_argv(job_id))
+        report = slurm.job(job_id)
+        check_job(recording, role, report)
+        assert report is not None and report.job_id == job_id
         assert report.user_id == 0 and report.comment == "" and report.submit_time > 0
-        assert report.terminal == (role not in ("running", "pending"))
-    assert slurm.job(jobs["running"]).nodes == "node1" and slurm.job(jobs["pending"]).nodes == ""
+    assert slurm.job(recording.jobs["running"]).nodes == "node1" and slurm.job(recording.jobs["pending"]).nodes == ""
     assert slurm.job("999999") is None  # past MinJobAge: not held, not an error
 
 
-@pytest.mark.parametrize("release", RELEASES)
-def test_an_ended_jobs_exit_code_is_asked_once_for_that_job_alone(release):
-    jobs, runner = recorded(release)
-    asked: list[list[str]] = []
-
-    def counting(argv, timeout):
-        asked.append(list(argv))
-        return runner(argv, timeout)
-    slurm = Slurm(counting)
-    failed = slurm.job_exit(slurm.job(jobs["failed"]))
+def test_an_ended_jobs_exit_code_is_asked_once_for_that_job_alone(recording):
+    failed_id = recording.jobs["failed"]
+    recording.require(job_line_argv(failed_id))
+    runner = recording.replay()
+    slurm = Slurm(runner)
+    failed = slurm.job_exit(slurm.job(failed_id))
     assert (failed.state, failed.exit_code, failed.signal) == ("FAILED", 3, None)
-    whole_queue = [a for a in asked if a[0] == "squeue" and "-j" not in a]
-    assert whole_queue == []
+    asked_for_exit = [call for call in runner.calls if call[0] != "sbatch" and call != job_line_argv(failed_id)]
+    assert asked_for_exit == [["squeue", "--json", "-t", "all", "-j", failed_id]
+                              if recording.version.squeue_json_filters else ["scontrol", "show", "job", failed_id]]
 
 
 def test_scontrol_says_the_jobs_exit_code_not_its_steps_highest():
