@@ -78,13 +78,6 @@ def test_the_other_familys_shape_is_an_error_naming_release_command_and_field(re
     assert caught.value.exit_code == 8
 
 
-def test_23_02s_family_is_refused_clearly():
-    text = json.dumps({"meta": {"plugin": {"data_parser": "data_parser/v0.0.39"},
-                                "Slurm": {"release": "23.02.7"}}, "jobs": []})
-    with pytest.raises(SlurmVersionError, match=r"Slurm 23\.02\.7: `meta.plugin`.*23\.02's JSON is not supported"):
-        parse_squeue_json(text)
-
-
 def test_output_that_names_no_format_is_read_as_the_asked_release_or_refused():
     assert parse_squeue_json('{"jobs": []}', SlurmVersion(24, 11, 5)) == {}
     with pytest.raises(SlurmVersionError, match="release unknown"):
