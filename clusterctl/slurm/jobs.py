@@ -2,24 +2,29 @@
 
 Pure functions on text; the real outputs of each Slurm release recorded on the testbed
 (tests/data/slurm/<release>/) are their unit-test data.  Each output names its own format in
-`meta` (22.05: `meta.plugin.type` "openapi/v0.0.38"; 23.11 on: `meta.plugin.data_parser`
-"data_parser/v0.0.4x"); the family decides how each field reads:
+`meta` (22.05: `meta.plugin.type` "openapi/v0.0.38"; 23.02: `meta.plugins.data_parser`
+"data_parser/v0.0.39", with `plugins` plural; 23.11 on: `meta.plugin.data_parser` "data_parser/v0.0.4x");
+the family decides how each field reads:
 
-| field | v0.0.38 (22.05) | v0.0.40+ (23.11 → 26.05) |
-|---|---|---|
-| squeue `job_state` / sacct `state.current` | "FAILED" | ["FAILED", flags…] |
-| squeue `exit_code` | wait status (768 = exit 3) | {status, return_code{set,number}, signal{id{set,number}}} |
-| squeue times | int | {set, infinite, number} |
-| sacct step id | `step.id` "batch" / 0 | `step.id` "N.batch" |
+| field | v0.0.38 (22.05) | v0.0.39 (23.02) | v0.0.40+ (23.11 → 26.05) |
+|---|---|---|---|
+| squeue `job_state` / sacct `state.current` | "FAILED" | "FAILED" | ["FAILED", flags…] |
+| squeue `exit_code` | wait status (768 = exit 3) | wait status: int to 23.02.3, {set, infinite, number} from 23.02.4 | {status, return_code{set,number}, signal{id{set,number}}} |
+| squeue times | int | int | {set, infinite, number} |
+| sacct `exit_code` | {status, return_code} | {status, return_code}, signal{signal_id, name} when signalled | {status, return_code{set,number}, signal{id{set,number}}} |
+| sacct step id | `step.id` "batch" / 0 | `step.id` {"job_id": N, "step_id": "batch"} | `step.id` "N.batch" |
 
-23.02's v0.0.39 is refused with a clear error (no recording to read it from).  Whatever the
-family, an output the parser does not understand is a SlurmVersionError naming the release, the
-command and the field, never a job silently read as "no jobs", "not terminal" or exit 0.
+A single string state may be a flag standing for the whole state (22.05's and 23.02's
+`job_state_string`: "COMPLETING", "REQUEUED"...).  Whatever the family, an output the parser
+does not understand is a SlurmVersionError naming the release, the command and the field, never a
+job silently read as "no jobs", "not terminal" or exit 0.
 
 Relied-on behaviour: 22.05's `squeue --json` ignores filters and lists every job slurmctld
-holds (finished ones for MinJobAge); from 24.05.1 filters are honoured and finished jobs need
-`-t all`.  sacct's JSON exit code of a failed job reads SUCCESS/0 on 22.05/23.02, so it is
-reported as unknown there.  Accounting can lag the controller by seconds.
+holds (finished ones for MinJobAge); 23.02's honours one `-j ID` but not several, nor the default
+state filter; from 24.05.1 filters are honoured and finished jobs need `-t all`.  sacct's JSON
+exit code of a failed job reads SUCCESS/0 on 22.05/23.02 (23.02.8 recorded; its v0.0.39 dumper
+writes SUCCESS/0 for every job that exited, whatever the code), so it is reported as unknown
+there.  Accounting can lag the controller by seconds.
 """
 
 from __future__ import annotations
@@ -117,17 +122,19 @@ class _Output:
         meta = data.get("meta")
         self.release = _meta_release(meta) or self.release
         self.family = self._family(meta, release)
-        if self.family == FAMILY_39:
-            self.fail("meta.plugin", "data_parser/v0.0.39",
-                      "a family this clusterctl reads (22.05's v0.0.38, or 23.11's v0.0.40 and later); "
-                      "23.02's JSON is not supported: upgrade Slurm")
         jobs = data.get("jobs")
         if not isinstance(jobs, list):
             self.fail("jobs", jobs, "a list of jobs")
         self.jobs: list[Any] = jobs
 
     def _family(self, meta: object, release: SlurmVersion | None) -> str:
-        plugin = meta.get("plugin") if isinstance(meta, dict) else None
+        """The family the output names (`meta.plugin`; 23.02: `meta.plugins`), else the asked release's."""
+        where, plugin = "meta.plugin", None
+        if isinstance(meta, dict):
+            for key in ("plugin", "plugins"):
+                if isinstance(meta.get(key), dict):
+                    where, plugin = f"meta.{key}", meta[key]
+                    break
         named = ""
         if isinstance(plugin, dict):
             named = str(plugin.get("data_parser") or plugin.get("type") or "")
@@ -140,10 +147,10 @@ class _Output:
                 return FAMILY_39
             if number >= 40:
                 return FAMILY_40
-            self.fail("meta.plugin", named, "v0.0.38 or later")
+            self.fail(where, named, "v0.0.38 or later")
         if release is not None:
             return release.json_family
-        self.fail("meta.plugin", plugin, "the output's format (`data_parser` or `type`)")
+        self.fail(where, plugin, "the output's format (`data_parser` or `type`)")
 
     def fail(self, where: str, value: object, expected: str) -> NoReturn:
         """Raise the error naming release, command and field."""
@@ -167,8 +174,8 @@ class _Output:
         return value
 
     def number(self, value: object, where: str) -> int | None:
-        """An int, or 22.05+'s {set, infinite, number} (None when unset or infinite)."""
-        if isinstance(value, dict) and self.family == FAMILY_40:
+        """An int, or 23.02+'s {set, infinite, number} (None when unset or infinite)."""
+        if isinstance(value, dict) and self.family != FAMILY_38:
             number = _as_int(value.get("number"))
             if not isinstance(value.get("set"), bool) or number is None:
                 self.fail(where, value, "{set, infinite, number}")
@@ -177,7 +184,7 @@ class _Output:
             return None
         found = _as_int(value)
         if found is None:
-            self.fail(where, value, "an integer" + (" or {set, infinite, number}" if self.family == FAMILY_40 else ""))
+            self.fail(where, value, "an integer" + (" or {set, infinite, number}" if self.family != FAMILY_38 else ""))
         return found
 
     def time(self, value: object, where: str) -> float:
@@ -194,13 +201,13 @@ class _Output:
         self.fail(f"{where}.job_id", value, "a job id")
 
     def states(self, value: object, where: str) -> tuple[str, tuple[str, ...]]:
-        """(base state, flags) from "FAILED" (v0.0.38) or ["FAILED", flags...] (v0.0.40+)."""
-        if self.family == FAMILY_38 and isinstance(value, str) and value:
+        """(base state, flags) from "FAILED" (v0.0.38, v0.0.39) or ["FAILED", flags...] (v0.0.40+)."""
+        listed = self.family == FAMILY_40
+        if not listed and isinstance(value, str) and value:
             return value, ()
-        if (self.family == FAMILY_40 and isinstance(value, list) and value
-                and all(isinstance(s, str) and s for s in value)):
+        if listed and isinstance(value, list) and value and all(isinstance(s, str) and s for s in value):
             return value[0], tuple(value[1:])
-        self.fail(where, value, "a state string" if self.family == FAMILY_38 else "a list of states, base state first")
+        self.fail(where, value, "a list of states, base state first" if listed else "a state string")
 
     def exit_object(self, value: object, where: str) -> tuple[int | None, int | None]:
         """sacct's (and v0.0.40+ squeue's) exit code object → (exit code, signal)."""
@@ -271,22 +278,41 @@ def parse_squeue_json(text: str, release: SlurmVersion | None = None,
     return {report.job_id: report for report in _each_job(out, read)}
 
 
+_UNSET_UINT32 = frozenset({0xFFFFFFFE, 0xFFFFFFFF})
+"""Slurm's NO_VAL and INFINITE as a uint32, which 23.02.0-23.02.3 print as plain numbers in squeue's
+`exit_code` (from 23.02.4 `{"set": false, ...}`): no wait status, so no exit code known."""
+
+
 def _squeue_exit(out: _Output, value: object, where: str) -> tuple[int | None, int | None]:
-    if out.family == FAMILY_38:
+    """squeue's exit code → (exit code, signal): a wait status up to v0.0.39, an object after."""
+    if out.family == FAMILY_40:
+        return out.exit_object(value, where)
+    status: int | None
+    if out.family == FAMILY_39 and isinstance(value, dict):
+        # 23.02.4+: the wait status inside {set, infinite, number}.
+        status = _as_int(value.get("number"))
+        if not isinstance(value.get("set"), bool) or not isinstance(value.get("infinite", False), bool) \
+                or status is None:
+            out.fail(where, value, "a wait status (an integer or {set, infinite, number})")
+        if not value["set"] or value.get("infinite"):
+            return None, None
+    else:
         if value is None:
             return None, None
         status = _as_int(value)
-        if status is None or not 0 <= status < 1 << 16:
-            out.fail(where, value, "a wait status")
-        return (status >> 8) & 0xFF, (status & 0x7F) or None
-    return out.exit_object(value, where)
+        if out.family == FAMILY_39 and status in _UNSET_UINT32:
+            return None, None
+    if status is None or not 0 <= status < 1 << 16:
+        out.fail(where, value, "a wait status" + (" (an integer or {set, infinite, number})"
+                                                  if out.family == FAMILY_39 else ""))
+    return (status >> 8) & 0xFF, (status & 0x7F) or None
 
 
 def parse_sacct_json(text: str, release: SlurmVersion | None = None,
                      argv: Sequence[str] = ("sacct", "--json")) -> dict[str, JobReport]:
     """`sacct --json -j ...` → job id → report with its steps.
 
-    On 22.05 (and 23.02) sacct's job exit code of a failed job reads 0: it is reported as unknown
+    On 22.05 and 23.02 sacct's job exit code of a failed job reads 0: it is reported as unknown
     (None) there unless the job completed; prefer squeue's while the controller holds the job.
     """
     out = _Output(text, list(argv), release)
@@ -298,7 +324,7 @@ def parse_sacct_json(text: str, release: SlurmVersion | None = None,
         times = out.obj(job.get("time", {}), f"{where}.time")
         exit_code, signal = out.exit_object(job.get("exit_code"), f"{where}.exit_code")
         if state not in TERMINAL_STATES or (not trusted and state != "COMPLETED"):
-            exit_code = signal = None  # not ended yet, or 22.05/23.02's 0 for a failed job
+            exit_code = signal = None  # not ended yet, or 22.05's and 23.02's 0 for a failed job
         steps = tuple(_sacct_step(out, out.obj(step, f"{where}.steps[{i}]"), f"{where}.steps[{i}]", trusted)
                       for i, step in enumerate(_list(out, job.get("steps", []), f"{where}.steps")))
         comment = job.get("comment")
@@ -325,22 +351,37 @@ def _list(out: _Output, value: object, where: str) -> list[Any]:
     return value
 
 
-def _sacct_step(out: _Output, step: dict[str, Any], where: str, trusted: bool) -> StepReport:
-    ident = out.obj(step.get("step"), f"{where}.step")
-    raw = ident.get("id")
+def _step_id(out: _Output, raw: object, where: str) -> str:
+    """A sacct step's own id ("batch", "extern", "0") from each family's `step.id`."""
     if out.family == FAMILY_40:
         # "12.batch", "12.0", "12.extern": the step's own id is after the job id.
         if not isinstance(raw, str) or "." not in raw:
-            out.fail(f"{where}.step.id", raw, "`<job>.<step>`")
-        step_id = raw.split(".", 1)[1]
-    elif isinstance(raw, str | int) and not isinstance(raw, bool):
-        step_id = str(raw)
-    else:
-        out.fail(f"{where}.step.id", raw, "a step id")
+            out.fail(where, raw, "`<job>.<step>`")
+        return raw.split(".", 1)[1]
+    if out.family == FAMILY_39:
+        # {"job_id": 12, "step_id": "batch"}, plus "step_het_component" for a heterogeneous step (12.0+1).
+        found = out.obj(raw, where)
+        step_id, component = found.get("step_id"), found.get("step_het_component")
+        if not isinstance(step_id, str) or not step_id:
+            out.fail(f"{where}.step_id", step_id, "a step id")
+        if component is None:
+            return step_id
+        number = _as_int(component)
+        if number is None:
+            out.fail(f"{where}.step_het_component", component, "an integer")
+        return f"{step_id}+{number}"
+    if isinstance(raw, str | int) and not isinstance(raw, bool):
+        return str(raw)
+    out.fail(where, raw, "a step id")
+
+
+def _sacct_step(out: _Output, step: dict[str, Any], where: str, trusted: bool) -> StepReport:
+    ident = out.obj(step.get("step"), f"{where}.step")
+    step_id = _step_id(out, ident.get("id"), f"{where}.step.id")
     state, flags = out.states(step.get("state"), f"{where}.state")
     code, signal = out.exit_object(step.get("exit_code"), f"{where}.exit_code")
     if state not in TERMINAL_STATES or (not trusted and state != "COMPLETED"):
-        code = signal = None  # 22.05's batch step of a job that exited 3 reads 0 too (recorded)
+        code = signal = None  # 22.05's and 23.02's batch step of a job that exited 3 reads 0 too (recorded)
     nodes = step.get("nodes")
     names = _list(out, nodes.get("list", []), f"{where}.nodes.list") if isinstance(nodes, dict) else []
     name = ident.get("name")

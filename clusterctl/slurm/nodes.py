@@ -1,7 +1,7 @@
 """Nodes as Slurm reports them, from every release's JSON, and healthd's door to its own node.
 
 Each release shapes node JSON differently (measured on Debian's 22.05.8, 24.11.5 and 26.05.5;
-SchedMD's data_parser plugins for 23.02):
+recorded from SchedMD's 23.02.8, whose v0.0.39 shapes nodes as 23.11+ does):
 - 22.05 (openapi v0.0.38): `sinfo --json` prints every node flat, `{"nodes": [{"name", "state":
   "idle", "state_flags": ["DRAIN"], "reason", "partitions"}]}`, and ignores `-n`/`-p`/`-N`;
   scontrol has no `--json`.
@@ -116,7 +116,7 @@ def _kind(value: object) -> str:
 
 
 def _release_of(data: Mapping[str, Any]) -> str:
-    """The release an answer says it came from (`meta.slurm.release`, 22.05's `meta.Slurm.release`)."""
+    """The release an answer says it came from (`meta.slurm.release`, 22.05's and 23.02's `meta.Slurm.release`)."""
     meta = data.get("meta")
     if isinstance(meta, Mapping):
         for key in ("slurm", "Slurm"):

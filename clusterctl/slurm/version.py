@@ -1,9 +1,12 @@
 """Which Slurm answers, and what that release offers: asked once per process, never assumed.
 
 Facts relied on (SchedMD's release notes and data_parser plugins, measured on Debian's 22.05.8,
-24.11.5 and 26.05.5; ../shared/notes/slurm-versions.md):
-- `--json` output families: 22.05 prints openapi v0.0.38 shapes, 23.02 v0.0.39, 23.11 and later
-  v0.0.40 … v0.0.45 (states become lists, times and exit codes objects).
+24.11.5 and 26.05.5 and recorded from SchedMD's 23.02.8, 23.11.11, 24.05.8 and 25.11.7;
+../shared/notes/slurm-versions.md):
+- `--json` output families: 22.05 prints openapi v0.0.38 shapes, 23.02 v0.0.39 (named in
+  `meta.plugins.data_parser`, `plugins` plural; states still strings, squeue's exit code still a
+  wait status), 23.11 and later v0.0.40 … v0.0.45 (states become lists, times and exit codes
+  objects).  clusterctl.slurm.jobs has the table, field by field.
 - squeue honours its filters with `--json` only from 24.05.1, and from then hides finished jobs
   unless `-t all`.
 - `scontrol show node N --json` exists from 23.02; `squeue --only-job-state` from 24.05.

@@ -27,8 +27,15 @@ def flat_2205(nodes: list[NodeState]) -> str:
          "partitions": list(n.partitions)} for n in nodes]})
 
 
+def scontrol_json_2302(nodes: list[NodeState]) -> str:
+    """23.02's `scontrol show node --json` (v0.0.39): as 23.11+'s, its format named in `meta.plugins`."""
+    return json.dumps({"meta": {"plugins": {"data_parser": "data_parser/v0.0.39"}, "Slurm": {"release": "23.02.8"}},
+                       "nodes": [{"name": n.name, "hostname": n.name, "state": [n.state.upper(), *n.flags],
+                                  "reason": n.reason, "partitions": list(n.partitions)} for n in nodes]})
+
+
 def scontrol_json(nodes: list[NodeState]) -> str:
-    """23.02+'s `scontrol show node --json`: state one list, base state first."""
+    """23.11+'s `scontrol show node --json`: state one list, base state first."""
     return json.dumps({"meta": {"slurm": {"release": "24.11.5"}}, "nodes": [
         {"name": n.name, "state": [n.state.upper(), *n.flags], "reason": n.reason, "partitions": list(n.partitions)}
         for n in nodes]})
@@ -51,7 +58,7 @@ CLUSTER = [node("node1", state="mixed"), node("node2", "admin: bad fan"),
            node("node4", state="down", partitions=("gpu", "debug"))]
 
 
-@pytest.mark.parametrize("render", [flat_2205, scontrol_json, sinfo_per_node])
+@pytest.mark.parametrize("render", [flat_2205, scontrol_json_2302, scontrol_json, sinfo_per_node])
 def test_every_release_shape_reads_the_same_nodes(render):
     nodes = {n.name: n for n in parse_nodes_json(render(CLUSTER))}
     assert nodes["node2"].drained_by_someone_else and not nodes["node2"].drained_by_us
@@ -124,7 +131,7 @@ states = st.builds(NodeState, names, st.sampled_from(sorted(BASE_STATES)).map(st
 
 @given(st.lists(states, max_size=6, unique_by=lambda n: n.name))
 def test_each_shape_gives_back_exactly_the_nodes_slurm_described(nodes):
-    for render in (flat_2205, scontrol_json, sinfo_per_node):
+    for render in (flat_2205, scontrol_json_2302, scontrol_json, sinfo_per_node):
         assert parse_nodes_json(render(nodes)) == nodes
 
 
