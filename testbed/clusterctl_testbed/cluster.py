@@ -96,6 +96,12 @@ class NodeState:
     """False while slurmctld flags the node not responding (`idle*` in sinfo's compact state)."""
 
 
+def _describe(node: NodeState) -> str:
+    """A node's state as sinfo shows it, with the reason when there is one ("drained, reason: ...")."""
+    state = node.state + ("" if node.responding else " (not responding)")
+    return f"{state}, reason: {node.reason}" if node.reason and node.reason != "none" else state
+
+
 class Testbed:
     """Handle on the testbed described by a `Layout` (all state lives in its files)."""
 
@@ -485,15 +491,24 @@ class Testbed:
                    timeout: float, what: str) -> None:
         """Wait until `predicate` holds for every listed node (default: all)."""
         wanted = set(nodes or self.layout.nodes)
+        last: dict[str, NodeState] = {}
 
         def ok() -> bool:
             try:
                 current = {n.name: n for n in self.nodes() if n.name in wanted}
             except TestbedError:
                 return False
+            last.clear()
+            last.update(current)
             return current.keys() == wanted and all(predicate(n) for n in current.values())
 
-        wait_for(ok, timeout=timeout, what=what, interval=0.2)
+        try:
+            wait_for(ok, timeout=timeout, what=what, interval=0.2)
+        except TestbedError as error:
+            # Say where each node was stuck: a timeout alone does not tell a drain from a slow boot.
+            seen = "; ".join(f"{name}: {_describe(last[name]) if name in last else 'not listed'}"
+                             for name in sorted(wanted))
+            raise TestbedError(f"{error} (last seen: {seen})") from None
 
     def wait_nodes_idle(self, *, nodes: Sequence[str] | None = None, timeout: float = 60) -> None:
         # `sinfo -t idle` also lists inval, drained and idle* nodes: compare %T exactly.
