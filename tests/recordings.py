@@ -84,12 +84,12 @@ class Recording:
         return self._by_argv.get(tuple(argv))
 
     def require(self, argv: Sequence[str]) -> RecordedFile:
-        """The file recording `argv`; skips the test (saying where and how to fix it) when this
-        recording predates the command."""
+        """The file recording `argv`; fails the test (saying where and how to fix it) when this
+        recording lacks the command: every release's recording holds every command clusterctl runs."""
         found = self.recorded(argv)
         if found is None:
-            pytest.skip(f"{self.where}: `{' '.join(argv)}` is not recorded (the recording predates it): "
-                        f"record again with scripts/record-slurm-outputs.py --slurm {self.name}")
+            pytest.fail(f"{self.where}: `{' '.join(argv)}` is not recorded (the recording predates it): "
+                        f"record again with scripts/record-slurm-outputs.py --slurm {self.name}", pytrace=False)
         return found
 
     @cached_property
