@@ -102,9 +102,10 @@ def cli(debug: bool) -> None:
     Exit codes: 0 ok, 2 usage, 3 hostlist, 4 topology, 5 layout, 6 placement,
     7 spec, 8 Slurm command, 9 run directory, 10 a record file this version
     cannot read, 11 an unsafe directory, 12 a file that cannot be written,
-    13 multi-level checkpoint settings a training program cannot use, 14 a
-    checkpoint copy that cannot move between nodes, 70 an internal error (please report it; --debug shows where), 130
-    interrupted.  supervise: 0 done, 1 stopped, 2 cancelled.
+    13 multi-level checkpoint settings a training program cannot use,
+    14 a checkpoint copy that cannot move between nodes, 70 an internal error
+    (please report it; --debug shows where), 130 interrupted.
+    supervise: 0 done, 1 stopped, 2 cancelled.
     """
     if debug:
         os.environ["CLUSTERCTL_DEBUG"] = "1"
