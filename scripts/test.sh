@@ -6,7 +6,9 @@
 #   3. the test suite: unit tests (the dependency rules among them) and end-to-end tests against
 #      a real Slurm testbed (its own, at /tmp/ctb-test, torn down at the end), one of which runs
 #      a job from the wheel's virtualenv; one pytest session per Slurm release:
-#        a. unit tests (two processes) and the whole end-to-end suite on this machine's Slurm 22.05;
+#        a. unit tests (two processes), again with the wall clock a year ahead (`--clock-shift=+365d`,
+#           tests/clock_shift.py: a test that depends on today's date fails the day it is written),
+#           and the whole end-to-end suite on this machine's Slurm 22.05;
 #        b. the end-to-end suite on the newest release (26.05, Debian sid's root filesystem) but the
 #           stories marked `one_release` (a sibling story covers their Slurm side there);
 #        c. the stories marked `slurm_versions` on 24.11 (Debian trixie's).
@@ -52,6 +54,7 @@ if [[ $# -gt 0 ]]; then
 else
   # The unit tests on both cores (pytest-xdist), then the end-to-end suite (one testbed, serial).
   session host tests/unit -n 2
+  session host tests/unit -n 2 --clock-shift=+365d
   session host tests/e2e -m "not matrix_only"
   session "$NEWEST" tests/e2e -m "not one_release and not matrix_only"
   session 24.11 tests/e2e -m "slurm_versions and not matrix_only"

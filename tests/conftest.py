@@ -36,6 +36,9 @@ settings.load_profile("clusterctl")
 
 REPO = Path(__file__).resolve().parent.parent
 
+# `--clock-shift=+365d`: the whole suite as if today were a year ahead (tests/clock_shift.py).
+pytest_plugins = ["tests.clock_shift"]
+
 
 def import_testbed(module: str = "") -> ModuleType:
     """`clusterctl_testbed` (or its `module`), or skip the test asking for it when it is not installed."""

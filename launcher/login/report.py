@@ -175,7 +175,7 @@ class RunReport:
     message: str
     attempts: tuple[AttemptReport, ...]
     excluded_now: tuple[str, ...]
-    """Nodes still blamed now: the next submission excludes them."""
+    """Nodes still blamed now: the next submission excludes them (a live fact: it changes as blames expire)."""
     in_allocation: tuple[RecoveredInAllocation, ...]
     stragglers: tuple[StragglerFound, ...]
     checkpoints: tuple[Checkpoint, ...]
@@ -197,10 +197,14 @@ class RunReport:
     """The first and the newest point of the jobs' training series (None: none kept one)."""
     training_problems: tuple[str, ...] = ()
     """What could not be read of those series."""
+    excluded_when_ended: tuple[str, ...] | None = None
+    """An ended run's nodes whose blame was in force when it ended (what its last submissions avoided, the same
+    whenever the report is made); None while the run runs."""
 
     def to_json(self) -> dict[str, Any]:
         return {"run": str(self.run), "state": self.state, "message": self.message,
                 "attempts": [a.to_json() for a in self.attempts], "excluded_now": list(self.excluded_now),
+                "excluded_when_ended": None if self.excluded_when_ended is None else list(self.excluded_when_ended),
                 "experiment": experiment_json(self.experiment),
                 "in_allocation": [recovery_report_json(r) for r in self.in_allocation],
                 "resumes": [resumed_json(r) for r in self.resumes],
@@ -255,7 +259,8 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                      goodput=goodput, restarts_used=state.budget.restarts, max_restarts=max_restarts,
                      journal_warnings=tuple(journal_warnings), resumes=resumes_of(events),
                      experiment=tuple(experiment), lost=lost_spans(times, list(checkpoints), now, restarts),
-                     training=training, training_problems=tuple(training_problems))
+                     training=training, training_problems=tuple(training_problems),
+                     excluded_when_ended=tuple(state.excluded(state.ended.at)) if state.ended else None)
 
 
 def report_renderables(report: RunReport) -> Group:

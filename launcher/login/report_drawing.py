@@ -795,6 +795,15 @@ footer { color: #888; font-size: 11px; margin-top: 24px; border-top: 1px solid #
 """
 
 
+def _exclusion_text(report: RunReport) -> str:
+    """Which nodes the run avoids: a running run's as of now (its next submission), an ended run's as they were
+    when it ended (a fact of the record: the page of a finished run reads the same on any later day)."""
+    if report.excluded_when_ended is not None:
+        nodes = report.excluded_when_ended
+        return f"; excluded when the run ended: {_text(', '.join(nodes))}" if nodes else ""
+    return f"; excluded from the next submission: {_text(', '.join(report.excluded_now))}" if report.excluded_now else ""
+
+
 def report_html(report: RunReport, now: float, extra: RunSeries = RunSeries()) -> str:
     """The run drawn as one self-contained HTML page (inline SVG and CSS; no script, nothing fetched):
     its timeline, the time lost by cause, the training curves, the per-node step-time heat map, its
@@ -813,8 +822,7 @@ def report_html(report: RunReport, now: float, extra: RunSeries = RunSeries()) -
            f"<p>{len(report.attempts)} attempt(s); restarts used {report.restarts_used}{limit}; goodput "
            f"<b>{share}</b>; {len(report.checkpoints)} complete checkpoint(s)"
            + (f", the newest step {report.checkpoints[-1].step}" if report.checkpoints else "")
-           + (f"; excluded from the next submission: {_text(', '.join(report.excluded_now))}"
-              if report.excluded_now else "") + "</p>"]
+           + _exclusion_text(report) + "</p>"]
     out += [f'<p class="warning">warning: {_text(w)}</p>' for w in report.journal_warnings]
     if axis is None:
         out.append('<p class="missing">nothing to draw yet: no attempt has been submitted</p>')

@@ -55,7 +55,8 @@ def _add(state: dict[str, str], key: str, amount: int) -> None:
 
 
 def apply_fault(state: dict[str, str], fault: Fault, *, now: float) -> FaultEffect:
-    """The node's GPU state after `fault`, plus the events and kernel messages it produces."""
+    """The node's GPU state after `fault`, plus the events and kernel messages it produces (`now`: the
+    machine's monotonic clock, from which an injected hang's deadline is counted)."""
     if fault.kind not in FAULT_KINDS:
         raise ValueError(f"unknown fault {fault.kind!r}; known: {', '.join(FAULT_KINDS)}")
     new = dict(state)
@@ -143,7 +144,8 @@ def inject(node_dir: Path, fault: Fault) -> FaultEffect:
     """Apply `fault` to the node whose emulated-GPU files live in `node_dir`."""
     state_file = node_dir / "state"
     current = parse_state(state_file.read_text()) if state_file.exists() else {}
-    effect = apply_fault(current, fault, now=time.time())
+    # The machine's monotonic clock, as the emulated driver reads a hang's deadline (see nvml_emu.c).
+    effect = apply_fault(current, fault, now=time.monotonic())
     # Events first: an injected Xid 79 is delivered as an event before the GPU reads as lost
     # (the `gpu-lost` fault covers the other order, GpuIsLost with no event).
     _append_lines(node_dir / "events", effect.events)

@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import time_machine
 from hypothesis import given, strategies as st
 
 from clusterctl.clock import Clock
@@ -539,10 +540,12 @@ def test_the_reporter_sends_what_the_ranks_beat_summed_with_the_nodes_gpu_model(
     monkeypatch.setenv("CLUSTERCTL_NODE_DIR", str(tmp_path))
     monkeypatch.setenv("SLURMD_NODENAME", "node7")
     monkeypatch.setenv("CLUSTERCTL_PROGRESS_LIVENESS", "0")
-    for rank in (16, 17):  # two ranks of this node, each its share of the step
-        monkeypatch.setenv("RANK", str(rank))
-        for step in (1, 2, 3):
-            beat(step, tokens=2048, flops=6 * 1e9 * 2048, loss=4.0 - step / 10 - rank / 100, min_interval=0)
+    # The ranks beat at the reporter's time (its clock below starts at T0), whatever today's date is.
+    with time_machine.travel(T0, tick=False):
+        for rank in (16, 17):  # two ranks of this node, each its share of the step
+            monkeypatch.setenv("RANK", str(rank))
+            for step in (1, 2, 3):
+                beat(step, tokens=2048, flops=6 * 1e9 * 2048, loss=4.0 - step / 10 - rank / 100, min_interval=0)
     inbox = ReportInbox(KEY, "127.0.0.1")
     fake = FakeClock()
     sender = ReportSender(KEY, ("127.0.0.1", inbox.port))

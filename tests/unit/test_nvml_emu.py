@@ -146,15 +146,21 @@ def test_lost_gpu_fails_every_call_and_missing_gpu_shrinks_the_count(nvml_lib, n
 
 
 def test_injected_hang_blocks_only_that_function_until_its_deadline(nvml_lib, node):
-    inject(node, Fault("nvml-hang", function="nvmlDeviceGetTemperature", seconds=0.6))
-    out = pynvml(nvml_lib, node, """
-        import time
+    code = """
+        import sys, time
         n.nvmlInit(); h = n.nvmlDeviceGetHandleByIndex(0)
+        print("ready", flush=True); sys.stdin.readline()
         t = time.monotonic(); n.nvmlDeviceGetUUID(h); fast = time.monotonic() - t
         t = time.monotonic(); n.nvmlDeviceGetTemperature(h, 0); slow = time.monotonic() - t
         print(fast < 0.3, slow >= 0.3)
-    """)
-    assert out.stdout.strip() == "True True", out.stderr
+    """
+    env = {**os.environ, "LD_LIBRARY_PATH": str(nvml_lib.parent), "NVML_EMU_DIR": str(node)}
+    proc = subprocess.Popen([sys.executable, "-c", "import pynvml as n\n" + textwrap.dedent(code)], text=True, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == "ready"  # started, however long that took on a loaded machine
+    inject(node, Fault("nvml-hang", function="nvmlDeviceGetTemperature", seconds=0.6))
+    out, err = proc.communicate("go\n", timeout=30)
+    assert out.strip() == "True True", err
 
 
 def test_clearing_a_hang_releases_a_blocked_call(nvml_lib, node):

@@ -13,10 +13,12 @@ import re
 import shutil
 import sys
 import time
+from datetime import UTC, datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import time_machine
 from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
@@ -104,13 +106,46 @@ def test_the_recorded_xid_79_run_is_drawn_with_its_fault_its_resubmission_and_th
     assert "attempt 1 (job 2) ended: node2 blamed: healthd: xid 79 gpu3 (GPU-36ec001a" in shown
     assert "epilog record: drain-reboot (xid 79 gpu3 drain-reboot; gpu-lost gpu3 drain-reboot)" in shown
     assert "resubmit from step 20" in shown and "attempt 2 submitted as job 3 from step 20" in shown
-    assert "excluded from the next submission: node2" in shown
+    assert "excluded when the run ended: node2" in shown
     assert f"goodput {goodput['goodput'] * 100:.1f}%" in shown
     for cause, key in (("work redone after failures", "redone_seconds"), ("queue", "queue_seconds"),
                        ("restarts", "restart_overhead_seconds")):
         assert f"{cause} {duration_text(goodput[key])}" in shown
     assert "no per-node step times recorded" in shown
     assert f"{run}/checkpoints/step-00000090: no manifest.json (written last): incomplete" in shown
+
+
+def test_a_finished_runs_page_shows_what_it_excluded_when_it_ended_on_any_later_day(tmp_path):
+    run = recorded_run(tmp_path)  # ended 26 Nov 2026 04:30 UTC; node2 blamed for restart.blame_hours = 24
+    drawn = tmp_path / "report.html"
+    for today in (datetime(2026, 11, 26, 5, tzinfo=UTC), datetime(2027, 11, 26, 5, tzinfo=UTC)):
+        with time_machine.travel(today, tick=False):
+            result = CliRunner().invoke(cli, ["report", str(run), "--html", str(drawn), "--json"])
+        assert result.exit_code == 0, result.output
+        document = json.loads(result.stdout)
+        assert document["state"] == "done" and document["excluded_when_ended"] == ["node2"]
+        # The live fact moves with the day the report is made; the page shows the recorded one.
+        assert document["excluded_now"] == (["node2"] if today.year == 2026 else [])
+        shown = page_of(drawn.read_text()).text
+        assert "excluded when the run ended: node2" in shown and "excluded from the next submission" not in shown
+
+
+def test_a_running_runs_page_shows_the_nodes_its_next_submission_excludes_as_of_now(tmp_path):
+    run = recorded_run(tmp_path)
+    journal = run / "journal.jsonl"
+    lines = journal.read_text().splitlines(keepends=True)
+    assert json.loads(lines[-1])["event"] == "done"
+    journal.write_text("".join(lines[:-1]))  # as the run was before its end
+    drawn = tmp_path / "report.html"
+    for today, shown_as in ((datetime(2026, 11, 26, 5, tzinfo=UTC), "excluded from the next submission: node2"),
+                            (datetime(2026, 11, 28, 5, tzinfo=UTC), None)):  # node2's 24 h blame over by then
+        with time_machine.travel(today, tick=False):
+            result = CliRunner().invoke(cli, ["report", str(run), "--html", str(drawn), "--json"])
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["excluded_when_ended"] is None
+        shown = page_of(drawn.read_text()).text
+        assert "excluded when the run ended" not in shown
+        assert (shown_as in shown) if shown_as else "excluded from the next submission" not in shown
 
 
 def curve_panels(page: Page) -> list[str]:

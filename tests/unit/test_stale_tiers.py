@@ -196,8 +196,9 @@ def node(tmp_path):
 
 def prolog(config: HealthdConfig, *, uid: int = 1000, running: frozenset[int] = frozenset({0}), **kwargs) -> int:
     env = {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": str(uid), "SLURMD_NODENAME": "node3"}
-    return run_prolog(env, FakePartition(20), config, node_check=healthy,
-                      tiers=LocalTiers(config.tier_bases, running_uids=lambda: running), **kwargs)
+    # The node booted an hour before the test's now (not this machine's boot: a job start's note counts from it).
+    tiers = LocalTiers(config.tier_bases, running_uids=lambda: running, booted=lambda: time.time() - 3600)
+    return run_prolog(env, FakePartition(20), config, node_check=healthy, tiers=tiers, **kwargs)
 
 
 def test_a_job_start_gives_the_node_back_what_nobody_will_resume_from(node, capsys):

@@ -21,7 +21,9 @@
  * set holding a lost GPU returns it at once; registering an unsupported event type
  * returns NVML_ERROR_NOT_SUPPORTED and registers nothing; a wait that times out
  * returns NVML_ERROR_TIMEOUT; "hang.<function>=<deadline>" makes that call block
- * until the deadline (an injected driver hang).
+ * until the deadline (an injected driver hang), a CLOCK_MONOTONIC time: the one clock every
+ * process, namespace and container on the machine shares that no one sets (an injector whose wall
+ * clock is moved, as `pytest --clock-shift` does, still means the same instant).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -103,9 +105,9 @@ static struct stat state_stat;
 static int state_loaded;
 static struct nvmlDevice_st devices[MAX_GPUS];
 
-static double now_seconds(void) {
+static double monotonic_seconds(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
@@ -206,7 +208,7 @@ static void maybe_hang(const char *function) {
         for (int i = 0; i < state.nhangs; i++)
             if (!strcmp(state.hangs[i].function, function)) deadline = state.hangs[i].deadline;
         pthread_mutex_unlock(&lock);
-        if (deadline <= now_seconds()) return;
+        if (deadline <= monotonic_seconds()) return;
         /* Re-check every 50 ms so that clearing the fault releases the caller early. */
         struct timespec pause = {0, 50000000L};
         nanosleep(&pause, NULL);
