@@ -1,7 +1,8 @@
 """healthd's applier: the journaled Slurm actions (drain, resume), applied one at a time on its own thread.
 
 The main thread journals each planned action and hands it over (`actions`); the applier asks
-Slurm about the node, lets the engine decide (engine.decide_apply), makes the one call it chose,
+Slurm about the node, takes the action through the drain door with healthd's rules
+(healthd/drain_requests.py, clusterctl/slurm/drains.py), which decides and makes the one call,
 journals the outcome and hands an `Applied` back.  While slurmctld cannot be reached it retries
 the same action, waiting longer each time (up to 5 s).
 
@@ -26,6 +27,7 @@ from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd import engine
 from clusterctl.healthd.breaker import Breaker, node_partition
 from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.drain_requests import apply_decision, breaker_partition, drain_rules, planned_request
 from clusterctl.healthd.journal import Journal, PlannedAction
 from clusterctl.healthd.metrics import Metrics
 from clusterctl.slurm import drains
@@ -107,7 +109,7 @@ class Applier:
         """
         self.applied_node = None
         node = self.slurm.state()
-        partition = engine.breaker_partition(self.settings, action, node)
+        partition = breaker_partition(self.settings, action, node)
         size = None
         # The spread only staggers the whole-table counts; a ledger claim reads no table.
         if partition and self.config.breaker_spread_per_node > 0 and self.config.breaker_dir is None:
@@ -118,13 +120,12 @@ class Applier:
             node = self.slurm.state()  # it may have been drained meanwhile: the door decides on this read
         with self._ledger_lock:  # the drain door: decide, claim the breaker's share, make the call
             try:
-                done = drains.apply(self.slurm, engine.drain_rules(self.settings),
-                                    engine.drain_request(self.settings, action), self.breaker, node=node,
-                                    partition_size=size)
+                done = drains.apply(self.slurm, drain_rules(self.settings), planned_request(self.settings, action),
+                                    self.breaker, node=node, partition_size=size)
             finally:
                 self._ledger_settled_at = self.clock.monotonic()
         self.applied_node = done.after  # just read (and changed by the call): fresh whatever was decided
-        decision = engine.apply_decision(action, done.verdict, self.clock.now())
+        decision = apply_decision(action.reason, done.verdict, self.clock.now())
         if decision.call == "resume":
             self.breaker.release(node_partition(self.config.partition, node))
         elif decision.result == "dry-run":

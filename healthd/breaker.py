@@ -1,7 +1,7 @@
 """The partition's drained share the breaker judges a drain by: from the shared ledger when
 `breaker_dir` is set (no whole-table read), else from one grouped `sinfo` of the partition.
 
-Used the same way by the daemon and the hooks: `share_before_drain` before engine.decide_apply,
+Used the same way by the daemon and the hooks: `share_before_drain` before the drain door decides (drains.apply),
 then `after_drain` with whether the drain was made, so a slot claimed for a drain that did not
 happen (another drain got there first, dry run, Slurm unreachable) is given back.
 """

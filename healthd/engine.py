@@ -8,7 +8,8 @@ resume once checks are clean again (only our own drains, only with evidence), th
 breaker, and repeated application Xids across jobs.  The daemon (daemon.py) only moves
 data in and out: it feeds `step` and `applied`, journals and applies the planned actions,
 and writes `state_view` to the state file.  The prolog, epilog and HealthCheckProgram use
-the same policy through `gate_verdict`, `blocks_new_work` and `hook_drain`.
+the same policy through `gate_verdict` and `blocks_new_work`.  How healthd's actions meet the drain
+door (its rules, its requests) is healthd/drain_requests.py's.
 """
 
 from __future__ import annotations
@@ -20,14 +21,13 @@ from clusterctl.clock import parse_utc, utc
 from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.findings import Action, Finding, Verdict
 from clusterctl.healthd.policy import POLICY_VERSION, PolicyConfig, drain_reason, judge
-from clusterctl.records.drain_reason import parse_drain_reason
+from clusterctl.records.drain_reason import HEALTHD, parse_drain_reason
 from clusterctl.records.healthd_actions import PlannedAction
 from clusterctl.records.healthd_job_start import JobStart
 from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding
 from clusterctl.records.healthd_xid_history import XidSighting
-from clusterctl.records.drain_reason import HEALTHD
 from clusterctl.slurm import drains
-from clusterctl.slurm.nodes import NodeState, PartitionShare
+from clusterctl.slurm.nodes import NodeState
 
 RECENT_EVENTS = 50
 """One-off findings kept for the state file (older ones fall off)."""
@@ -351,46 +351,13 @@ def _acknowledge_if_back_in_service(state: EngineState, now: float) -> EngineSta
 
 @dataclass(frozen=True)
 class ApplyDecision:
-    """What to do in Slurm for a planned action, and what to journal as its outcome."""
+    """What the drain door decided for a planned action (healthd/drain_requests.py), and what to journal as its
+    outcome (healthd's own actions never meet "bad-node-name" nor "not-owners-reason")."""
 
-    result: str  # drains.DrainVerdict's: "drained", "resumed", "already-drained", "kept-other-drain", "not-ours",
-    # "breaker-open", "dry-run" (and "bad-node-name", "not-owners-reason", which healthd's own actions never meet)
-    call: str | None = None  # "drain" or "resume": the Slurm call to make; None: nothing
+    result: drains.DrainResult
+    call: drains.DrainCall | None = None
+    """The Slurm call made; None: nothing."""
     alert: Alert | None = None
-
-
-def drain_rules(settings: EngineSettings) -> drains.DrainRules:
-    """healthd's rules at the drain door (clusterctl/slurm/drains.py): its `healthd:` reasons, its breaker's
-    share of the partition, and a node Slurm took down may still be drained for a fault found on it."""
-    return drains.DrainRules(HEALTHD, settings.breaker_max_share, settings.partition, settings.dry_run,
-                             over_down=True)
-
-
-def drain_request(settings: EngineSettings, action: PlannedAction) -> drains.DrainRequest:
-    """A planned action as the drain door's request for this node."""
-    return drains.DrainRequest(settings.node, "resume" if action.op == "resume" else "drain", action.reason)
-
-
-def breaker_partition(settings: EngineSettings, action: PlannedAction, node: NodeState) -> str | None:
-    """The partition whose drained share the breaker must see before this action (None: no need to ask)."""
-    return drains.cap_partition(drain_rules(settings), drain_request(settings, action), node)
-
-
-def apply_decision(action: PlannedAction, verdict: drains.DrainVerdict, now: float) -> ApplyDecision:
-    """The drain door's verdict as healthd journals it (a refusal by the breaker raises an alert)."""
-    alert = Alert(utc(now), "breaker-open", action.reason, verdict.detail) if verdict.result == "breaker-open" else None
-    return ApplyDecision(verdict.result, verdict.call, alert)
-
-
-def decide_apply(settings: EngineSettings, action: PlannedAction, node: NodeState,
-                 share: PartitionShare | None, now: float) -> ApplyDecision:
-    """Apply `action` to `node` as Slurm shows it now?  The drain door's rules (drains.decide) for
-    healthd: never overwrites another drain (an admin's, another tool's, a straggler verdict's); never
-    lifts one that is not healthd's; refuses (and alerts) rather than drain more than the breaker's
-    share of the partition (`share`: that partition, as asked for by `breaker_partition`).
-    """
-    verdict = drains.decide(drain_rules(settings), drain_request(settings, action), node, share)
-    return apply_decision(action, verdict, now)
 
 
 def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, now: float,

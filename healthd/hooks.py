@@ -21,7 +21,8 @@ from clusterctl.clock import parse_utc, utc
 from clusterctl.errors import ClusterctlError, SlurmCommandError
 from clusterctl.healthd.breaker import Breaker
 from clusterctl.healthd.config import DEFAULT_PATH, ConfigError, HealthdConfig, load_config
-from clusterctl.healthd.engine import EngineSettings, drain_request, drain_rules
+from clusterctl.healthd.drain_requests import drain_rules
+from clusterctl.healthd.engine import EngineSettings
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, read_state, state_is_fresh
 from clusterctl.healthd.kmsg import RecordReader, parse_gpu_event
@@ -30,7 +31,6 @@ from clusterctl.healthd.policy import drain_reason, judge
 from clusterctl.healthd.stale_tiers import TRASH_PREFIX, ReclaimSettings, size, stale_tiers
 from clusterctl.job_metrics_file import remove_textfile
 from clusterctl.records.drain_reason import DrainReason
-from clusterctl.records.healthd_actions import PlannedAction
 from clusterctl.records.healthd_job_start import (
     JobStart, job_start_path, read_job_start, read_job_starts, write_job_start,
 )
@@ -116,12 +116,12 @@ class DrainOutcome:
     out_of_service: bool
 
 
-def _drain(hook: str, config: HealthdConfig, node: str, reason: DrainReason,
+def _drain(config: HealthdConfig, node: str, reason: DrainReason,
            slurm_factory: Callable[[str], NodeSlurm]) -> DrainOutcome:
-    """Drain through the drain door with the daemon's own rules (clusterctl/slurm/drains.py, engine.drain_rules):
-    never over another drain, and never past the breaker's share of the partition, so a fault seen
-    on every node at once (a driver update, a forged line) cannot take the whole partition out
-    through the hooks either.
+    """Drain for `reason` through the drain door with the daemon's own rules (clusterctl/slurm/drains.py,
+    healthd/drain_requests.py): never over another drain, and never past the breaker's share of the
+    partition, so a fault seen on every node at once (a driver update, a forged line) cannot take the
+    whole partition out through the hooks either.
 
     When the running healthd found the breaker open less than breaker_retry ago, that verdict
     stands and Slurm is not asked: in such an event every job start on every node would
@@ -130,24 +130,23 @@ def _drain(hook: str, config: HealthdConfig, node: str, reason: DrainReason,
     refused = recent_breaker_alert(config, now)
     if refused is not None:
         return DrainOutcome(f"breaker open (healthd, {refused.at}), not draining: {refused.detail}", False)
-    settings = EngineSettings.from_config(config, node)
-    action = PlannedAction(f"{hook}-drain-{node}-{int(now * 1e9)}", "drain", reason.render(), now)
     slurm = slurm_factory(node)
     breaker = Breaker(slurm, node, config.breaker_dir, config.breaker_max_share)
+    request = drains.DrainRequest(node, "drain", reason)
     try:
-        done = drains.apply(slurm, drain_rules(settings), drain_request(settings, action), breaker)
+        done = drains.apply(slurm, drain_rules(EngineSettings.from_config(config, node)), request, breaker)
     except SlurmCommandError as exc:
         return DrainOutcome(f"could not drain ({exc})", False)
     decision, state = done.verdict, done.node
     if decision.result == "drained":
-        return DrainOutcome(f"drained: {action.reason}", True)
+        return DrainOutcome(f"drained: {request.text}", True)
     if decision.result in ("already-drained", "kept-other-drain") and state is not None:
         return DrainOutcome(f"already drained ({state.reason})", True)
     if decision.result == "breaker-open":
         return DrainOutcome(f"breaker open, not draining: {decision.detail}", False)
     if decision.result != "dry-run":
         return DrainOutcome(done.describe(), False)
-    return DrainOutcome(f"dry run: would drain: {action.reason}", False)
+    return DrainOutcome(f"dry run: would drain: {request.text}", False)
 
 
 def recent_breaker_alert(config: HealthdConfig, now: float) -> Alert | None:
@@ -328,7 +327,7 @@ def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], 
         return 0
     for problem in report.problems:
         _say("prolog", f"job {job} refused on {node}: {problem.describe()}")
-    outcome = _drain("prolog", config, node, _problem_reason(report.problems[0]), slurm_factory)
+    outcome = _drain(config, node, _problem_reason(report.problems[0]), slurm_factory)
     refusal.node_drained = outcome.out_of_service
     _say("prolog", outcome.text)
     try:
@@ -489,7 +488,7 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], 
     if record.hardware_fault and hardware is not None:
         reason = DrainReason(kind=hardware.kind, action=hardware.action, at=utc(end), xid=hardware.xid,
                              gpu=hardware.gpu, uuid=hardware.uuid)
-        _say("epilog", _drain("epilog", config, node, reason, slurm_factory).text)
+        _say("epilog", _drain(config, node, reason, slurm_factory).text)
 
 
 def _remove_job_metrics(directory: Path, job: str) -> None:
@@ -615,5 +614,5 @@ def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSl
         _say("healthcheck", f"{node}: {problem.describe()} ({source})")
     # At slurmd start the node may not be registered yet: the Slurm command then fails or times out
     # (bounded), and the next run drains.
-    _say("healthcheck", _drain("healthcheck", config, node, _problem_reason(problems[0]), slurm_factory).text)
+    _say("healthcheck", _drain(config, node, _problem_reason(problems[0]), slurm_factory).text)
     return 0

@@ -3,11 +3,9 @@
 Format: `<owner prefix> <what> [gpu<N> | pci <bus>] [(<uuid>)] <action> <UTC time>`, e.g.
 `healthd: xid 79 gpu3 (GPU-1a2b) drain-reset 2026-11-22T15:04:05Z` or
 `clusterctl straggler: slow-gpus drain-reset 2026-11-22T15:04:05Z`.  The prefix says which owner
-drained the node (`owner_of`): each owner resumes and counts only its own drains, and a reason
-with no known prefix is an admin's (or another tool's) and is never overwritten or resumed.
-
-Straggler drains made before the straggler owner existed read `healthd: straggler ...`; they
-are the straggler owner's too (`owner_of`), so healthd neither counts nor resumes them.
+drained the node (`owner_of`): the owners and their prefixes are the Slurm door's
+(`slurm/drain_owners.py`, re-exported here), since the door reads them on every node it is shown;
+this module reads and writes the rest of the reason.
 """
 
 from __future__ import annotations
@@ -17,29 +15,12 @@ from dataclasses import dataclass
 
 from clusterctl.clock import parse_utc
 from clusterctl.records.actions import Action
+from clusterctl.slurm.drain_owners import (
+    HEALTHD, LEGACY_STRAGGLER_PREFIX, OWNERS, REASON_PREFIX, STRAGGLER, DrainOwner, owner_of,
+)
 
-REASON_PREFIX = "healthd:"
-"""Every drain healthd (or a hook) makes starts with this."""
-
-
-@dataclass(frozen=True)
-class DrainOwner:
-    """Who drains a node, as its reason says it: each owner touches only drains with its own prefix."""
-
-    name: str
-    prefix: str
-    """What every reason of this owner starts with."""
-    label: str
-    """How messages name this owner's drains ("already drained by <label>")."""
-
-
-HEALTHD = DrainOwner("healthd", REASON_PREFIX, "healthd")
-"""healthd's daemon and its prolog, epilog and HealthCheckProgram: hardware faults."""
-STRAGGLER = DrainOwner("straggler", "clusterctl straggler:", "straggler verdicts")
-"""A job's straggler watch (its agent or supervisor): a node whose GPUs' own evidence explains its slowness."""
-OWNERS = (HEALTHD, STRAGGLER)
-LEGACY_STRAGGLER_PREFIX = "healthd: straggler "
-"""How straggler drains were spelled before they had an owner of their own (still the straggler owner's)."""
+__all__ = ["HEALTHD", "LEGACY_STRAGGLER_PREFIX", "OWNERS", "REASON_PREFIX", "STRAGGLER", "DrainOwner", "DrainReason",
+           "is_ours", "owner_of", "parse_drain_reason"]
 
 _REASON = re.compile(
     r"^(?P<prefix>healthd:|clusterctl straggler:) (?P<kind>[a-z][a-z0-9-]*)(?: (?P<xid>\d{1,5}))?"
@@ -78,13 +59,6 @@ class DrainReason:
         where = f" gpu{self.gpu}" if self.gpu is not None else f" pci {self.pci}" if self.pci else ""
         uuid = f" ({self.uuid})" if self.uuid else ""
         return f"{self.owner.prefix} {self.what}{where}{uuid} {self.action.label} {self.at}"
-
-
-def owner_of(reason: str) -> DrainOwner | None:
-    """Which owner wrote this reason (None: an admin or another tool, never ours to touch)."""
-    if reason.startswith(LEGACY_STRAGGLER_PREFIX):
-        return STRAGGLER
-    return next((owner for owner in OWNERS if reason.startswith(owner.prefix)), None)
 
 
 def is_ours(reason: str) -> bool:

@@ -1,15 +1,18 @@
 """The one drain door: every drain clusterctl makes is decided by `decide` (pure) and made by `apply`.
 
 Three drainers use it: healthd's daemon (its applier), healthd's prolog, epilog and
-HealthCheckProgram (`healthd/hooks.py`), and a job's straggler verdicts
-(`launcher/shared/straggler_actions.py`, through `SlurmDrains`).  Each drains as an *owner*
-(`records/drain_reason.py`: `healthd:` for hardware faults, `clusterctl straggler:` for
-straggler verdicts) with the rules of its owner (`DrainRules`).
+HealthCheckProgram (`healthd/hooks.py`; both through `healthd/drain_requests.py`), and a job's
+straggler verdicts (`launcher/shared/straggler_actions.py`, through `SlurmDrains`).  Each drains as
+an *owner* (`slurm/drain_owners.py`: `healthd:` for hardware faults, `clusterctl straggler:` for
+straggler verdicts) with the rules of its owner (`DrainRules`).  A drain request carries its reason
+as an object (`records/drain_reason.DrainReason`, typed here by the `Reason` Protocol: the Slurm door
+imports no record): the door reads the owner from it, and renders it to text only for Slurm (and the
+breaker's ledger, which records it).
 
 The rules, in order (`decide`):
 1. A node name that is not one (`names.is_node_name`: `-x`, `a,b`, `n[1-2]`) is refused before it
    reaches any argv (`bad-node-name`).
-2. A drain writes its owner's reason only (`not-owners-reason`): a straggler verdict cannot write
+2. A drain writes its owner's reason only (`not-owners-reason`, read from the reason's owner): a straggler verdict cannot write
    healthd's prefix, nor healthd the straggler's.
 3. Resume only the owner's own drain (`not-ours`): healthd never resumes a straggler drain, and
    nobody resumes an admin's.
@@ -37,8 +40,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal, Protocol, TypeVar
 
-from clusterctl.records.drain_reason import STRAGGLER, DrainOwner, DrainReason, owner_of
 from clusterctl.slurm.commands import Runner, subprocess_runner
+from clusterctl.slurm.drain_owners import STRAGGLER, DrainOwner
 from clusterctl.slurm.names import node_name_problem
 from clusterctl.slurm.nodes import NodeState, PartitionShare, SlurmNode
 
@@ -67,23 +70,46 @@ STRAGGLER_RULES = DrainRules(STRAGGLER, STRAGGLER_MAX_SHARE, at_least_one=True)
 """A job's straggler verdicts: their own prefix, their own share of the node's first partition."""
 
 
+class Reason(Protocol):
+    """What the door needs of a drain reason (`records/drain_reason.DrainReason` is one): who writes it,
+    and its text for Slurm's reason field."""
+
+    @property
+    def owner(self) -> DrainOwner: ...
+
+    def render(self) -> str: ...
+
+
+DrainCall = Literal["drain", "resume"]
+"""The one Slurm call a verdict makes."""
+
+DrainResult = Literal["drained", "resumed", "already-drained", "kept-other-drain", "not-ours", "breaker-open",
+                      "dry-run", "bad-node-name", "not-owners-reason"]
+"""What the door decided (`decide`), as every drainer logs and journals it."""
+
+
 @dataclass(frozen=True)
 class DrainRequest:
-    """Drain `node` with `reason`, or resume it (`reason`: the drain being lifted, for the record)."""
+    """Drain `node` for `reason` (its owner's), or resume it (no reason: the door lifts only its owner's drain).
+
+    A drain without a reason (one no owner could be read from) is refused as not the owner's."""
 
     node: str
-    op: Literal["drain", "resume"]
-    reason: str
+    op: DrainCall
+    reason: Reason | None = None
+
+    @property
+    def text(self) -> str:
+        """The reason as Slurm is given it ("" without one)."""
+        return self.reason.render() if self.reason is not None else ""
 
 
 @dataclass(frozen=True)
 class DrainVerdict:
     """What the door decided, and the one Slurm call to make (None: nothing)."""
 
-    result: str
-    """drained, resumed, already-drained, kept-other-drain, not-ours, breaker-open, dry-run,
-    bad-node-name, not-owners-reason"""
-    call: Literal["drain", "resume"] | None = None
+    result: DrainResult
+    call: DrainCall | None = None
     detail: str = ""
     """Why not, in one line (the share cap's count, the bad name)."""
 
@@ -106,8 +132,8 @@ def decide(rules: DrainRules, request: DrainRequest, node: NodeState, share: Par
         if not node.drained_by(owner):
             return DrainVerdict("not-ours")
         return DrainVerdict("dry-run") if rules.dry_run else DrainVerdict("resumed", "resume")
-    if owner_of(request.reason) != owner:
-        return DrainVerdict("not-owners-reason", None, f"{request.reason[:80]!r} is not a reason of {owner.label}")
+    if request.reason is None or request.reason.owner != owner:
+        return DrainVerdict("not-owners-reason", None, f"{request.text[:80]!r} is not a reason of {owner.label}")
     if node.draining and not node.drained_by(owner):
         return DrainVerdict("kept-other-drain")  # never relabel an admin's, another tool's or another owner's drain
     if node.draining:
@@ -198,16 +224,16 @@ def apply(door: NodeDoor, rules: DrainRules, request: DrainRequest, counter: Sha
         node = door.state()
     partition = cap_partition(rules, request, node)
     would_drain = decide(rules, request, node, None).call == "drain"
-    taken = counter.share_before_drain(partition, request.reason, would_drain=would_drain,
-                                       partition_size=partition_size)
+    text = request.text  # rendered once: what Slurm is given, and what the counter's ledger records
+    taken = counter.share_before_drain(partition, text, would_drain=would_drain, partition_size=partition_size)
     verdict = decide(rules, request, node, taken.share)
     after = node
     drained = False
     try:
         if verdict.call == "drain":
-            door.drain(request.reason)
+            door.drain(text)
             drained = True
-            after = replace(node, flags=(*node.flags, "DRAIN"), reason=request.reason)
+            after = replace(node, flags=(*node.flags, "DRAIN"), reason=text)
     finally:
         counter.after_drain(taken, drained)
     if verdict.call == "resume":
@@ -252,11 +278,11 @@ class SlurmDrains:
         self.rules = rules
         self.node_door: Callable[[str], CountingNodeDoor] = node_door or (lambda name: SlurmNode(name, runner, timeout))
 
-    def drain(self, node: str, reason: DrainReason) -> DrainApplied:
-        """Drain `node` with `reason` (rendered; it must be this owner's) if the rules allow.
+    def drain(self, node: str, reason: Reason) -> DrainApplied:
+        """Drain `node` with `reason` (it must be this owner's) if the rules allow.
 
         Raises SlurmCommandError when Slurm cannot be asked or refuses (e.g. the user is not an operator)."""
-        request = DrainRequest(node, "drain", reason.render())
+        request = DrainRequest(node, "drain", reason)
         problem = node_name_problem(node)
         if problem is not None:  # before a SlurmNode (and its argv) exists
             return DrainApplied(DrainVerdict("bad-node-name", None, problem), None, None)

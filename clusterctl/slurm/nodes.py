@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from clusterctl.errors import HostlistError, SlurmCommandError
-from clusterctl.records.drain_reason import HEALTHD, DrainOwner, owner_of
+from clusterctl.slurm.drain_owners import HEALTHD, DrainOwner, owner_of
 from clusterctl.slurm import hostlist
 from clusterctl.slurm.commands import Runner, ask_version, run_checked, subprocess_runner
 from clusterctl.slurm.version import SlurmVersion, SlurmVersionError

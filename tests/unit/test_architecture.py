@@ -41,6 +41,11 @@ PROCESS_BOUNDARIES = {
     ("launcher.shared", "healthd"): "gpu_evidence (healthd evidence --job-gpus --json, run on a slow node)",
     ("launcher.pure", "launcher.job"): "none: a pure function builds the argv (torchrun's workers), the job runs it",
 }
+# Inside the core, arrows that may point one way only: (importer, imported) → why.
+ONE_WAY = {
+    ("clusterctl.slurm", "clusterctl.records"): "the Slurm door imports no record: records are written in the door's "
+                                                "terms (node names, NodeState, drain owners), never the other way",
+}
 # What the sbatch templates may run inside a job.
 TEMPLATES_RUN = {"launcher.job"}
 PARTS_WITH_FOLDERS = ("launcher", "healthd", "prolog", "epilog", "sbatch_templates")
@@ -196,6 +201,9 @@ def violations(root: Path) -> list[str]:
         top = imp.target.split(".")[0]
         where = f"{imp.file.relative_to(root)}:{imp.line}"
         source = part(imp.module)
+        for (lower, upper), why in ONE_WAY.items():
+            if _within(imp.module, lower) and _within(imp.target, upper):
+                found.append(f"{where}: {imp.module} imports {imp.target}; {why}")
         if top == "clusterctl":
             target = part(imp.target)
             if target in ALLOWED[source]:
@@ -219,6 +227,10 @@ def violations(root: Path) -> list[str]:
                 found.append(f"{where}: {imp.module} (launcher.pure) imports {top}; pure judgement "
                              f"has no side effects: put the effect in launcher.shared, job or login and pass it in")
     return found
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def reachable(root: Path, start: str, forbidden: str) -> list[str] | None:
@@ -358,6 +370,23 @@ def test_the_rules_catch_planted_violations(tmp_path):
                                                                "clusterctl.healthd.policy"]
     assert reachable(tmp_path, "launcher.job", "launcher.login") == ["clusterctl.launcher.job.steps",
                                                                      "clusterctl.launcher.login.submit"]
+
+
+def test_the_rules_catch_the_slurm_door_importing_a_record(tmp_path):
+    _plant(tmp_path, {
+        "clusterctl/slurm/drains.py": "def f():\n    from clusterctl.records.drain_reason import DrainReason\n",
+        "clusterctl/slurm/nodes.py": "from clusterctl.records import healthd_state\n",
+    })
+    (tmp_path / "clusterctl" / "records").mkdir()
+    (tmp_path / "clusterctl" / "records" / "__init__.py").write_text("")
+    for name in ("drain_reason", "healthd_state"):
+        (tmp_path / "clusterctl" / "records" / f"{name}.py").write_text("from clusterctl.slurm import nodes\n")
+
+    why = ONE_WAY[("clusterctl.slurm", "clusterctl.records")]
+    assert sorted(violations(tmp_path)) == [
+        f"clusterctl/slurm/drains.py:2: clusterctl.slurm.drains imports clusterctl.records.drain_reason; {why}",
+        f"clusterctl/slurm/nodes.py:1: clusterctl.slurm.nodes imports clusterctl.records.healthd_state; {why}",
+    ]
 
 
 def test_the_rules_catch_a_stale_module_name_and_a_template_running_login_code(tmp_path):

@@ -11,7 +11,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from clusterctl.healthd.engine import EngineSettings, EngineState, Resume, decide_apply, resume_allowed, step
+from clusterctl.healthd.drain_requests import decide_apply
+from clusterctl.healthd.engine import EngineSettings, EngineState, Resume, resume_allowed, step
 from clusterctl.launcher.pure.straggler_watch import Straggler
 from clusterctl.launcher.shared.straggler_actions import StragglerActions, StragglerDoors, srun_gpu_evidence
 from clusterctl.records.actions import Action
@@ -49,7 +50,8 @@ rules = st.one_of(
     st.builds(lambda share, dry: replace(STRAGGLER_RULES, max_share=share, dry_run=dry), st.floats(0, 1), st.booleans()))
 shares = st.one_of(st.none(), st.integers(0, 40).flatmap(
     lambda n: st.builds(lambda held: PartitionShare("gpu", n, held), st.integers(0, max(n - 1, 0)))))
-requests = st.builds(DrainRequest, st.sampled_from(["node3", "node3", "-x", "n[1-2]", "a,b", ""]),
+requests = st.builds(lambda node, op, reason: DrainRequest(node, op, parse_drain_reason(reason)),
+                     st.sampled_from(["node3", "node3", "-x", "n[1-2]", "a,b", ""]),
                      st.sampled_from(["drain", "resume"]), reasons)
 
 
@@ -67,7 +69,7 @@ def test_the_door_never_relabels_lifts_or_overfills_what_is_not_its_owners(rule,
         assert request.node == "node3" and not rule.dry_run  # a real node name; nothing in a dry run
     if verdict.call == "drain":
         assert not node.draining  # never over anyone's drain, not even its own twice
-        assert owner_of(request.reason) == rule.owner  # writes its own owner's reason only
+        assert owner_of(request.text) == rule.owner  # writes its own owner's reason only
         assert rule.over_down or not node.down
         assert within_cap(rule, share)
     if verdict.call == "resume":

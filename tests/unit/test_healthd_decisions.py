@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from clusterctl.healthd.drain_requests import decide_apply
 from clusterctl.healthd.engine import (
-    Drain, EngineSettings, EngineState, RaiseAlert, Remember, Resume, applied, blocking_in_state, decide_apply,
-    needs_jobs, resume_allowed, state_view, step,
+    Drain, EngineSettings, EngineState, RaiseAlert, Remember, Resume, applied, blocking_in_state, needs_jobs,
+    resume_allowed, state_view, step,
 )
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.policy import PolicyConfig
