@@ -216,11 +216,9 @@ def evidence(config_path: Path | None, gpus: str | None, step_gpus: bool, as_jso
     config.
     A SLURM_STEP_GPUS that is not a GPU list is a problem line of the record (exit 0), not an error.
     """
-    import pynvml
-
     from clusterctl.healthd.evidence import EVERY_GPU, chosen_gpus, job_gpus, read_evidence
     from clusterctl.healthd.gate import gpu_index_list
-    from clusterctl.healthd.nvml import Nvml, NvmlHang, TimedCalls
+    from clusterctl.healthd.nvml import Nvml, NvmlError, NvmlHang, TimedCalls
 
     scope = EVERY_GPU
     if gpus is not None and step_gpus:
@@ -239,7 +237,7 @@ def evidence(config_path: Path | None, gpus: str | None, step_gpus: bool, as_jso
     nvml = Nvml(TimedCalls(config.nvml_timeout, max_abandoned=1))
     try:
         record = read_evidence(nvml, config, time.time(), scope)
-    except (pynvml.NVMLError, NvmlHang) as exc:
+    except (NvmlError, NvmlHang) as exc:
         click.echo(f"healthd: error: cannot read the GPUs through NVML: {one_line(str(exc))}", err=True)
         sys.exit(EXIT_NO_NVML)
     if as_json:

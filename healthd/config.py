@@ -153,11 +153,8 @@ _RULES: dict[str, _Rule] = {
     "drained_refresh_interval": _Rule("float", 1.0, 86400.0), "clean_checks": _Rule("int", 1, 1000),
     "hook_timeout": _Rule("float", 1.0, 3600.0),
     "tier_bases": _Rule("paths"), "tier_keep_hours": _Rule("float", 1.0, 24 * 366.0),
-    "checks.expected_gpus": _Rule("int", 0, 1024), "checks.uncorrectable_remap_limit": _Rule("int", 0, 1_000_000),
-    "checks.retired_pages_limit": _Rule("int", 0, 1_000_000), "checks.temperature_warn_c": _Rule("int", 1, 200),
-    "checks.temperature_sustain_s": _Rule("float", 0.0, 86400.0),
-    "checks.clock_events_sustain_s": _Rule("float", 0.0, 86400.0),
-    "checks.memory_min_available": _Rule("float", 0.0, 1.0), "checks.disk_min_free": _Rule("float", 0.0, 1.0),
+    # Each check family declares its own [checks] limits with their ranges (healthd/checks/).
+    **{f"checks.{limit.name}": _Rule(str(limit.type), *limit.metadata["range"]) for limit in fields(CheckLimits)},
     "policy.app_xid_repeat": _Rule("int", 1, 1000), "policy.app_xid_window_h": _Rule("float", 0.0, 24 * 366.0),
 }
 MAX_XID = 9999

@@ -40,7 +40,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
-import pynvml
 
 from clusterctl.clock import SYSTEM_CLOCK, Clock
 from clusterctl.errors import SlurmCommandError
@@ -48,11 +47,13 @@ from clusterctl.healthd import engine, sdnotify
 from clusterctl.healthd.applier import Applied, Applier
 from clusterctl.healthd.checks import HostSample, Sustained, check_host
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
-from clusterctl.healthd.findings import Action, Finding, FindingKind
+from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.journal import Journal, PlannedAction
 from clusterctl.healthd.kmsg import KernelLog, KernelRecord, parse_gpu_event, read_boot_id
 from clusterctl.healthd.metrics import Metrics
-from clusterctl.healthd.nvml import EventWatcher, Nvml, NvmlCalls, NvmlDoor, NvmlHang, TimedCalls
+from clusterctl.healthd.nvml import (
+    EventWatcher, GpuIsLost, Nvml, NvmlCalls, NvmlDoor, NvmlError, NvmlHang, TimedCalls, lost_gpus,
+)
 from clusterctl.healthd.policy import POLICY_VERSION
 from clusterctl.healthd.sampler import sample_host, scan_gpus
 from clusterctl.records.healthd_kmsg_cursor import KmsgCursor, read_kmsg_cursor, write_kmsg_cursor
@@ -66,12 +67,6 @@ from clusterctl.slurm.nodes import NodeSlurm, NodeState, SlurmNode
 
 log = logging.getLogger("healthd")
 
-EVENT_KINDS: dict[int, FindingKind] = {
-    pynvml.nvmlEventTypeXidCriticalError: "xid",
-    pynvml.nvmlEventTypeDoubleBitEccError: "ecc-dbe",
-    getattr(pynvml, "nvmlEventTypeGpuUnavailableError", -1): "gpu-lost",
-    getattr(pynvml, "nvmlEventTypeGpuRecoveryAction", -2): "recovery-action",
-}
 STATE_REFRESH_S = 5.0
 """The state file is rewritten on every change, else this often: readers call it fresh for max(3 intervals, 30 s)."""
 BATCH = 100
@@ -216,7 +211,7 @@ class Daemon:
             self.nvml.init()
             self.nvml.discover()
             self.nvml_ready = True
-        except (pynvml.NVMLError, NvmlHang) as exc:
+        except (NvmlError, NvmlHang) as exc:
             self.inbox.put(Observed("periodic", (Finding("nvml-unavailable", "periodic", self.clock.now(),
                                                          detail=f"NVML unavailable: {exc}"),)))
             self.nvml_ready = False
@@ -237,13 +232,13 @@ class Daemon:
                         self.stop.wait(1.0)
                         continue
                 event = watcher.wait(self.config.event_wait_ms)
-            except pynvml.NVMLError_GpuIsLost:
+            except GpuIsLost:
                 # Once a registered GPU is lost every wait fails at once: find it, rebuild without it.
                 self._report_lost_gpus("nvml-event")
                 watched = []
                 self.stop.wait(0.2)
                 continue
-            except (pynvml.NVMLError, NvmlHang) as exc:
+            except (NvmlError, NvmlHang) as exc:
                 self.inbox.put(Observed("nvml-event", (Finding("nvml-error", "nvml-event", self.clock.now(),
                                                                detail=str(exc)),)))
                 watched = []
@@ -253,7 +248,7 @@ class Daemon:
                 continue
             now = self.clock.now()
             self.metrics.last_event.set(now)
-            kind = EVENT_KINDS.get(event.event_type, "nvml-error")
+            kind = event.kind
             identity = self.nvml.identities.get(event.gpu)
             self.inbox.put(Observed("nvml-event", (Finding(
                 kind, "nvml-event", now, gpu=event.gpu if event.gpu >= 0 else None,
@@ -261,15 +256,7 @@ class Daemon:
                 value=event.data if kind == "recovery-action" else None),)))
 
     def _report_lost_gpus(self, source: str) -> None:
-        lost = []
-        for index, handle in self.nvml.handles.items():  # a snapshot: forgetting a handle does not change it
-            try:
-                self.calls("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle)
-            except pynvml.NVMLError_GpuIsLost:
-                lost.append(index)
-                self.nvml.forget_handle(index)
-            except (pynvml.NVMLError, NvmlHang):
-                pass
+        lost = lost_gpus(self.nvml)
         now = self.clock.now()
         identities = self.nvml.identities
         found = tuple(Finding("gpu-lost", source, now, gpu=i, uuid=identities[i].uuid

@@ -114,11 +114,9 @@ def sample_gpus(nvml: NvmlReader, gpus: Collection[int] | None = None) -> tuple[
     """Sample every GPU NVML counts (or those of `gpus`) through `nvml`, and one problem line per GPU
     that could not be read or is not there.
 
-    Raises pynvml.NVMLError / NvmlHang when NVML cannot be opened or cannot count the GPUs at all.
+    Raises NvmlError / NvmlHang when NVML cannot be opened or cannot count the GPUs at all.
     """
-    import pynvml
-
-    from clusterctl.healthd.nvml import NvmlHang
+    from clusterctl.healthd.nvml import NvmlError, NvmlHang
 
     problems: list[str] = []
     samples: list[GpuSample] = []
@@ -137,7 +135,7 @@ def sample_gpus(nvml: NvmlReader, gpus: Collection[int] | None = None) -> tuple[
             if asked:
                 problems.append(f"GPU {_indexes(asked)}: not read (NVML hung while identifying the GPUs)")
             return samples, problems
-        except pynvml.NVMLError as exc:
+        except NvmlError as exc:
             problems.append(f"NVML: cannot identify every GPU: {exc}")
         for position, index in enumerate(asked):
             try:
@@ -148,7 +146,7 @@ def sample_gpus(nvml: NvmlReader, gpus: Collection[int] | None = None) -> tuple[
                 if rest := asked[position + 1:]:
                     problems.append(f"GPU {_indexes(rest)}: not read (NVML hung on GPU {index})")
                 break
-            except pynvml.NVMLError as exc:
+            except NvmlError as exc:
                 problems.append(f"GPU {index}: NVML: {exc}")
     finally:
         nvml.shutdown()
@@ -162,7 +160,7 @@ def _indexes(indexes: Sequence[int]) -> str:
 def read_evidence(nvml: NvmlReader, config: HealthdConfig, at: float, scope: GpuScope = EVERY_GPU) -> GpuEvidence:
     """This node's GPUs of `scope` read through `nvml` now, joined with healthd's state file.
 
-    Raises pynvml.NVMLError / NvmlHang when NVML cannot be used at all; a GPU or a state file that
+    Raises NvmlError / NvmlHang when NVML cannot be used at all; a GPU or a state file that
     cannot be read is a problem line of the record instead (the daemon may not run).  A scope of no
     GPU opens neither NVML nor the state file: the record is its problem line.
     """

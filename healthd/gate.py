@@ -123,9 +123,7 @@ def direct_check(config: HealthdConfig, gpus: list[int] | None, *, nvml_timeout:
     now = time.time()
     findings: list[Finding] = []
     try:
-        import pynvml
-
-        from clusterctl.healthd.nvml import Nvml, NvmlHang, TimedCalls
+        from clusterctl.healthd.nvml import Nvml, NvmlError, NvmlHang, TimedCalls
         from clusterctl.healthd.sampler import scan_gpus
 
         nvml = Nvml(TimedCalls(nvml_timeout, max_abandoned=1))
@@ -135,7 +133,7 @@ def direct_check(config: HealthdConfig, gpus: list[int] | None, *, nvml_timeout:
             findings += scan_gpus(nvml, config.checks, Sustained(), now, source="prolog", gpus=gpus).findings
         except NvmlHang as exc:
             findings.append(Finding("nvml-hang", "prolog", now, value=exc.function, detail=str(exc)))
-        except pynvml.NVMLError as exc:
+        except NvmlError as exc:
             # NVML that cannot be loaded or initialised (no library, no driver, no permission) looks the
             # same on every node at once: it says nothing about this node's GPUs ("cannot judge").
             kind: FindingKind = "nvml-unavailable" if not nvml.initialised else "nvml-error"

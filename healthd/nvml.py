@@ -27,8 +27,14 @@ from typing import Any, Protocol
 
 import pynvml
 
-from clusterctl.healthd.checks import GpuSample
 from clusterctl.healthd.kmsg import normalise_pci
+from clusterctl.records.finding_kind import FindingKind
+
+
+NvmlError = pynvml.NVMLError
+"""Any error an NVML call returns: callers catch it by this name, and import no pynvml themselves."""
+GpuIsLost = pynvml.NVMLError_GpuIsLost
+"""NVML_ERROR_GPU_IS_LOST: every call on that GPU fails from now on."""
 
 
 class NvmlHang(Exception):
@@ -113,6 +119,30 @@ class GpuIdentity:
 def handle_address(handle: Any) -> int:
     """A stable key for a device handle (handles themselves are neither == nor hashable)."""
     return ctypes.cast(handle, ctypes.c_void_p).value or 0
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One read of a GPU's health counters through NVML (`Nvml.sample`); healthd/checks/ judges it."""
+
+    index: int
+    uuid: str = ""
+    lost: bool = False
+    ecc_volatile_dbe: int = 0
+    ecc_volatile_sbe: int = 0
+    remap_correctable: int = 0
+    remap_uncorrectable: int = 0
+    remap_pending: bool = False
+    remap_failure: bool = False
+    retired_pages_sbe: int = 0
+    retired_pages_dbe: int = 0
+    retired_pending: bool = False
+    temperature_c: int | None = None
+    clock_event_reasons: int = 0
+    nvlink_down: tuple[int, ...] = ()
+    recovery_action: int | None = None
+    sm_clock_mhz: int | None = None
+    sm_clock_max_mhz: int | None = None
 
 
 class NvmlReader(Protocol):
@@ -271,6 +301,15 @@ WANTED_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoub
                  | getattr(pynvml, "nvmlEventTypeGpuRecoveryAction", 0))
 
 
+EVENT_KINDS: dict[int, FindingKind] = {
+    pynvml.nvmlEventTypeXidCriticalError: "xid",
+    pynvml.nvmlEventTypeDoubleBitEccError: "ecc-dbe",
+    getattr(pynvml, "nvmlEventTypeGpuUnavailableError", -1): "gpu-lost",
+    getattr(pynvml, "nvmlEventTypeGpuRecoveryAction", -2): "recovery-action",
+}
+"""The finding kind of each NVML event type healthd watches (any other is "nvml-error")."""
+
+
 @dataclass(frozen=True)
 class GpuEvent:
     """An NVML event mapped back to its GPU."""
@@ -278,6 +317,11 @@ class GpuEvent:
     gpu: int
     event_type: int
     data: int
+
+    @property
+    def kind(self) -> FindingKind:
+        """What this event is a finding of."""
+        return EVENT_KINDS.get(self.event_type, "nvml-error")
 
 
 class EventWatcher:
@@ -319,3 +363,20 @@ class EventWatcher:
             return None
         gpu = self.by_address.get(handle_address(data.device), -1)
         return GpuEvent(gpu, int(data.eventType), int(data.eventData))
+
+
+def lost_gpus(nvml: NvmlDoor) -> list[int]:
+    """The GPUs whose handle now answers NVML_ERROR_GPU_IS_LOST; their handles are given up (identities kept).
+
+    A GPU that answers any other error (or hangs) is not called lost here.
+    """
+    lost = []
+    for index, handle in nvml.handles.items():  # a snapshot: forgetting a handle does not change it
+        try:
+            nvml.call("nvmlDeviceGetUUID", pynvml.nvmlDeviceGetUUID, handle)
+        except pynvml.NVMLError_GpuIsLost:
+            lost.append(index)
+            nvml.forget_handle(index)
+        except (pynvml.NVMLError, NvmlHang):
+            pass
+    return lost

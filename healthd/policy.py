@@ -1,73 +1,41 @@
 """The fault policy: which findings drain a node, and how (pure, versioned, shipped as data).
 
-Derived from NVIDIA's Xid catalog and what DCGM, NVSentinel, gcm and Azure's checks
-converge on (shared/notes/xid-policy.md).  Rules that peers got wrong are kept on purpose:
-sympathetic Xids (8, 45) never count, app-level Xids drain only when the same GPU repeats
-them across different jobs, the driver's own recovery action overrides the table, unknown
-Xids warn unless promoted by configuration.
+Each check family (healthd/checks/) declares its own rows; this module gathers them and judges a
+finding by them.  Rules that peers got wrong are kept on purpose (shared/notes/xid-policy.md):
+sympathetic Xids (8, 45) never count, app-level Xids drain only when the same GPU repeats them
+across different jobs, the driver's own recovery action overrides the table, unknown Xids warn
+unless promoted by configuration.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from clusterctl.clock import utc
+from clusterctl.healthd.checks import FAMILIES, Condition
+from clusterctl.healthd.checks.recovery import RECOVERY_ACTIONS, recovery_verdict
+from clusterctl.healthd.checks.xid import XID_TABLE
 from clusterctl.healthd.findings import Action, Finding, Verdict
 from clusterctl.records.drain_reason import REASON_PREFIX, DrainReason
 
-__all__ = ["POLICY_VERSION", "REASON_PREFIX", "PolicyConfig", "drain_reason", "judge", "policy_rows"]
+__all__ = ["CONDITION_TABLE", "POLICY_VERSION", "RECOVERY_ACTIONS", "REASON_PREFIX", "XID_TABLE", "PolicyConfig",
+           "drain_reason", "judge", "policy_rows"]
 
 POLICY_VERSION = "2026.11.2"
 
-# (xids, action, meaning) — the catalog rows, as data.
-XID_TABLE: tuple[tuple[tuple[int, ...], Action, str], ...] = (
-    ((8, 45), Action.IGNORE, "sympathetic / teardown after another error; never counted"),
-    ((13, 31, 43, 68, 69, 137), Action.APP_FAULT, "application fault (bad kernel, page fault)"),
-    ((63,), Action.RESET_AT_IDLE, "row remap recorded; reset when idle if a remap is pending"),
-    ((92, 121), Action.WARN, "high corrected ECC / C2C rate; track the rate"),
-    ((94,), Action.APP_FAULT, "contained ECC error, one application killed; reset when convenient"),
-    ((48, 95, 140), Action.DRAIN_RESET, "uncontained / double-bit ECC error"),
-    ((46, 62, 109, 110, 119, 120, 136, 143, 155, 158), Action.DRAIN_RESET, "GPU stopped / GSP / timeout"),
-    ((64,), Action.DRAIN_RMA, "row remapping failed: memory can no longer be repaired"),
-    ((74, 144, 145, 146, 147, 148, 149, 150), Action.DRAIN_RESET, "NVLink error"),
-    ((79,), Action.DRAIN_REBOOT, "GPU has fallen off the bus"),
-    ((154,), Action.DRAIN_RESET, "driver's recovery action pending (see recovery-action)"),
-)
 
-CONDITION_TABLE: tuple[tuple[str, Action, str], ...] = (
-    ("gpu-lost", Action.DRAIN_REBOOT, "NVML reports the GPU lost"),
-    ("gpu-missing", Action.DRAIN_REBOOT, "fewer GPUs than expected"),
-    ("ecc-dbe", Action.DRAIN_RESET, "volatile uncorrectable ECC errors"),
-    ("remap-failure", Action.DRAIN_RMA, "row remapping failure"),
-    ("remap-uncorrectable", Action.DRAIN_RMA, "uncorrectable remapped rows at the limit (512)"),
-    ("retired-pages", Action.DRAIN_RMA, "retired pages at the limit (63)"),
-    ("remap-pending", Action.RESET_AT_IDLE, "row remap pending: reset the GPU when idle"),
-    ("retired-pending", Action.RESET_AT_IDLE, "page retirement pending: reset the GPU when idle"),
-    ("nvlink-down", Action.DRAIN_RESET, "an NVLink link is inactive"),
-    ("thermal", Action.WARN, "temperature high"),
-    ("thermal-sustained", Action.DRAIN_RESET, "temperature high for minutes"),
-    ("clock-events", Action.WARN, "hardware slowdown / thermal / power-brake clock events, sustained"),
-    ("nvml-hang", Action.WARN, "an NVML call hung (driver trouble)"),
-    ("nvml-error", Action.WARN, "NVML returned an unexpected error"),
-    ("host-memory", Action.WARN, "host memory nearly exhausted"),
-    ("host-disk", Action.WARN, "a path is (nearly) full; users can fill it: warn only (see disk_drain_paths)"),
-    ("host-disk-full", Action.DRAIN_RESET, "a path the site opted in to drain for (disk_drain_paths) is (nearly) full"),
-    ("nvml-unavailable", Action.WARN, "NVML cannot be loaded or initialised: the GPUs cannot be judged"),
-    ("host-readonly", Action.DRAIN_REBOOT, "a configured path is mounted read-only"),
-)
+def _in_shown_order(conditions: Sequence[Condition]) -> tuple[tuple[str, Action, str], ...]:
+    """The families' rows in family order, each row with a `shown_before` moved just before that kind's."""
+    rows = [c for c in conditions if not c.shown_before]
+    for moved in (c for c in conditions if c.shown_before):
+        rows.insert(next(i for i, c in enumerate(rows) if c.kind == moved.shown_before), moved)
+    return tuple((c.kind, c.action, c.meaning) for c in rows)
 
-# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t).
-RECOVERY_ACTIONS: Mapping[int, tuple[Action, str]] = {
-    0: (Action.IGNORE, "driver: no action needed"),
-    1: (Action.DRAIN_RESET, "driver asks for a GPU reset"),
-    2: (Action.DRAIN_REBOOT, "driver asks for a node reboot"),
-    3: (Action.DRAIN_RESET, "driver asks to drain peer-to-peer traffic"),
-    4: (Action.DRAIN_RESET, "driver asks to drain P2P and reset"),
-    5: (Action.DRAIN_RESET, "driver asks to recover the IMEX domain"),
-    6: (Action.DRAIN_REBOOT, "driver asks for a PCIe bus reset"),
-    7: (Action.DRAIN_REBOOT, "driver asks for a system reboot"),
-}
+
+CONDITION_TABLE: tuple[tuple[str, Action, str], ...] = _in_shown_order(
+    [condition for family in FAMILIES for condition in family.conditions])
+"""(kind, action, meaning) of every kind judged by its kind alone."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +62,7 @@ def judge(finding: Finding, history: Iterable[Finding] = (), config: PolicyConfi
     """The verdict for `finding`, given earlier findings on this node (for repeat rules)."""
     if finding.kind == "recovery-action":
         code = int(finding.value or 0)
-        action, meaning = RECOVERY_ACTIONS.get(code, (Action.WARN, f"driver recovery action {code} (unknown)"))
+        action, meaning = recovery_verdict(code)
         return Verdict(action, meaning, f"recovery-action {code}")
     if finding.kind == "xid" and finding.xid is not None:
         promoted = config.promoted(finding.xid)

@@ -57,16 +57,14 @@ def scan_gpus(nvml: NvmlReader, limits: CheckLimits, sustained: Sustained, now: 
     A GPU the caller names that NVML does not enumerate is missing; an NVML call that hangs
     or fails is itself a finding (for that GPU, or for the node when the count fails).
     """
-    import pynvml
-
-    from clusterctl.healthd.nvml import NvmlHang
+    from clusterctl.healthd.nvml import NvmlError, NvmlHang
 
     findings: list[Finding] = []
     try:
         count = nvml.count()
     except NvmlHang as exc:
         return GpuScan((Finding("nvml-hang", source, now, value=exc.function, detail=str(exc)),))
-    except pynvml.NVMLError as exc:
+    except NvmlError as exc:
         return GpuScan((Finding("nvml-error", source, now, detail=f"NVML: {exc}"),))
     findings += check_gpu_count(count, limits, now)
     for index in (gpus if gpus is not None else range(count)):  # also GPUs lost before we started
@@ -78,6 +76,6 @@ def scan_gpus(nvml: NvmlReader, limits: CheckLimits, sustained: Sustained, now: 
             findings += check_gpu(nvml.sample(index), limits, sustained, now)
         except NvmlHang as exc:
             findings.append(Finding("nvml-hang", source, now, gpu=index, value=exc.function, detail=str(exc)))
-        except pynvml.NVMLError as exc:
+        except NvmlError as exc:
             findings.append(Finding("nvml-error", source, now, gpu=index, detail=f"NVML: {exc}"))
     return GpuScan(tuple(findings), count)

@@ -67,3 +67,11 @@ def test_a_record_with_a_kind_outside_the_vocabulary_is_refused_naming_the_file(
     path.write_text(path.read_text().replace('"kind": "xid"', '"kind": "gpu-on-fire"'))
     with pytest.raises(RecordError, match=f"{path}.*unknown finding kind 'gpu-on-fire'"):
         read_job_health(path)
+
+
+def test_every_kind_belongs_to_exactly_one_check_family():
+    from clusterctl.healthd.checks import FAMILIES
+
+    declared = [kind for family in FAMILIES for kind in family.kinds]
+    assert sorted(declared) == sorted(FINDING_KINDS)
+    assert all(row.kind in family.kinds for family in FAMILIES for row in family.conditions)
