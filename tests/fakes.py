@@ -7,7 +7,7 @@
 - `SlowController` — a `Runner` in front of a slow or stopped slurmctld, on a clock of its own.
 - `FakeNvmlDriver` — NVML's answers at the one call door (`NvmlCalls`, healthd/nvml.py), below `Nvml`.
 - `FakeNvml` — `NvmlReader` (healthd/nvml.py) answering from a table of samples, with no NVML library.
-- `FakeCopyNetwork` — `CopyTransport` (clusterctl/checkpoint/api.py): every node's copy server in one
+- `FakeCopyNetwork` — `CopyTransport` (clusterctl/checkpoint/link.py): every node's copy server in one
   process, copying checkpoint copies between tier roots.
 - `FakeGit` — `GitDoor` (launcher/login/code_version.py): git's answers about a workdir, as git 2.39 gave
   them (LC_ALL=C), for the cases a test cannot make for real (a tree owned by another user, a slow status).
@@ -29,7 +29,7 @@ from typing import Any
 
 import pynvml
 
-from clusterctl.checkpoint.api import CopyTransport
+from clusterctl.checkpoint.link import CopyTransport
 from clusterctl.checkpoint.copies import ReceivedCopy, file_sha256
 from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd.checks import GpuSample
@@ -320,7 +320,7 @@ class FakeGit:
 # ---- moving checkpoint copies between nodes (CopyTransport) -------------------------------------
 
 class FakeCopyNetwork:
-    """Every node's copy server in one process (clusterctl.checkpoint.api.CopyTransport): a push or a
+    """Every node's copy server in one process (clusterctl.checkpoint.link.CopyTransport): a push or a
     fetch copies files between the nodes' tier roots, byte for byte, as the TCP transport would.  A
     fetch hashes what it wrote and, as the TCP transport does, refuses a copy whose bytes do not match
     its manifest (a TransferError naming the shard), else returns its measurements.
