@@ -347,15 +347,13 @@ def _gpu_addresses(config: HealthdConfig, state: HealthdState | None) -> dict[st
     if state is not None and any(gpu.pci_bus for gpu in state.gpus):
         return {gpu.pci_bus: gpu.index for gpu in state.gpus if gpu.pci_bus}
     try:
-        import pynvml
-
-        from clusterctl.healthd.nvml import Nvml, NvmlHang, TimedCalls
+        from clusterctl.healthd.nvml import Nvml, NvmlError, NvmlHang, TimedCalls
 
         nvml = Nvml(TimedCalls(2.0, max_abandoned=1))
         try:
             nvml.init()
             return {identity.pci_bus: identity.index for identity in nvml.discover()}
-        except (pynvml.NVMLError, NvmlHang):
+        except (NvmlError, NvmlHang):
             return {}
     except ImportError:  # pragma: no cover - a broken install
         return {}
