@@ -9,9 +9,12 @@ the journal's text, read back as every reader of a drain reason reads one (`pars
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from clusterctl.clock import utc
 from clusterctl.healthd.engine import ApplyDecision, EngineSettings
 from clusterctl.records.drain_reason import HEALTHD, parse_drain_reason
+from clusterctl.slurm.drain_owners import DrainOwner
 from clusterctl.records.healthd_actions import PlannedAction
 from clusterctl.records.healthd_state import Alert
 from clusterctl.slurm import drains
@@ -30,7 +33,21 @@ def planned_request(settings: EngineSettings, action: PlannedAction) -> drains.D
     lifts only healthd's own drain)."""
     if action.op == "resume":
         return drains.DrainRequest(settings.node, "resume")
-    return drains.DrainRequest(settings.node, "drain", parse_drain_reason(action.reason))
+    return drains.DrainRequest(settings.node, "drain", parse_drain_reason(action.reason) or JournaledReason(action.reason))
+
+
+@dataclass(frozen=True)
+class JournaledReason:
+    """A reason healthd journaled that the parser cannot read back (text from the driver it did not expect, say):
+    still healthd's own, sent to Slurm as written, as it was before reasons were typed.  A fault must never go
+    undrained because its reason's text is unusual."""
+
+    text: str
+    owner: DrainOwner = HEALTHD
+
+    def render(self) -> str:
+        """The journaled text, as written."""
+        return self.text
 
 
 def breaker_partition(settings: EngineSettings, action: PlannedAction, node: NodeState) -> str | None:

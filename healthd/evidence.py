@@ -15,7 +15,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from clusterctl.healthd.checks import GpuSample
+from clusterctl.healthd.gpu_sample import GpuSample
 from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.gate import gpu_index_list, read_state
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading

@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import pynvml
 
+from clusterctl.healthd.gpu_sample import GpuSample
 from clusterctl.healthd.kmsg import normalise_pci
 from clusterctl.records.finding_kind import FindingKind
 
@@ -119,30 +120,6 @@ class GpuIdentity:
 def handle_address(handle: Any) -> int:
     """A stable key for a device handle (handles themselves are neither == nor hashable)."""
     return ctypes.cast(handle, ctypes.c_void_p).value or 0
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    """One read of a GPU's health counters through NVML (`Nvml.sample`); healthd/checks/ judges it."""
-
-    index: int
-    uuid: str = ""
-    lost: bool = False
-    ecc_volatile_dbe: int = 0
-    ecc_volatile_sbe: int = 0
-    remap_correctable: int = 0
-    remap_uncorrectable: int = 0
-    remap_pending: bool = False
-    remap_failure: bool = False
-    retired_pages_sbe: int = 0
-    retired_pages_dbe: int = 0
-    retired_pending: bool = False
-    temperature_c: int | None = None
-    clock_event_reasons: int = 0
-    nvlink_down: tuple[int, ...] = ()
-    recovery_action: int | None = None
-    sm_clock_mhz: int | None = None
-    sm_clock_max_mhz: int | None = None
 
 
 class NvmlReader(Protocol):

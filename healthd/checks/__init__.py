@@ -22,7 +22,7 @@ from clusterctl.healthd.checks.gpu_count import check_gpu_count, check_lost
 from clusterctl.healthd.checks.host import HostSample, check_host
 from clusterctl.healthd.checks.sustained import Sustained
 from clusterctl.healthd.findings import Finding
-from clusterctl.healthd.nvml import GpuSample
+from clusterctl.healthd.gpu_sample import GpuSample
 
 __all__ = [
     "CLOCK_EVENTS_WORTH_A_LOOK", "CLOCK_EVENT_HW_POWER_BRAKE", "CLOCK_EVENT_HW_SLOWDOWN", "CLOCK_EVENT_HW_THERMAL",

@@ -10,7 +10,7 @@ from clusterctl.healthd.findings import Action, Finding
 
 if TYPE_CHECKING:
     from clusterctl.healthd.checks.sustained import Sustained
-    from clusterctl.healthd.nvml import GpuSample
+    from clusterctl.healthd.gpu_sample import GpuSample
 
 # NVML clock event reasons (nvmlClocksEventReason*): hardware slowdowns worth a warning.
 # A software power cap (0x4) is a site's own setting and never a fault.

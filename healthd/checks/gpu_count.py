@@ -9,7 +9,7 @@ from clusterctl.healthd.checks.family import CheckFamily, Condition, gpu_finding
 from clusterctl.healthd.findings import Action, Finding
 
 if TYPE_CHECKING:
-    from clusterctl.healthd.nvml import GpuSample
+    from clusterctl.healthd.gpu_sample import GpuSample
 
 
 @dataclass(frozen=True)

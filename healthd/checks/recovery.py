@@ -10,7 +10,7 @@ from clusterctl.healthd.findings import Action, Finding
 
 if TYPE_CHECKING:
     from clusterctl.healthd.checks.sustained import Sustained
-    from clusterctl.healthd.nvml import GpuSample
+    from clusterctl.healthd.gpu_sample import GpuSample
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION values (nvmlDeviceGpuRecoveryAction_t).
 RECOVERY_ACTIONS: Mapping[int, tuple[Action, str]] = {

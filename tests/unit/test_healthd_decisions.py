@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from clusterctl.healthd.drain_requests import decide_apply
+from clusterctl.healthd.drain_requests import decide_apply, planned_request
 from clusterctl.healthd.engine import (
     Drain, EngineSettings, EngineState, RaiseAlert, Remember, Resume, applied, blocking_in_state, needs_jobs,
     resume_allowed, state_view, step,
@@ -186,3 +186,11 @@ def test_a_fault_is_over_once_slurm_shows_the_node_back_in_service():
 def test_a_promoted_xid_drains_as_configured():
     settings = replace(SETTINGS, policy=PolicyConfig({9999: Action.DRAIN_RESET}))
     assert drains(step(EngineState(), settings, "kmsg", [xid(9999, source="kmsg")], T0))
+
+
+def test_a_journaled_reason_the_parser_cannot_read_back_is_still_drained_as_written():
+    # A GPU UUID from the driver with a space in it, say: healthd's own reason all the same.
+    odd = "healthd: gpu-lost gpu3 (GPU x) drain-reboot 2026-11-22T00:00:00Z"
+    drain = PlannedAction("d1", "drain", odd, T0)
+    assert decide_apply(SETTINGS, drain, node(), None, T0).result == "drained"
+    assert planned_request(SETTINGS, drain).reason.render() == odd  # what Slurm is sent, verbatim

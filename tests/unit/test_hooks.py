@@ -484,3 +484,16 @@ run_epilog({EPILOG_ENV!r}, None, config, node_check=lost_gpu, runner=stuck, kill
     assert took < 2.0 + 1.5
     assert read_job_health(job_health_path(tmp_path / "records", "47", "node3")).hardware_fault
     assert read_job_start(tmp_path / "lib", "47") is None
+
+
+def test_the_hooks_load_on_a_node_whose_pynvml_is_broken():
+    """A prolog that failed to import would drain every node it runs on: the hooks load NVML's bindings only
+    when they ask NVML directly (and say so when they cannot), never to judge or to read healthd's state."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['pynvml'] = None\n"
+            "import clusterctl.prolog.hook, clusterctl.epilog.hook, clusterctl.healthd.healthcheck\n"
+            "print('loaded')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "loaded", done.stderr
