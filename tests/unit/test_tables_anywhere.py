@@ -24,6 +24,7 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+import time_machine
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -275,7 +276,9 @@ def healthd_config(tmp_path):
         "gpu", 5, f"healthd: xid 79 gpu3 ({UUIDS[3]}) drain-reboot 2026-11-22T03:00:00Z")
     config = tmp_path / "healthd.toml"
     config.write_text(f'state_dir = "{tmp_path}"\nbreaker_dir = "{tmp_path}/breaker"\npartition = "gpu"\n')
-    return config
+    # The views say how old the state is ("updated 90.0 s ago"): read a minute and a half after it, on any day.
+    with time_machine.travel(1795305660.0 + 90, tick=False):
+        yield config
 
 
 GPU_3 = ["3", UUIDS[3], "drain-reboot", "xid", "79", "(drain-reboot)", "2026-11-22T00:00:00Z;", "ecc-dbe",
