@@ -88,9 +88,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from stats import percentile  # noqa: E402
 
-from clusterctl.launcher.job.agent import (  # noqa: E402
-    STEP_POLL_SECONDS, SUMMARY_MIN_SECONDS, collect_garbage_rarely,
-)
+from clusterctl.launcher.job.agent_doors import collect_garbage_rarely  # noqa: E402
+from clusterctl.launcher.job.agent_outputs import SUMMARY_MIN_SECONDS  # noqa: E402
+from clusterctl.launcher.job.step_watch import STEP_POLL_SECONDS  # noqa: E402
 from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender  # noqa: E402
 from clusterctl.launcher.job.signal_watch import SignalWatch  # noqa: E402
 from clusterctl.launcher.pure.hang_watch import HangPolicy, HangWatch  # noqa: E402

@@ -54,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             plan_for_job(args.run_dir, args.job_dir, os.environ, Slurm())
             return 0
         if args.what == "agent":
-            from clusterctl.launcher.job.agent import Agent, collect_garbage_rarely, default_doors
+            from clusterctl.launcher.job.agent import Agent
+            from clusterctl.launcher.job.agent_doors import collect_garbage_rarely, default_doors
             collect_garbage_rarely()
             from clusterctl.launcher.shared.runs import RunDir
             agent = Agent(args.run_dir, args.job_dir, RunDir(args.run_dir).spec(), os.environ, default_doors())

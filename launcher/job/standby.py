@@ -36,7 +36,7 @@ from clusterctl.slurm.nodes import NodeState
 LOOK_SECONDS = 1.0
 """How often the standby looks at the active agent's summary (one stat and read on its node's view)."""
 DEFAULT_INTERVAL = 2.0
-"""The summary interval assumed before the active agent wrote one (agent.SUMMARY_MIN_SECONDS)."""
+"""The summary interval assumed before the active agent wrote one (agent_outputs.SUMMARY_MIN_SECONDS)."""
 
 
 @dataclass
@@ -164,7 +164,8 @@ def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 def main(run_dir: Path, job_dir: Path, resume_from: str | None, epoch: int, environ: Mapping[str, str]) -> int:
     """`python -m clusterctl.launcher.job standby`: the real doors."""
-    from clusterctl.launcher.job.agent import Agent, collect_garbage_rarely, default_doors
+    from clusterctl.launcher.job.agent import Agent
+    from clusterctl.launcher.job.agent_doors import collect_garbage_rarely, default_doors
     from clusterctl.launcher.shared.runs import RunDir
     from clusterctl.slurm.commands import Slurm
     from clusterctl.slurm.nodes import SlurmNode

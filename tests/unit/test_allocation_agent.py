@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from clusterctl.errors import SlurmCommandError
-from clusterctl.launcher.job.agent import Agent, AgentDoors, resized_environment
+from clusterctl.launcher.job.agent import Agent, AgentDoors
+from clusterctl.launcher.job.step_launch import resized_environment
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.shared.runs import create_run
 from clusterctl.launcher.pure.spec import load_spec

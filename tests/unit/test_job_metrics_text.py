@@ -178,7 +178,7 @@ def test_on_sigterm_the_agent_removes_the_textfile_before_it_dies(tmp_path):
 def test_the_real_sigterm_door_runs_the_cleanup_then_the_process_dies_of_the_signal(tmp_path):
     program = f"""
 import pathlib, sys, time
-from clusterctl.launcher.job.agent import cleanup_on_sigterm
+from clusterctl.launcher.job.agent_doors import cleanup_on_sigterm
 left = pathlib.Path({str(tmp_path / "clusterctl_job_7.prom")!r})
 left.write_text("x 1\\n")
 cleanup_on_sigterm(left.unlink)
