@@ -124,6 +124,7 @@ def test_a_node_an_operator_drains_under_running_ranks_is_swapped_for_the_spare_
     assert len(_events(run_dir, "submitted")) == 1 and victim not in event.nodes, out
 
 
+@pytest.mark.one_release  # CI time: its Slurm side (a resubmission excluding a node) is the Xid story's
 def test_when_no_spare_is_left_the_supervisor_resubmits_without_the_node(cluster, tmp_path, reference):
     proc, run_dir = _supervised(cluster, tmp_path, _spec(tmp_path, 1))
     _wait(lambda: (run_dir / "checkpoints" / "step-00000020").exists(), "checkpoint 20", proc=proc)
