@@ -8,8 +8,8 @@ the same action, waiting longer each time (up to 5 s).
 
 What it owns, and which thread touches it:
   actions           the queue of planned actions: main thread in, applier thread out
-  breaker           the drain slots of the partition; the lock that settles a drain's slot, also
-                    taken by the periodic thread when it gives a slot back (`give_back_slot`)
+  slots             the drain slots of the partition (`BreakerSlots`): the lock that settles a drain's
+                    slot, also taken by the periodic thread when it gives a slot back (`give_back_slot`)
   applied_node      the node as the last applied call left it: applier thread (or a caller of `apply`)
   refusals          breaker refusals in a row: main thread only (`retry_after`)
 """
@@ -19,7 +19,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from clusterctl.clock import Clock
@@ -53,16 +54,14 @@ class Applier:
                  journal: Journal, metrics: Metrics, clock: Clock, jitter: Callable[[float, float], float],
                  stop: threading.Event, beat: Callable[[], None], report: Callable[[Applied], None]) -> None:
         self.config, self.settings = config, settings
-        self.node = config.node_name
         self.slurm, self.journal, self.metrics, self.clock, self.jitter = slurm, journal, metrics, clock, jitter
         self.stop, self.beat, self.report = stop, beat, report
         self.actions: queue.Queue[PlannedAction] = queue.Queue()
         """Planned (already journaled) actions waiting to be applied, in order."""
         self.applied_node: NodeState | None = None
         """The node as the last `apply` left it (None: not known)."""
-        self.breaker = Breaker(slurm, self.node, config.breaker_dir, config.breaker_max_share, now=clock.now)
-        self._ledger_lock = threading.Lock()
-        self._ledger_settled_at = float("-inf")  # monotonic time the last drain attempt's slot was settled
+        self.slots = BreakerSlots(Breaker(slurm, settings.node, config.breaker_dir, config.breaker_max_share,
+                                          now=clock.now), clock)
         self._refusals = 0  # breaker refusals in a row: each doubles the wait before the next try
 
     def reconfigure(self, config: HealthdConfig, settings: engine.EngineSettings) -> None:
@@ -94,7 +93,7 @@ class Applier:
             backoff = 0.2
             self.journal.done(action.id, decision.result)
             self.metrics.drain_actions.labels(action.op, decision.result).inc()
-            log.info("%s node %s: %s (%s)", action.op, self.node, decision.result, action.reason)
+            log.info("%s node %s: %s (%s)", action.op, self.settings.node, decision.result, action.reason)
             self.report(Applied(action, decision, self.applied_node))
 
     def apply(self, action: PlannedAction) -> engine.ApplyDecision:
@@ -118,18 +117,15 @@ class Applier:
             if spread > 0 and self.stop.wait(self.jitter(0.0, spread)):
                 raise SlurmCommandError(["healthd"], None, "stopping before the drain was decided")
             node = self.slurm.state()  # it may have been drained meanwhile: the door decides on this read
-        with self._ledger_lock:  # the drain door: decide, claim the breaker's share, make the call
-            try:
-                done = drains.apply(self.slurm, drain_rules(self.settings), planned_request(self.settings, action),
-                                    self.breaker, node=node, partition_size=size)
-            finally:
-                self._ledger_settled_at = self.clock.monotonic()
+        with self.slots.settling() as breaker:  # the drain door: decide, claim the breaker's share, make the call
+            done = drains.apply(self.slurm, drain_rules(self.settings), planned_request(self.settings, action),
+                                breaker, node=node, partition_size=size)
         self.applied_node = done.after  # just read (and changed by the call): fresh whatever was decided
         decision = apply_decision(action.reason, done.verdict, self.clock.now())
         if decision.call == "resume":
-            self.breaker.release(node_partition(self.config.partition, node))
+            self.slots.breaker.release(node_partition(self.config.partition, node))
         elif decision.result == "dry-run":
-            log.warning("dry run: would %s %s: %s", action.op, self.node, action.reason)
+            log.warning("dry run: would %s %s: %s", action.op, self.settings.node, action.reason)
         return decision
 
     def give_back_slot(self, node: NodeState, read_from: float) -> None:
@@ -138,9 +134,7 @@ class Applier:
 
         A read begun before a drain finished cannot give its slot back.
         """
-        with self._ledger_lock:
-            if read_from > self._ledger_settled_at:
-                self.breaker.reconcile(node, node_partition(self.config.partition, node))
+        self.slots.give_back(node, node_partition(self.config.partition, node), read_from)
 
     def retry_after(self, decision: engine.ApplyDecision) -> float:
         """How long the engine waits before the breaker is asked again about a refused fault (main thread:
@@ -149,3 +143,33 @@ class Applier:
         self._refusals = self._refusals + 1 if decision.result == "breaker-open" else 0
         retry = min(self.settings.breaker_retry * 2 ** (self._refusals - 1), 8 * self.settings.breaker_retry)
         return retry * self.jitter(0.8, 1.2)
+
+
+class BreakerSlots:
+    """The breaker's drain slots as two threads share them: the applier settles a drain's slot
+    (`settling`), the periodic thread gives one back after reading the node (`give_back`).
+
+    One lock orders the two, and a read begun before a drain was settled gives nothing back (it
+    may show the node as it was before the drain).
+    """
+
+    def __init__(self, breaker: Breaker, clock: Clock) -> None:
+        self.breaker, self.clock = breaker, clock
+        self._lock = threading.Lock()
+        self._settled_at = float("-inf")  # monotonic time the last drain attempt's slot was settled
+
+    @contextmanager
+    def settling(self) -> Iterator[Breaker]:
+        """Hold the lock while a drain claims or frees its slot; settled when the block ends, however it ends."""
+        with self._lock:
+            try:
+                yield self.breaker
+            finally:
+                self._settled_at = self.clock.monotonic()
+
+    def give_back(self, node: NodeState, partition: str | None, read_from: float) -> None:
+        """Let the ledger agree with `node` (read from monotonic time `read_from` on), unless a drain
+        was settled since the read began."""
+        with self._lock:
+            if read_from > self._settled_at:
+                self.breaker.reconcile(node, partition)

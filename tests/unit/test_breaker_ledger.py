@@ -91,8 +91,8 @@ def test_a_resumed_node_gives_its_slot_back_and_another_node_may_drain(tmp_path,
     refused = a_gpu_falls_off(third, 2)
     assert refused.result == "breaker-open" and "2 of 20 nodes in gpu" in refused.alert.detail
     slurm.reasons.pop("node0")  # an admin repaired node0 and resumed it
-    first.node_due = 0.0  # its next periodic check reads the node
-    first.periodic_check()
+    first.periodic.node_due = 0.0  # its next periodic check reads the node
+    first.periodic.check()
     assert not BreakerLedger(ledger_dir, "node0", now=lambda: T0).holds("gpu")
     now[0] = T0 + 8 * 600  # past breaker_retry: node2's GPU, lost again, is drained now
     assert a_gpu_falls_off(third, 2, now[0]).result == "drained"
@@ -158,6 +158,6 @@ def test_a_node_healthd_drained_before_the_ledger_existed_takes_a_slot_at_its_ne
     monkeypatch.setenv("LD_LIBRARY_PATH", "/nonexistent")
     drained = {"node5": "healthd: xid 79 gpu3 (GPU-5) drain-reboot 2026-11-22T03:00:00Z"}
     shell = node_daemon(tmp_path, ledger_dir, "node5", partition(drained))
-    shell.periodic_check()  # the first check reads the node
+    shell.periodic.check()  # the first check reads the node
     slots, _ = BreakerLedger(ledger_dir, "node0", now=lambda: T0).slots("gpu")
     assert [(s.node, s.reason) for s in slots] == [("node5", drained["node5"])]
