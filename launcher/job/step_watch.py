@@ -263,5 +263,5 @@ class StepWatch:
         floor = max(r.hang_min_step_seconds, signals.silent_after)
         return HangPolicy(startup_timeout=r.hang_startup_seconds, checkpoint_timeout=r.hang_checkpoint_seconds,
                           safety_factor=r.hang_safety_factor, min_step_timeout=floor,
-                          max_step_timeout=max(1800.0, floor), straggler_gap=max(HangPolicy.straggler_gap, lag),
+                          max_step_timeout=max(1800.0, floor), silence_gap=max(HangPolicy.silence_gap, lag),
                           liveness_gap=max(HangPolicy.liveness_gap, lag))
