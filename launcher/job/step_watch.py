@@ -27,8 +27,10 @@ from clusterctl.launcher.pure.classify import Blame, hardware_suspects, not_resp
 from clusterctl.launcher.pure.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
 from clusterctl.launcher.pure.node_signals import SMALL_STEP_NODES, SignalPolicy, Signals, slurm_sweep_seconds
 from clusterctl.launcher.pure.spec import JobSpec
+from clusterctl.launcher.pure.straggler_verdict import SwapRoom
+from clusterctl.launcher.pure.straggler_watch import StragglerWatch
 from clusterctl.launcher.shared.straggler_actions import StragglerActions
-from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
+from clusterctl.records.run_journal import StragglerFound
 from clusterctl.slurm.nodes import NodeState
 
 STEP_POLL_SECONDS = 0.2
@@ -48,7 +50,7 @@ class Watched:
     suspects: list[Blame]
     seen: float
     hang: HangVerdict | None = None
-    straggler: Straggler | None = None
+    straggler: StragglerFound | None = None
     lost_s: float = 0.0
     """Time the step's stragglers cost it (the slowest rank's excess per step, summed)."""
 
@@ -200,10 +202,8 @@ class StepWatch:
                 return frozen
             self.straggler_actions.write_table(feed.stragglers)
             for found in feed.stragglers.found:
-                no_swap = (f"{found.node} is the batch host, where this agent runs" if found.node == self.batch_host
-                           else "no spare left" if spares < 1 else "")
                 env = resized_environment(self.environ, launched.slots)
-                swap = self.straggler_actions.act(found, env, no_swap=no_swap)
+                swap = self.straggler_actions.act(found, env, SwapRoom(spares, self.batch_host))
                 if swap is not None:
                     return Watched(None, [swap], now, straggler=found, lost_s=feed.stragglers.lost_s)
         pattern = self.spec.restart.progress_pattern
@@ -263,5 +263,5 @@ class StepWatch:
         floor = max(r.hang_min_step_seconds, signals.silent_after)
         return HangPolicy(startup_timeout=r.hang_startup_seconds, checkpoint_timeout=r.hang_checkpoint_seconds,
                           safety_factor=r.hang_safety_factor, min_step_timeout=floor,
-                          max_step_timeout=max(1800.0, floor), straggler_gap=max(HangPolicy.straggler_gap, lag),
+                          max_step_timeout=max(1800.0, floor), silence_gap=max(HangPolicy.silence_gap, lag),
                           liveness_gap=max(HangPolicy.liveness_gap, lag))

@@ -62,9 +62,6 @@ SINGLE_NODE_READS = 32  # a job on more nodes reads the (shared) node table once
 AGENT_GRACE_SECONDS = 60.0
 PROGRESS_PROBLEMS_SAID = 5  # unreadable rank-progress files named one by one per job; past that only counted
 """With spares, how long a failed node may stay in a running job before the supervisor (not the job's agent) ends it."""
-NO_SWAP = ("the job has no in-job agent to swap nodes (a built-in launch template with spare_nodes and "
-           "restart.recover = in-allocation)")
-"""Why a straggler the supervisor finds is excluded rather than swapped."""
 CHANGING_STATES = frozenset({"CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"})
 """Job states on the way in or out: watched at the fast interval."""
 
@@ -431,7 +428,7 @@ class Supervisor:
             # srun attaches to the job by SLURM_JOB_ID; another allocation's SLURM_* (a supervisor
             # started inside salloc) would mislead it.
             env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-            actions.act(found, {**env, "SLURM_JOB_ID": job_id}, no_swap=NO_SWAP)
+            actions.act(found, {**env, "SLURM_JOB_ID": job_id}, room=None)  # no agent: nothing to swap with
 
     def _say_progress_problems(self, job_id: str, problems: Sequence[str]) -> None:
         """Say each rank-progress file the straggler watch could not read, once per job, and what that

@@ -19,7 +19,7 @@ collective), so "every rank is silent" is the usual sight of a hang.  Then, when
 which processes still run (`alive_at`, from clusterctl.progress's liveness thread), the ranks
 whose processes stopped running `liveness_gap` before the others' latest sign of life are the
 suspects (a SIGSTOPped or wedged process; the others wait for it).  Otherwise the ranks that went
-silent well before the rest (`straggler_gap`, or that never reported while others did) are the
+silent well before the rest (`silence_gap`, or that never reported while others did) are the
 suspects; when every rank stopped together (a shared-filesystem or network stall, or a hang too fast
 to tell apart) the verdict is `whole_job` and names no node.
 
@@ -64,7 +64,7 @@ class HangPolicy:
     """The first steps of each launch are judged with the start-up timeout, and not learned from."""
     step_window: int = 50
     """How many recent per-step durations the learned step time is the median of."""
-    straggler_gap: float = 5.0
+    silence_gap: float = 5.0
     """When every rank is silent, a rank is a suspect only if it went silent this much earlier than the
     newest report of the job; more than the report interval (clusterctl.progress, 1 s by default),
     so rate-limited reports of ranks stepping together are never told apart by chance."""
@@ -78,8 +78,8 @@ class HangPolicy:
         if self.min_step_timeout > self.max_step_timeout:
             raise ValueError(f"min_step_timeout {self.min_step_timeout:g} s exceeds max_step_timeout "
                              f"{self.max_step_timeout:g} s")
-        if self.warmup_steps < 0 or self.step_window < 1 or self.straggler_gap < 0 or self.liveness_gap <= 0:
-            raise ValueError("warmup_steps and straggler_gap must be >= 0, liveness_gap > 0, step_window >= 1")
+        if self.warmup_steps < 0 or self.step_window < 1 or self.silence_gap < 0 or self.liveness_gap <= 0:
+            raise ValueError("warmup_steps and silence_gap must be >= 0, liveness_gap > 0, step_window >= 1")
 
 
 @dataclass(frozen=True)
@@ -265,7 +265,7 @@ def judge(progress_records: Iterable[RankProgress], policy: HangPolicy, now: flo
     if len(stuck) < len(states):
         stuck_set = set(stuck_ranks)  # by rank: comparing whole states is quadratic at 100,000 ranks
         if _silent_together(stuck, [s for s in states if s.rank not in stuck_set], policy):
-            return HangVerdict(False)  # the rest crosses its timeout within straggler_gap: judged then
+            return HangVerdict(False)  # the rest crosses its timeout within silence_gap: judged then
         suspects = tuple(_stuck_node(node, group, now) for node, group in _by_node(stuck))
         return HangVerdict(True, False, suspects, stuck_ranks, tuple(s.evidence for s in suspects))
     return _every_rank_silent(states, policy, now, started_at, stuck_ranks)
@@ -365,14 +365,14 @@ def _rank_states(records: Iterable[RankProgress], policy: HangPolicy, now: float
 
 def _silent_together(stuck: Sequence[RankState], others: Sequence[RankState], policy: HangPolicy) -> bool:
     """The ranks not yet past their timeout went silent with the stuck ones: their newest report is
-    less than `straggler_gap` newer.  Reports are rate-limited (and a phase change is written at
+    less than `silence_gap` newer.  Reports are rate-limited (and a phase change is written at
     once), so ranks stopping together in one collective stop reporting up to an interval apart;
     telling them apart before all are overdue would blame the ranks that happened to report first."""
     if any(s.report is None for s in [*stuck, *others]):
         return False
     stuck_last = max(s.report.at for s in stuck if s.report is not None)
     others_last = max(s.report.at for s in others if s.report is not None)
-    return others_last < stuck_last + policy.straggler_gap
+    return others_last < stuck_last + policy.silence_gap
 
 
 def _every_rank_silent(states: Sequence[RankState], policy: HangPolicy, now: float, started_at: float,
@@ -390,11 +390,11 @@ def _every_rank_silent(states: Sequence[RankState], policy: HangPolicy, now: flo
     newest = max(reported, key=lambda s: s.report.at if s.report else 0.0)
     assert newest.report is not None
     newest_at = newest.report.at
-    stragglers = [s for s in states if s.report is None or s.report.at < newest_at - policy.straggler_gap]
-    straggler_nodes = {s.node for s in stragglers}
-    if stragglers and straggler_nodes != {s.node for s in states}:
+    silent_first = [s for s in states if s.report is None or s.report.at < newest_at - policy.silence_gap]
+    silent_first_nodes = {s.node for s in silent_first}
+    if silent_first and silent_first_nodes != {s.node for s in states}:
         suspects = []
-        for node, group in _by_node(stragglers):
+        for node, group in _by_node(silent_first):
             stuck = _stuck_node(node, group, now)
             last = max((s.report.at for s in group if s.report is not None), default=None)
             if last is None:

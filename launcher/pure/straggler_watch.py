@@ -33,6 +33,7 @@ from typing import NamedTuple
 
 from clusterctl.launcher.pure.hang_watch import ranks_text
 from clusterctl.records.rank_progress import RankProgress
+from clusterctl.records.run_journal import StragglerFound
 
 ACTIONS = ("off", "report", "exclude", "swap")
 """What a run does with a straggler: nothing; journal it and show it; also avoid the node from the
@@ -102,21 +103,6 @@ class NodeStats:
     rank was the job's slowest and at or above the margin."""
 
 
-@dataclass(frozen=True)
-class Straggler:
-    """A node just found to be a straggler, with the numbers that say so in one line."""
-
-    node: str
-    ranks: tuple[int, ...]
-    ratio: float
-    seconds: float
-    reference: float
-    steps: int
-    since_step: int
-    lost_s: float
-    evidence: str
-
-
 class _Sample(NamedTuple):
     """One rank's compute time per step between two reads (a tuple: 100,000 are made per read)."""
 
@@ -142,7 +128,10 @@ class StragglerWatch:
     nodes: Mapping[str, NodeStats] = field(default_factory=dict)
     reference: float | None = None
     """The job's reference compute time per step in the latest sample (lower median over its ranks)."""
-    found: tuple[Straggler, ...] = ()
+    found: tuple[StragglerFound, ...] = ()
+    """The nodes that became stragglers in the latest poll, as measured: the watch reads no clock and
+    knows no job, so `at`, `job_id` and what was done are filled in by whoever acts on them
+    (launcher/shared/straggler_actions.py)."""
 
     @classmethod
     def start(cls, policy: StragglerPolicy, started_at: float = 0.0) -> StragglerWatch:
@@ -190,7 +179,7 @@ class StragglerWatch:
         return replace(self, previous=previous, ranks=ranks, nodes=nodes, reference=reference, found=found)
 
     def _nodes(self, ranks: Mapping[int, RankStats], samples: list[_Sample],
-               reference: float) -> tuple[dict[str, NodeStats], tuple[Straggler, ...]]:
+               reference: float) -> tuple[dict[str, NodeStats], tuple[StragglerFound, ...]]:
         # The job waits for its slowest rank in every collective: that rank's excess is the time lost.
         slowest = max(samples, key=lambda s: s.seconds)
         lost = {slowest.node: slowest.steps * (slowest.seconds - reference)} \
@@ -252,7 +241,8 @@ def _advance(stats: RankStats | None, sample: _Sample, reference: float, policy:
                      stats.slow_until_step, stats.slow_ratios, stats.clear_steps, stats.straggler)
 
 
-def _straggler(node: NodeStats, slow: list[RankStats], reference: float, policy: StragglerPolicy) -> Straggler:
+def _straggler(node: NodeStats, slow: list[RankStats], reference: float,
+               policy: StragglerPolicy) -> StragglerFound:
     ratios = [ratio for r in slow for ratio in r.slow_ratios]
     ratio = statistics.median(ratios) if ratios else (node.ratio or 0.0)
     since = min((r.slow_since_step for r in slow if r.slow_since_step is not None), default=0)
@@ -264,8 +254,9 @@ def _straggler(node: NodeStats, slow: list[RankStats], reference: float, policy:
                 f"({ratio:.2f}x, median over the slow stretch) for {steps} steps from step {since}; "
                 f"a straggler after {policy.window_steps} steps at {policy.margin:g}x or more; "
                 f"{_s(node.lost_s)} s lost so far")
-    return Straggler(node.node, tuple(sorted(r.rank for r in slow)), round(ratio, 3), seconds, reference, steps,
-                     since, round(node.lost_s, 3), evidence)
+    return StragglerFound(at=0.0, job_id="", node=node.node, ranks=tuple(sorted(r.rank for r in slow)),
+                          ratio=round(ratio, 3), seconds=round(seconds, 6), reference=round(reference, 6), steps=steps,
+                          since_step=since, lost_s=round(node.lost_s, 3), evidence=(evidence,))
 
 
 def _s(value: float) -> str:

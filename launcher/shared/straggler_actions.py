@@ -4,8 +4,8 @@ agent (jobs with spares, on the batch host) and the supervisor (every other job,
 Per node found slow (once per job): ask its GPUs why (`healthd evidence --job-gpus --json`, run on the
 node as a one-off `srun --overlap` step of the job: only the GPUs the job has there, so that another
 job's GPUs on a shared node are neither shown to this job's user nor taken to explain its slowdown),
-journal a `straggler` event with the evidence, and drain the node only when it is evicted (`exclude`,
-`swap`) and its GPUs' own evidence explains the slowdown.
+ask the verdict (launcher/pure/straggler_verdict.py: report, exclude or swap, drain or not), drain
+if it says so, and journal a `straggler` event with the evidence.  Only effects live here.
 The drain goes through the core's drain door (clusterctl/slurm/drains.py) as the straggler owner: a
 `clusterctl straggler:` reason, never over another drain, within the straggler verdicts' own share
 of the partition (never a slot of healthd's breaker).  A node name read from the progress files
@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clusterctl.clock import utc
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.pure.classify import Blame
-from clusterctl.launcher.pure.straggler_watch import Straggler, StragglerWatch
+from clusterctl.launcher.pure.straggler_verdict import SwapRoom, straggler_verdict
+from clusterctl.launcher.pure.straggler_watch import StragglerWatch
 from clusterctl.records.actions import Action
 from clusterctl.records.drain_reason import STRAGGLER, DrainReason
 from clusterctl.records.gpu_evidence import GpuEvidence
@@ -124,10 +125,11 @@ class StragglerActions:
         except OSError as exc:  # the table is for people; the watch goes on without it
             self.doors.say(f"cannot write the step-time table in {self.job_dir}: {exc.strerror}")
 
-    def act(self, found: Straggler, env: Mapping[str, str], *, no_swap: str = "") -> Blame | None:
-        """Journal `found`, ask its GPUs why, drain it when they agree and it is evicted; the Blame to
-        swap it for a spare now, or None (reported, or excluded from the next submission on).
-        `no_swap`: why a `swap` cannot happen now (no spare, the batch host); it is excluded instead."""
+    def act(self, found: StragglerFound, env: Mapping[str, str], room: SwapRoom | None = None) -> Blame | None:
+        """Journal `found` (as the straggler watch measured it), ask its GPUs why, and carry out the
+        verdict on it (launcher/pure/straggler_verdict.py): drain it through the door, blame it; the Blame
+        to swap it for a spare now, or None (reported, or excluded from the next submission on).
+        `room`: what the in-job agent could swap it with (None: the job has no agent)."""
         if found.node in self.seen:
             return None
         self.seen.add(found.node)
@@ -135,37 +137,29 @@ class StragglerActions:
         if problem is not None:  # read from a progress file: neither asked, drained, blamed nor excluded
             self.doors.say(f"straggler ignored: {problem}")
             return None
-        action = self.action
-        notes: list[str] = []
-        if action == "swap" and no_swap:
-            action = "exclude"
-            notes.append(f"not swapped: {no_swap}; avoided from the next resubmission on")
         hardware, note = self._hardware(found.node, env)
-        if note:
-            notes.append(f"GPU evidence: {note}")
-        evicted = action in ("exclude", "swap")
+        verdict = straggler_verdict(found.node, hardware, self.action, room, self.doors.drain is not None)
+        notes = (*verdict.notes, *([f"GPU evidence: {note}"] if note else []))
         until = self.doors.now() + self.blame_hours * 3600
-        blame = Blame(found.node, STRAGGLER_REASON, (found.evidence, *hardware, *notes))
-        drain = ""
-        if evicted and hardware and self.doors.drain is not None:
-            reason = DrainReason(kind="slow-gpus", action=Action.DRAIN_RESET, at=utc(self.doors.now()), owner=STRAGGLER)
-            try:
-                drain = self.doors.drain(found.node, reason).describe()
-            except SlurmCommandError as exc:
-                drain = f"not drained: Slurm refused ({exc}); healthd's own clock-events check is the admins' path"
-        elif evicted:
-            drain = "not drained: the GPUs' own evidence does not explain the slowdown; avoided by this run only"
-        done = {"report": "reported", "exclude": "excluded", "swap": "swapped"}[action]
-        append_run_event(self.run_dir / "journal.jsonl", StragglerFound(
-            at=self.doors.now(), job_id=self.job_id, node=found.node, ranks=found.ranks, ratio=found.ratio,
-            seconds=round(found.seconds, 6), reference=round(found.reference, 6), steps=found.steps,
-            since_step=found.since_step, lost_s=found.lost_s, evidence=(found.evidence, *notes), hardware=hardware,
-            action=done, blame=(blame.to_journal(until),) if evicted else (), drain=drain))
+        blame = Blame(found.node, STRAGGLER_REASON, (*found.evidence, *hardware, *notes))
+        drain = self._drain(found.node) if verdict.drain else verdict.drain_note if verdict.evicted else ""
+        append_run_event(self.run_dir / "journal.jsonl", replace(
+            found, at=self.doors.now(), job_id=self.job_id, evidence=(*found.evidence, *notes), hardware=hardware,
+            action=verdict.done, blame=(blame.to_journal(until),) if verdict.evicted else (), drain=drain))
         what = {"reported": "reported", "excluded": "avoided from the next resubmission on",
-                "swapped": "swapping it for a spare now"}[done]
-        self.doors.say(f"straggler {found.node}: {found.evidence}; GPUs: {'; '.join(hardware) or 'nothing explains it'}"
-                       f"; {what}{'; ' + drain if drain else ''}")
-        return blame if done == "swapped" else None
+                "swapped": "swapping it for a spare now"}[verdict.done]
+        self.doors.say(f"straggler {found.node}: {'; '.join(found.evidence)}; GPUs: "
+                       f"{'; '.join(hardware) or 'nothing explains it'}; {what}{'; ' + drain if drain else ''}")
+        return blame if verdict.done == "swapped" else None
+
+    def _drain(self, node: str) -> str:
+        """Drain `node` through the door as the straggler owner; what became of it."""
+        assert self.doors.drain is not None  # the verdict drains only when a door is there
+        reason = DrainReason(kind="slow-gpus", action=Action.DRAIN_RESET, at=utc(self.doors.now()), owner=STRAGGLER)
+        try:
+            return self.doors.drain(node, reason).describe()
+        except SlurmCommandError as exc:
+            return f"not drained: Slurm refused ({exc}); healthd's own clock-events check is the admins' path"
 
     def _hardware(self, node: str, env: Mapping[str, str]) -> tuple[tuple[str, ...], str]:
         """What `node`'s GPUs say that explains a slowdown (empty: nothing), and a note: which GPUs were read

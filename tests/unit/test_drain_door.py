@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from clusterctl.healthd.drain_requests import decide_apply
 from clusterctl.healthd.engine import EngineSettings, EngineState, Resume, resume_allowed, step
-from clusterctl.launcher.pure.straggler_watch import Straggler
 from clusterctl.launcher.shared.straggler_actions import StragglerActions, StragglerDoors, srun_gpu_evidence
 from clusterctl.records.actions import Action
 from clusterctl.records.drain_reason import (
@@ -21,7 +20,7 @@ from clusterctl.records.drain_reason import (
 )
 from clusterctl.records.gpu_evidence import GpuEvidence, GpuReading
 from clusterctl.records.healthd_actions import PlannedAction
-from clusterctl.records.run_journal import read_run_journal
+from clusterctl.records.run_journal import StragglerFound, read_run_journal
 from clusterctl.slurm.drains import (
     STRAGGLER_RULES, DrainRequest, DrainRules, SlurmDrains, decide,
 )
@@ -161,8 +160,9 @@ def straggler_actions(tmp_path: Path, table: FakeNodeTable, said: list[str]) -> 
     return StragglerActions(tmp_path, tmp_path / "jobs" / "7", "7", "exclude", 1.0, doors)
 
 
-def found(node: str) -> Straggler:
-    return Straggler(node, (8,), 2.5, 0.25, 0.1, 30, 11, 3.0, "2.5x slower")
+def found(node: str) -> StragglerFound:
+    return StragglerFound(at=0.0, job_id="", node=node, ranks=(8,), ratio=2.5, seconds=0.25, reference=0.1, steps=30,
+                          since_step=11, lost_s=3.0, evidence=("2.5x slower",))
 
 
 def test_a_straggler_verdict_never_relabels_an_admins_drain(tmp_path):

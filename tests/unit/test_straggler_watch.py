@@ -62,7 +62,7 @@ def test_the_evidence_line_names_the_ranks_the_times_and_the_stretch():
     assert len(found) == 1
     assert found[0].evidence == ("ranks 2-3 on node2 computed 0.5 s per step against the job's 0.2 s (2.50x, median "
                                  "over the slow stretch) for 36 steps from step 21; a straggler after 30 steps at "
-                                 "1.2x or more; 10.8 s lost so far")
+                                 "1.2x or more; 10.8 s lost so far",)
 
 
 def test_a_whole_job_slowdown_flags_nobody():
