@@ -180,6 +180,10 @@ class CopyServer:
     in place, `on_received(manifest)` is called with its manifest as held here (tier buddy), before
     the sender hears that the copy is kept; an exception from it is reported through `on_problem` (default: one line on stderr), as is
     anything unexpected in a connection.  `timeout` bounds every socket operation.
+
+    This class is the listener: it accepts connections, at most `max_connections` at a time, each on
+    a thread of its own.  What is said on a connection is `_CopySession`; the copies in the tier's
+    folders are `_TierCopies`.
     """
 
     def __init__(self, tier_root: Path, node: str, key: bytes, port: int, host: str = "", *,
@@ -190,8 +194,8 @@ class CopyServer:
         if len(key) != KEY_BYTES:
             raise ValueError(f"the job's key is {KEY_BYTES} bytes, not {len(key)}")
         self.tier_root, self.node, self.host = Path(tier_root), node, host
-        self._key, self._wanted_port, self._timeout = bytes(key), port, timeout
-        self._on_received, self._on_problem = on_received, on_problem
+        self._wanted_port, self._timeout, self._on_problem = port, timeout, on_problem
+        self._session = _CopySession(bytes(key), _TierCopies(self.tier_root, node, on_received, self._problem))
         self._slots = threading.BoundedSemaphore(max_connections)
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -199,7 +203,6 @@ class CopyServer:
         self._lock = threading.Lock()
         self._active: set[socket.socket] = set()
         self._workers: set[threading.Thread] = set()
-        self._writing: set[Path] = set()
 
     @property
     def port(self) -> int:
@@ -288,7 +291,7 @@ class CopyServer:
 
     def _connection(self, conn: socket.socket) -> None:
         try:
-            self._answer(conn)
+            self._session.answer(conn)
         except (OSError, TransferError, _StreamError):
             pass  # the peer went away or broke the protocol: it sees its own error; nothing was kept
         except Exception as exc:  # noqa: BLE001 - a bug must not end the server's thread silently
@@ -300,7 +303,23 @@ class CopyServer:
                 self._workers.discard(threading.current_thread())
             self._slots.release()
 
-    def _answer(self, conn: socket.socket) -> None:
+    def _problem(self, text: str) -> None:
+        line = f"clusterctl copy server on {self.node}: {one_line(text)}"
+        if self._on_problem is not None:
+            self._on_problem(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+class _CopySession:
+    """The server's side of one connection (protocol steps 1-4 of the module docstring): the handshake,
+    then a fetch answered from this node's copies or a push kept among them."""
+
+    def __init__(self, key: bytes, copies: _TierCopies) -> None:
+        self._key, self._copies = key, copies
+
+    def answer(self, conn: socket.socket) -> None:
+        """Serve the one request of `conn` (OSError, TransferError or _StreamError when the peer breaks off)."""
         server_nonce = os.urandom(NONCE_BYTES)
         conn.sendall(MAGIC + server_nonce)
         client_nonce = _recv_exact(conn, NONCE_BYTES, "the request")
@@ -322,20 +341,20 @@ class CopyServer:
             self._keep_pushed(channel, request.manifest)
 
     def _send_copy(self, channel: _Channel, request: CopyRequest) -> None:
-        own = request.of_node == self.node
-        directory = (self.tier_root / "local" if own else self.tier_root / "buddy" / request.of_node) \
-            / copy_dir_name(request.step)
-        what = f"{request.of_node}'s {'local ' if own else ''}copy of step {request.step} on {self.node}"
+        node = self._copies.node
+        own = request.of_node == node
+        directory = self._copies.folder_of(request.of_node) / copy_dir_name(request.step)
+        what = f"{request.of_node}'s {'local ' if own else ''}copy of step {request.step} on {node}"
         try:
             manifest = read_checkpoint_manifest(directory / MANIFEST_NAME)
         except (FileNotFoundError, NotADirectoryError):
-            channel.respond(error=f"{self.node} holds no complete copy of {request.of_node}'s shards of step "
+            channel.respond(error=f"{node} holds no complete copy of {request.of_node}'s shards of step "
                                   f"{request.step} (no {MANIFEST_NAME} in {directory}); take the next tier")
             return
         except RecordError as exc:
             channel.respond(error=f"{what} has a manifest this node cannot read ({exc}); take the next tier")
             return
-        expected = ("local" if own else "buddy", request.of_node, request.step, self.node)
+        expected = ("local" if own else "buddy", request.of_node, request.step, node)
         if (manifest.tier, manifest.of_node, manifest.step, manifest.held_on) != expected:
             channel.respond(error=f"{what}: its manifest describes {manifest.where} of step {manifest.step}, "
                                   "not this copy; take the next tier")
@@ -350,27 +369,21 @@ class CopyServer:
         channel.sock.sendall(_NAME_LENGTH.pack(0))
 
     def _keep_pushed(self, channel: _Channel, pushed: CheckpointManifest) -> None:
+        node = self._copies.node
         of_node, step = pushed.of_node, pushed.step
-        if of_node == self.node:
-            channel.respond(error=f"{self.node} was sent its own copy of step {step}: a node keeps buddy copies "
+        if of_node == node:
+            channel.respond(error=f"{node} was sent its own copy of step {step}: a node keeps buddy copies "
                                   "of other nodes only (check the buddy map)")
             return
-        held = replace(pushed, tier="buddy", held_on=self.node)
-        folder = self.tier_root / "buddy" / of_node
-        what = f"{of_node}'s copy of step {step} pushed to {self.node}"
-        with self._lock:
-            kept = _kept_already(folder / copy_dir_name(step), held)
-        if kept is None and (kept := self._link_same_bytes(held, folder)) is not None:
-            self._received(kept)
+        held = replace(pushed, tier="buddy", held_on=node)
+        folder = self._copies.folder_of(of_node)
+        what = f"{of_node}'s copy of step {step} pushed to {node}"
+        kept = self._copies.kept_already(held)
         if kept is not None:
             channel.respond(manifest=kept, held=True)
             return
         try:
-            with self._lock:
-                folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-                self._remove_stale_temporaries(folder)
-                tmp = _new_temporary(folder)
-                self._writing.add(tmp)
+            tmp = self._copies.new_temporary(folder)
         except OSError as exc:
             channel.respond(error=f"{what}: cannot make a folder in {folder}: {exc.strerror or exc}")
             return
@@ -381,21 +394,66 @@ class CopyServer:
                 problem = _no_more_bytes(channel.sock, what)
             if not problem:
                 try:
-                    with self._lock:
-                        _complete(tmp, folder / copy_dir_name(step), held)
+                    self._copies.complete(tmp, held)
                 except OSError as exc:
                     problem = f"{what}: cannot store it in {folder}: {exc.strerror or exc}"
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            with self._lock:
-                self._writing.discard(tmp)
+            self._copies.discard(tmp)
         if problem:
             channel.respond(error=problem)
             return
-        self._received(held)
+        self._copies.received(held)
         channel.respond(manifest=held)
 
-    def _received(self, held: CheckpointManifest) -> None:
+
+class _TierCopies:
+    """This node's copies in its tier root, as the copy server reads and keeps them: its own under
+    local/, other nodes' under buddy/<node>/, a pushed copy written in a `.tmp-*` folder and put in
+    place whole.  One lock orders the folder changes of concurrent transfers."""
+
+    def __init__(self, tier_root: Path, node: str, on_received: ReceivedHook | None,
+                 problem: Callable[[str], None]) -> None:
+        self.tier_root, self.node = tier_root, node
+        self._on_received, self._problem = on_received, problem
+        self._lock = threading.Lock()
+        self._writing: set[Path] = set()
+
+    def folder_of(self, of_node: str) -> Path:
+        """Where `of_node`'s copies are kept on this node: local/ for its own, else buddy/<of_node>/."""
+        return self.tier_root / "local" if of_node == self.node else self.tier_root / "buddy" / of_node
+
+    def kept_already(self, held: CheckpointManifest) -> CheckpointManifest | None:
+        """The manifest of `held` when this node keeps it already, as it is or (its files linked here) as
+        another node's buddy copy of the same bytes; None: its bytes are to be sent."""
+        folder = self.folder_of(held.of_node)
+        with self._lock:
+            kept = _kept_already(folder / copy_dir_name(held.step), held)
+        if kept is None and (kept := self._link_same_bytes(held, folder)) is not None:
+            self.received(kept)
+        return kept
+
+    def new_temporary(self, folder: Path) -> Path:
+        """A fresh `.tmp-*` folder in `folder` for a copy being received (OSError when none can be made)."""
+        with self._lock:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._remove_stale_temporaries(folder)
+            tmp = _new_temporary(folder)
+            self._writing.add(tmp)
+        return tmp
+
+    def complete(self, tmp: Path, held: CheckpointManifest) -> None:
+        """Put the copy received in `tmp` at its final name (OSError when it cannot be stored)."""
+        with self._lock:
+            _complete(tmp, self.folder_of(held.of_node) / copy_dir_name(held.step), held)
+
+    def discard(self, tmp: Path) -> None:
+        """Remove what is left of the temporary `tmp` (all of it when the copy was not completed)."""
+        shutil.rmtree(tmp, ignore_errors=True)
+        with self._lock:
+            self._writing.discard(tmp)
+
+    def received(self, held: CheckpointManifest) -> None:
+        """Tell `on_received` that `held` is kept here; its failure is reported, the copy stays."""
         # Before the answer: once push_copy returns, the buddy's holdings already list the copy.
         if self._on_received is not None:
             try:
@@ -436,13 +494,6 @@ class CopyServer:
         for entry in folder.iterdir():
             if entry.name.startswith(".tmp-") and entry not in self._writing:
                 shutil.rmtree(entry, ignore_errors=True)
-
-    def _problem(self, text: str) -> None:
-        line = f"clusterctl copy server on {self.node}: {one_line(text)}"
-        if self._on_problem is not None:
-            self._on_problem(line)
-        else:
-            print(line, file=sys.stderr, flush=True)
 
 
 # ---- the client side ---------------------------------------------------------------------------
