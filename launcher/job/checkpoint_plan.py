@@ -1,13 +1,9 @@
-"""The agent's side of multi-level checkpoints (docs/checkpoint-tiers.md): what every node holds, the
-resume plan across tiers, and what a step is told about it.
+"""The agent's side of multi-level checkpoints (docs/checkpoint-tiers.md): the resume plan across tiers,
+and what a step is told about it.
 
-The nodes' holdings reach the agent in their reports (no per-node file on shared storage, no Slurm
-call); the agent keeps the newest of each node and records them in the job's inventory (one file per
-job, rewritten at most every INVENTORY_EVERY seconds while they change, and once each step is launched or
-before the agent ends: never one per node or per second, never between a failure and the step that
-recovers from it), and for a checkpoint every slot of which has reached shared storage writes
-`<shared>/tiers/step-<N>/complete.json` once (launcher/shared/checkpoint_inventory.py).  Before each
-step it plans the resume (`resume_point`: the newest checkpoint complete across the tiers of the nodes
+What every node holds, the job's inventory and complete.json are `tier_holdings.TierHoldings`; where a
+resume came from (the journal's `Resumed` line) is `resume_watch.ResumeWatch`.  Before each step the agent
+plans the resume here (`resume_point`: the newest checkpoint complete across the tiers of the nodes
 present), writes the step's tier index (`launch_env`: per slot its node, its buddy and where its part of
 the checkpoint is) and hands the step its settings; when a step ends because nodes could not load their
 part (`resume_failed`), the bad copies are remembered and the failed resume counted, so the next plan
@@ -26,23 +22,21 @@ import hashlib
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from clusterctl.launcher.job.resume_watch import Resuming, ResumeWatch
+# INVENTORY_EVERY stays importable from here: the bench compares this module across versions.
+from clusterctl.launcher.job.tier_holdings import INVENTORY_EVERY as INVENTORY_EVERY
+from clusterctl.launcher.job.tier_holdings import TierHoldings
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.pure.checkpoint_tiers import (
-    ResumePlan, SlotSource, buddy_map, holding_nodes, plan_resume_from_copies, resume_said, resumed_event,
-    slot_sources,
+    ResumePlan, buddy_map, holding_nodes, plan_resume_from_copies, slot_sources,
 )
 from clusterctl.launcher.pure.preflight import MASTER_PORTS
 from clusterctl.launcher.pure.spec import JobSpec
-from clusterctl.launcher.shared.checkpoint_inventory import (
-    FlushedCheckpoint, copies_of, flushed_checkpoints, flushed_copies, gone_from, inventory_text, newest_inventory,
-    read_inventory, step_dir, tiers_checkpoint, write_complete, write_inventory,
-)
+from clusterctl.launcher.shared.checkpoint_inventory import gone_from, tiers_checkpoint
 from clusterctl.node_dir import node_tmp_base
-from clusterctl.records.checkpoint_holdings import CheckpointHoldings, LastResume
-from clusterctl.records.checkpoint_manifest import CheckpointManifest
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings
 from clusterctl.records.checkpoint_settings import CheckpointSettings
 from clusterctl.records.resume_failure import read_resume_failures
 from clusterctl.records.run_journal import Resumed
@@ -51,10 +45,6 @@ from clusterctl.records.tier_index import NONE, TierSlot, write_tier_index
 from clusterctl.records.versioned import RecordError
 from clusterctl.text import one_line
 
-INVENTORY_EVERY = 30.0
-"""Seconds between two rewrites of the job's inventory while holdings keep changing (a checkpoint's pushes
-and flushes reach the agent over a few heartbeats; at 12,500 nodes the inventory is ~10 MB)."""
-
 
 def run_key(run_dir: Path) -> str:
     """The run's name on a node's fast tier: 16 hex digits of its directory's path (the same for every job
@@ -62,153 +52,52 @@ def run_key(run_dir: Path) -> str:
     return hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
 
 
-@dataclass
-class Resuming:
-    """A step resuming from checkpoint `step` (started as restart `restart` at `started_at`, epoch s): where
-    its slots' parts were planned to come from, each node's resume from before the step (an earlier launch's)
-    and the resumes of this step its nodes said so far."""
-
-    step: int
-    sources: tuple[SlotSource, ...]
-    restart: int
-    started_at: float
-    before: dict[str, LastResume | None]
-    said: dict[str, LastResume] = field(default_factory=dict)
-
-
 class TierPlanner:
-    """One job's inventory of checkpoint copies and its resume plans."""
+    """One job's resume plans across checkpoint tiers, over what its nodes hold (`TierHoldings`) and with
+    where each resume came from (`ResumeWatch`)."""
 
     def __init__(self, run_dir: Path, job_dir: Path, spec: JobSpec, environ: Mapping[str, str],
                  say: Callable[[str], None], monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.run_dir, self.job_dir, self.spec, self.say, self.monotonic = run_dir, job_dir, spec, say, monotonic
+        self.job_dir, self.spec, self.say = job_dir, spec, say
         shared = spec.checkpoint_dir(str(run_dir))
         if not shared:
             raise ValueError("multi-level checkpoints need [checkpoint] dir (the spec's check says so)")
         self.shared = shared
         self.local_base = spec.checkpoint.local_dir or str(node_tmp_base(environ))
         self.key = run_key(run_dir)
-        self.holdings: dict[str, CheckpointHoldings] = {}
-        """Every node's newest holdings (a node's holdings replace its earlier ones)."""
+        self.held = TierHoldings(run_dir, job_dir, shared, say, monotonic)
         self.problems: dict[tuple[int, str, str, str | None], str] = {}
         """Copies a resume could not load (by checkpoint_tiers.copy_key), and why."""
         self.failed: dict[int, int] = {}
         """Failed resumes so far, by checkpoint step."""
-        self.completed: set[int] = set()
-        """Steps whose complete.json is written (or found)."""
         self.plan: ResumePlan | None = None
-        self.resuming: Resuming | None = None
-        """The running step's resume, until its journal line is written."""
-        self._launched: tuple[int, tuple[SlotSource, ...]] | None = None
-        self._manifests: dict[str, tuple[CheckpointHoldings, tuple[CheckpointManifest, ...]]] = {}
-        """Per node, its holdings as copies (`copies_of`), made when they are observed: a resume plan, on
-        the recovery's critical path, does not convert (and check) 75,000 copies at 12,500 nodes again."""
-        self._flushed: dict[FlushedCheckpoint, tuple[CheckpointManifest, ...]] = {}
-        """Each checkpoint flushed whole as copies (`flushed_copies`), by its complete.json."""
-        self._fragments: dict[str, tuple[CheckpointHoldings, str]] = {}
-        """Per node, its holdings' text in the inventory (inventory_text's `fragments`)."""
-        self._written = ""
-        self._pending = False
-        self._written_at = -INVENTORY_EVERY
+        self.resumes = ResumeWatch()
 
-    # ---- what the nodes hold ---------------------------------------------------------------------
+    # ---- what the nodes hold (TierHoldings) ------------------------------------------------------
     def load_previous(self) -> None:
-        """Take the holdings the run's newest inventory records (the previous job's; this job's own for an
-        agent that takes the job over); a damaged one is said and ignored (the nodes' reports and shared
-        storage are planned from)."""
-        path = newest_inventory(self.run_dir)
-        if path is None:
-            return
-        try:
-            found = read_inventory(path)
-        except (OSError, RecordError) as exc:
-            self.say(f"ignoring the checkpoint inventory ({one_line(str(exc))[:300]}): planning from "
-                     "what the nodes report and what is flushed to shared storage")
-            return
-        for node, held in found.items():
-            self.holdings.setdefault(node, held)
+        """Take the holdings the run's newest inventory records (see TierHoldings.load_previous)."""
+        self.held.load_previous()
 
     def observe(self, holdings: Mapping[str, CheckpointHoldings]) -> None:
         """Take the nodes' newest holdings (from their reports) and mark every checkpoint now flushed whole; the
         inventory is written later (`record_due`, `record_pending`)."""
-        changed = False
-        for node, held in holdings.items():
-            before = self.holdings.get(node)
-            if before is held or before == held:
-                continue
-            self.holdings[node] = held
-            self._manifests[node] = (held, copies_of(held))
-            changed = True
-        if changed:
-            self._pending = True
-            self._mark_flushed()
+        self.held.observe(holdings)
 
     def record_due(self) -> None:
         """Write the job's inventory when holdings changed since it was written and it was written
         INVENTORY_EVERY s ago or more (the agent's periodic work: an agent that takes the job over, or the
         run's next job, finds holdings at most that old)."""
-        if self._pending and self.monotonic() - self._written_at >= INVENTORY_EVERY:
-            self.record()
+        self.held.record_due()
 
     def record_pending(self) -> None:
         """Write the job's inventory now when holdings changed since it was written: once a step is launched
         (at 12,500 nodes the ~10 MB take most of a second, kept off the recovery's critical path) and before
         the agent ends (the run's next job plans from it)."""
-        if self._pending:
-            self.record()
+        self.held.record_pending()
 
     def record(self) -> None:
         """Write the job's inventory now, if it changed since it was last written."""
-        self._pending = False
-        self._written_at = self.monotonic()
-        text = inventory_text(self.holdings, self._fragments)
-        if text == self._written:
-            return
-        try:
-            write_inventory(self.job_dir, text)
-            self._written = text
-        except OSError as exc:
-            self.say(f"cannot write the job's checkpoint inventory in {self.job_dir} ({exc.strerror}): a "
-                     "resubmitted job resumes from the nodes' reports and shared storage only")
-
-    def _copies(self) -> list[CheckpointManifest]:
-        copies: list[CheckpointManifest] = []
-        for node, held in self.holdings.items():
-            made = self._manifests.get(node)
-            if made is None or made[0] is not held:  # taken from the previous job's inventory
-                made = self._manifests[node] = (held, copies_of(held))
-            copies.extend(made[1])
-        return copies
-
-    def _flushed_copies(self, flushed: FlushedCheckpoint) -> tuple[CheckpointManifest, ...]:
-        made = self._flushed.get(flushed)
-        if made is None:
-            made = self._flushed[flushed] = flushed_copies(flushed)
-        return made
-
-    def _mark_flushed(self) -> None:
-        """complete.json for every checkpoint each slot of which some node reports flushed."""
-        flushed: dict[int, dict[int, str]] = {}
-        slots: dict[int, int] = {}
-        stall: dict[int, float] = {}  # the slowest slot's save: what training waited for
-        for held in self.holdings.values():
-            for c in held.copies:
-                if c.tier == "shared" and c.step not in self.completed:
-                    flushed.setdefault(c.step, {})[c.slot] = c.of_node
-                    slots[c.step] = max(slots.get(c.step, 0), c.slots)
-                    stall[c.step] = max(stall.get(c.step, 0.0), c.save_seconds)
-        for step in sorted(flushed):
-            by_slot = flushed[step]
-            if sorted(by_slot) != list(range(slots[step])):
-                continue
-            try:
-                checkpoint = FlushedCheckpoint(step, tuple(by_slot[s] for s in range(slots[step])), stall[step])
-                write_complete(self.shared, checkpoint)
-                self.completed.add(step)
-                self._flushed_copies(checkpoint)  # what the next plan reads back from complete.json
-            except OSError as exc:
-                self.say(f"cannot mark checkpoint {step} flushed in {step_dir(self.shared, step)} ({exc.strerror}); "
-                         "trying again at the next change")
+        self.held.record()
 
     # ---- resuming ---------------------------------------------------------------------------------
     def resume_point(self, present: Iterable[str]) -> Checkpoint | None:
@@ -219,15 +108,7 @@ class TierPlanner:
         it once the step is launched (`record_pending`).  The checkpoint's `path` is its folder on shared
         storage, which holds it only once flushed; its `from_tiers` says what the nodes' tiers give of it."""
         here = set(present)
-        copies = self._copies()
-        flushed, problems = flushed_checkpoints(self.shared)
-        for line in problems:
-            self.say(line)
-        self.completed.update(f.step for f in flushed)
-        # Kept for the checkpoints on shared storage now only (one removed from there is forgotten).
-        self._flushed = {checkpoint: self._flushed_copies(checkpoint) for checkpoint in flushed}
-        for made in self._flushed.values():
-            copies.extend(made)
+        copies = self.held.copies()
         self.plan = plan_resume_from_copies(copies, gone=gone_from(copies, here), problems=self.problems,
                                             failed_resumes=self.failed)
         for line in self.plan.lines():
@@ -278,7 +159,7 @@ class TierPlanner:
             self.say(f"{exc}: its parts cannot be given to the new map's slots; the step starts from its beginning")
             plan = ResumePlan(None)
             sources = slot_sources(plan, slots, buddies)
-        self._launched = (plan.step, tuple(sources)) if plan.step is not None else None
+        self.resumes.launched(plan.step, tuple(sources))
         index = write_tier_index(launch_dir / TIER_INDEX_NAME, plan.step, [
             TierSlot(s.node, s.buddy or NONE, s.tier or NONE, s.of_node or NONE, s.held_on or NONE) for s in sources])
         port = avoid_port
@@ -292,30 +173,18 @@ class TierPlanner:
             resume_step=plan.step)
         return settings.to_env()
 
-    # ---- where a resume came from ----------------------------------------------------------------
+    # ---- where a resume came from (ResumeWatch) ---------------------------------------------------
+    @property
+    def resuming(self) -> Resuming | None:
+        """The running step's resume, until its journal line is written."""
+        return self.resumes.resuming
+
     def step_started(self, restart: int, started_at: float) -> None:
         """The step of the last `launch_env` started (as restart `restart`; 0: the job's first step) at
         `started_at` (epoch s): watch its nodes' holdings for their resumes of its checkpoint."""
-        launched, self._launched = self._launched, None
-        self.resuming = None
-        if launched is None:
-            return
-        step, sources = launched
-        before = {s.node: held.last_resume if (held := self.holdings.get(s.node)) is not None else None
-                  for s in sources}
-        self.resuming = Resuming(step, sources, restart, started_at, before)
+        self.resumes.step_started(restart, started_at, self.held.holdings)
 
     def resume_line(self, holdings: Mapping[str, CheckpointHoldings], job_id: str, now: float, *,
                     step_ended: bool = False) -> Resumed | None:
-        """The journal's line about the running step's resume, once every node of the step said its resume
-        in its holdings (or, `step_ended`, with what they said: the rest as planned); None while waiting,
-        when the step resumed from nothing, or once the line was given."""
-        r = self.resuming
-        if r is None:
-            return None
-        waiting = [s.node for s in r.sources if s.node not in r.said]
-        r.said.update(resume_said(holdings, waiting, r.step, r.started_at, r.before))
-        if len(r.said) < len(r.sources) and not step_ended:
-            return None
-        self.resuming = None
-        return resumed_event(at=now, job_id=job_id, restart=r.restart, step=r.step, planned=r.sources, said=r.said)
+        """The journal's line about the running step's resume (see ResumeWatch.resume_line)."""
+        return self.resumes.resume_line(holdings, job_id, now, step_ended=step_ended)

@@ -422,6 +422,35 @@ def parts_held(copies: Iterable[CheckpointManifest], step: int, gone: Iterable[s
 
 
 @dataclass(frozen=True)
+class FlushedCheckpoint:
+    """Checkpoint `step`, every slot's part on shared storage: `nodes[s]` is the node whose part slot s
+    holds (the node that had slot s when it was saved)."""
+
+    step: int
+    nodes: tuple[str, ...]
+    save_seconds: float | None = None
+    """The slowest slot's save (seconds training stalled for it: the local save, or the synchronous write to
+    shared storage of a node whose local tier was unusable); None when unknown."""
+
+
+def flushed_whole(holdings: Iterable[CheckpointHoldings], done: Iterable[int] = ()) -> list[FlushedCheckpoint]:
+    """The checkpoints not in `done` every slot of which some node's holdings report flushed to shared
+    storage, oldest first (each ready for its complete.json)."""
+    finished = set(done)
+    flushed: dict[int, dict[int, str]] = {}
+    slots: dict[int, int] = {}
+    stall: dict[int, float] = {}  # the slowest slot's save: what training waited for
+    for held in holdings:
+        for c in held.copies:
+            if c.tier == "shared" and c.step not in finished:
+                flushed.setdefault(c.step, {})[c.slot] = c.of_node
+                slots[c.step] = max(slots.get(c.step, 0), c.slots)
+                stall[c.step] = max(stall.get(c.step, 0.0), c.save_seconds)
+    return [FlushedCheckpoint(step, tuple(flushed[step][s] for s in range(slots[step])), stall[step])
+            for step in sorted(flushed) if sorted(flushed[step]) == list(range(slots[step]))]
+
+
+@dataclass(frozen=True)
 class SlotSource:
     """Where the node in one slot of a new map finds that slot's shards: `tier` `local` (its own copy),
     `buddy` (the copy of `of_node`'s shards held on node `held_on`, fetched over the network),

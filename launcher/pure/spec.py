@@ -13,7 +13,7 @@ import os
 import re
 import tomllib
 import unicodedata
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -476,122 +476,164 @@ def _has_control(text: str) -> bool:
     return any(unicodedata.category(c) == "Cc" for c in text)
 
 
-def _convert(spec_field: Field, value: Any, where: _Where) -> Any:  # noqa: C901 - one branch per kind
-    def bad(expected: str) -> SpecError:
-        return where.error(f"expected {expected}, found {_describe(value)}", spec_field.section, spec_field.key)
+def _bad(spec_field: Field, value: Any, where: _Where, expected: str) -> SpecError:
+    """The error for a value of the wrong shape: what was expected, what was found, where."""
+    return where.error(f"expected {expected}, found {_describe(value)}", spec_field.section, spec_field.key)
 
+
+def _convert_int(spec_field: Field, value: Any, where: _Where) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(spec_field, value, where, "a whole number")
+    if spec_field.minimum is not None and value < spec_field.minimum:
+        raise _bad(spec_field, value, where, f"a whole number of at least {spec_field.minimum:g}")
+    if spec_field.maximum is not None and value > spec_field.maximum:
+        raise _bad(spec_field, value, where, f"a whole number of at most {spec_field.maximum:,.0f}")
+    return value
+
+
+def _convert_bool(spec_field: Field, value: Any, where: _Where) -> Any:
+    if not isinstance(value, bool):
+        raise _bad(spec_field, value, where, "true or false")
+    return value
+
+
+def _convert_float(spec_field: Field, value: Any, where: _Where) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(spec_field, value, where, "a number")
+    if not math.isfinite(value):
+        raise _bad(spec_field, value, where, "a finite number")
+    if spec_field.minimum is not None and value < spec_field.minimum:
+        raise _bad(spec_field, value, where, f"a number of at least {spec_field.minimum:g}")
+    if spec_field.maximum is not None and value > spec_field.maximum:
+        raise _bad(spec_field, value, where, f"a number of at most {spec_field.maximum:g}")
+    return float(value)
+
+
+def _convert_text(spec_field: Field, value: Any, where: _Where) -> Any:
+    """The string kinds (str, path, time, hostlist, choice): non-empty, no control characters, then each
+    kind's and each key's own rule."""
+    if not isinstance(value, str) or not value:
+        raise _bad(spec_field, value, where, "a non-empty string")
+    if _has_control(value):
+        raise _bad(spec_field, value, where, "a string without control characters (newlines, tabs, DEL)")
     kind = spec_field.kind
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("a whole number")
-        if spec_field.minimum is not None and value < spec_field.minimum:
-            raise bad(f"a whole number of at least {spec_field.minimum:g}")
-        if spec_field.maximum is not None and value > spec_field.maximum:
-            raise bad(f"a whole number of at most {spec_field.maximum:,.0f}")
+    if kind == "time":
+        try:
+            slurm_time_seconds(value)
+        except ValueError as exc:
+            raise _bad(spec_field, value, where, str(exc)) from None
+    if spec_field.dotted == "job.name" and len(value.encode()) > MAX_JOB_NAME_BYTES:
+        raise _bad(spec_field, value, where, f"a name of at most {MAX_JOB_NAME_BYTES} bytes (Slurm keeps no more)")
+    if spec_field.dotted == "job.data_version" and (len(value) > MAX_DATA_VERSION or not value.isprintable()):
+        raise _bad(spec_field, value, where,
+                   f"a label of at most {MAX_DATA_VERSION} printable characters (no invisible formatting "
+                   "characters: bidirectional overrides, zero-width or non-breaking spaces)")
+    if kind == "choice" and value not in spec_field.choices:
+        close = difflib.get_close_matches(value, list(spec_field.choices), n=1, cutoff=0.6)
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        raise where.error(f"expected one of {', '.join(spec_field.choices)}, found {value!r}{hint}",
+                          spec_field.section, spec_field.key)
+    if kind == "hostlist":
+        try:
+            hostlist.expand(value)
+        except HostlistError as exc:
+            raise _bad(spec_field, value, where, f"a Slurm hostlist ({exc})") from None
+    _check_text_key(spec_field, value, where)
+    return value
+
+
+def _check_text_key(spec_field: Field, value: str, where: _Where) -> None:
+    """The rules of single string keys: the webhook URL, the resume variable, the progress pattern."""
+    if spec_field.key == "webhook" and not re.match(r"^https?://[^/\s]+", value):
+        raise _bad(spec_field, value, where, "an http(s) URL like https://hooks.example.com/...")
+    if spec_field.kind == "str" and spec_field.key == "resume_env" and not ENV_NAME.match(value):
+        raise _bad(spec_field, value, where, "an environment variable name (letters, digits, _)")
+    if spec_field.key == "progress_pattern":
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise _bad(spec_field, value, where, f"a regular expression ({exc})") from None
+
+
+def _convert_switches(spec_field: Field, value: Any, where: _Where) -> Any:
+    if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_NODES):
         return value
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if kind == "float":
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise bad("a number")
-        if not math.isfinite(value):
-            raise bad("a finite number")
-        if spec_field.minimum is not None and value < spec_field.minimum:
-            raise bad(f"a number of at least {spec_field.minimum:g}")
-        if spec_field.maximum is not None and value > spec_field.maximum:
-            raise bad(f"a number of at most {spec_field.maximum:g}")
-        return float(value)
-    if kind in ("str", "path", "time", "hostlist", "choice"):
-        if not isinstance(value, str) or not value:
-            raise bad("a non-empty string")
-        if _has_control(value):
-            raise bad("a string without control characters (newlines, tabs, DEL)")
-        if kind == "time":
-            try:
-                slurm_time_seconds(value)
-            except ValueError as exc:
-                raise bad(str(exc)) from None
-        if spec_field.dotted == "job.name" and len(value.encode()) > MAX_JOB_NAME_BYTES:
-            raise bad(f"a name of at most {MAX_JOB_NAME_BYTES} bytes (Slurm keeps no more)")
-        if spec_field.dotted == "job.data_version" and (len(value) > MAX_DATA_VERSION or not value.isprintable()):
-            raise bad(f"a label of at most {MAX_DATA_VERSION} printable characters (no invisible formatting "
-                      "characters: bidirectional overrides, zero-width or non-breaking spaces)")
-        if kind == "choice" and value not in spec_field.choices:
-            close = difflib.get_close_matches(value, list(spec_field.choices), n=1, cutoff=0.6)
-            hint = f"; did you mean `{close[0]}`?" if close else ""
-            raise where.error(f"expected one of {', '.join(spec_field.choices)}, found {value!r}{hint}",
+    raise _bad(spec_field, value, where, "'auto' or a whole number of switches (0 = don't ask)")
+
+
+def _convert_strings(spec_field: Field, value: Any, where: _Where) -> Any:
+    """argv and strings: a list of strings, argv non-empty when required."""
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise _bad(spec_field, value, where, "a list of strings")
+    if spec_field.kind == "argv" and spec_field.required and not value:
+        raise _bad(spec_field, value, where, "a non-empty list of strings (the program and its arguments)")
+    if any("\0" in item for item in value):
+        raise _bad(spec_field, value, where, "strings without NUL characters")
+    return tuple(value)
+
+
+def _convert_env(spec_field: Field, value: Any, where: _Where) -> Any:
+    if not isinstance(value, dict):
+        raise _bad(spec_field, value, where, "a table of NAME = 'value'")
+    pairs = []
+    for name, item in value.items():
+        if not ENV_NAME.match(name):
+            raise where.error(f"`{name}` is not a valid environment variable name (letters, digits, _; not "
+                              "starting with a digit)", spec_field.section, spec_field.key)
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise where.error(f"value of {name} must be a string, found {_describe(item)}",
                               spec_field.section, spec_field.key)
-        if kind == "hostlist":
-            try:
-                hostlist.expand(value)
-            except HostlistError as exc:
-                raise bad(f"a Slurm hostlist ({exc})") from None
-        if spec_field.key == "webhook" and not re.match(r"^https?://[^/\s]+", value):
-            raise bad("an http(s) URL like https://hooks.example.com/...")
-        if kind == "str" and spec_field.key == "resume_env" and not ENV_NAME.match(value):
-            raise bad("an environment variable name (letters, digits, _)")
-        if spec_field.key == "progress_pattern":
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise bad(f"a regular expression ({exc})") from None
-        return value
-    if kind == "switches":
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_NODES):
-            return value
-        raise bad("'auto' or a whole number of switches (0 = don't ask)")
-    if kind in ("argv", "strings"):
-        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            raise bad("a list of strings")
-        if kind == "argv" and spec_field.required and not value:
-            raise bad("a non-empty list of strings (the program and its arguments)")
-        if any("\0" in item for item in value):
-            raise bad("strings without NUL characters")
-        return tuple(value)
-    if kind == "env":
-        if not isinstance(value, dict):
-            raise bad("a table of NAME = 'value'")
-        pairs = []
-        for name, item in value.items():
-            if not ENV_NAME.match(name):
-                raise where.error(f"`{name}` is not a valid environment variable name (letters, digits, _; not "
-                                  "starting with a digit)", spec_field.section, spec_field.key)
-            if isinstance(item, bool) or not isinstance(item, str | int | float):
-                raise where.error(f"value of {name} must be a string, found {_describe(item)}",
-                                  spec_field.section, spec_field.key)
-            if "\0" in str(item):
-                raise where.error(f"value of {name} contains a NUL character", spec_field.section, spec_field.key)
-            pairs.append((name, str(item)))
-        return tuple(pairs)
-    if kind == "exit_actions":
-        if not isinstance(value, dict):
-            raise bad("a table like {75 = 'restart', 77 = 'stop'}")
-        actions: list[tuple[int, str]] = []
-        for code, action in value.items():
-            if not code.isdigit() or not 1 <= int(code) <= 255:
-                raise where.error(f"exit code `{code}` must be a number from 1 to 255", spec_field.section,
-                                  spec_field.key)
-            if action not in EXIT_ACTIONS:
-                raise where.error(f"exit code {code}: action must be one of {', '.join(EXIT_ACTIONS)}, found "
-                                  f"{_describe(action)}", spec_field.section, spec_field.key)
-            actions.append((int(code), action))
-        return tuple(sorted(actions))
-    if kind == "weights":
-        if not isinstance(value, dict):
-            raise bad("a table like {dp = 2.0, pp = 1.0}")
-        weights: list[tuple[str, float]] = []
-        for name, item in value.items():
-            if name not in DIMS:
-                raise where.error(f"unknown group kind `{name}`" + _did_you_mean(name, DIMS),
-                                  spec_field.section, spec_field.key)
-            if isinstance(item, bool) or not isinstance(item, int | float) or not 0 <= item <= 1e6:
-                raise where.error(f"weight of {name} must be a number from 0 to 1e6, found {_describe(item)}",
-                                  spec_field.section, spec_field.key)
-            weights.append((name, float(item)))
-        return tuple(weights)
-    raise AssertionError(kind)
+        if "\0" in str(item):
+            raise where.error(f"value of {name} contains a NUL character", spec_field.section, spec_field.key)
+        pairs.append((name, str(item)))
+    return tuple(pairs)
+
+
+def _convert_exit_actions(spec_field: Field, value: Any, where: _Where) -> Any:
+    if not isinstance(value, dict):
+        raise _bad(spec_field, value, where, "a table like {75 = 'restart', 77 = 'stop'}")
+    actions: list[tuple[int, str]] = []
+    for code, action in value.items():
+        if not code.isdigit() or not 1 <= int(code) <= 255:
+            raise where.error(f"exit code `{code}` must be a number from 1 to 255", spec_field.section,
+                              spec_field.key)
+        if action not in EXIT_ACTIONS:
+            raise where.error(f"exit code {code}: action must be one of {', '.join(EXIT_ACTIONS)}, found "
+                              f"{_describe(action)}", spec_field.section, spec_field.key)
+        actions.append((int(code), action))
+    return tuple(sorted(actions))
+
+
+def _convert_weights(spec_field: Field, value: Any, where: _Where) -> Any:
+    if not isinstance(value, dict):
+        raise _bad(spec_field, value, where, "a table like {dp = 2.0, pp = 1.0}")
+    weights: list[tuple[str, float]] = []
+    for name, item in value.items():
+        if name not in DIMS:
+            raise where.error(f"unknown group kind `{name}`" + _did_you_mean(name, DIMS),
+                              spec_field.section, spec_field.key)
+        if isinstance(item, bool) or not isinstance(item, int | float) or not 0 <= item <= 1e6:
+            raise where.error(f"weight of {name} must be a number from 0 to 1e6, found {_describe(item)}",
+                              spec_field.section, spec_field.key)
+        weights.append((name, float(item)))
+    return tuple(weights)
+
+
+_CONVERTERS: dict[str, Callable[[Field, Any, _Where], Any]] = {
+    "int": _convert_int, "bool": _convert_bool, "float": _convert_float,
+    "str": _convert_text, "path": _convert_text, "time": _convert_text, "hostlist": _convert_text,
+    "choice": _convert_text, "switches": _convert_switches, "argv": _convert_strings, "strings": _convert_strings,
+    "env": _convert_env, "exit_actions": _convert_exit_actions, "weights": _convert_weights,
+}
+"""One converter per field kind: each checks a TOML value and returns what the dataclass holds."""
+
+
+def _convert(spec_field: Field, value: Any, where: _Where) -> Any:
+    """The value of `spec_field` checked and converted by its kind's converter (SpecError when wrong)."""
+    converter = _CONVERTERS.get(spec_field.kind)
+    if converter is None:
+        raise AssertionError(spec_field.kind)
+    return converter(spec_field, value, where)
 
 
 def managed_option(option: str) -> str | None:
@@ -656,12 +698,33 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
                base_dir: Path | None = None) -> JobSpec:
     """Parse and validate a spec; relative paths resolve against `base_dir` (the spec's folder)."""
     where = _Where(text, path)
+    data = _read_toml(text, path)
+    _check_known_keys(data, where)
+    values = _field_values(data, where)
+    _check_sbatch_options(values["job"]["sbatch_options"], where)
+    _check_command_placeholders(values, where)
+    _apply_overrides(values, overrides)
+    _check_tiers(values, where)
+    _resolve_paths(values, base_dir or Path(path).resolve().parent)
+    layout = _parallel_layout(values, where, path)
+    _check_restart_and_stragglers(values, where)
+    return JobSpec(JobSection(**values["job"]), LaunchSection(**values["launch"]), layout, PlacementSection(**values["placement"]),
+                   CheckpointSection(**values["checkpoint"]), RestartSection(**values["restart"]), path,
+                   StragglerPolicy(**values["stragglers"]))
+
+
+def _read_toml(text: str, path: str) -> dict[str, Any]:
+    """The TOML tables of the spec (SpecError when the text is not TOML)."""
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"not valid TOML: {exc}", path=path) from None
     except RecursionError:
         raise SpecError("not valid TOML: nested too deeply", path=path) from None
+
+
+def _check_known_keys(data: Mapping[str, Any], where: _Where) -> None:
+    """Every section is known and a table, every key in it known (with a "did you mean")."""
     for section, table in data.items():
         if section not in SECTIONS:
             raise where.error(f"unknown section [{section}]" + _did_you_mean(section, SECTIONS), section)
@@ -671,6 +734,11 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
             if key not in _BY_SECTION[section]:
                 raise where.error(f"unknown key `{key}` in [{section}]" + _did_you_mean(key, list(_BY_SECTION[section])),
                                   section, key)
+
+
+def _field_values(data: Mapping[str, Any], where: _Where) -> dict[str, dict[str, Any]]:
+    """Section → key → converted value for every field in FIELDS order: the given value, else the default
+    (an unset [parallel] key stays unset: the layout fills dp)."""
     values: dict[str, dict[str, Any]] = {}
     for spec_field in FIELDS:
         table = data.get(spec_field.section, {})
@@ -685,7 +753,11 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
             if isinstance(value, dict):
                 value = ()
         values.setdefault(spec_field.section, {})[spec_field.key] = value
-    _check_sbatch_options(values["job"]["sbatch_options"], where)
+    return values
+
+
+def _check_command_placeholders(values: dict[str, dict[str, Any]], where: _Where) -> None:
+    """Placeholders are known, and the ones the command uses have the keys they stand for."""
     _check_placeholders(values["launch"]["command"], COMMAND_PLACEHOLDERS, where, "launch", "command")
     _check_placeholders(values["checkpoint"]["resume_args"], RESUME_PLACEHOLDERS, where, "checkpoint", "resume_args")
     _check_placeholders([values["checkpoint"]["dir"] or ""], ("run_dir",), where, "checkpoint", "dir")
@@ -696,10 +768,10 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
         raise where.error("uses {checkpoint_dir}, but [checkpoint] dir is not set (it would become an empty "
                           "argument): set checkpoint.dir, e.g. '{run_dir}/checkpoints', or drop the placeholder",
                           "launch", "command")
-    _apply_overrides(values, overrides)
-    _check_tiers(values, where)
 
-    base = base_dir or Path(path).resolve().parent
+
+def _resolve_paths(values: dict[str, dict[str, Any]], base: Path) -> None:
+    """Relative paths against `base` (the spec's folder); `{run_dir}/...` stays for the run to fill."""
     job = values["job"]
     job["runs_dir"] = _resolve(job["runs_dir"], base, "job.runs_dir")
     launch = values["launch"]
@@ -708,6 +780,10 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
     values["placement"]["topology"] = _resolve(values["placement"]["topology"], base, "placement.topology")
     values["checkpoint"]["dir"] = _resolve(values["checkpoint"]["dir"], base, "checkpoint.dir")
 
+
+def _parallel_layout(values: dict[str, dict[str, Any]], where: _Where, path: str) -> ParallelLayout:
+    """The [parallel] layout, dp filled when unset, checked to use exactly the job's GPUs."""
+    job = values["job"]
     parallel = dict(values.get("parallel", {}))
     gpus = job["nodes"] * job["gpus_per_node"]
     if "dp" not in parallel:
@@ -728,14 +804,16 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
                              nodes_per_nvlink_domain=job["nodes"])
     except LayoutError as exc:
         raise where.error(str(exc), "parallel") from None
+    return layout
+
+
+def _check_restart_and_stragglers(values: dict[str, dict[str, Any]], where: _Where) -> None:
+    """Rules across keys: the backoff cap is not below the backoff, a straggler swap has spares."""
     if values["restart"]["backoff_max_seconds"] < values["restart"]["backoff_seconds"]:
         raise where.error("must be at least restart.backoff_seconds", "restart", "backoff_max_seconds")
-    if values["stragglers"]["action"] == "swap" and not job["spare_nodes"]:
+    if values["stragglers"]["action"] == "swap" and not values["job"]["spare_nodes"]:
         raise where.error("`swap` needs spare nodes to swap in: set job.spare_nodes, or use `exclude` (avoid the "
                           "node from the next resubmission on) or `report`", "stragglers", "action")
-    return JobSpec(JobSection(**job), LaunchSection(**launch), layout, PlacementSection(**values["placement"]),
-                   CheckpointSection(**values["checkpoint"]), RestartSection(**values["restart"]), path,
-                   StragglerPolicy(**values["stragglers"]))
 
 
 def _apply_overrides(values: dict[str, dict[str, Any]], overrides: Overrides) -> None:

@@ -25,12 +25,11 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from clusterctl.files import atomic_write
 from clusterctl.launcher.pure.checkpoint import Checkpoint
-from clusterctl.launcher.pure.checkpoint_tiers import ResumePlan
+from clusterctl.launcher.pure.checkpoint_tiers import FlushedCheckpoint, ResumePlan
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings
 from clusterctl.records.checkpoint_manifest import CheckpointManifest
 from clusterctl.records.versioned import (
@@ -119,18 +118,6 @@ def newest_inventory(run_dir: Path) -> Path | None:
 
 
 # ---- complete.json: a checkpoint flushed whole ------------------------------------------------------
-
-@dataclass(frozen=True)
-class FlushedCheckpoint:
-    """Checkpoint `step`, every slot's part on shared storage: `nodes[s]` is the node whose part slot s
-    holds (the node that had slot s when it was saved)."""
-
-    step: int
-    nodes: tuple[str, ...]
-    save_seconds: float | None = None
-    """The slowest slot's save (seconds training stalled for it: the local save, or the synchronous write to
-    shared storage of a node whose local tier was unusable); None when unknown."""
-
 
 def write_complete(shared_dir: str | Path, flushed: FlushedCheckpoint) -> Path:
     """Mark `flushed.step` complete on shared storage; the file's path."""

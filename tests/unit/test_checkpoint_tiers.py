@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterctl.launcher.pure.checkpoint_tiers import (
-    FAILED_RESUMES_BEFORE_FALLBACK, CopyCheck, ResumeFacts, SavedCheckpoint, buddy_map, copy_key, plan_resume,
+    FAILED_RESUMES_BEFORE_FALLBACK, CopyCheck, FlushedCheckpoint, ResumeFacts, flushed_whole, SavedCheckpoint, buddy_map, copy_key, plan_resume,
     SlotSource, nodes_for_map, plan_resume_from_copies, resume_facts, resume_said, resumed_event, resumed_text, slot_sources)
-from clusterctl.records.checkpoint_holdings import CheckpointHoldings, LastResume
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, LastResume
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, Shard
 
 SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -491,3 +491,15 @@ def test_the_nodes_for_the_map_keep_every_holder_they_can_and_the_map_s_size(slo
     else:
         assert held <= set(chosen) and len(chosen) == slots
         assert chosen == [n for n in nodes if n in chosen]  # in the allocation's order
+
+
+def test_a_checkpoint_is_flushed_whole_once_every_slot_reached_shared_storage_and_not_again():
+    def flushed(node: str, step: int, slot: int, save_seconds: float) -> HeldCopy:
+        return HeldCopy(step, node, "shared", slot, 3, 1000.0 + step, save_seconds)
+
+    holdings = [CheckpointHoldings("node1", (flushed("node1", 10, 0, 2.0), flushed("node1", 20, 0, 1.0),
+                                             HeldCopy(30, "node1", "local", 0, 3, 1030.0, 1.0))),
+                CheckpointHoldings("node2", (flushed("node2", 10, 1, 5.0), flushed("node2", 20, 1, 1.0))),
+                CheckpointHoldings("node3", (flushed("node3", 10, 2, 3.0),))]
+    assert flushed_whole(holdings) == [FlushedCheckpoint(10, ("node1", "node2", "node3"), 5.0)]
+    assert flushed_whole(holdings, done={10}) == []  # its complete.json is written: once is enough
