@@ -146,7 +146,7 @@ def test_a_killed_node_is_blamed_and_the_run_completes_elsewhere(cluster, tmp_pa
     assert f"Slurm: {broken} is" in evidence or f"Slurm: job NODE_FAIL and {broken} is not responding" in evidence
 
 
-@pytest.mark.one_release  # CI time: its Slurm side is the killed node's
+@pytest.mark.matrix_only  # CI time: its Slurm side is the killed node's; in the allocation, the cut-link story
 def test_a_cut_network_link_is_blamed_without_waiting_for_hung_ranks(cluster, tmp_path, reference):
     proc, run_dir = _supervised(cluster, tmp_path)
     _wait_for(run_dir / "checkpoints" / "step-00000020", proc)
@@ -157,7 +157,7 @@ def test_a_cut_network_link_is_blamed_without_waiting_for_hung_ranks(cluster, tm
     _assert_recovered(run_dir, reference, broken, out)
 
 
-@pytest.mark.one_release  # clusterctl's own text handling; Slurm's side (a dead node under a job) as above
+@pytest.mark.matrix_only  # CI time: clusterctl's own text handling (unit-tested); Slurm's side as the killed node's
 def test_a_node_an_admin_drained_with_a_bracketed_reason_then_dies_is_blamed_and_its_reason_shown_as_written(
         cluster, tmp_path, reference):
     # `[/dev/nvidia3]` is what killed a running supervisor when it read reasons as rich markup, between
