@@ -16,7 +16,7 @@ What the shift does not move, by design (a test that needs them is not date-depe
 files' modification times (the kernel's clock), other programs' clocks (Slurm, the emulated driver,
 which counts an injected hang on the monotonic clock for that reason).
 
-Under xdist each worker process reads the same option and shifts itself.
+An xdist worker is such a process: it is moved as it starts, and its own pytest leaves its clock alone.
 """
 
 from __future__ import annotations
@@ -58,7 +58,9 @@ def pytest_configure(config: pytest.Config) -> None:
     seconds = shift_seconds(text)
     os.environ["CLUSTERCTL_TEST_CLOCK_SHIFT_SECONDS"] = repr(seconds)
     site = str(Path(__file__).resolve().parent / "clock_shift_site")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if site not in paths:  # an xdist worker inherited it already
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (site, *paths) if p)
     config.stash[SHIFTED] = seconds
     if os.environ.get("CLUSTERCTL_TEST_CLOCK_SHIFTED_PID") == str(os.getpid()):
         return  # an xdist worker, moved already as it started (clock_shift_site)
