@@ -61,10 +61,21 @@ def _test_layout() -> Layout:
     if not name.isalnum() or len(name) > 8:
         raise SystemExit(f"CLUSTERCTL_TEST_TESTBED={name!r}: use up to 8 letters or digits")
     if BACKEND == "compose":
-        return compose_layout(f"ctd{name}")  # /tmp/ctd/ctd<name>, containers ctd<name>-*
+        return replace(compose_layout(f"ctd{name}"), timeouts=_test_timeouts())  # /tmp/ctd/ctd<name>, containers ctd<name>-*
     if name == "test":
-        return Layout(root=Path("/tmp/ctb-test"), namespace_prefix="ctbt-")
-    return Layout(root=Path(f"/tmp/ctb-{name}"), namespace_prefix=f"ct{name}-")
+        return Layout(root=Path("/tmp/ctb-test"), namespace_prefix="ctbt-", timeouts=_test_timeouts())
+    return Layout(root=Path(f"/tmp/ctb-{name}"), namespace_prefix=f"ct{name}-", timeouts=_test_timeouts())
+
+
+def _test_timeouts() -> str:
+    # CLUSTERCTL_TEST_TIMEOUTS=production runs the session's testbed with Slurm's default timeouts
+    # (300/10/30 s): the recovery stories as a real cluster sees them (scripts/test-production.sh).
+    from clusterctl_testbed.slurm_config import TIMEOUTS
+
+    name = os.environ.get("CLUSTERCTL_TEST_TIMEOUTS", "fast")
+    if name not in TIMEOUTS:
+        raise SystemExit(f"CLUSTERCTL_TEST_TIMEOUTS={name!r}: use one of {', '.join(TIMEOUTS)}")
+    return name
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -140,8 +151,9 @@ def testbed_session() -> Iterator[Testbed]:
     if os.geteuid() != 0:
         pytest.fail("end-to-end tests need root (namespaces, Slurm daemons): run the README's test command as root")
     tb = (ComposeTestbed if BACKEND == "compose" else Testbed)(_test_layout())
-    if tb.is_up() and tb.running().release != _test_release():
-        tb.down(quiet=True)  # left up by an earlier session on another release
+    running = tb.running() if tb.is_up() else None
+    if running is not None and (running.release, running.timeouts) != (_test_release(), tb.layout.timeouts):
+        tb.down(quiet=True)  # left up by an earlier session on another release or timeouts
     tb.up(timeout=90, slurm=_test_release())
     try:
         yield tb

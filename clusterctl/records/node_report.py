@@ -25,6 +25,10 @@ and FLOPs summed, the loss and gradient norm of the node's lowest rank that repo
 GPU model), a fixed handful of fields whatever the node's rank count (about 300 bytes: a report of 8
 ranks is ~1.9 KB with them), or null when its ranks report none of it.  A version-2 report is read with
 none.
+
+Version 4 adds `silent_peers`: the node's neighbours (launcher/pure/peer_watch.py) whose beats it
+has not heard for PEER_SILENT_SECONDS, each `{"node": ..., "silent_s": ...}`, at most MAX_SILENT_PEERS;
+empty when every neighbour beats.  A version-2 or 3 report is read with none.
 """
 
 from __future__ import annotations
@@ -46,8 +50,9 @@ from clusterctl.records.versioned import (
 from clusterctl.slurm.names import node_name_problem
 
 KIND = "node-report"
-VERSION = 3
+VERSION = 4
 OLDEST_VERSION = 2
+READ_VERSIONS = (2, 3, 4)
 MAGIC = b"CCN1"
 DIGEST_BYTES = 32
 MAX_DATAGRAM = 16 << 10
@@ -60,6 +65,8 @@ KEY_BYTES = 32
 MAX_REPORTED_COPIES = 32
 """The most checkpoint copies one report carries: the node's newest (retention keeps a handful)."""
 MAX_GPU_NAME = 96
+MAX_SILENT_PEERS = 2
+"""A node watches two neighbours (launcher/pure/peer_watch.py)."""
 """The longest GPU model name carried (NVML's own buffer for a device name: NVML_DEVICE_NAME_V2_BUFFER_SIZE)."""
 
 REPORT_KEY_ENV = "CLUSTERCTL_REPORT_KEY"
@@ -210,6 +217,29 @@ def _dated(body: Mapping[str, Any], key: str, value: float | None, where: str) -
 
 
 @dataclass(frozen=True)
+class SilentPeer:
+    """A neighbour heard before whose beats have not come for `silent_s` seconds, as its watcher saw it."""
+
+    node: str
+    silent_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as sent."""
+        return {"node": self.node, "silent_s": self.silent_s}
+
+    @classmethod
+    def from_json(cls, entry: object, where: str) -> SilentPeer:
+        """One entry of `silent_peers`; RecordError for anything else."""
+        if not isinstance(entry, dict) or set(entry) != {"node", "silent_s"}:
+            raise RecordError(where, "each silent peer is exactly {\"node\": ..., \"silent_s\": ...}")
+        node = field(entry, "node", str, where)
+        problem = node_name_problem(node)
+        if problem:
+            raise RecordError(where, f"silent peer `node`: {problem}")
+        return cls(node, _seconds(entry, "silent_s", where))
+
+
+@dataclass(frozen=True)
 class NodeReport:
     """What one node tells the agent: who it is, which step, its ranks, its health, the checkpoint
     copies it holds (None: nothing to tell), and its ranks' training metrics (None: none reported)."""
@@ -223,6 +253,7 @@ class NodeReport:
     health: NodeHealth = NodeHealth()
     checkpoints: CheckpointHoldings | None = None
     metrics: NodeMetrics | None = None
+    silent_peers: tuple[SilentPeer, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """The record as sent."""
@@ -230,13 +261,15 @@ class NodeReport:
                 "seq": self.seq, "sent_at": self.sent_at, "ranks": [r.to_json() for r in self.ranks],
                 "health": self.health.to_json(),
                 "checkpoints": None if self.checkpoints is None else self.checkpoints.to_json(),
-                "metrics": None if self.metrics is None else self.metrics.to_json()}
+                "metrics": None if self.metrics is None else self.metrics.to_json(),
+                "silent_peers": [p.to_json() for p in self.silent_peers]}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> NodeReport:
         """Parse a received report; RecordError for anything not exactly understood."""
-        older = isinstance(data, dict) and data.get("kind") == KIND and data.get("version") == OLDEST_VERSION
-        body = check_header(data, KIND, OLDEST_VERSION if older else VERSION, where)
+        sent = data.get("version") if isinstance(data, dict) and data.get("kind") == KIND else None
+        version = sent if sent in READ_VERSIONS and isinstance(sent, int) else VERSION
+        body = check_header(data, KIND, version, where)
         node = field(body, "node", str, where)
         problem = node_name_problem(node)
         if problem:
@@ -246,13 +279,17 @@ class NodeReport:
             raise RecordError(where, f"{len(ranks)} ranks: a node reports at most {MAX_RANKS}")
         health = field(body, "health", dict, where)
         held = field(body, "checkpoints", (dict, type(None)), where)
-        told = None if older else field(body, "metrics", (dict, type(None)), where)
+        told = None if version < 3 else field(body, "metrics", (dict, type(None)), where)
+        peers = field(body, "silent_peers", list, where) if version >= 4 else []
+        if len(peers) > MAX_SILENT_PEERS:
+            raise RecordError(where, f"{len(peers)} silent peers: a node watches at most {MAX_SILENT_PEERS}")
         return cls(job_id=_text(body, "job_id", where), launch=_text(body, "launch", where), node=node,
                    seq=_count(body, "seq", where), sent_at=_seconds(body, "sent_at", where),
                    ranks=tuple(_rank(entry, node, where, i) for i, entry in enumerate(ranks)),
                    health=_health(health, f"{where}: health"),
                    checkpoints=None if held is None else _holdings(held, node, f"{where}: checkpoints"),
-                   metrics=None if told is None else NodeMetrics.from_json(told, f"{where}: metrics"))
+                   metrics=None if told is None else NodeMetrics.from_json(told, f"{where}: metrics"),
+                   silent_peers=tuple(SilentPeer.from_json(p, f"{where}: silent_peers") for p in peers))
 
 
 _WHOLE_FIELDS = ("rank", "step", "pid", "compute_steps")

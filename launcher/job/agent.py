@@ -52,7 +52,13 @@ from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 
 STOP_GRACE_SECONDS = 15.0
-"""How long an interrupted step may take to end before srun is killed."""
+"""How long an interrupted step may take to end before srun is killed (a hung step's ranks, which may
+be writing a checkpoint as they go)."""
+NODE_FAILED_STOP_SECONDS = 3.0
+"""The same for a step ended because a node failed: its ranks on the live nodes end within a second of
+the cancel (SIGTERM), and srun itself waits for the failed node's, which may never answer (until Slurm
+declares that node DOWN: SlurmdTimeout, 300 s by default), so srun is killed after this; whatever of the
+step still runs is Slurm's to end after KillWait, and the next step does not wait for it (--overlap)."""
 
 
 class Agent:
@@ -207,7 +213,7 @@ class Agent:
                 why = "; ".join(watched.hang.evidence) if watched.hang else \
                     "; ".join(f"{b.node}: {b.reason}" for b in suspects) if suspects else "?"
                 self.doors.say(f"ending the step now: {why}")
-                code = launched.step.stop(STOP_GRACE_SECONDS)
+                code = launched.step.stop(STOP_GRACE_SECONDS if watched.hang else NODE_FAILED_STOP_SECONDS)
             elif code != 0:
                 suspects = self.watch.evidence_after(launched.slots)
                 seen = self.doors.monotonic()

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from clusterctl.job_metrics_file import AdminSetting, read_admin_setting
+from clusterctl.errors import SlurmCommandError
+from clusterctl.launcher.job.node_probe import DEFAULT_SLURMD_PORT, probe_once
 from clusterctl.launcher.job.report_channel import ReportInbox
 from clusterctl.launcher.job.signal_watch import Inbox
 from clusterctl.launcher.shared.straggler_actions import StragglerDrain, srun_gpu_evidence
@@ -109,6 +111,11 @@ class AgentDoors:
     """The admins' textfile directory for the job's metrics (`job_metrics_dir` in the node's healthd.toml)."""
     on_terminate: Callable[[Callable[[], None]], None] = field(default=lambda cleanup: None)
     """Have `cleanup` run when the job is cancelled or its time is up (SIGTERM), before the agent dies of it."""
+    probe: Callable[[str, int], tuple[bool | None, str]] | None = None
+    """One probe of a node's slurmd port (launcher/job/node_probe.py; None: the agent probes nothing and
+    waits for Slurm's word on a silent node)."""
+    slurmd_port: Callable[[], int] = field(default=lambda: DEFAULT_SLURMD_PORT)
+    """The port slurmd listens on (slurm.conf's SlurmdPort, asked once per agent)."""
 
 
 def _pause_until_killed() -> None:
@@ -142,8 +149,16 @@ def default_doors(python: str = sys.executable) -> AgentDoors:
         slurm.cancel_steps(steps)
         return steps
 
+    def slurmd_port() -> int:
+        text = slurm.config_value("SlurmdPort")
+        if text is None:
+            return DEFAULT_SLURMD_PORT  # slurm.conf sets none: Slurm's own default
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise SlurmCommandError(["scontrol", "show", "config"], None, f"SlurmdPort = {text!r} is not a port")
+        return int(text)
+
     return AgentDoors(slurm, lambda name: SlurmNode(name, slurm.runner, slurm.timeout).state(), Step,
                       gpu_evidence=srun_gpu_evidence(python),
                       drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain, node_table=node_table,
                       start_standby=Step, cancel_other_steps=cancel_other_steps, admin_metrics=read_admin_setting,
-                      on_terminate=cleanup_on_sigterm)
+                      on_terminate=cleanup_on_sigterm, probe=probe_once, slurmd_port=slurmd_port)

@@ -42,8 +42,10 @@ from pathlib import Path
 from types import FrameType
 
 from clusterctl.clock import SYSTEM_CLOCK, Clock
-from clusterctl.errors import ClusterctlError
+from clusterctl.errors import ClusterctlError, HostlistError
+from clusterctl.launcher.job.peer_link import PeerLink
 from clusterctl.launcher.job.report_channel import ReportSender, parse_address
+from clusterctl.launcher.pure.peer_watch import PEER_BEAT_SECONDS, PeerWatch, neighbours
 from clusterctl.launcher.pure.node_report_build import (
     ReporterIdentity, ReporterMemory, next_report, node_health, process_state,
 )
@@ -57,8 +59,10 @@ from clusterctl.records.node_report import (
     MAX_TEXT, REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV,
     NodeHealth, NodeReport, parse_key,
 )
+from clusterctl.records.peer_beat import PEER_PORT_ENV, PeerBeat, parse_peer_port
 from clusterctl.records.rank_progress import RankProgress, progress_dir, read_rank_progress
 from clusterctl.records.versioned import RecordError
+from clusterctl.slurm import hostlist
 from clusterctl.slurm.names import node_name_problem
 
 HEALTHD_STATE_DIR_ENV = "CLUSTERCTL_HEALTHD_STATE_DIR"
@@ -95,6 +99,10 @@ class ReportSettings:
     healthd_state_dir: Path
     holdings_path: Path | None = None
     """The node's checkpoint holdings file (None: multi-level checkpoints are off)."""
+    peer_port: int | None = None
+    """The step's peer port (None: an agent that asks for no neighbour watch)."""
+    peers: tuple[str, ...] = ()
+    """The neighbours this node beats to and watches (launcher/pure/peer_watch.py)."""
 
 
 def report_settings(environ: Mapping[str, str]) -> ReportSettings:
@@ -138,7 +146,27 @@ def report_settings(environ: Mapping[str, str]) -> ReportSettings:
     except RecordError as exc:
         raise ReporterSettingError(SETTINGS_ENV, f"{str(exc).removeprefix(f'{SETTINGS_ENV}: ')}") from None
     holdings = checkpoints.tier_root(node) / HOLDINGS_NAME if checkpoints is not None else None
-    return ReportSettings(ReporterIdentity(job_id, launch, node), key, address, heartbeat, state_dir, holdings)
+    peer_port, peers = peer_settings(environ, node)
+    return ReportSettings(ReporterIdentity(job_id, launch, node), key, address, heartbeat, state_dir, holdings,
+                          peer_port, peers)
+
+
+def peer_settings(environ: Mapping[str, str], node: str) -> tuple[int | None, tuple[str, ...]]:
+    """The peer port and this node's neighbours on the ring over the step's nodes (SLURM_STEP_NODELIST,
+    else SLURM_JOB_NODELIST); (None, ()) when the agent set no peer port."""
+    text = environ.get(PEER_PORT_ENV, "").strip()
+    if not text:
+        return None, ()
+    try:
+        port = parse_peer_port(text)
+    except ValueError as exc:
+        raise ReporterSettingError(PEER_PORT_ENV, str(exc)) from None
+    listed = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
+    try:
+        nodes = hostlist.expand(listed) if listed else []
+    except HostlistError as exc:
+        raise ReporterSettingError("SLURM_STEP_NODELIST", f"{one_line(listed[:80])!r}: {exc}") from None
+    return port, neighbours(nodes, node)
 
 
 def node_dir_setting(environ: Mapping[str, str]) -> Path:
@@ -291,6 +319,8 @@ class ReporterDoors:
     """The node's checkpoint holdings now (HoldingsReader; None: none to tell)."""
     gpu_model: Callable[[], str] = no_gpu_model
     """The node's GPU model as NVML names it ("" unknown; GpuModel)."""
+    peers: PeerLink | None = None
+    """The line to the node's neighbours (None: no neighbour watch)."""
 
 
 def default_doors(sender: ReportSender, stop_requested: Callable[[], bool],
@@ -302,8 +332,15 @@ def default_doors(sender: ReportSender, stop_requested: Callable[[], bool],
     holdings: Callable[[], CheckpointHoldings | None] = no_holdings
     if settings is not None and settings.holdings_path is not None:
         holdings = HoldingsReader(settings.holdings_path, settings.identity.node, say)
+    peers = None
+    if settings is not None and settings.peer_port is not None and settings.peers:
+        try:
+            peers = PeerLink(settings.key, settings.peer_port, settings.peers)
+        except OSError as exc:
+            say(f"cannot listen for the neighbours' beats on port {settings.peer_port} ({exc.strerror}); "
+                f"{' and '.join(settings.peers)} are watched by their other neighbour and the agent only")
     return ReporterDoors(SYSTEM_CLOCK, read_node_progress, read_process_state, read_node_health, sender.send,
-                         stop_requested, say, holdings, GpuModel())
+                         stop_requested, say, holdings, GpuModel(), peers)
 
 
 def run_reporter(settings: ReportSettings, node_dir: Path, watch_pid: int, doors: ReporterDoors) -> int:
@@ -313,8 +350,20 @@ def run_reporter(settings: ReportSettings, node_dir: Path, watch_pid: int, doors
     health_read_at = -math.inf
     watched_gone_at: float | None = None
     failures = 0
+    link = doors.peers
+    peers = PeerWatch(link.peers if link is not None else ())
+    beat_seq, next_beat = 0, -math.inf
     while True:
         monotonic, now = doors.clock.monotonic(), doors.clock.now()
+        if link is not None:
+            identity = settings.identity
+            for beat in link.received():
+                if (beat.job_id, beat.launch) == (identity.job_id, identity.launch):
+                    peers = peers.heard(beat.node, monotonic, leaving=beat.leaving)
+            if monotonic >= next_beat:
+                beat_seq += 1
+                link.send(PeerBeat(identity.job_id, identity.launch, identity.node, beat_seq))
+                next_beat = monotonic + PEER_BEAT_SECONDS
         watched = doors.process_state(watch_pid)
         if watched == "gone":
             watched_gone_at = monotonic if watched_gone_at is None else watched_gone_at
@@ -328,7 +377,7 @@ def run_reporter(settings: ReportSettings, node_dir: Path, watch_pid: int, doors
         processes = {record.pid: doors.process_state(record.pid) for record in records}
         decision = next_report(settings.identity, records, processes, health, memory, now=now, monotonic=monotonic,
                                heartbeat=settings.heartbeat, force=last, checkpoints=doors.holdings(),
-                               gpu=doors.gpu_model())
+                               gpu=doors.gpu_model(), silent_peers=peers.silent(monotonic))
         memory = decision.memory
         if decision.report is not None:
             delivered = doors.send(decision.report)
@@ -339,6 +388,9 @@ def run_reporter(settings: ReportSettings, node_dir: Path, watch_pid: int, doors
                     doors.say(f"a report could not be sent to {settings.address[0]}:{settings.address[1]} "
                               f"({failures} so far); the next one replaces it")
         if last:
+            if link is not None:  # the neighbours stop watching a node whose step ended here
+                link.send(PeerBeat(settings.identity.job_id, settings.identity.launch, settings.identity.node,
+                                   beat_seq + 1, leaving=True))
             return 0
         doors.clock.sleep(TICK)
 
@@ -359,10 +411,13 @@ def main(watch_pid: int, environ: Mapping[str, str]) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     sender = ReportSender(settings.key, settings.address)
+    doors = default_doors(sender, lambda: bool(stopping), settings)
     try:
-        return run_reporter(settings, node_dir, watch_pid, default_doors(sender, lambda: bool(stopping), settings))
+        return run_reporter(settings, node_dir, watch_pid, doors)
     finally:
         sender.close()
+        if doors.peers is not None:
+            doors.peers.close()
         remove_node_progress(node_dir)
 
 

@@ -20,6 +20,7 @@ from clusterctl.launcher.job.signal_watch import Inbox, SignalWatch
 from clusterctl.launcher.pure.checkpoint_tiers import nodes_for_map
 from clusterctl.launcher.pure.node_signals import SignalPolicy, slurm_sweep_seconds
 from clusterctl.launcher.pure.spec import JobSpec
+from clusterctl.records.peer_beat import PEER_PORT_ENV, PEER_PORTS
 from clusterctl.records.node_report import REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV
 from clusterctl.records.rank_map import RankMap
 from clusterctl.slurm import hostlist
@@ -145,7 +146,9 @@ class StepLauncher:
         if self.inbox is not None:
             env.update({REPORT_KEY_ENV: self.report_key.hex(),
                         REPORT_ADDR_ENV: f"{self.batch_host}:{self.inbox.port}",
-                        REPORT_LAUNCH_ENV: launch, REPORT_INTERVAL_ENV: f"{policy.heartbeat:g}"})
+                        REPORT_LAUNCH_ENV: launch, REPORT_INTERVAL_ENV: f"{policy.heartbeat:g}",
+                        # A new port for each launch: the last step's reporters may hold theirs a moment longer.
+                        PEER_PORT_ENV: str(PEER_PORTS[0] + secrets.randbelow(PEER_PORTS[1] - PEER_PORTS[0]))})
         offset = self.doors.read_log(self.log_path, None)[1]  # where this step's lines begin
         started_at = self.doors.now()
         step = self.doors.start_step(argv, env)

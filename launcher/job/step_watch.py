@@ -21,11 +21,13 @@ from clusterctl.launcher.job.agent_doors import AgentDoors
 from clusterctl.launcher.job.agent_outputs import SUMMARY_MIN_SECONDS, AgentOutputs
 from clusterctl.launcher.job.checkpoint_plan import TierPlanner
 from clusterctl.launcher.job.leadership import Leadership
+from clusterctl.launcher.job.node_probe import DEFAULT_SLURMD_PORT, NodeProber
 from clusterctl.launcher.job.signal_watch import SignalWatch
 from clusterctl.launcher.job.step_launch import Launched, resized_environment
 from clusterctl.launcher.pure.classify import Blame, hardware_suspects, not_responding, operator_drains
 from clusterctl.launcher.pure.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
 from clusterctl.launcher.pure.node_signals import SMALL_STEP_NODES, SignalPolicy, Signals, slurm_sweep_seconds
+from clusterctl.launcher.pure.reachability import Probes, unreachable
 from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.launcher.pure.straggler_verdict import SwapRoom
 from clusterctl.launcher.pure.straggler_watch import StragglerWatch
@@ -102,6 +104,7 @@ class _Feed:
     stragglers: StragglerWatch
     log_offset: int
     signals: Signals = field(default_factory=Signals)
+    probes: Probes = field(default_factory=Probes)
 
 
 class StepWatch:
@@ -112,6 +115,14 @@ class StepWatch:
                  outputs: AgentOutputs, lease: Leadership) -> None:
         self.spec, self.environ, self.doors, self.batch_host, self.log_path = spec, environ, doors, batch_host, log_path
         self.tiers, self.straggler_actions, self.outputs, self.lease = tiers, straggler_actions, outputs, lease
+        self.prober: NodeProber | None = None
+        if doors.probe is not None:
+            try:
+                port = doors.slurmd_port()
+            except SlurmCommandError as exc:
+                port = DEFAULT_SLURMD_PORT
+                doors.say(f"cannot read slurmd's port from Slurm ({exc}); probing suspected nodes on {port}")
+            self.prober = NodeProber(port, doors.monotonic, doors.probe)
 
     def watch(self, launched: Launched, spares: int) -> Watched:
         """Wait for the step to end, for one of its nodes to fail, for its ranks to hang, or for a
@@ -140,6 +151,8 @@ class StepWatch:
             if (frozen := self._frozen_now(watch, feed)) is not None:
                 return frozen
             now = self.doors.monotonic()
+            if (gone := self._unreachable(feed, watch, now)):
+                return Watched(None, gone, now, lost_s=feed.stragglers.lost_s)
             hinted, sweep = asking.due(feed.signals, now)
             if now >= next_summary and watch is not None:
                 next_summary = now + max(SUMMARY_MIN_SECONDS, heartbeat)
@@ -169,6 +182,25 @@ class StepWatch:
             return None
         return Watched(None, list(feed.signals.frozen.blames()), self.doors.monotonic(), feed.signals.frozen,
                        lost_s=feed.stragglers.lost_s)
+
+    def _unreachable(self, feed: _Feed, watch: SignalWatch | None, now: float) -> list[Blame]:
+        """The nodes the job itself knows are gone, without Slurm: suspected (a neighbour or the agent lost
+        them) and unanswered by the agent's own probes (launcher/pure/reachability.py); probes those due."""
+        if self.prober is None or watch is None:
+            return []
+        signals = feed.signals
+        suspected = dict(signals.witnessed)
+        for node in signals.silent:
+            suspected.setdefault(node, f"the agent has not heard its reports for {watch.policy.silent_after:g} s or more")
+        suspected.pop(self.batch_host, None)  # the agent's own node: if it were gone, so would be the agent
+        feed.probes = feed.probes.forget(set(suspected))
+        for result in self.prober.finished():
+            if result.node in suspected:
+                feed.probes = feed.probes.took(result)
+        for node in suspected:
+            if feed.probes.due(node, now):
+                self.prober.start(node)
+        return unreachable(suspected, feed.probes)
 
     def _ask_slurm(self, asking: SlurmAsking, hinted: Sequence[str], sweep: bool, now: float,
                    spares: int) -> tuple[list[Blame], float]:

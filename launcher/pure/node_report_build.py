@@ -25,7 +25,7 @@ from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
 from clusterctl.records.healthd_state import HealthdState, StateFinding
 from clusterctl.records.node_report import (
     DIGEST_BYTES, MAGIC, MAX_DATAGRAM, MAX_EVIDENCE, MAX_GPU_NAME, MAX_RANKS, MAX_REPORTED_COPIES, MAX_TEXT,
-    NodeHealth, NodeMetrics, NodeReport, RankBeat,
+    NodeHealth, NodeMetrics, NodeReport, RankBeat, SilentPeer,
 )
 from clusterctl.records.rank_progress import MAX_TOTAL, RankProgress
 from clusterctl.text import one_line
@@ -222,14 +222,17 @@ def changes(before: NodeReport | None, after: NodeReport) -> tuple[str, ...]:
 
 def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], processes: Mapping[int, str],
                 health: NodeHealth, memory: ReporterMemory, *, now: float, monotonic: float, heartbeat: float,
-                force: bool = False, checkpoints: CheckpointHoldings | None = None, gpu: str = "") -> ReportDecision:
+                force: bool = False, checkpoints: CheckpointHoldings | None = None, gpu: str = "",
+                silent_peers: tuple[SilentPeer, ...] = ()) -> ReportDecision:
     """The report to send now, if any: at once on a change (see `changes`), else once per `heartbeat` s.
 
     `now` is the node's wall clock (the report's `sent_at`, `stopped_since`), `monotonic` its
     monotonic clock (the heartbeat).  `seq` counts the reports sent, from 1.  `force` sends
     whatever changed (the reporter's last report before it exits).  `checkpoints`: the node's
     holdings as read (None: none to tell); the report carries `reported_holdings` of them.  `gpu`: the
-    node's GPU model, carried in the ranks' training metrics (`node_metrics`).  The
+    node's GPU model, carried in the ranks' training metrics (`node_metrics`).  `silent_peers`: the
+    neighbours whose beats stopped (launcher/pure/peer_watch.py); a neighbour newly silent, or heard
+    again, is a change.  The
     caller sends the report and keeps `memory.after_send(...)`; with no report, it keeps
     `decision.memory`.
     """
@@ -238,8 +241,11 @@ def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], pro
     last = memory.last_sent
     held = reported_holdings(checkpoints)
     report = NodeReport(identity.job_id, identity.launch, identity.node, (last.seq + 1) if last else 1,
-                        max(now, 0.0), beats, health, held, node_metrics(records, gpu))
+                        max(now, 0.0), beats, health, held, node_metrics(records, gpu), silent_peers)
     changed = changes(last, report)
+    was = {p.node for p in last.silent_peers} if last is not None else set()
+    if {p.node for p in silent_peers} != was:
+        changed += (f"neighbours silent: {' '.join(p.node for p in silent_peers) or 'none'}",)
     if last is not None and held != memory.holdings:  # compared before `fitted` may drop the oldest copies
         resumed = held.last_resume if held is not None else None
         before = memory.holdings.last_resume if memory.holdings is not None else None

@@ -102,6 +102,9 @@ class Signals:
     """Nodes silent when most of the step is: the channel's trouble, not theirs (nobody is asked about)."""
     reporting: int = 0
     """Nodes heard from within `silent_after`."""
+    witnessed: Mapping[str, str] = field(default_factory=dict)
+    """Nodes whose neighbours say their beats stopped (launcher/pure/peer_watch.py), each with what the
+    first witness said: a suspicion the agent checks with its own probe (launcher/pure/reachability.py)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,8 @@ class NodeSignals:
     stopping: frozenset[str] = frozenset()
     idle: frozenset[str] = frozenset()
     draining: frozenset[str] = frozenset()
+    witnessing: frozenset[str] = frozenset()
+    """Nodes whose newest report names a silent neighbour."""
     holdings: Mapping[str, CheckpointHoldings] = field(default_factory=dict)
     """Each node's newest checkpoint holdings (multi-level checkpoints), from the newest report taken that
     carried any: a report without holdings (the node's file damaged, none yet) leaves what it said before.
@@ -143,6 +148,7 @@ class NodeSignals:
         by its send time) replaces the one held; others' reports are counted and dropped."""
         heard, ignored, members = dict(self.heard), self.ignored, self.members
         stopping, idle, draining = set(self.stopping), set(self.idle), set(self.draining)
+        witnessing = set(self.witnessing)
         holdings: dict[str, CheckpointHoldings] | None = None  # copied at the first change
         for report in reports:
             node = report.node
@@ -158,13 +164,14 @@ class NodeSignals:
                 holdings[node] = told
             processes = {beat.process for beat in report.ranks}
             for marked, now_true in ((stopping, "stopped" in processes), (idle, "running" not in processes),
-                                     (draining, report.health.verdict == "drain")):
+                                     (draining, report.health.verdict == "drain"),
+                                     (witnessing, bool(report.silent_peers))):
                 if now_true:
                     marked.add(node)
                 else:
                     marked.discard(node)
         return replace(self, heard=heard, ignored=ignored, stopping=frozenset(stopping), idle=frozenset(idle),
-                       draining=frozenset(draining),
+                       draining=frozenset(draining), witnessing=frozenset(witnessing),
                        holdings=self.holdings if holdings is None else holdings)
 
     def records(self) -> tuple[RankProgress, ...]:
@@ -189,7 +196,18 @@ class NodeSignals:
         drained = tuple(node for node in self.nodes if node in self.draining and node not in quiet) \
             if self.draining - quiet else ()
         return Signals(self._frozen(at, quiet), drained, () if channel else tuple(silent),
-                       len(silent) if channel else 0, reporting)
+                       len(silent) if channel else 0, reporting, self._witnessed(at, quiet))
+
+    def _witnessed(self, at: float, silent: set[str]) -> dict[str, str]:
+        """The nodes a neighbour that is itself heard from names silent, with what it says (the first witness)."""
+        witnessed: dict[str, str] = {}
+        for witness in sorted(self.witnessing - silent):
+            heard = self.heard[witness]
+            for peer in heard.report.silent_peers:
+                if peer.node in self.members and peer.node not in witnessed:
+                    witnessed[peer.node] = (f"its neighbour {witness} has not heard its beats for "
+                                            f"{peer.silent_s + max(0.0, at - heard.at):.1f} s")
+        return witnessed
 
     def _frozen(self, at: float, silent: set[str]) -> HangVerdict | None:
         stopped: dict[str, tuple[list[int], float]] = {}

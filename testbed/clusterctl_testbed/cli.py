@@ -13,7 +13,7 @@ from clusterctl_testbed.compose_cli import compose
 from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
 from clusterctl_testbed.layout import Layout
 from clusterctl_testbed.rootfs import BUILD_MINUTES_HERE
-from clusterctl_testbed.slurm_config import TOPOLOGIES
+from clusterctl_testbed.slurm_config import TIMEOUTS, TOPOLOGIES
 from clusterctl_testbed.system import TestbedError
 from clusterctl_testbed.slurm_source import ENV as SLURM_SOURCE_ENV
 from clusterctl_testbed.slurm_source import SCHEDMD_URL
@@ -52,9 +52,13 @@ def install() -> None:
 @click.option("--topology", type=click.Choice(TOPOLOGIES), default="tree", show_default=True,
               help="Slurm's topology plugin: tree (two leaf switches under a spine) or block (each leaf a "
                    "block, for --segment; Slurm 23.11 or newer).")
-def up(timeout: float, slurm: str, slurm_source: str | None, topology: str) -> None:
+@click.option("--timeouts", type=click.Choice(list(TIMEOUTS)), default="fast", show_default=True,
+              help="Slurm's node and kill timeouts: fast (SlurmdTimeout=5, MessageTimeout=2, KillWait=5: a dead "
+                   "node is DOWN in ~10 s, for quick tests) or production (Slurm's defaults 300/10/30, what a real "
+                   "cluster runs: a dead node is DOWN only after ~5 minutes).")
+def up(timeout: float, slurm: str, slurm_source: str | None, topology: str, timeouts: str) -> None:
     """Start the cluster (fresh state, job ids from 1); no-op if it is already up."""
-    Testbed(Layout(topology=topology)).up(timeout=timeout, slurm=slurm, slurm_source=slurm_source)
+    Testbed(Layout(topology=topology, timeouts=timeouts)).up(timeout=timeout, slurm=slurm, slurm_source=slurm_source)
 
 
 @cli.command()
@@ -75,7 +79,8 @@ def status(as_json: bool) -> None:
     slurm = info["slurm"]
     where = f"root filesystem {slurm['rootfs']}" if slurm["rootfs"] else "this machine's packages"  # type: ignore[index]
     click.echo(f"  Slurm {slurm['release']}: {slurm['version'] or 'version unknown'} ({where}), "  # type: ignore[index]
-               f"topology/{slurm.get('topology', 'tree')}")  # type: ignore[union-attr]
+               f"topology/{slurm.get('topology', 'tree')}, "  # type: ignore[union-attr]
+               f"{slurm.get('timeouts', 'fast')} timeouts")  # type: ignore[union-attr]
     for name, d in info["daemons"].items():  # type: ignore[union-attr]
         click.echo(f"  {name:16} pid {d['pid']:<8} {'alive' if d['alive'] else 'dead'}")
     for n in info["nodes"]:  # type: ignore[union-attr]

@@ -82,6 +82,8 @@ class Running:
     """What the running `sinfo --version` says, e.g. "slurm 24.11.5" (empty until slurmctld is up)."""
     topology: str = "tree"
     """Slurm's topology plugin on this testbed: "tree" or "block" (Layout.topology)."""
+    timeouts: str = "fast"
+    """Slurm's timeout profile on this testbed: "fast" or "production" (Layout.timeouts)."""
 
 
 @dataclass(frozen=True)
@@ -249,9 +251,11 @@ class Testbed:
                  f"built from source ({', '.join(r.name for r in versions.RELEASES.values() if r.built_from_source)})")
         if self.is_up():
             running = self.running()
-            if (running.release, running.topology) != (release.name, self.layout.topology):
+            if (running.release, running.topology, running.timeouts) != (
+                    release.name, self.layout.topology, self.layout.timeouts):
                 raise TestbedError(f"the testbed at {self.layout.root} runs Slurm {running.release} with the "
-                                   f"{running.topology} topology, not {release.name} with {self.layout.topology}; "
+                                   f"{running.topology} topology and {running.timeouts} timeouts, not "
+                                   f"{release.name} with {self.layout.topology} and {self.layout.timeouts}; "
                                    "`clusterctl-testbed down` first")
             _say("already up")
             return
@@ -259,6 +263,7 @@ class Testbed:
             raise TestbedError("the testbed creates namespaces and runs Slurm daemons: run it as root")
         try:
             slurm_config.check_topology(self.layout, release.version)
+            slurm_config.timeouts(self.layout.timeouts)
         except ValueError as exc:
             raise TestbedError(str(exc)) from None
         ensure_private_root(self.layout.root)  # before anything is written into it, or removed from it
@@ -266,7 +271,8 @@ class Testbed:
         root = rootfs.ensure(release, REPO, slurm_source_given=slurm_source) if release.uses_rootfs else None
         self.down(quiet=True)
         started = time.monotonic()
-        self._set_running(Running(release.name, None if root is None else str(root), topology=self.layout.topology))
+        self._set_running(Running(release.name, None if root is None else str(root), topology=self.layout.topology,
+                                  timeouts=self.layout.timeouts))
         self._write_files(release)
         self._build_nvml()
         self._network()
@@ -278,7 +284,8 @@ class Testbed:
         self._start_database()
         self._start_controller()
         version = self.run_on(CONTROLLER, ["sinfo", "--version"], timeout=15).stdout.strip()
-        self._set_running(Running(release.name, None if root is None else str(root), version, self.layout.topology))
+        self._set_running(Running(release.name, None if root is None else str(root), version, self.layout.topology,
+                                  self.layout.timeouts))
         for node in self.layout.nodes:
             self._start_slurmd(node)
             self.start_healthd(node)

@@ -334,6 +334,7 @@ class ComposeTestbed(Testbed):
             return
         try:
             slurm_config.check_topology(self.layout, release.version)
+            slurm_config.timeouts(self.layout.timeouts)
         except ValueError as exc:
             raise TestbedError(str(exc)) from None
         started = time.monotonic()
@@ -355,7 +356,7 @@ class ComposeTestbed(Testbed):
         self.down(quiet=True, keep_engine=True)
         self.layout.run_dir.mkdir(parents=True, exist_ok=True)
         self._engine_file.write_text(json.dumps(engine.__dict__))
-        self._set_running(Running(release.name, root, topology=self.layout.topology))
+        self._set_running(Running(release.name, root, topology=self.layout.topology, timeouts=self.layout.timeouts))
         self._write_files(release)
         nvidia_ld_conf(self.layout).write_text(f"{NVML_IN_IMAGE.parent}\n")
         self.compose_path.write_text(to_yaml(compose_file(self.layout, images, project=self.project,
@@ -368,7 +369,7 @@ class ComposeTestbed(Testbed):
         self._start_database()
         self._start_controller()
         version = self.run_on(CONTROLLER, ["sinfo", "--version"], timeout=15).stdout.strip()
-        self._set_running(Running(release.name, root, version, self.layout.topology))
+        self._set_running(Running(release.name, root, version, self.layout.topology, self.layout.timeouts))
         for node in self.layout.nodes:
             self._start_slurmd(node)
             self.start_healthd(node)

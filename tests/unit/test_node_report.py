@@ -15,7 +15,7 @@ from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, LastResume
 from clusterctl.records.node_report import (
     MAGIC, MAX_DATAGRAM, MAX_GPU_NAME, MAX_RANKS, MAX_REPORTED_COPIES, NodeHealth, NodeMetrics, NodeReport, RankBeat,
-    ReportRefused, decode, encode, parse_key,
+    ReportRefused, SilentPeer, decode, encode, parse_key,
 )
 from clusterctl.records.rank_progress import PHASES, RankProgress
 from clusterctl.records.versioned import RecordError
@@ -40,7 +40,9 @@ def reports(draw: st.DrawFn) -> NodeReport:
                            st.just(0), st.integers(1, 100), seconds, seconds), max_size=MAX_REPORTED_COPIES),
         seconds))
     return NodeReport(draw(st.from_regex(r"[0-9]{1,8}", fullmatch=True)), "restart-1", node, draw(counts),
-                      draw(seconds), ranks, health, held, draw(st.none() | node_metrics()))
+                      draw(seconds), ranks, health, held, draw(st.none() | node_metrics()),
+                      tuple(draw(st.lists(st.builds(SilentPeer, st.from_regex(r"[a-z][a-z0-9-]{0,15}", fullmatch=True),
+                                                    seconds), max_size=2))))
 
 
 MEASURED = st.none() | st.floats(allow_nan=False) | st.just(math.nan)
@@ -272,3 +274,23 @@ def test_metrics_with_any_field_wrong_or_missing_are_refused_naming_the_field(ke
     assert not missing and (key in ("loss", "grad_norm", "at", "step_at", "tokens", "flops", "gpu")
                             or type(value) is int and value >= 0)
     assert NodeMetrics.from_json(told.to_json(), "again") == told
+
+
+# ---- version 4: the node's neighbours it no longer hears (launcher/pure/peer_watch.py) ----------------------
+
+def test_a_report_of_version_3_is_read_with_no_silent_neighbours() -> None:
+    report = replace(sample(), silent_peers=())
+    body = report.to_json()
+    del body["silent_peers"]
+    assert NodeReport.from_json({**body, "version": 3}, "report") == report
+
+
+@pytest.mark.parametrize(("peers", "said"), [
+    ([{"node": "a", "silent_s": 3.0}] * 3, "3 silent peers: a node watches at most 2"),
+    ([{"node": "-rf", "silent_s": 3.0}], "silent peer `node`"),
+    ([{"node": "a"}], "each silent peer is exactly"),
+    ([{"node": "a", "silent_s": -1.0}], "silent_s"),
+])
+def test_silent_neighbours_not_exactly_understood_refuse_the_report(peers: list[object], said: str) -> None:
+    with pytest.raises(RecordError, match=said):
+        NodeReport.from_json({**sample().to_json(), "silent_peers": peers}, "report")

@@ -140,3 +140,14 @@ def test_a_self_contained_python_is_lent_to_root_filesystems_but_the_systems_own
     assert lendable_python_prefix("/usr") is None  # binding it would replace the root filesystem's /usr
     assert lendable_python_prefix("/usr/local") is None
     assert lendable_python_prefix("/") is None
+
+
+def test_the_production_profile_renders_slurms_default_timeouts_and_the_fast_one_the_suites():
+    production = slurm_config.slurm_conf(Layout(root=Path("/tmp/ctb"), timeouts="production"), HOOKS).splitlines()
+    assert {"SlurmdTimeout=300", "MessageTimeout=10", "KillWait=30"} <= set(production)
+    assert {"SlurmdTimeout=5", "MessageTimeout=2", "KillWait=5"} <= set(RENDERED["slurm.conf"].splitlines())
+
+
+def test_an_unknown_timeouts_profile_names_the_choices():
+    with pytest.raises(ValueError, match="unknown timeouts profile 'prod'; one of: fast, production"):
+        slurm_config.slurm_conf(Layout(root=Path("/tmp/ctb"), timeouts="prod"), HOOKS)
