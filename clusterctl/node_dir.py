@@ -42,6 +42,12 @@ def node_tmp_base(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("TMPDIR") or "/tmp")
 
 
+def node_dir_path(job_id: str, launch: str, node: str, environ: Mapping[str, str], *, uid: int | None = None) -> Path:
+    """Where `node_dir` makes (or made) the node-local directory of step `launch` of job `job_id` on `node`;
+    nothing is made or checked (a reader, such as the stacks command, then finds it there or not)."""
+    return node_tmp_base(environ) / f"clusterctl-{os.getuid() if uid is None else uid}" / job_id / launch / node
+
+
 def node_dir(job_id: str, launch: str, node: str, environ: Mapping[str, str], *, uid: int | None = None) -> Path:
     """Make (or reuse) the node-local directory of step `launch` of job `job_id` on `node`; its path.
 
@@ -86,7 +92,7 @@ def node_dir(job_id: str, launch: str, node: str, environ: Mapping[str, str], *,
         raise ClusterctlError(f"{base / mine}: {problem}; refusing to keep this job's node-local files there "
                               f"(planted by another user?): remove it, or set {NODE_TMP_ENV} to another "
                               "node-local directory")
-    path = base / mine / job_id / launch / node
+    path = node_dir_path(job_id, launch, node, environ, uid=uid)
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
     except OSError as exc:

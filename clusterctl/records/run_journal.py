@@ -335,6 +335,10 @@ class RecoveredInAllocation:
     """The node of the agent that acted ('' in journals written before agents had standbys)."""
     took_over_from: str = ""
     """When this restart followed a takeover: the node of the agent it took over from (its batch host)."""
+    stacks: tuple[str, ...] = ()
+    """When the step hung: where its ranks' Python stacks were, in a few lines (which call the ranks wait
+    in, which never arrived; clusterctl.launcher.pure.hang_stacks), read before the step was ended; the
+    records are in the hung step's `stacks/` folder.  Absent from journals written before it was kept."""
 
     def fields(self) -> dict[str, Any]:
         """The event's own fields, as stored after the header, `event` and `at`."""
@@ -342,7 +346,8 @@ class RecoveredInAllocation:
                 "nodes": list(self.nodes), "given_back": list(self.given_back),
                 "checkpoint_step": self.checkpoint_step, "checkpoint": self.checkpoint,
                 "phases": {name: seconds for name, seconds in self.phases}, "reason": self.reason,
-                "agent": self.agent, "took_over_from": self.took_over_from}
+                "agent": self.agent, "took_over_from": self.took_over_from,
+                **({"stacks": list(self.stacks)} if self.stacks else {})}
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> RecoveredInAllocation:
@@ -361,7 +366,8 @@ class RecoveredInAllocation:
                    phases=tuple((k, float(v)) for k, v in phases.items()),
                    reason=field(data, "reason", str, where) if "reason" in data else "",
                    agent=_node(data, "agent", where) if data.get("agent") else "",
-                   took_over_from=_node(data, "took_over_from", where) if data.get("took_over_from") else "")
+                   took_over_from=_node(data, "took_over_from", where) if data.get("took_over_from") else "",
+                   stacks=_strings(data, "stacks", where) if "stacks" in data else ())
 
 
 RESUME_TIERS = ("local", "buddy", "shared")

@@ -1,4 +1,4 @@
-"""`python -m clusterctl.launcher.job {plan,rank,node,agent,standby,reporter}`: what a generated sbatch script
+"""`python -m clusterctl.launcher.job {plan,rank,node,agent,standby,reporter,stacks}`: what a generated sbatch script
 runs inside the job (sbatch_templates/*.sbatch name this module; tests/unit/test_architecture.py
 checks that every module named in a template or an argv exists and runs inside the job).
 
@@ -42,6 +42,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                    "healthd's verdict to the agent (started by the rank wrapper)")
     p_reporter.add_argument("--watch-pid", required=True, type=int,
                             help="end 2 s after this process (the task that started the reporter) is gone")
+    p_stacks = sub.add_parser("stacks", help="on a node of a hung step: each of its ranks' Python stack (py-spy) "
+                                             "into <job-dir>/stacks/<node>.json (run by the agent)")
+    p_stacks.add_argument("--job-dir", required=True, type=Path)
+    p_stacks.add_argument("--launch", required=True, help="the hung step's launch number")
     for name in ("rank", "node"):
         p = sub.add_parser(name)
         p.add_argument("--job-dir", required=True, type=Path)
@@ -66,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.what == "reporter":
             from clusterctl.launcher.job import reporter
             return reporter.main(args.watch_pid, os.environ)
+        if args.what == "stacks":
+            from clusterctl.launcher.job.rank_stacks import stacks_main
+            return stacks_main(args.job_dir, args.launch, os.environ)
         command = args.command[1:] if args.command[:1] == ["--"] else args.command
         if not command:
             parser.error("no command after --")

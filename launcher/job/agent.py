@@ -37,6 +37,7 @@ from clusterctl.launcher.job.agent_doors import AgentDoors
 from clusterctl.launcher.job.agent_outputs import AgentOutputs, MetricsExport
 from clusterctl.launcher.job.checkpoint_plan import TierPlanner
 from clusterctl.launcher.job.leadership import Leadership, StoodDown
+from clusterctl.launcher.job.rank_stacks import keep_hang_stacks
 from clusterctl.launcher.job.step_launch import Launched, StepLauncher, open_report_inbox
 from clusterctl.launcher.job.step_watch import StepWatch
 from clusterctl.launcher.pure.checkpoint import Checkpoint
@@ -207,12 +208,18 @@ class Agent:
         hang_restarts = 0
         in_use = tuple(in_use)
         while True:
+            stacks: tuple[str, ...] = ()
             watched = self.watch.watch(launched, len(in_use) - self._needed(in_use))
             code, suspects, seen = watched.exit_code, watched.suspects, watched.seen
             if code is None:
                 why = "; ".join(watched.hang.evidence) if watched.hang else \
                     "; ".join(f"{b.node}: {b.reason}" for b in suspects) if suspects else "?"
                 self.doors.say(f"ending the step now: {why}")
+                if watched.hang is not None:  # keep why before the ranks are gone (bounded: rank_stacks.py)
+                    stacks = keep_hang_stacks(self.doors.dump_stacks, launched.job_dir, launched.launch,
+                                              launched.slots, watched.hang, self.environ)
+                    for line in stacks:
+                        self.doors.say(f"stacks: {line}")
                 code = launched.step.stop(STOP_GRACE_SECONDS if watched.hang else NODE_FAILED_STOP_SECONDS)
             elif code != 0:
                 suspects = self.watch.evidence_after(launched.slots)
@@ -253,7 +260,7 @@ class Agent:
             if decision.act == Act.RESTART_IN_PLACE and watched.hang is not None:
                 hang_restarts += 1
             restart += 1
-            launched = self._restart(decision, restart, checkpoint, resume_from, seen, ended)
+            launched = self._restart(decision, restart, checkpoint, resume_from, seen, ended, stacks)
             resume_from = checkpoint.path if checkpoint else resume_from
             budget = decision.budget
             in_use = decision.nodes
@@ -274,7 +281,7 @@ class Agent:
             return counted
 
     def _restart(self, decision: Recovery, restart: int, checkpoint: Checkpoint | None, resume_from: str | None,
-                 seen: float, ended: float) -> Launched:
+                 seen: float, ended: float, stacks: tuple[str, ...] = ()) -> Launched:
         """Act on a restart inside the allocation: give the blamed nodes back, start step `restart` on
         `decision.nodes` from `checkpoint`, and journal it (one restart of the run's budget)."""
         self.lease.check_in_charge()
@@ -307,7 +314,7 @@ class Agent:
                 phases=(("end_step", round(ended - seen, 3)), ("give_back", round(shrunk - ended, 3)),
                         ("plan_and_launch", round(done - shrunk, 3))),
                 reason=decision.message if not decision.blame else "", agent=self.batch_host,
-                took_over_from=self.lease.took_over_from))
+                took_over_from=self.lease.took_over_from, stacks=stacks))
             self.lease.took_over_from = ""
             if self.tiers is not None:  # the step has started (or could not): off the recovery's critical path
                 self.tiers.record_pending()

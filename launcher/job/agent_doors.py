@@ -19,6 +19,7 @@ from pathlib import Path
 from clusterctl.job_metrics_file import AdminSetting, read_admin_setting
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.job.node_probe import DEFAULT_SLURMD_PORT, probe_once
+from clusterctl.launcher.job.rank_stacks import StacksDoor, srun_stacks
 from clusterctl.launcher.job.report_channel import ReportInbox
 from clusterctl.launcher.job.signal_watch import Inbox
 from clusterctl.launcher.shared.straggler_actions import StragglerDrain, srun_gpu_evidence
@@ -94,6 +95,8 @@ class AgentDoors:
                                                                        file=sys.stderr, flush=True))
     gpu_evidence: Callable[[str, Mapping[str, str]], GpuEvidence | str] | None = None
     """What a node's GPUs say now (healthd evidence, run there), or why that could not be read."""
+    dump_stacks: StacksDoor | None = None
+    """Runs the stacks command on a hung step's nodes before it is ended (None: its stacks are not kept)."""
     drain: StragglerDrain | None = None
     """The drain door for straggler verdicts (None: never drain; SlurmCommandError when Slurm refuses)."""
     node_table: Callable[[], Mapping[str, NodeState]] | None = None
@@ -158,7 +161,7 @@ def default_doors(python: str = sys.executable) -> AgentDoors:
         return int(text)
 
     return AgentDoors(slurm, lambda name: SlurmNode(name, slurm.runner, slurm.timeout).state(), Step,
-                      gpu_evidence=srun_gpu_evidence(python),
+                      gpu_evidence=srun_gpu_evidence(python), dump_stacks=srun_stacks(python),
                       drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain, node_table=node_table,
                       start_standby=Step, cancel_other_steps=cancel_other_steps, admin_metrics=read_admin_setting,
                       on_terminate=cleanup_on_sigterm, probe=probe_once, slurmd_port=slurmd_port)

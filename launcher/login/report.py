@@ -162,7 +162,8 @@ def recovery_report_json(recovered: RecoveredInAllocation) -> dict[str, Any]:
     return {"job_id": recovered.job_id, "restart": recovered.restart, "blame": [b.to_json() for b in recovered.blame],
             "given_back": list(recovered.given_back), "nodes": list(recovered.nodes),
             "checkpoint_step": recovered.checkpoint_step, "phases": dict(recovered.phases),
-            "reason": recovered.reason, "agent": recovered.agent, "took_over_from": recovered.took_over_from}
+            "reason": recovered.reason, "agent": recovered.agent, "took_over_from": recovered.took_over_from,
+            "stacks": list(recovered.stacks)}
 
 
 @dataclass(frozen=True)
@@ -297,6 +298,9 @@ def report_renderables(report: RunReport) -> Group:
             given = "given back to Slurm" if b.node in r.given_back else "kept in the job"
             parts.append(plain(f"    blamed {b.node} ({given}): {b.reason}"))
             parts += [plain(f"        {line}", "dim") for line in b.evidence]
+        if r.stacks:
+            parts.append(plain("    where the hung ranks were (their Python stacks, read before the step was ended):"))
+            parts += [plain(f"        {line}", "dim") for line in r.stacks]
     for resumed in report.resumes:
         parts.append(plain(f"{resume_where(resumed)}: resumed {resumed_text(resumed)}"))
     for s in report.stragglers:

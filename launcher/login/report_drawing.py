@@ -286,7 +286,7 @@ def _marks(report: RunReport) -> list[_Mark]:
         why = "" if r.blame or not r.reason else f" ({r.reason})"
         marks.append(_Mark(r.at, "restart", f"restart {r.restart} in place",
                            f"job {r.job_id}: restart {r.restart} inside the allocation in {duration_text(took)}, "
-                           f"from {step} on {' '.join(r.nodes)}{why}"))
+                           f"from {step} on {' '.join(r.nodes)}{why}", r.stacks))
     for s in report.stragglers:
         marks.append(_Mark(s.at, "straggler", f"{s.node} slow {s.ratio:.2f}x",
                            f"job {s.job_id}: straggler {s.node} ({s.action}): {s.ratio:.2f}x the job's compute time "

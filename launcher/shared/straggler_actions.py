@@ -34,6 +34,7 @@ from clusterctl.records.run_journal import StragglerFound, append_run_event
 from clusterctl.records.versioned import RecordError, parse_json_record
 from clusterctl.slurm.drains import DrainApplied
 from clusterctl.slurm.names import node_name_problem
+from clusterctl.text import one_line
 
 STRAGGLER_REASON = "straggler: its ranks computed persistently slower than the job's"
 """The `reason` of a Blame for a node evicted for slowness."""
@@ -45,6 +46,21 @@ GpuEvidenceReader = Callable[[str, Mapping[str, str]], "GpuEvidence | str"]
 StragglerDrain = Callable[[str, DrainReason], DrainApplied]
 """The drain door for a straggler verdict (`clusterctl.slurm.drains.SlurmDrains().drain`): drain a node with a
 straggler reason if the door's rules allow; raises SlurmCommandError when Slurm refuses (e.g. not an operator)."""
+
+
+def run_one_off_step(argv: list[str], env: Mapping[str, str], timeout: float, what: str) -> bytes | str:
+    """Run a one-off srun step of the job and wait at most `timeout` s (then it is killed): its stdout,
+    or why it gave none (`what` names it: "healthd evidence on node2"); never raises."""
+    try:
+        done = subprocess.run(argv, env=dict(env), capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return f"{what} did not answer within {timeout:g} s"
+    except OSError as exc:
+        return f"cannot run srun: {exc.strerror}"
+    if done.returncode != 0:
+        said = done.stderr.decode(errors="replace").strip().splitlines()
+        return f"{what} failed (exit {done.returncode}): {one_line(said[-1][:200]) if said else 'no message'}"
+    return done.stdout
 
 
 def srun_gpu_evidence(python: str) -> GpuEvidenceReader:
@@ -64,18 +80,11 @@ def srun_gpu_evidence(python: str) -> GpuEvidenceReader:
         # without GPUs, on 22.05 and 26.05; not relied on).
         step_env = {k: v for k, v in env.items() if k not in ("SLURM_HOSTFILE", "SLURM_DISTRIBUTION",
                                                               "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")}
+        done = run_one_off_step(argv, step_env, GPU_EVIDENCE_TIMEOUT, f"healthd evidence on {node}")
+        if isinstance(done, str):
+            return done
         try:
-            done = subprocess.run(argv, env=step_env, capture_output=True, timeout=GPU_EVIDENCE_TIMEOUT,
-                                  stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            return f"healthd evidence on {node} did not answer within {GPU_EVIDENCE_TIMEOUT:g} s"
-        except OSError as exc:
-            return f"cannot run srun: {exc.strerror}"
-        if done.returncode != 0:
-            said = done.stderr.decode(errors="replace").strip().splitlines()
-            return f"healthd evidence on {node} failed (exit {done.returncode}): {said[-1] if said else 'no message'}"
-        try:
-            return GpuEvidence.from_json(parse_json_record(done.stdout, f"healthd evidence on {node}"),
+            return GpuEvidence.from_json(parse_json_record(done, f"healthd evidence on {node}"),
                                          f"healthd evidence on {node}")
         except RecordError as exc:
             return str(exc)

@@ -919,3 +919,24 @@ def test_a_map_kept_for_the_holders_still_records_the_whole_allocation_and_its_b
     assert kept.slots == ("node2", "node3")
     # The supervisor finds the batch host as the allocation's first node: the map must not hide node1.
     assert kept.nodelist == "node[1-3]" and kept.unused_nodes == ("node1",)
+
+
+def test_a_hung_steps_stacks_are_read_on_its_nodes_before_it_is_ended_and_journaled_with_the_restart(tmp_path):
+    from clusterctl.records.node_stacks import Frame, NodeStacks, RankStack, write_node_stacks
+    shell, cluster = hang_agent(tmp_path, {"node1": 50, "node2": 90})
+    asked = []
+
+    def dump_stacks(nodes, job_dir, launch, env):  # what the stacks step writes on each node
+        asked.append((tuple(nodes), len(cluster.steps)))
+        for node in nodes:
+            frame = Frame("wait", "/home/u/train.py", 9 if node == "node1" else 42)
+            rank = 0 if node == "node1" else 8
+            write_node_stacks(job_dir, NodeStacks(node, "42", launch, 1.0, (RankStack(rank, 5, "dumped", (frame,), 1),)))
+        return ""
+    shell.doors.dump_stacks = dump_stacks
+    assert shell.run(None) == 0
+    assert asked == [(("node1", "node2"), 1)]  # the stuck node first, then the step's others; once, before the restart
+    event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                 if isinstance(e, RecoveredInAllocation))
+    assert event.stacks[:3] == ("rank 8 on node2 in wait (train.py:42)", "rank 0 on node1 in wait (train.py:9)",
+                                "the hang watch saw ranks 0-7 stop first")
