@@ -189,7 +189,7 @@ def test_an_epilog_record_its_group_may_write_is_no_evidence(tmp_path):
 def test_every_place_asks_the_one_rule():
     """Each of the five places calls check_owned (no private copy of the rule is left behind)."""
     for path in ("clusterctl/files.py", "launcher/login/shared_reads.py", "launcher/shared/runs.py",
-                 "launcher/login/supervisor.py", "healthd/breaker_ledger.py"):
+                 "launcher/login/attempt_evidence.py", "healthd/breaker_ledger.py"):
         text = (REPO / path).read_text()
         assert "check_owned(" in text, path
         assert "S_IWGRP" not in text or path == "clusterctl/files.py", path
