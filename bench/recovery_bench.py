@@ -25,6 +25,11 @@ resubmit.  Busy: the fourth node runs another job and one more job waits for any
 step), give back (shrink), plan + launch, resume, step.  With `--faults kill-batch-host` (the
 default runs both) the node running the agent and rank 0 is powered off instead: its standby agent
 on the spare takes the job over once Slurm declares the node gone (SlurmdTimeout=5 on the testbed).
+`--faults cut-link` cuts the link of a node of the step that is not the batch host, `kill-node` powers
+it off (in-allocation only: a node the job's own witnesses find gone, launcher/pure/reachability.py).
+`--timeouts fast,production` runs every case on the fast testbed and again under Slurm's default
+timeouts (300/10/30 s: what a real cluster runs), each in its own file
+(recovery_compare.<profile>.json).
 Writes bench/results/recovery_compare.json.
 
     sudo .venv/bin/python bench/recovery_bench.py --compare --checkpoint shared,tiers --state-mb 1024 \
@@ -51,6 +56,7 @@ removed after it.  A line per case compares the two (median fault → stepping, 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import math
 import re
@@ -75,9 +81,13 @@ from clusterctl.slurm import hostlist  # noqa: E402
 from clusterctl_testbed.cluster import Testbed  # noqa: E402
 from clusterctl_testbed.gpu_faults import Fault, inject  # noqa: E402
 from clusterctl_testbed.layout import Layout  # noqa: E402
+from clusterctl_testbed.slurm_config import TIMEOUTS  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT = Layout(root=Path("/tmp/ctb-recovery"), namespace_prefix="ctbr-")
+FAULTS = ("xid", "kill-batch-host", "cut-link", "kill-node")
+SLURM_NOTICES = 0.0
+"""Extra seconds a recovery may wait for Slurm to declare a node DOWN (420 under the production timeouts)."""
 STAGES = ("detect", "job end", "submit", "start", "resume", "step")
 SPEC = """\
 [job]
@@ -322,12 +332,18 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
             node = hostlist.expand(rank_map.nodelist)[0]
             injected = time.time()
             tb.kill_node(node)
+        elif fault in ("cut-link", "kill-node"):  # a node of the step that is not the batch host
+            batch_host = hostlist.expand(rank_map.nodelist)[0]
+            node = next(n for n in rank_map.slots if n != batch_host)
+            injected = time.time()
+            (tb.cut_link if fault == "cut-link" else tb.kill_node)(node)
         else:
             node = rank_map.slots[1]
             injected = time.time()
             inject(tb.nvml_dir(node), Fault("xid", gpu=number % 8, value=79))
         if recover == "in-allocation":
-            event = _wait(lambda: _events(run).get("recovered-in-allocation", [None])[-1], 120, "the restart")
+            event = _wait(lambda: _events(run).get("recovered-in-allocation", [None])[-1], 120 + SLURM_NOTICES,
+                          "the restart")
             job_dir = run / "jobs" / job / "restart-1"
             log = run / "logs" / f"{job}.out"
             before = len(log.read_text(errors="replace")) if log.exists() else 0
@@ -359,8 +375,10 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
         for root in _tier_roots(run):
             shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(run / "checkpoints", ignore_errors=True)
-        if "node" in locals() and fault == "kill-batch-host":
+        if "node" in locals() and fault in ("kill-batch-host", "kill-node"):
             tb.boot_node(node)
+        elif "node" in locals() and fault == "cut-link":
+            tb.heal_link(node)
         elif "node" in locals():
             inject(tb.nvml_dir(node), Fault("clear"))
         # The next trial must find every node in service, and healthd must have seen the healed GPU:
@@ -377,6 +395,9 @@ def compare_cases(faults: Sequence[str], queues: Sequence[str], checkpoints: Seq
     cases += [(f"batch host killed, {how}, {label}", recover, busy, "kill-batch-host")
               for label, busy in (("busy queue", True), ("idle queue", False))
               for how, recover in (("in-allocation", "in-allocation"), ("resubmission", "resubmit"))]
+    cases += [(f"{what}, in-allocation, {label}", "in-allocation", busy, fault)
+              for fault, what in (("cut-link", "a node's link cut"), ("kill-node", "a node powered off"))
+              for label, busy in (("busy queue", True), ("idle queue", False))]
     chosen = []
     for label, recover, busy, fault in cases:
         if fault not in faults or ("busy" if busy else "idle") not in queues:
@@ -453,6 +474,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line; a usage error (exit 2) naming the option for anything wrong."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--timeouts", default="fast",
+                        help="the testbed's Slurm timeouts, comma-separated: fast (5/2/5 s) and/or production "
+                             "(Slurm's defaults 300/10/30 s); each profile runs every case on a testbed of its own")
     parser.add_argument("--compare", action="store_true", help="in-allocation against resubmission, idle and busy")
     parser.add_argument("--busy-seconds", type=int, default=45, help="how long the busy queue's jobs run")
     parser.add_argument("--faults", default="xid,kill-batch-host",
@@ -473,7 +497,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=None,
                         help="with --compare: the results file (default bench/results/recovery_compare.json)")
     args = parser.parse_args(argv)
-    args.faults = _choices(args.faults, ("xid", "kill-batch-host"), "--faults", parser)
+    args.faults = _choices(args.faults, FAULTS, "--faults", parser)
+    args.timeouts = _choices(args.timeouts, tuple(TIMEOUTS), "--timeouts", parser)
     args.queues = _choices(args.queues, QUEUES, "--queues", parser)
     args.checkpoint = _choices(args.checkpoint, CHECKPOINTS, "--checkpoint", parser)
     if args.trials < 1 or args.state_mb < 0 or args.shared_mb_per_s < 0 or args.flush_every_steps < 0:
@@ -486,12 +511,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     tb = Testbed(LAYOUT)
     if args.compare:
-        tb.up(timeout=90, slurm="host")
-        try:
-            compare(tb, args.trials, args.busy_seconds, args.faults, args.queues, args.checkpoint, args.state_mb,
-                    args.shared_mb_per_s, args.flush_every_steps, args.out)
-        finally:
+        global SLURM_NOTICES
+        for profile in args.timeouts:
+            tb = Testbed(replace(LAYOUT, timeouts=profile))
+            SLURM_NOTICES = 0.0 if profile == "fast" else 420.0
             tb.down(quiet=True)
+            tb.up(timeout=90, slurm="host")
+            out = args.out if len(args.timeouts) == 1 else (args.out or REPO / "bench" / "results" /
+                                                             "recovery_compare.json").with_suffix(f".{profile}.json")
+            try:
+                compare(tb, args.trials, args.busy_seconds, args.faults, args.queues, args.checkpoint, args.state_mb,
+                        args.shared_mb_per_s, args.flush_every_steps, out)
+            finally:
+                tb.down(quiet=True)
         return
     tb.up(timeout=90, slurm="host")  # the bench runs clusterctl with this Python on the hosts
     work = Path("/tmp/clusterctl-recovery-bench")

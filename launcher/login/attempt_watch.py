@@ -13,7 +13,7 @@ from __future__ import annotations
 from clusterctl.errors import HostlistError, SlurmCommandError
 from clusterctl.launcher.login.shared_reads import SharedReads
 from clusterctl.launcher.login.supervisor_doors import Hooks
-from clusterctl.launcher.pure.classify import Blame, hardware_suspects, not_responding
+from clusterctl.launcher.pure.classify import NOT_RESPONDING_REASON, Blame, hardware_suspects, not_responding
 from clusterctl.launcher.pure.restart_policy import AttemptState
 from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.launcher.shared.runs import RunDir
@@ -120,8 +120,26 @@ class AttemptWatch:
         suspects = hardware_suspects(job_nodes(report), nodes, silent_for,
                                      self.spec.restart.unresponsive_seconds)
         if self.spec.recovers_in_allocation:
-            suspects = self._left_to_the_agent(suspects, now) + self._agent_gone(attempt, report, nodes)
+            suspects = self._left_to_the_agent(self._left_to_the_standby(attempt, suspects), now) \
+                + self._agent_gone(attempt, report, nodes)
         return suspects, len(nodes)
+
+    def _left_to_the_standby(self, attempt: AttemptState, suspects: list[Blame]) -> list[Blame]:
+        """A batch host that is only not responding is left alone while the job has a standby agent: the
+        standby takes the job over once Slurm takes that node out of the job (launcher/pure/takeover.py),
+        inside the allocation; ending the attempt here instead (the two disagreeing) would send the job
+        back to the queue, and Slurm would end it only after SlurmdTimeout all the same (measured under
+        Slurm's default timeouts: resubmitted, the run finished at +459 s; shared/notes/production-timeouts.md)."""
+        assert attempt.job_id is not None
+        job_dir = self.run.path / "jobs" / attempt.job_id
+        try:
+            batch_host = hostlist.expand(read_rank_map(job_dir).nodelist)[0]
+            lease, standby = current_lease(job_dir), read_standby(job_dir)
+        except (OSError, RecordError, HostlistError, IndexError):
+            return suspects
+        if standby is None or (lease is not None and lease.node != batch_host):
+            return suspects
+        return [b for b in suspects if b.node != batch_host or not b.reason.startswith(NOT_RESPONDING_REASON)]
 
     def _agent_watching(self, attempt: AttemptState) -> bool:
         """The job's in-allocation agent wrote its summary for this job recently (its reports and its

@@ -120,7 +120,7 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
             found.append(Blame(name, f"node {state.state} ({state.reason or 'no reason'})",
                                (f"Slurm: {name} is {state.state} {list(state.flags)} reason {state.reason!r}",)))
         elif not_responding(state) and unresponsive_for.get(name, 0.0) >= grace:
-            silent.append(Blame(name, f"not responding for {unresponsive_for[name]:.0f} s",
+            silent.append(Blame(name, f"{NOT_RESPONDING_REASON} {unresponsive_for[name]:.0f} s",
                                 (f"Slurm: {name} is {state.state} {list(state.flags)} for "
                                  f"{unresponsive_for[name]:.0f} s",)))
     if silent and not _too_many_to_believe([b.node for b in silent], job_nodes):
@@ -128,6 +128,8 @@ def hardware_suspects(job_nodes: Sequence[str], nodes: Mapping[str, NodeState],
     return found
 
 
+NOT_RESPONDING_REASON = "not responding for"
+"""How the `reason` of a Blame for a node Slurm says is not responding begins (then: for how long)."""
 OPERATOR_DRAIN_REASON = "drained by an operator"
 """The `reason` of a Blame for a node an admin (or another tool) drained while the job ran on it."""
 

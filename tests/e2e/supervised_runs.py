@@ -11,6 +11,9 @@ from clusterctl.records.run_journal import read_run_journal
 from tests.conftest import REPO, TEST_LAYOUT
 
 RECORDS = str(TEST_LAYOUT.root / "job-health")
+SLURM_NOTICES = 0.0 if TEST_LAYOUT.timeouts == "fast" else 420.0
+"""Extra seconds a run may take when it waits for Slurm to declare a dead node DOWN: under the production
+timeouts (SlurmdTimeout=300, a ping every 100 s) up to ~400 s; on the fast testbed ~10 s (in the usual timeouts)."""
 
 
 def journal_events(run_dir: Path, kind: str) -> list:
@@ -45,7 +48,7 @@ def supervised(cluster, tmp_path: Path, spec: Path) -> tuple[subprocess.Popen, P
 def finished(cluster, proc: subprocess.Popen, timeout: float = 180) -> str:
     """The supervisor's output once it ended the run successfully (the queue shown if it never ends)."""
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, _ = proc.communicate(timeout=timeout + SLURM_NOTICES)
     except subprocess.TimeoutExpired:
         queue = squeue(cluster, "-o", "%i %j %T %N %R") + "\n" + cluster.run_on("ctl", ["sinfo", "-N", "-h"]).stdout
         proc.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -940,3 +941,69 @@ def test_a_hung_steps_stacks_are_read_on_its_nodes_before_it_is_ended_and_journa
                  if isinstance(e, RecoveredInAllocation))
     assert event.stacks[:3] == ("rank 8 on node2 in wait (train.py:42)", "rank 0 on node1 in wait (train.py:9)",
                                 "the hang watch saw ranks 0-7 stop first")
+
+
+class CutCluster(ReportingCluster):
+    """node2 goes silent at the 50th tick of the first step (its link cut: Slurm still says allocated);
+    from then on node1's reporter names it among its silent neighbours."""
+
+    def send(self, step, node, ranks, process="running", stopped_since=0.0):
+        from dataclasses import replace as changed
+
+        from clusterctl.records.node_report import SilentPeer
+        cut = self.launches == 1 and self.polls >= 50
+        if cut and node == "node2":
+            return
+        super().send(step, node, ranks, process, stopped_since)
+        if cut and node == "node1":
+            silent_s = max(0.0, (self.polls - 50) * 0.2)
+            if silent_s >= 3.0:
+                report = self.inbox.pending[-1]
+                self.inbox.pending[-1] = changed(report, silent_peers=(SilentPeer("node2", silent_s),))
+
+
+def cut_agent(tmp_path, answers: bool):
+    clock = [0.0]
+    cluster = CutCluster(clock, {})
+    shell = agent(tmp_path, cluster)
+    shell.doors.open_inbox = lambda key: cluster.inbox
+    probed = []
+
+    def probe(node, port):
+        probed.append((node, port))
+        return (True, "port 6818 refused: the node is up") if answers else (False, "no answer within 1 s")
+    shell.doors.probe, shell.doors.slurmd_port = probe, lambda: 6818
+
+    def sleep(seconds):
+        clock[0] += seconds
+        time.sleep(0.001)  # the probe's thread gets its turn
+    shell.doors.sleep, shell.doors.monotonic = sleep, lambda: clock[0]
+    shell.doors.now = lambda: 1795305600.0 + clock[0]
+    return shell, cluster, probed
+
+
+def test_a_node_its_neighbour_and_the_agent_both_lose_is_given_back_without_waiting_for_slurm(tmp_path):
+    shell, cluster, probed = cut_agent(tmp_path, answers=False)
+    assert shell.run(None) == 0
+    assert cluster.shrinks == [("42", ("node1", "node3"))] and cluster.steps[0].stopped
+    event = next(e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                 if isinstance(e, RecoveredInAllocation))
+    assert [b.node for b in event.blame] == ["node2"] and event.blame[0].reason.startswith("unreachable")
+    assert "its neighbour node1 has not heard its beats" in event.blame[0].evidence[0]
+    assert "probes of it went unanswered" in event.blame[0].evidence[1]
+    assert {node for node, _ in probed} == {"node2"} and {port for _, port in probed} == {6818}
+
+
+def test_a_node_the_agent_still_reaches_is_not_blamed_for_its_silent_reporter(tmp_path):
+    shell, cluster, probed = cut_agent(tmp_path, answers=True)
+    tick = cluster.tick
+
+    def ending_tick(step):  # the first step runs on 120 ticks after the cut, then completes
+        tick(step)
+        if cluster.launches == 1 and cluster.polls >= 170 and not step.stopped:
+            step.code = 0
+    cluster.tick = ending_tick
+    assert shell.run(None) == 0
+    assert cluster.shrinks == [] and len(cluster.steps) == 1 and probed
+    assert not [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+                if isinstance(e, RecoveredInAllocation)]

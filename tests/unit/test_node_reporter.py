@@ -32,6 +32,7 @@ from clusterctl.progress import beat
 from clusterctl.records.actions import Action
 from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding, state_path, write_healthd_state
 from clusterctl.records.node_report import NodeHealth, NodeReport, decode, encode
+from clusterctl.records.peer_beat import PeerBeat
 from clusterctl.records.rank_progress import PHASES, RankProgress, read_progress, write_rank_progress
 
 REPO = Path(__file__).resolve().parents[2]
@@ -573,3 +574,46 @@ def test_the_gpu_model_is_asked_once_aside_and_a_node_without_nvml_names_none():
     named = GpuModel(lambda: "NVIDIA B200")
     named.thread.join(5)
     assert named() == "NVIDIA B200"
+
+
+# ---- the reporter watches its neighbours (launcher/pure/peer_watch.py) ---------------------------------
+
+class FakePeerLink:
+    """node7's line to its neighbours node6 and node8: node6 beats until `silent_at`, node8 throughout."""
+
+    def __init__(self, fake: FakeClock, silent_at: float) -> None:
+        self.fake, self.silent_at, self.peers = fake, silent_at, ("node6", "node8")
+        self.sent: list[tuple[float, PeerBeat]] = []
+
+    def send(self, beat: PeerBeat) -> int:
+        self.sent.append((self.fake.t, beat))
+        return 2
+
+    def received(self) -> list[PeerBeat]:
+        beats = [PeerBeat("4242", "restart-2", "node8", 1)]
+        if self.fake.t < self.silent_at:
+            beats.append(PeerBeat("4242", "restart-2", "node6", 1))
+        return beats + [PeerBeat("4242", "restart-1", "node6", 1)]  # an ended launch's beat counts for nothing
+
+
+def test_a_neighbour_whose_beats_stop_is_named_to_the_agent_at_once_not_at_the_next_heartbeat(tmp_path):
+    write_rank_progress(tmp_path, RankProgress(0, "node7", 41, "step", T0, os.getpid()))
+    inbox = ReportInbox(KEY, "127.0.0.1")
+    fake = FakeClock()
+    sender = ReportSender(KEY, ("127.0.0.1", inbox.port))
+    link = FakePeerLink(fake, silent_at=2.0)
+    doors = ReporterDoors(fake.clock(), read_node_progress, lambda pid: "gone" if fake.t >= 8 else "running",
+                          read_node_health, sender.send, peers=link)  # type: ignore[arg-type]
+    settings = report_settings(settings_env(inbox.port, CLUSTERCTL_REPORT_INTERVAL="60"))
+    try:
+        assert run_reporter(settings, tmp_path, 2**22 + 9, doors) == 0
+        got = drain_until(inbox, lambda got: len(got) >= 3)
+    finally:
+        inbox.close()
+        sender.close()
+    first, named = got[0], got[1]
+    assert first.silent_peers == () and [p.node for p in named.silent_peers] == ["node6"]
+    assert 3.0 <= named.silent_peers[0].silent_s < 3.5  # the report went at once: no heartbeat for 60 s
+    times = [t for t, beat in link.sent if not beat.leaving]
+    assert times[:3] == [0.0, 0.5, 1.0] and all(b.node == "node7" for _, b in link.sent)
+    assert link.sent[-1][1].leaving  # its last beat tells the neighbours to stop watching it

@@ -155,3 +155,22 @@ def test_the_watch_keeps_each_nodes_newest_holdings_and_a_report_without_any_lea
     watch.poll()
     assert watch.holdings() == {"node1": holding("node1", 10, 20), "node2": holding("node2", 10)}
     assert watch.holdings()["node2"] is kept
+
+
+def test_a_node_its_neighbour_no_longer_hears_is_suspected_until_the_neighbour_hears_it_again():
+    from clusterctl.records.node_report import SilentPeer
+    lost = replace(report("node1", 2, T0 + 10), silent_peers=(SilentPeer("node2", 3.0), SilentPeer("node9", 4.0)))
+    signals = watching().observe(everyone(T0 + 10, node1=lost), T0 + 10)
+    judged = signals.judge(T0 + 10.5)
+    assert list(judged.witnessed) == ["node2"]  # node9 is not in the step
+    assert judged.witnessed["node2"] == "its neighbour node1 has not heard its beats for 3.5 s"
+    again = signals.observe([report("node1", 3, T0 + 11)], T0 + 11)
+    assert again.judge(T0 + 11).witnessed == {}
+
+
+def test_a_witness_that_is_itself_silent_suspects_nobody():
+    from clusterctl.records.node_report import SilentPeer
+    lost = replace(report("node1", 2, T0 + 10), silent_peers=(SilentPeer("node2", 3.0),))
+    signals = watching().observe(everyone(T0 + 10, node1=lost), T0 + 10)
+    fresh = signals.observe([report(n, 3, T0 + 20) for n in ("node2", "node3", "node4")], T0 + 20)
+    assert fresh.judge(T0 + 20).witnessed == {}  # node1 silent itself: its word is not taken

@@ -488,9 +488,11 @@ def test_a_straggler_the_jobs_agent_journals_is_said_once_in_the_supervisors_out
     assert len(lines) == 1 and "2.50x" in lines[0] and "GPU 3: thermal" in lines[0] and "excluded" in lines[0]
 
 
-def _batch_host_dies(tmp_path, standby_takes_over: bool) -> tuple[int, list[str], list, ScriptedSlurm]:
-    """A job with a spare on node1-3 whose batch host node1 leaves the job at the fourth poll; with
-    `standby_takes_over` its standby on node3 takes the next epoch and, at the ninth poll, journals
+def _batch_host_dies(tmp_path, standby_takes_over: bool, silent_polls: int = 0
+                     ) -> tuple[int, list[str], list, ScriptedSlurm]:
+    """A job with a spare on node1-3 whose batch host node1 leaves the job at the fourth poll (after
+    `silent_polls` polls of Slurm saying it does not respond, its agent's summary stale); with
+    `standby_takes_over` its standby on node3 takes the next epoch and, five polls later, journals
     that the run completed and cancels the job (as a standby that took over does)."""
     from dataclasses import replace
 
@@ -518,12 +520,16 @@ def _batch_host_dies(tmp_path, standby_takes_over: bool) -> tuple[int, list[str]
             write_rank_map(job_dir, JobRankMap("1", "node[1-3]", RankMap(("node1", "node2"), 8), 20001))
             take_lease(job_dir, AgentLease(1, "node1", 10, clock.now))
             register_standby(job_dir, AgentLease(2, "node3", 11, clock.now, role="standby"))
-        write_agent_summary(job_dir, AgentSummary("1", "0", clock.now, 2.0, "watching", 2, 2))
+        if polls["n"] < 4:
+            write_agent_summary(job_dir, AgentSummary("1", "0", clock.now, 2.0, "watching", 2, 2))
         if polls["n"] == 4:
+            slurm.nodes["node1"].update(flags=["NOT_RESPONDING"])
+        if polls["n"] == 4 + silent_polls:
+            slurm.nodes["node1"].update(state="down")
             slurm.jobs["1"]["nodes"] = "node2,node3"
-        if standby_takes_over and polls["n"] == 5:
+        if standby_takes_over and polls["n"] == 5 + silent_polls:
             take_lease(job_dir, AgentLease(2, "node3", 11, clock.now, why="node1 left the job"))
-        if standby_takes_over and polls["n"] == 9:
+        if standby_takes_over and polls["n"] == 9 + silent_polls:
             append_run_event(run.path / "journal.jsonl", AgentEnded(
                 at=clock.now, job_id="1", agent="node3", epoch=2, exit_code=0, outcome=OutcomeKind.COMPLETED,
                 message="the step completed"))
@@ -533,6 +539,15 @@ def _batch_host_dies(tmp_path, standby_takes_over: bool) -> tuple[int, list[str]
     slurm.on_poll = script
     code = _supervisor(run, slurm, hooks).supervise()
     return code, said, list(run.events()), slurm
+
+
+def test_a_batch_host_slurm_says_is_not_responding_is_left_to_the_standby_not_ended_and_resubmitted(tmp_path):
+    """Under Slurm's default timeouts a dead batch host is only NOT_RESPONDING for minutes before Slurm
+    takes it out of the job: the supervisor waits for the standby's takeover instead of sending the job
+    back to the queue (the two deciding differently resubmitted it, measured on the testbed)."""
+    code, said, events, slurm = _batch_host_dies(tmp_path, standby_takes_over=True, silent_polls=60)
+    assert code == EXIT_DONE, said
+    assert len(slurm.sbatch_calls) == 1 and not [e for e in events if e.event == "ending"], said
 
 
 def test_a_job_whose_standby_took_over_from_its_dead_batch_host_is_left_to_it_and_ends_done(tmp_path):
