@@ -379,6 +379,7 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
             tb.boot_node(node)
         elif "node" in locals() and fault == "cut-link":
             tb.heal_link(node)
+            tb.restart_slurmd(node)  # registers now: under the production timeouts the next ping is ≤ 100 s away
         elif "node" in locals():
             inject(tb.nvml_dir(node), Fault("clear"))
         # The next trial must find every node in service, and healthd must have seen the healed GPU:

@@ -12,7 +12,9 @@
 #        b. the end-to-end suite on the newest release (26.05, Debian sid's root filesystem) but the
 #           stories marked `one_release` (a sibling story covers their Slurm side there);
 #        c. the stories marked `slurm_versions` on 24.11 (Debian trixie's).
-#        d. the main-job story on the docker-compose testbed (26.05; about 1.5 min).
+#        d. the main-job story on the docker-compose testbed (26.05; about 1.5 min);
+#        e. the stories marked `production` on a testbed with Slurm's default timeouts (300/10/30 s:
+#           a real cluster's), 22.05 (scripts/test-production.sh: those and the batch host's).
 #      Stories marked `matrix_only` (kept out for CI's 45 minutes) run in none of these.
 #      A root filesystem missing from /var/cache/clusterctl-testbed is built first (about a minute).
 #      Every release, in full: scripts/test-matrix.sh.
@@ -58,6 +60,9 @@ else
   session host tests/e2e -m "not matrix_only"
   session "$NEWEST" tests/e2e -m "not one_release and not matrix_only"
   session 24.11 tests/e2e -m "slurm_versions and not matrix_only"
+  # e. the node-death story again under Slurm's default timeouts (its own testbed; about 2 min);
+  #    the batch host's, which waits for Slurm's 300 s verdict, in scripts/test-production.sh.
+  CLUSTERCTL_TEST_TIMEOUTS=production session host tests/e2e -m production
   # d. the main-job story through the docker-compose testbed, on the newest release.
   CLUSTERCTL_TEST_BACKEND=compose session "$NEWEST" tests/e2e/test_supervisor.py -k "xid_79_mid_run"
 fi

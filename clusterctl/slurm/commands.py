@@ -263,27 +263,32 @@ class Slurm:
                 raise SlurmCommandError(["scontrol", "update"], None, f"refusing to pass {name!r}: {problem}")
         self._run(["scontrol", "update", f"JobId={job_id}", f"NodeList={compress(list(keep))}"])
 
-    def job_steps(self, job_id: str) -> list[str]:
+    def job_steps(self, job_id: str, name: str | None = None) -> list[str]:
         """The numbered steps of running job `job_id` (`12.0`, `12.3`; not `batch`, `extern` or
-        `interactive`): one `squeue -s` for that job."""
+        `interactive`), only those named `name` when given: one `squeue -s` for that job."""
         checked_job_ids(["squeue", "-s", "-j"], [job_id])
-        out = self._run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"])
+        out = self._run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i %j"])
         steps = []
-        for line in out.split():
-            job, dot, step = line.partition(".")
-            if job == job_id and dot and step.isdigit() and step.isascii() and len(step) <= 10:
-                steps.append(line)
+        for line in out.splitlines():
+            step_id, _, step_name = line.strip().partition(" ")
+            job, dot, step = step_id.partition(".")
+            if job == job_id and dot and step.isdigit() and step.isascii() and len(step) <= 10 and (
+                    name is None or step_name.strip() == name):
+                steps.append(step_id)
         return steps
 
-    def cancel_steps(self, step_ids: Sequence[str]) -> None:
-        """scancel the given steps (`JOB.STEP`, each part checked before argv)."""
+    def cancel_steps(self, step_ids: Sequence[str], signal: str | None = None) -> None:
+        """scancel the given steps (`JOB.STEP`, each part checked before argv); with `signal` (e.g.
+        "KILL") send their tasks that signal at once instead of Slurm's SIGTERM, KillWait, SIGKILL."""
         for step_id in step_ids:
             job, _, step = step_id.partition(".")
             checked_job_ids(["scancel"], [job])
             if not (step.isdigit() and step.isascii()):
                 raise SlurmCommandError(["scancel", "..."], 2, f"not run: {step_id!r} is not a step id JOB.STEP")
+        if signal is not None and not (signal.isalpha() and signal.isupper()):
+            raise SlurmCommandError(["scancel", "..."], 2, f"not run: {signal!r} is not a signal name")
         if step_ids:
-            self._run(["scancel", *step_ids])
+            self._run(["scancel", *([f"--signal={signal}"] if signal else []), *step_ids])
 
     def cancel(self, job_ids: list[str]) -> None:
         """scancel the given jobs."""

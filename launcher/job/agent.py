@@ -53,13 +53,13 @@ from clusterctl.records.versioned import RecordError
 from clusterctl.slurm import hostlist
 
 STOP_GRACE_SECONDS = 15.0
-"""How long an interrupted step may take to end before srun is killed (a hung step's ranks, which may
-be writing a checkpoint as they go)."""
+"""How long an interrupted step may take to end before srun is killed, when its ranks could not be
+SIGKILLed through Slurm."""
 NODE_FAILED_STOP_SECONDS = 3.0
-"""The same for a step ended because a node failed: its ranks on the live nodes end within a second of
-the cancel (SIGTERM), and srun itself waits for the failed node's, which may never answer (until Slurm
-declares that node DOWN: SlurmdTimeout, 300 s by default), so srun is killed after this; whatever of the
-step still runs is Slurm's to end after KillWait, and the next step does not wait for it (--overlap)."""
+"""The same once the ranks were SIGKILLed through Slurm: the live nodes' end within a second, and srun
+itself waits for a dead node's, which may never answer (until Slurm declares that node DOWN:
+SlurmdTimeout, 300 s by default), so srun is killed after this; the next step does not wait for what
+of the old one Slurm still lists (--overlap)."""
 
 
 class Agent:
@@ -220,7 +220,7 @@ class Agent:
                                               launched.slots, watched.hang, self.environ)
                     for line in stacks:
                         self.doors.say(f"stacks: {line}")
-                code = launched.step.stop(STOP_GRACE_SECONDS if watched.hang else NODE_FAILED_STOP_SECONDS)
+                code = self._end_step(launched)
             elif code != 0:
                 suspects = self.watch.evidence_after(launched.slots)
                 seen = self.doors.monotonic()
@@ -265,6 +265,22 @@ class Agent:
             budget = decision.budget
             in_use = decision.nodes
             self._keep_standby(launched, in_use, resume_from)
+
+    def _end_step(self, launched: Launched) -> int:
+        """End the step now: its ranks are SIGKILLed through Slurm at once (nothing they could still do is
+        of use: a hung collective, or peers behind a dead node; a hang's stacks are kept before this), so
+        neither Slurm's KillWait (30 s by default) nor a program that traps SIGTERM holds the next step up;
+        then srun is interrupted and killed after NODE_FAILED_STOP_SECONDS (it waits for a dead node's tasks
+        until Slurm declares that node DOWN).  Without the door (a test's agent): srun's own cancel, with
+        STOP_GRACE_SECONDS for the ranks to end."""
+        if self.doors.kill_ranks is None:
+            return launched.step.stop(STOP_GRACE_SECONDS)
+        try:
+            self.doors.kill_ranks(self.job_id)
+        except SlurmCommandError as exc:
+            self.doors.say(f"could not SIGKILL the step's ranks through Slurm ({exc}); ending it through srun")
+            return launched.step.stop(STOP_GRACE_SECONDS)
+        return launched.step.stop(NODE_FAILED_STOP_SECONDS)
 
     def _needed(self, in_use: Sequence[str]) -> int:
         """Nodes the job needs of `in_use`: all of them unless it recovers inside the allocation (a job

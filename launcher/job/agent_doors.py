@@ -28,6 +28,9 @@ from clusterctl.slurm.commands import AllocationSlurm, Slurm
 from clusterctl.slurm.drains import SlurmDrains
 from clusterctl.slurm.nodes import NodeState, SlurmNode, parse_nodes_json
 
+RANKS_STEP_NAME = "clusterctl-ranks"
+"""The name of every step of the job's ranks (srun --job-name: the step's, not the job's), so the agent
+can end the running one by name (`AgentDoors.kill_ranks`) without knowing its step id."""
 GC_THRESHOLD = (100_000, 50, 100)
 """The agent's cyclic garbage collector runs after 100,000 new objects, not Python's 700 (see
 `collect_garbage_rarely`)."""
@@ -114,6 +117,9 @@ class AgentDoors:
     """The admins' textfile directory for the job's metrics (`job_metrics_dir` in the node's healthd.toml)."""
     on_terminate: Callable[[Callable[[], None]], None] = field(default=lambda cleanup: None)
     """Have `cleanup` run when the job is cancelled or its time is up (SIGTERM), before the agent dies of it."""
+    kill_ranks: Callable[[str], list[str]] | None = None
+    """SIGKILLs the tasks of the job's running ranks step at once (found by its name, RANKS_STEP_NAME),
+    instead of Slurm's SIGTERM, KillWait (30 s by default), SIGKILL; the steps signalled."""
     probe: Callable[[str, int], tuple[bool | None, str]] | None = None
     """One probe of a node's slurmd port (launcher/job/node_probe.py; None: the agent probes nothing and
     waits for Slurm's word on a silent node)."""
@@ -152,6 +158,11 @@ def default_doors(python: str = sys.executable) -> AgentDoors:
         slurm.cancel_steps(steps)
         return steps
 
+    def kill_ranks(job_id: str) -> list[str]:
+        steps = slurm.job_steps(job_id, RANKS_STEP_NAME)
+        slurm.cancel_steps(steps, signal="KILL")
+        return steps
+
     def slurmd_port() -> int:
         text = slurm.config_value("SlurmdPort")
         if text is None:
@@ -164,4 +175,5 @@ def default_doors(python: str = sys.executable) -> AgentDoors:
                       gpu_evidence=srun_gpu_evidence(python), dump_stacks=srun_stacks(python),
                       drain=SlurmDrains(runner=slurm.runner, timeout=slurm.timeout).drain, node_table=node_table,
                       start_standby=Step, cancel_other_steps=cancel_other_steps, admin_metrics=read_admin_setting,
-                      on_terminate=cleanup_on_sigterm, probe=probe_once, slurmd_port=slurmd_port)
+                      on_terminate=cleanup_on_sigterm, kill_ranks=kill_ranks, probe=probe_once,
+                      slurmd_port=slurmd_port)

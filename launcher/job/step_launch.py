@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clusterctl.errors import PlacementError
-from clusterctl.launcher.job.agent_doors import AgentDoors, Step
+from clusterctl.launcher.job.agent_doors import RANKS_STEP_NAME, AgentDoors, Step
 from clusterctl.launcher.job.checkpoint_plan import TierPlanner
 from clusterctl.launcher.job.signal_watch import Inbox, SignalWatch
 from clusterctl.launcher.pure.checkpoint_tiers import nodes_for_map
@@ -57,7 +57,8 @@ def step_argv(spec: JobSpec, python: str, job_dir: Path, command: Sequence[str])
     else:
         tasks, wrapper, hostfile = spec.world_size, "rank", job_dir / "hostfile"
     argv = ["srun", "--distribution=arbitrary", f"--ntasks={tasks}", "--kill-on-bad-exit=1", "--overlap",
-            python, "-m", "clusterctl.launcher.job", wrapper, "--job-dir", str(job_dir), "--", *command]
+            f"--job-name={RANKS_STEP_NAME}", python, "-m", "clusterctl.launcher.job", wrapper, "--job-dir",
+            str(job_dir), "--", *command]
     return argv, str(hostfile)
 
 

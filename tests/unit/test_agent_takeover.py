@@ -220,3 +220,23 @@ def test_the_steps_a_new_agent_cancels_are_the_numbered_ones_of_its_job_but_its_
     assert steps == ["1.1"] and calls[-1] == ["scancel", "1.1"]
     with pytest.raises(Exception, match="not a step id"):
         slurm.cancel_steps(["1.--help"])
+
+
+def test_a_step_is_found_by_its_name_and_sigkilled():
+    from clusterctl.slurm.commands import Completed, Slurm
+    calls = []
+
+    def runner(argv, timeout):
+        calls.append(list(argv))
+        if argv[0] == "squeue":  # `squeue -h -s -o "%i %j"` on the testbed (22.05): a step of srun's default
+            # name (the program's), the standby's, the batch step
+            return Completed(0, "2.0 python\n2.1 clusterctl-standby\n2.batch batch\n", "")
+        return Completed(0, "", "")
+
+    slurm = Slurm(runner)
+    steps = slurm.job_steps("2", "python")
+    slurm.cancel_steps(steps, signal="KILL")
+    assert steps == ["2.0"] and calls[-1] == ["scancel", "--signal=KILL", "2.0"]
+    assert slurm.job_steps("2") == ["2.0", "2.1"] and slurm.job_steps("2", "clusterctl-ranks") == []
+    with pytest.raises(Exception, match="not a signal name"):
+        slurm.cancel_steps(steps, signal="-9; rm")

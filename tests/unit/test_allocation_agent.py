@@ -55,7 +55,7 @@ class FakeStep:
         return self.code
 
     def stop(self, grace):
-        self.stopped = True
+        self.stopped, self.grace = True, grace
         self.code = 143
         return self.code
 
@@ -159,10 +159,10 @@ def test_torchrun_whose_rendezvous_host_fails_goes_on_on_the_spare_with_a_new_re
     assert maps[1].master_addr in maps[1].slots and sorted(maps[1].slots) == sorted({"node1", "node2", "node3"} - {failed})
     # One torchrun per node, placed by the node file (not one task per GPU).
     for step, rank_map in zip((first, second), maps):
-        assert step.argv[:6] == ["srun", "--distribution=arbitrary", "--ntasks=2", "--kill-on-bad-exit=1",
-                                 "--overlap", "/venv/bin/python"]
-        assert step.argv[8:10] == ["node", "--job-dir"]
-        job_dir = Path(step.argv[10])
+        assert step.argv[:7] == ["srun", "--distribution=arbitrary", "--ntasks=2", "--kill-on-bad-exit=1",
+                                 "--overlap", "--job-name=clusterctl-ranks", "/venv/bin/python"]
+        assert step.argv[9:11] == ["node", "--job-dir"]
+        job_dir = Path(step.argv[11])
         assert step.env["SLURM_HOSTFILE"] == str(job_dir / "nodefile")
         assert (job_dir / "nodefile").read_text().split() == list(rank_map.slots)
     assert second.argv[-2:] == ["--resume", str(shell.run_dir / "checkpoints" / "step-00000020")]
@@ -1007,3 +1007,26 @@ def test_a_node_the_agent_still_reaches_is_not_blamed_for_its_silent_reporter(tm
     assert cluster.shrinks == [] and len(cluster.steps) == 1 and probed
     assert not [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
                 if isinstance(e, RecoveredInAllocation)]
+
+
+def test_a_step_ended_for_a_failed_node_has_its_ranks_sigkilled_through_slurm_not_after_killwait(tmp_path):
+    cluster = Cluster(fail=["node2"])
+    shell = agent(tmp_path, cluster)
+    killed = []
+    shell.doors.kill_ranks = lambda job_id: killed.append(job_id) or [f"{job_id}.0"]
+    assert shell.run(None) == 0
+    first, _ = cluster.steps
+    assert killed == ["42"] and first.grace == 3.0  # srun itself killed 3 s later, not 15
+
+
+def test_ranks_step_slurm_will_not_signal_are_ended_through_srun_with_its_grace(tmp_path):
+    from clusterctl.errors import SlurmCommandError
+    cluster = Cluster(fail=["node2"])
+    shell = agent(tmp_path, cluster)
+    said = []
+
+    def refused(job_id):
+        raise SlurmCommandError(["scancel"], 1, "Access/permission denied")
+    shell.doors.kill_ranks, shell.doors.say = refused, said.append
+    assert shell.run(None) == 0
+    assert cluster.steps[0].grace == 15.0 and any("could not SIGKILL the step's ranks" in line for line in said)
