@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -55,7 +56,7 @@ from clusterctl.slurm import hostlist
 STOP_GRACE_SECONDS = 15.0
 """How long an interrupted step may take to end before srun is killed, when its ranks could not be
 SIGKILLed through Slurm."""
-NODE_FAILED_STOP_SECONDS = 3.0
+NODE_FAILED_STOP_SECONDS = 1.0
 """The same once the ranks were SIGKILLed through Slurm: the live nodes' end within a second, and srun
 itself waits for a dead node's, which may never answer (until Slurm declares that node DOWN:
 SlurmdTimeout, 300 s by default), so srun is killed after this; the next step does not wait for what
@@ -270,17 +271,27 @@ class Agent:
         """End the step now: its ranks are SIGKILLed through Slurm at once (nothing they could still do is
         of use: a hung collective, or peers behind a dead node; a hang's stacks are kept before this), so
         neither Slurm's KillWait (30 s by default) nor a program that traps SIGTERM holds the next step up;
-        then srun is interrupted and killed after NODE_FAILED_STOP_SECONDS (it waits for a dead node's tasks
-        until Slurm declares that node DOWN).  Without the door (a test's agent): srun's own cancel, with
+        meanwhile srun is interrupted and killed after NODE_FAILED_STOP_SECONDS (it waits for a dead node's
+        tasks until Slurm declares that node DOWN).  Without the door (a test's agent): srun's own cancel, with
         STOP_GRACE_SECONDS for the ranks to end."""
         if self.doors.kill_ranks is None:
             return launched.step.stop(STOP_GRACE_SECONDS)
+        # scancel answers only once slurmctld has tried every node of the step, a dead one for MessageTimeout
+        # (10 s by default; measured: 12 s): it runs beside srun's end, and nothing waits for it.  It kills the
+        # step by the id it finds now, so a late one never reaches the next step.
+        killing = threading.Thread(target=self._kill_ranks, name="kill ranks", daemon=True)
+        killing.start()
+        code = launched.step.stop(NODE_FAILED_STOP_SECONDS)
+        killing.join(0.0)
+        return code
+
+    def _kill_ranks(self) -> None:
+        assert self.doors.kill_ranks is not None
         try:
             self.doors.kill_ranks(self.job_id)
         except SlurmCommandError as exc:
-            self.doors.say(f"could not SIGKILL the step's ranks through Slurm ({exc}); ending it through srun")
-            return launched.step.stop(STOP_GRACE_SECONDS)
-        return launched.step.stop(NODE_FAILED_STOP_SECONDS)
+            self.doors.say(f"could not SIGKILL the step's ranks through Slurm ({exc}); Slurm ends them after "
+                           "KillWait")
 
     def _needed(self, in_use: Sequence[str]) -> int:
         """Nodes the job needs of `in_use`: all of them unless it recovers inside the allocation (a job
