@@ -46,7 +46,6 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from clusterctl.launcher.job.node_probe import probe_once  # noqa: E402
 from clusterctl.launcher.job.peer_link import PeerLink  # noqa: E402
 from clusterctl.launcher.pure.peer_watch import PEER_BEAT_SECONDS, PEER_SILENT_SECONDS, PeerWatch  # noqa: E402
 from clusterctl.records.peer_beat import PeerBeat, encode_beat  # noqa: E402
