@@ -80,7 +80,7 @@ def suspicions_in(lost: np.ndarray, watch: PeerWatch, peer: str) -> int:
         silent_once = False
         at = heard
         back = end * PEER_BEAT_SECONDS if end < beats else beats * PEER_BEAT_SECONDS
-        while at < back:
+        while at + TICK < back:  # the reporter hears the next beat before it asks at that tick
             at += TICK
             if not silent_once and watch.silent(at):
                 silent_once = True
