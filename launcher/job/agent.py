@@ -56,7 +56,7 @@ from clusterctl.slurm import hostlist
 STOP_GRACE_SECONDS = 15.0
 """How long an interrupted step may take to end before srun is killed, when its ranks could not be
 SIGKILLed through Slurm."""
-NODE_FAILED_STOP_SECONDS = 1.0
+NODE_FAILED_STOP_SECONDS = 0.5
 """The same once the ranks were SIGKILLed through Slurm: the live nodes' end within a second, and srun
 itself waits for a dead node's, which may never answer (until Slurm declares that node DOWN:
 SlurmdTimeout, 300 s by default), so srun is killed after this; the next step does not wait for what

@@ -957,7 +957,7 @@ class CutCluster(ReportingCluster):
         super().send(step, node, ranks, process, stopped_since)
         if cut and node == "node1":
             silent_s = max(0.0, (self.polls - 50) * 0.2)
-            if silent_s >= 3.0:
+            if silent_s >= 2.5:
                 report = self.inbox.pending[-1]
                 self.inbox.pending[-1] = changed(report, silent_peers=(SilentPeer("node2", silent_s),))
 
@@ -1020,7 +1020,7 @@ def test_a_step_ended_for_a_failed_node_has_its_ranks_sigkilled_through_slurm_no
         if killed:
             break
         time.sleep(0.01)
-    assert killed == ["42"] and first.grace == 1.0  # srun itself killed a second later, not 15
+    assert killed == ["42"] and first.grace == 0.5  # srun itself killed half a second later, not 15
 
 
 def test_ranks_slurm_will_not_signal_are_said_and_left_to_killwait(tmp_path):
@@ -1037,4 +1037,4 @@ def test_ranks_slurm_will_not_signal_are_said_and_left_to_killwait(tmp_path):
         if any("could not SIGKILL the step's ranks" in line for line in said):
             break
         time.sleep(0.01)
-    assert cluster.steps[0].grace == 1.0 and any("could not SIGKILL the step's ranks" in line for line in said)
+    assert cluster.steps[0].grace == 0.5 and any("could not SIGKILL the step's ranks" in line for line in said)

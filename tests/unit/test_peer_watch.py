@@ -33,10 +33,10 @@ def test_a_node_not_in_the_step_watches_nobody() -> None:
     assert neighbours(["node1", "node2", "node3"], "node9") == ()
 
 
-def test_a_neighbour_silent_three_seconds_is_named_and_one_never_heard_or_leaving_is_not() -> None:
+def test_a_neighbour_silent_two_and_a_half_seconds_is_named_and_one_never_heard_or_leaving_is_not() -> None:
     watch = PeerWatch(("node1", "node3")).heard("node1", 100.0).heard("node3", 100.0).heard("node7", 100.0)
     assert watch.silent(100.0 + PEER_SILENT_SECONDS - 0.1) == ()
-    assert watch.silent(100.0 + PEER_SILENT_SECONDS) == (SilentPeer("node1", 3.0), SilentPeer("node3", 3.0))
+    assert watch.silent(100.0 + PEER_SILENT_SECONDS) == (SilentPeer("node1", 2.5), SilentPeer("node3", 2.5))
     leaving = watch.heard("node3", 101.0, leaving=True)
     assert leaving.silent(110.0) == (SilentPeer("node1", 10.0),)
     assert PeerWatch(("node1",)).silent(1e6) == ()  # never heard: the agent's startup grace covers it
