@@ -10,7 +10,8 @@ from clusterctl_testbed.cluster import Testbed
 from clusterctl_testbed.system import is_alive, namespaces
 from tests.conftest import TEST_SLURM, side_layout
 
-pytestmark = pytest.mark.e2e
+# CI time: the testbed's own teardown: the same on every release.
+pytestmark = [pytest.mark.e2e, pytest.mark.one_release]
 
 # A second, smaller testbed of its own (directory, namespaces): the session one keeps running.
 SMALL = side_layout("td", leaves=(("leaf1", ("node1",)), ("leaf2", ("node2",))))

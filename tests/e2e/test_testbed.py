@@ -15,6 +15,7 @@ from tests.conftest import TEST_SLURM, run_python_on
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_four_idle_nodes_with_eight_gpus_each(cluster):
     # A job of the previous test may still be completing on a node: give Slurm a moment.
     deadline = time.monotonic() + 30
@@ -28,6 +29,7 @@ def test_four_idle_nodes_with_eight_gpus_each(cluster):
 
 
 @pytest.mark.slurm_versions
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_topology_has_two_leaves_under_a_spine(cluster):
     out = cluster.run_on("ctl", ["scontrol", "show", "topology"]).stdout
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
@@ -36,6 +38,7 @@ def test_topology_has_two_leaves_under_a_spine(cluster):
     assert "Switches=leaf1,leaf2" in lines["SwitchName=spine"]
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_four_node_job_runs_32_ranks_on_distinct_hosts(cluster):
     out = cluster.run_on("ctl", [
         "srun", "-N4", "--ntasks-per-node=8", "--gpus-per-node=8", "bash", "-c",
@@ -50,6 +53,7 @@ def test_four_node_job_runs_32_ranks_on_distinct_hosts(cluster):
     assert {r[4] for r in rows} == {"0,1,2,3,4,5,6,7"}
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_hosts_reach_each_other_by_name_over_tcp(cluster):
     # A server on node4, a client on node1: what a MASTER_ADDR rendezvous needs.
     server = subprocess.Popen([*cluster.enter("node4"), str(cluster.python), "-c",
@@ -67,6 +71,7 @@ def test_hosts_reach_each_other_by_name_over_tcp(cluster):
         server.wait(timeout=10)
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_pynvml_sees_eight_emulated_gpus_on_a_node_and_none_on_the_login_host(cluster):
     node = run_python_on(cluster, "node2", "import pynvml as n; n.nvmlInit(); c=n.nvmlDeviceGetCount(); "
                          "print(c, n.nvmlDeviceGetName(n.nvmlDeviceGetHandleByIndex(0)))")
@@ -102,6 +107,7 @@ else:
 """
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_injected_xid_reaches_a_blocking_wait_and_the_gpu_is_lost(cluster):
     waiter = subprocess.Popen([*cluster.enter("node3"), str(cluster.python), "-c", WAIT_FOR_XID],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -118,6 +124,7 @@ def test_injected_xid_reaches_a_blocking_wait_and_the_gpu_is_lost(cluster):
     waiter.wait(timeout=10)
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_a_fault_on_one_node_is_not_seen_on_another(cluster):
     inject(cluster.nvml_dir("node3"), Fault("gpu-lost", gpu=5))
     probe = ("import pynvml as n; n.nvmlInit()\n"
@@ -127,12 +134,14 @@ def test_a_fault_on_one_node_is_not_seen_on_another(cluster):
     assert run_python_on(cluster, "node1", probe).stdout.strip() == "healthy"
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_kernel_log_stand_in_gets_the_xid_line(cluster):
     inject(cluster.nvml_dir("node2"), Fault("xid", gpu=3, value=13))
     last = (cluster.nvml_dir("node2") / "kmsg").read_text().splitlines()[-1]
     assert last.endswith("NVRM: Xid (PCI:0000:5d:00): 13, pid=1, injected by clusterctl-testbed")
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_killed_node_fails_its_job_and_boots_back(cluster):
     # --no-requeue: with Slurm's default JobRequeue=1 the job would come back PENDING after NODE_FAIL.
     # node3, not node2: test_hooks leaves an Xid 64 (RMA) in node2's history, and the health check
@@ -155,6 +164,7 @@ def test_killed_node_fails_its_job_and_boots_back(cluster):
     cluster.wait_nodes_idle(nodes=["node3"], timeout=30)
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_cut_link_makes_the_node_unreachable_until_healed(cluster):
     cluster.cut_link("node4")
     probe = run_python_on(cluster, "node1", "import socket\n"
@@ -167,6 +177,7 @@ def test_cut_link_makes_the_node_unreachable_until_healed(cluster):
     assert probe.stdout.strip() == "reached"
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_restarted_slurmd_comes_back_idle(cluster):
     cluster.restart_slurmd("node1")
     cluster.wait_nodes_idle(nodes=["node1"], timeout=30)
@@ -174,6 +185,7 @@ def test_restarted_slurmd_comes_back_idle(cluster):
     assert out.strip() == "node1"
 
 
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_job_steps_and_requeue_history_are_in_accounting(cluster):
     job_id = cluster.run_on("ctl", ["sbatch", "--parsable", "-N1", "--wrap", "srun true; srun true"]).stdout.strip()
     deadline = time.monotonic() + 30
@@ -188,6 +200,7 @@ def test_job_steps_and_requeue_history_are_in_accounting(cluster):
 
 
 @pytest.mark.slurm_versions
+@pytest.mark.one_release  # the testbed's mechanics; the release check below runs everywhere
 def test_plan_on_the_live_cluster_uses_idle_nodes_and_the_real_topology(cluster):
     out = cluster.run_on("ctl", [f"{cluster.bindir}/clusterctl", "plan", "--tp", "8", "--pp", "2", "--nodes", "4",
                                  "--json"]).stdout
