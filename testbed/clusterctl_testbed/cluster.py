@@ -566,9 +566,13 @@ class Testbed:
             raise TestbedError(f"no compute node {node!r}; the testbed has {', '.join(self.layout.nodes)}")
 
     def kill_node(self, node: str) -> None:
-        """Power a node off: kill every process in its namespaces (slurmd, jobs, daemons, holder)."""
+        """Power a node off: kill every process in its namespaces (slurmd, jobs, daemons, holder) and take
+        its link down.  The network namespace itself survives (boot_node reuses it), and without its link
+        down its kernel would still answer on the node's address (a refused connection, as from a machine
+        that is up), which no powered-off machine does."""
         self._check_node(node)
         power_off(lambda: namespace_pids(self.layout.namespace(node)))
+        self.cut_link(node)
 
     def boot_node(self, node: str) -> None:
         """Power a killed node back on: new holder, new slurmd (its network namespace survived)."""
@@ -576,6 +580,7 @@ class Testbed:
         pids = self._pids()
         if is_alive(pids.get(f"holder:{node}", 0)):
             raise TestbedError(f"{node} is running; `kill-node {node}` first")
+        self.heal_link(node)
         self._start_holder(node)
         self._start_slurmd(node)
         self.start_healthd(node)
