@@ -90,6 +90,7 @@ from stats import percentile  # noqa: E402
 
 from clusterctl.launcher.job.agent_doors import collect_garbage_rarely  # noqa: E402
 from clusterctl.launcher.job.agent_outputs import SUMMARY_MIN_SECONDS  # noqa: E402
+from clusterctl.launcher.job import step_watch  # noqa: E402
 from clusterctl.launcher.job.step_watch import STEP_POLL_SECONDS  # noqa: E402
 from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender  # noqa: E402
 from clusterctl.launcher.job.signal_watch import SignalWatch  # noqa: E402
@@ -314,6 +315,7 @@ def start_senders(cfg: SenderConfig, count: int) -> Senders:
 
 FEED_PARTS = ("records", "hang_observe", "straggler_observe", "hang_verdict")
 IN_PARTS = hasattr(HangWatch, "observing")
+FEED_TURN_SECONDS = getattr(step_watch, "FEED_TURN_SECONDS", 0.0)
 """The code measured feeds its watches in parts between polls, the records of the nodes heard from since the
 last feed only (issue #39); False: the code before it (one whole feed of every record per heartbeat), when
 this file is run from a checkout of it to measure the old figure beside the new."""
@@ -369,7 +371,7 @@ class Agent:
             self.next_summary = now + max(SUMMARY_MIN_SECONDS, self.heartbeat)
             self._summarize()
         if self.feeding is not None:
-            self._feed_part()
+            self._feed_turn()
         elif now >= self.next_judge:
             self.next_judge = now + self.heartbeat
             for action in self.on_feed:
@@ -379,7 +381,7 @@ class Agent:
             if IN_PARTS:
                 self.this_feed = {part: 0.0 for part in FEED_PARTS}
                 self.feeding = self._feeding()
-                self._feed_part()
+                self._feed_turn()
             else:
                 self._feed_whole()
         self.turn_s.append(time.perf_counter() - started)
@@ -401,6 +403,13 @@ class Agent:
         if self.hang_watch and self.hangs.latest:
             verdict = yield from self.hangs.verdicting(time.time())  # type: ignore[attr-defined]
             self.hung_verdicts += verdict.hung
+
+    def _feed_turn(self) -> None:
+        """As StepWatch._feed_turn: parts of the feed for FEED_TURN_SECONDS (at least one)."""
+        until = time.monotonic() + FEED_TURN_SECONDS
+        self._feed_part()
+        while self.feeding is not None and time.monotonic() < until:
+            self._feed_part()
 
     def _feed_part(self) -> None:
         assert self.feeding is not None
@@ -529,19 +538,20 @@ def latency_trials(agent: Agent, senders: Senders, kind: str, trials: int, rng: 
         name = node_name(index)
         agent.run(lambda s: False, rng.uniform(*gap))
         injected: list[float] = []
+        feeds: list[int] = []
 
-        def inject(index: int = index, injected: list[float] = injected) -> None:
+        def inject(index: int = index, injected: list[float] = injected, feeds: list[int] = feeds) -> None:
             injected.append(time.time())
+            feeds.append(len(agent.feed_wall_s))  # feeds ended before the one that starts now
             senders.command(kind, index, injected[0])
 
         agent.on_feed.append(inject)
-        feeds = len(agent.feed_wall_s)
         named = names_node(kind, name)
         seen = agent.run(lambda s, injected=injected, named=named: bool(injected) and named(s),
                          timeout + agent.heartbeat)
         latency = time.time() - injected[0] if seen and injected else math.inf
         latencies.append(latency)
-        during = seen and len(agent.feed_wall_s) == feeds
+        during = seen and len(agent.feed_wall_s) == feeds[0]
         mid_feed.append(during)
         say(f"{kind} trial {trial + 1}/{trials}: {name} seen after {latency:.3f} s, injected as a feed started; "
             + ("seen while that feed ran" if during else f"seen after that feed ended ({agent.feed_wall_s[-1]:.2f} s)"))
