@@ -8,8 +8,9 @@
 What is REAL, in this (the measuring) process: the agent's ear, a `ReportInbox` bound on 127.0.0.1
 with a per-run random key, and a `SignalWatch` (the real `NodeSignals` judgement, `SignalPolicy.
 for_nodes(N)`), polled as the agent's `_watch` loop polls it: `poll()` then a STEP_POLL_SECONDS
-(0.2 s) sleep; once per heartbeat `records()` are fed to a real `StragglerWatch(StragglerPolicy())`
-and to a real `HangWatch(HangPolicy())`, its verdict judged, as agent._watch does
+(0.2 s) sleep; once per heartbeat the fresh nodes' records are fed to a real `StragglerWatch(StragglerPolicy())`
+and to a real `HangWatch(HangPolicy())`, its verdict judged, in parts as StepWatch does (from a checkout of
+the code before, every record in one whole feed: `IN_PARTS`)
 (--no-hang-watch leaves it out), and once per max(2 s,
 heartbeat) the agent summary is written with `write_agent_summary` into a temp dir, as the agent
 does.  Nothing asks Slurm: the single-node query the agent makes on a hint (a drained or silent
