@@ -8,8 +8,9 @@
 What is REAL, in this (the measuring) process: the agent's ear, a `ReportInbox` bound on 127.0.0.1
 with a per-run random key, and a `SignalWatch` (the real `NodeSignals` judgement, `SignalPolicy.
 for_nodes(N)`), polled as the agent's `_watch` loop polls it: `poll()` then a STEP_POLL_SECONDS
-(0.2 s) sleep; once per heartbeat `records()` are fed to a real `StragglerWatch(StragglerPolicy())`
-and to a real `HangWatch(HangPolicy())`, its verdict judged, as agent._watch does
+(0.2 s) sleep; once per heartbeat the fresh nodes' records are fed to a real `StragglerWatch(StragglerPolicy())`
+and to a real `HangWatch(HangPolicy())`, its verdict judged, in parts as StepWatch does (from a checkout of
+the code before, every record in one whole feed: `IN_PARTS`)
 (--no-hang-watch leaves it out), and once per max(2 s,
 heartbeat) the agent summary is written with `write_agent_summary` into a temp dir, as the agent
 does.  Nothing asks Slurm: the single-node query the agent makes on a hint (a drained or silent
@@ -78,7 +79,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -90,6 +91,7 @@ from stats import percentile  # noqa: E402
 
 from clusterctl.launcher.job.agent_doors import collect_garbage_rarely  # noqa: E402
 from clusterctl.launcher.job.agent_outputs import SUMMARY_MIN_SECONDS  # noqa: E402
+from clusterctl.launcher.job import step_watch  # noqa: E402
 from clusterctl.launcher.job.step_watch import STEP_POLL_SECONDS  # noqa: E402
 from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender  # noqa: E402
 from clusterctl.launcher.job.signal_watch import SignalWatch  # noqa: E402
@@ -313,9 +315,13 @@ def start_senders(cfg: SenderConfig, count: int) -> Senders:
 
 
 FEED_PARTS = ("records", "hang_observe", "straggler_observe", "hang_verdict")
+IN_PARTS = hasattr(HangWatch, "observing")
+FEED_TURN_SECONDS = getattr(step_watch, "FEED_TURN_SECONDS", 0.0)
+"""The code measured feeds its watches in parts between polls, the records of the nodes heard from since the
+last feed only (issue #39); False: the code before it (one whole feed of every record per heartbeat), when
+this file is run from a checkout of it to measure the old figure beside the new."""
 
 
-# ---- the agent's loop (real watches, no Slurm, no srun) ----------------------------------------------
 class Agent:
     """The part of the agent's `_watch` loop that takes the reports: poll every STEP_POLL_SECONDS,
     the hang and straggler watches fed once per heartbeat, the summary once per max(2 s, heartbeat)."""
@@ -336,8 +342,19 @@ class Agent:
         self.hung_verdicts = 0
         self.summaries = 0
         self.poll_s: list[float] = []
+        self.turn_s: list[float] = []
+        """Each turn of the loop: its poll, the summary when due, and the feed's work done in it (no sleep)."""
         self.feed_s: list[float] = []
+        """Each feed's work (its parts, not the polls between them)."""
+        self.feed_wall_s: list[float] = []
+        """Each feed from its start to its end (in parts: the polls between them too)."""
         self.feed_parts: dict[str, list[float]] = {part: [] for part in FEED_PARTS}
+        self.feeding: Generator[None, None, None] | None = None
+        self.phase = FEED_PARTS[0]
+        self.this_feed: dict[str, float] = {}
+        self.feed_started = 0.0
+        self.on_feed: list[Callable[[], None]] = []
+        """Run as the next feed starts (a trial's fault lands in a feed)."""
         self.actions: list[tuple[float, Callable[[], None]]] = []
         self.metrics = False
         """Compute the training metrics at each summary, as the new agent does (False: as the old one)."""
@@ -345,6 +362,8 @@ class Agent:
         self.training: Any = None
 
     def tick(self) -> Signals:
+        """One turn of the loop: the reports, the summary when due, and a feed's next part (or, in the old
+        code, the whole feed) when one is due."""
         started = time.perf_counter()
         self.signals = self.watch.poll()
         self.poll_s.append(time.perf_counter() - started)
@@ -352,31 +371,88 @@ class Agent:
         if now >= self.next_summary:
             self.next_summary = now + max(SUMMARY_MIN_SECONDS, self.heartbeat)
             self._summarize()
-        if now >= self.next_judge:
+        if self.feeding is not None:
+            self._feed_turn()
+        elif now >= self.next_judge:
             self.next_judge = now + self.heartbeat
-            t = [time.perf_counter()]
-            records = self.watch.records()
-            t.append(time.perf_counter())
-            if self.hang_watch:
-                self.hangs = self.hangs.observe(records)
-            t.append(time.perf_counter())
-            if self._frozen_between_parts():
-                return self.signals
-            t[-1] += self.poll_s[-1]  # the poll between parts is not the feed's
-            self.stragglers = self.stragglers.observe(records)
-            self.found += [(time.time(), s.node) for s in self.stragglers.found]
-            t.append(time.perf_counter())
-            if self._frozen_between_parts():
-                return self.signals
-            t[-1] += self.poll_s[-1]
-            if self.hang_watch and self.hangs.latest and self.hangs.verdict(time.time()).hung:
-                self.hung_verdicts += 1
-            t.append(time.perf_counter())
-            parts = [b - a for a, b in zip(t, t[1:])]  # the polls between parts are not the feed's
-            self.feed_s.append(sum(parts))
-            for part, seconds in zip(FEED_PARTS, parts):
-                self.feed_parts[part].append(seconds)
+            for action in self.on_feed:
+                action()
+            self.on_feed.clear()
+            self.feed_started = time.perf_counter()
+            if IN_PARTS:
+                self.this_feed = {part: 0.0 for part in FEED_PARTS}
+                self.feeding = self._feeding()
+                self._feed_turn()
+            else:
+                self._feed_whole()
+        self.turn_s.append(time.perf_counter() - started)
         return self.signals
+
+    def _feeding(self) -> Generator[None, None, None]:
+        """As StepWatch._feeding: the fresh nodes' records, each watch fed in parts, the verdict."""
+        self.phase = "records"
+        records = self.watch.fresh_records()  # type: ignore[attr-defined]  # not in the old code
+        yield
+        self.phase = "hang_observe"
+        if self.hang_watch:
+            self.hangs = yield from self.hangs.observing(records)  # type: ignore[attr-defined]
+        self.phase = "straggler_observe"
+        self.stragglers = yield from self.stragglers.observing(records)  # type: ignore[attr-defined]
+        self.found += [(time.time(), s.node) for s in self.stragglers.found]
+        yield
+        self.phase = "hang_verdict"
+        if self.hang_watch and self.hangs.latest:
+            verdict = yield from self.hangs.verdicting(time.time())  # type: ignore[attr-defined]
+            self.hung_verdicts += verdict.hung
+
+    def _feed_turn(self) -> None:
+        """As StepWatch._feed_turn: parts of the feed for FEED_TURN_SECONDS (at least one)."""
+        until = time.monotonic() + FEED_TURN_SECONDS
+        self._feed_part()
+        while self.feeding is not None and time.monotonic() < until:
+            self._feed_part()
+
+    def _feed_part(self) -> None:
+        assert self.feeding is not None
+        started = time.perf_counter()
+        try:
+            next(self.feeding)
+            done = False
+        except StopIteration:
+            done = True
+        self.this_feed[self.phase] += time.perf_counter() - started
+        if done:
+            self.feeding = None
+            self.feed_wall_s.append(time.perf_counter() - self.feed_started)
+            self.feed_s.append(sum(self.this_feed.values()))
+            for part, seconds in self.this_feed.items():
+                self.feed_parts[part].append(seconds)
+
+    def _feed_whole(self) -> None:
+        """The old code's feed: every record, each watch whole, the reports taken between the watches."""
+        t = [time.perf_counter()]
+        records = self.watch.records()
+        t.append(time.perf_counter())
+        if self.hang_watch:
+            self.hangs = self.hangs.observe(records)
+        t.append(time.perf_counter())
+        if self._frozen_between_parts():
+            return
+        t[-1] += self.poll_s[-1]  # the poll between parts is not the feed's
+        self.stragglers = self.stragglers.observe(records)
+        self.found += [(time.time(), s.node) for s in self.stragglers.found]
+        t.append(time.perf_counter())
+        if self._frozen_between_parts():
+            return
+        t[-1] += self.poll_s[-1]
+        if self.hang_watch and self.hangs.latest and self.hangs.verdict(time.time()).hung:
+            self.hung_verdicts += 1
+        t.append(time.perf_counter())
+        parts = [b - a for a, b in zip(t, t[1:])]  # the polls between parts are not the feed's
+        self.feed_s.append(sum(parts))
+        self.feed_wall_s.append(t[-1] - t[0])
+        for part, seconds in zip(FEED_PARTS, parts):
+            self.feed_parts[part].append(seconds)
 
     def _frozen_between_parts(self) -> bool:
         """As agent._watch between the parts of a feed: take the reports; frozen ranks end the feed
@@ -425,7 +501,8 @@ class Agent:
                 return True
             if time.monotonic() >= deadline:
                 return False
-            self.sleep(STEP_POLL_SECONDS)
+            if self.feeding is None:  # as StepWatch: no sleep between the parts of a feed
+                self.sleep(STEP_POLL_SECONDS)
 
 
 # ---- the trials ------------------------------------------------------------------------------------
@@ -450,35 +527,38 @@ def found_since(agent: Agent, name: str, before: int) -> Callable[[Signals], boo
 
 
 def latency_trials(agent: Agent, senders: Senders, kind: str, trials: int, rng: random.Random, nodes: int,
-                   timeout: float, gap: tuple[float, float], overlaps: list[int]) -> list[float]:
-    """(a) `drain` or (b) `freeze`: inject on a random node, time until the judgement names it, restore.
-    `overlaps` gets, per trial, how many per-heartbeat feeds of the watches ran between injection and verdict."""
+                   timeout: float, gap: tuple[float, float], mid_feed: list[bool]) -> list[float]:
+    """(a) `drain` or (b) `freeze`: inject on a random node as a heartbeat's feed of the watches starts (the
+    worst moment for a single-threaded loop), time until the judgement names it, restore.  `mid_feed` gets,
+    per trial, whether the judgement named it before that feed ended."""
     latencies: list[float] = []
     used: set[int] = set()
     for trial in range(trials):
         index = rng.choice([i for i in range(nodes) if i not in used] or list(range(nodes)))
         used.add(index)
         name = node_name(index)
-        agent.run(lambda s: False, rng.uniform(*gap))  # a random while, then inject at a random point of a sleep
+        agent.run(lambda s: False, rng.uniform(*gap))
         injected: list[float] = []
+        feeds: list[int] = []
 
-        def inject(index: int = index, injected: list[float] = injected) -> None:
+        def inject(index: int = index, injected: list[float] = injected, feeds: list[int] = feeds) -> None:
             injected.append(time.time())
+            feeds.append(len(agent.feed_wall_s))  # feeds ended before the one that starts now
             senders.command(kind, index, injected[0])
 
-        agent.at(rng.uniform(0.0, STEP_POLL_SECONDS), inject)
-        agent.sleep(STEP_POLL_SECONDS)
-        feeds = len(agent.feed_s)
+        agent.on_feed.append(inject)
         named = names_node(kind, name)
-        seen = agent.run(named, timeout)
-        latency = time.time() - injected[0] if seen else math.inf
+        seen = agent.run(lambda s, injected=injected, named=named: bool(injected) and named(s),
+                         timeout + agent.heartbeat)
+        latency = time.time() - injected[0] if seen and injected else math.inf
         latencies.append(latency)
-        fed = len(agent.feed_s) - feeds
-        overlaps.append(fed)
-        say(f"{kind} trial {trial + 1}/{trials}: {name} seen after {latency:.3f} s"
-            + (f" (the per-heartbeat feed of the watches ran meanwhile: {agent.feed_s[-1]:.2f} s)" if fed else ""))
+        during = seen and len(agent.feed_wall_s) == feeds[0]
+        mid_feed.append(during)
+        say(f"{kind} trial {trial + 1}/{trials}: {name} seen after {latency:.3f} s, injected as a feed started; "
+            + ("seen while that feed ran" if during else f"seen after that feed ended ({agent.feed_wall_s[-1]:.2f} s)"))
         senders.command("restore", index, time.time())
         agent.run(negate(named), timeout)
+        agent.on_feed.clear()
     return latencies
 
 
@@ -524,6 +604,7 @@ def steady_state(agent: Agent, senders: Senders, trials: int, seconds: float) ->
         inbox = agent.inbox
         before = (time.monotonic(), time.process_time(), inbox.received, inbox.received_bytes, agent.summaries,
                   senders.total_sent(), len(agent.poll_s), len(agent.feed_s), agent.watch.signals.ignored)
+        turns = len(agent.turn_s)
         agent.run(lambda s: False, seconds)
         after = (time.monotonic(), time.process_time(), inbox.received, inbox.received_bytes, agent.summaries,
                  senders.total_sent(), len(agent.poll_s), len(agent.feed_s), agent.watch.signals.ignored)
@@ -533,14 +614,17 @@ def steady_state(agent: Agent, senders: Senders, trials: int, seconds: float) ->
                   "summary_files_per_s": (after[4] - before[4]) / wall,
                   "sent_minus_received": (after[5] - before[5]) - (after[2] - before[2]),
                   "polls": after[6] - before[6], "feeds": after[7] - before[7],
+                  "longest_turn_ms": 1e3 * max(agent.turn_s[turns:], default=0.0),
                   "reporting": agent.signals.reporting, "silent": len(agent.signals.silent),
                   "channel_silent": agent.signals.channel_silent, "ignored": after[8] - before[8]}
         windows.append(window)
         say(f"steady window {trial + 1}/{trials}: {window['reports_per_s']:.0f} reports/s, "
-            f"{window['bytes_per_s'] / 1e6:.2f} MB/s, CPU {100 * window['cpu_share']:.1f}% of a core, "
+            f"{window['bytes_per_s'] / 1e6:.2f} MB/s, CPU {100 * window['cpu_share']:.1f}% of a core, longest turn "
+            f"{window['longest_turn_ms']:.0f} ms, "
             f"{window['reporting']} nodes reporting, sent-received {window['sent_minus_received']}")
     return {"windows": windows, **{key: spread([w[key] for w in windows]) for key in
-                                   ("cpu_share", "reports_per_s", "bytes_per_s", "summary_files_per_s")}}
+                                   ("cpu_share", "reports_per_s", "bytes_per_s", "summary_files_per_s",
+                                    "longest_turn_ms")}}
 
 
 # ---- what the training metrics add (issue #26) -------------------------------------------------------
@@ -711,7 +795,8 @@ def table(result: dict[str, Any]) -> str:
                                  result["new_derived"])
     c = lat["c_straggler"]
     parts = ", ".join(f"{part} {v.get('median', 0):.0f}" for part, v in result["agent"]["feed_ms_by_part"].items())
-    fed = {k: sum(1 for n in v if n) for k, v in lat["feeds_during_trial"].items()}
+    fed = {k: sum(1 for n in v if n) for k, v in lat["seen_while_the_feed_ran"].items()}
+    agent = result["agent"]
     interval = old["derived"]["node_read_interval_s"]
     rows = [
         f"# signals_bench: {result['nodes']:,} nodes x {RANKS_PER_NODE} ranks, heartbeat {result['heartbeat_s']:g} s, "
@@ -744,10 +829,15 @@ def table(result: dict[str, Any]) -> str:
         f"| datagrams: sent / received / dropped | {dg['sent']:,} / {dg['received']:,} / {dg['dropped']:,} "
         f"(socket drop counter {dg['socket_drops']}; refused {dg['refused']}; send failures {dg['send_failed']}) | - |",
         f"| poll() (ms) | {fmt(result['agent']['poll_ms'], digits=2)} | - |",
-        f"| per-heartbeat feed of the watches (ms) | {fmt(result['agent']['feed_ms'], digits=0)}; "
+        f"| per-heartbeat feed of the watches (ms of work) | {fmt(agent['feed_ms'], digits=0)}; "
         f"by part (median ms): {parts} | - |",
-        f"| (a)/(b) trials during which that feed ran | {fed['a_drain']} of {len(lat['values']['a_drain'])} / "
-        f"{fed['b_frozen']} of {len(lat['values']['b_frozen'])} | - |",
+        f"| that feed from start to end (ms of wall, polls between parts included) | "
+        f"{fmt(agent['feed_wall_ms'], digits=0)}; {'in parts' if agent['feed_in_parts'] else 'whole'} | - |",
+        f"| one turn of the loop (ms; poll, summary, feed work) | {fmt(agent['turn_ms'], digits=1)}; "
+        f"{agent['turns_over_50_ms']} of {agent['turns']:,} over 50 ms | - |",
+        f"| longest turn per steady window (ms) | {fmt(steady['longest_turn_ms'], digits=0)} | - |",
+        f"| (a)/(b) trials injected as a feed started, seen while it ran | {fed['a_drain']} of "
+        f"{len(lat['values']['a_drain'])} / {fed['b_frozen']} of {len(lat['values']['b_frozen'])} | - |",
     ]
     return "\n".join(rows + ["", *(f"- {note}" for note in result["notes"])])
 
@@ -810,8 +900,8 @@ def main(argv: list[str] | None = None) -> int:
             return metrics_main(args, agent, senders, heartbeat, startup_s)
         timeout = max(10.0, 3 * heartbeat)
         gap = (0.2, 0.5) if args.quick else (1.0, 2.0)
-        drain_fed: list[int] = []
-        frozen_fed: list[int] = []
+        drain_fed: list[bool] = []
+        frozen_fed: list[bool] = []
         say(f"(a) healthd drains a node: {args.trials} trials")
         drain = latency_trials(agent, senders, "drain", args.trials, rng, args.nodes, timeout, gap, drain_fed)
         say(f"(b) a node's ranks frozen: {args.trials} trials")
@@ -857,7 +947,7 @@ def main(argv: list[str] | None = None) -> int:
             "c_straggler": {"latency": spread(strag), "window_steps": sp.window_steps, "window_s": window_s,
                             "margin": sp.margin, "bound_s": bound_s, "steps_per_feed": steps_per_feed},
             "values": {"a_drain": drain, "b_frozen": frozen, "c_straggler": strag},
-            "feeds_during_trial": {"a_drain": drain_fed, "b_frozen": frozen_fed}},
+            "seen_while_the_feed_ran": {"a_drain": drain_fed, "b_frozen": frozen_fed}},
         "steady": steady,
         "peak_rss_mb": peak_rss_mb,
         "datagrams": {"sent": sent, "received": received, "dropped": sent - received, "socket_drops": drops,
@@ -865,6 +955,10 @@ def main(argv: list[str] | None = None) -> int:
                       "receive_buffer_bytes": rcvbuf},
         "agent": {"poll_ms": spread([s * 1e3 for s in agent.poll_s]),
                   "feed_ms": spread([s * 1e3 for s in agent.feed_s]),
+                  "feed_wall_ms": spread([s * 1e3 for s in agent.feed_wall_s]),
+                  "turn_ms": spread([s * 1e3 for s in agent.turn_s]),
+                  "turns_over_50_ms": sum(1 for t in agent.turn_s if t > 0.05), "turns": len(agent.turn_s),
+                  "feed_in_parts": IN_PARTS,
                   "feed_ms_by_part": {part: spread([s * 1e3 for s in v]) for part, v in agent.feed_parts.items()},
                   "feed_cpu_share_derived": (statistics.median(agent.feed_s) / heartbeat) if agent.feed_s else 0.0,
                   "hang_verdicts_hung": hung,
@@ -890,9 +984,13 @@ def main(argv: list[str] | None = None) -> int:
             "Steady windows include every heartbeat's feed of the straggler watch"
             + (" and the hang watch" if args.hang_watch else " (not the hang watch: --no-hang-watch)")
             + " and the summary writes.",
-            "The agent's loop is single-threaded (as agent._watch): it takes the reports between the parts of a "
-            "heartbeat's feed (after the hang watch's observe, after the straggler watch's), so a frozen node waits "
-            "for one part at most; a drain waits for the feed's end.",
+            ("The agent's loop is single-threaded (as StepWatch): it feeds the watches the records of the nodes heard "
+             "from since the last feed, in parts of a few ms, and takes the reports between two parts, so a drain or a "
+             "frozen node waits for one part at most." if IN_PARTS else
+             "The agent's loop is single-threaded (the old StepWatch): it takes the reports between the parts of a "
+             "heartbeat's feed (after the hang watch's observe, after the straggler watch's), so a frozen node waits "
+             "for one part at most; a drain waits for the feed's end."),
+            "(a) and (b) inject each fault as a heartbeat's feed starts: the worst moment for the loop.",
         ],
         "seconds": round(time.monotonic() - started, 1),
     }

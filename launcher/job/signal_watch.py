@@ -2,8 +2,8 @@
 
 One `SignalWatch` per launched step: `poll()` drains the inbox (clusterctl.launcher.job.
 report_channel: UDP, signed per job) and returns what the reports say now (launcher/pure/
-node_signals.py); `records()` are the ranks' newest progress records for the hang and straggler
-watches; `holdings()` the nodes' newest checkpoint holdings (multi-level checkpoints); `training()`
+node_signals.py); `fresh_records()` are the ranks' progress records that changed since the last
+take, for the hang and straggler watches; `holdings()` the nodes' newest checkpoint holdings (multi-level checkpoints); `training()`
 the job's training metrics (launcher/pure/training_metrics.py), taken once per summary interval.  What it costs: one recvfrom and ~70 µs of checking and parsing per report; at 12,500
 nodes and a 20 s heartbeat, 625 reports a second (docs/measured.md).  Nothing here touches Slurm
 or shared storage.
@@ -68,6 +68,11 @@ class SignalWatch:
     def records(self) -> tuple[RankProgress, ...]:
         """Every rank's newest progress record, from its node's newest report."""
         return self.signals.records()
+
+    def fresh_records(self) -> tuple[RankProgress, ...]:
+        """The progress records of the nodes heard from since the last call (NodeSignals.take_fresh)."""
+        self.signals, records = self.signals.take_fresh()
+        return records
 
     def training(self, gpus: int, peak_tflops: float | None) -> TrainingMetrics | None:
         """The job's training metrics now, from each node's newest report (None: the program reports none).

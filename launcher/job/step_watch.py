@@ -4,8 +4,10 @@ The node reports (launcher/job/signal_watch.py) are taken every STEP_POLL_SECOND
 ranks froze ends the step at once; a node healthd says it drained, or that went silent, is asked
 about in Slurm (one single-node query, then backing off while the hint lasts: `SlurmAsking`).
 What no report carries (an operator's drain, a node Slurm declared DOWN) comes from a sweep of
-the step's nodes in Slurm every `slurm_sweep_seconds`.  The hang and straggler watches take every
-rank's newest record once per heartbeat (`StepWatch._feed`); the summary and what follows it are
+the step's nodes in Slurm every `slurm_sweep_seconds`.  The hang and straggler watches take the
+records of the nodes heard from since, once per heartbeat (`StepWatch._feeding`), in parts of a few
+milliseconds with the reports taken between them, so a drain or a frozen node never waits for a whole
+feed (a second or more at 100,000 ranks); the summary and what follows it are
 written once per interval (launcher/job/agent_outputs.py).  What follows a step is the agent's
 (launcher/job/agent.py): the watch only says how the step ended (`Watched`).
 """
@@ -26,6 +28,7 @@ from clusterctl.launcher.job.signal_watch import SignalWatch
 from clusterctl.launcher.job.step_launch import Launched, resized_environment
 from clusterctl.launcher.pure.classify import Blame, hardware_suspects, not_responding, operator_drains
 from clusterctl.launcher.pure.hang_watch import HangPolicy, HangVerdict, HangWatch, progress_from_log_line
+from clusterctl.launcher.pure.in_parts import Parts, next_part
 from clusterctl.launcher.pure.node_signals import SMALL_STEP_NODES, SignalPolicy, Signals, slurm_sweep_seconds
 from clusterctl.launcher.pure.reachability import Probes, unreachable
 from clusterctl.launcher.pure.spec import JobSpec
@@ -37,6 +40,10 @@ from clusterctl.slurm.nodes import NodeState
 
 STEP_POLL_SECONDS = 0.2
 """How often the agent looks whether the step ended (a local waitpid, free)."""
+FEED_TURN_SECONDS = 0.03
+"""How long one turn of the loop feeds the watches before it takes the reports again: a poll at 12,500
+nodes costs several ms (bench/signals_bench.py), so one after every part of the feed would cost more
+than the feed's parts save; a turn stays near 50 ms with the last part."""
 EVIDENCE_GRACE_SECONDS = 5.0
 """After a step failed with no node to blame yet: how long healthd's drain may take to show in Slurm."""
 HINT_BACKOFF_MAX_SECONDS = 30.0
@@ -144,6 +151,7 @@ class StepWatch:
         hangs = HangWatch.start(self._hang_policy(watch.policy if watch else SignalPolicy()), launched.started_at,
                                 {r: rank_map.location(r)[0] for r in range(rank_map.world_size)})
         feed = _Feed(hangs, stragglers, launched.log_offset)
+        feeding: Parts[Watched | None] | None = None
         while True:
             code = launched.step.exit_code()
             if code is not None:
@@ -160,18 +168,24 @@ class StepWatch:
                 self.lease.check_in_charge()
                 if self.tiers is not None:
                     self.tiers.record_due()
-            if not hinted and not sweep and now < next_judge:
-                self.doors.sleep(STEP_POLL_SECONDS)
-                continue
             if hinted or sweep:
                 suspects, now = self._ask_slurm(asking, hinted, sweep, now, spares)
                 if suspects:
                     return Watched(None, suspects, now, lost_s=feed.stragglers.lost_s)
+            if feeding is not None:
+                # FEED_TURN_SECONDS of the heartbeat's feed per turn, no sleep: the reports are taken between.
+                finished, ended = self._feed_turn(feeding)
+                if finished:
+                    feeding = None
+                    if ended is not None:
+                        return ended
+                continue
             if now < next_judge:
+                if not hinted and not sweep:
+                    self.doors.sleep(STEP_POLL_SECONDS)
                 continue
             next_judge = now + heartbeat
-            if (ended := self._feed(launched, spares, feed, now)) is not None:
-                return ended
+            feeding = self._feeding(launched, spares, feed, now)
 
     def _frozen_now(self, watch: SignalWatch | None, feed: _Feed) -> Watched | None:
         """Take the reports waiting now; a Watched when they say a node's ranks froze."""
@@ -216,22 +230,25 @@ class StepWatch:
             suspects = [b for b in operator_drains(nodes, states) if b.node != self.batch_host]
         return suspects, now
 
-    def _feed(self, launched: Launched, spares: int, feed: _Feed, now: float) -> Watched | None:
+    def _feed_turn(self, feeding: Parts[Watched | None]) -> tuple[bool, Watched | None]:
+        """Parts of a feed for FEED_TURN_SECONDS (at least one): whether it is over, and how it ended."""
+        until = self.doors.monotonic() + FEED_TURN_SECONDS
+        finished, ended = next_part(feeding)
+        while not finished and self.doors.monotonic() < until:
+            finished, ended = next_part(feeding)
+        return finished, ended
+
+    def _feeding(self, launched: Launched, spares: int, feed: _Feed, now: float) -> Parts[Watched | None]:
         """One heartbeat's feed of the hang and straggler watches (and the job's log, for a progress
-        pattern); a Watched when the step is to end."""
+        pattern), in parts: returns a Watched when the step is to end."""
         watch = launched.signals
         if self.tiers is not None and self.tiers.resuming is not None and watch is not None:
             self.outputs.journal_resume(watch.holdings())
-        records = watch.records() if watch is not None else ()
-        # At 100,000 ranks each part of this feed takes a few tenths of a second: the reports are
-        # taken between the parts, so frozen ranks are not kept waiting for the whole feed.
-        feed.hangs = feed.hangs.observe(records)
-        if (frozen := self._frozen_now(watch, feed)) is not None:
-            return frozen
+        # Only the nodes heard from since the last feed: the others' records are the ones fed before.
+        records = watch.fresh_records() if watch is not None else ()
+        feed.hangs = yield from feed.hangs.observing(records)
         if self.spec.stragglers.action != "off":
-            feed.stragglers = feed.stragglers.observe(records)
-            if (frozen := self._frozen_now(watch, feed)) is not None:
-                return frozen
+            feed.stragglers = yield from feed.stragglers.observing(records)
             self.straggler_actions.write_table(feed.stragglers)
             for found in feed.stragglers.found:
                 env = resized_environment(self.environ, launched.slots)
@@ -246,7 +263,7 @@ class StepWatch:
                 if logged is not None:
                     feed.hangs = feed.hangs.observe_log_step(logged, self.doors.now())
         if feed.hangs.latest or feed.hangs.logged is not None:  # the program reports progress: judge it
-            verdict = feed.hangs.verdict(self.doors.now())
+            verdict = yield from feed.hangs.verdicting(self.doors.now())
             if verdict.hung:
                 return Watched(None, list(verdict.blames()), now, verdict, lost_s=feed.stragglers.lost_s)
         return None

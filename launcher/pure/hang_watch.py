@@ -38,6 +38,7 @@ from typing import NamedTuple
 
 from clusterctl.errors import HostlistError
 from clusterctl.launcher.pure.classify import Blame
+from clusterctl.launcher.pure.in_parts import PART_RECORDS, Parts, to_the_end
 from clusterctl.records.rank_progress import RankProgress
 from clusterctl.slurm import hostlist
 
@@ -249,11 +250,20 @@ def judge(progress_records: Iterable[RankProgress], policy: HangPolicy, now: flo
     for the warm-up (missing: counted from step 0).  `logged`: the newest step the job's log showed,
     progress for every rank.  Reports older than `started_at` belong to an earlier launch: ignored.
     """
+    return to_the_end(judging(progress_records, policy, now, started_at, expected_ranks=expected_ranks,
+                              step_times=step_times, first_steps=first_steps, logged=logged))
+
+
+def judging(progress_records: Iterable[RankProgress], policy: HangPolicy, now: float, started_at: float, *,
+            expected_ranks: Mapping[int, str] | None = None, step_times: StepTimes | None = None,
+            first_steps: Mapping[int, int] | None = None, logged: LoggedStep | None = None) -> Parts[HangVerdict]:
+    """`judge` in parts of PART_RECORDS ranks (launcher/pure/in_parts.py); returns the same verdict."""
     times = step_times if step_times is not None else StepTimes(window=policy.step_window)
-    states = _rank_states(progress_records, policy, now, started_at, expected_ranks or {}, times,
-                          first_steps or {}, logged)
+    states = yield from _rank_states(progress_records, policy, now, started_at, expected_ranks or {}, times,
+                                     first_steps or {}, logged)
     if not states:
         return HangVerdict(False)
+    yield
     overdue = [s for s in states if s.overdue]
     # A rank starting, warming up or checkpointing within its timeout may hold the others in a
     # collective or barrier: those merely waiting in the step phase are not hung (yet).
@@ -261,6 +271,7 @@ def judge(progress_records: Iterable[RankProgress], policy: HangPolicy, now: flo
     stuck = [s for s in overdue if not (busy and s.timeout.kind == "step")]
     if not stuck:
         return HangVerdict(False)
+    yield
     stuck_ranks = tuple(s.rank for s in stuck)
     if len(stuck) < len(states):
         stuck_set = set(stuck_ranks)  # by rank: comparing whole states is quadratic at 100,000 ranks
@@ -293,11 +304,19 @@ class HangWatch:
         return cls(policy, started_at, dict(expected_ranks or {}), StepTimes(window=policy.step_window))
 
     def observe(self, records: Iterable[RankProgress]) -> HangWatch:
-        """The watch after reading these reports: newest report per rank, and step times learned."""
+        """The watch after reading these reports: newest report per rank, and step times learned.
+
+        Only the records that changed need be passed: a rank's record seen before teaches nothing."""
+        return to_the_end(self.observing(records))
+
+    def observing(self, records: Iterable[RankProgress]) -> Parts[HangWatch]:
+        """`observe` in parts of PART_RECORDS records (launcher/pure/in_parts.py); returns the same watch."""
         latest, first_steps = dict(self.latest), dict(self.first_steps)
         warmup, started_at = self.policy.warmup_steps, self.started_at
         samples: list[float] = []  # learned in one go: at 100,000 ranks a new StepTimes per report costs seconds
-        for record in records:
+        for count, record in enumerate(records, 1):
+            if count % PART_RECORDS == 0:
+                yield
             rank = record.rank
             before = latest.get(rank)
             if record.at < started_at or before == record:
@@ -324,8 +343,32 @@ class HangWatch:
 
     def verdict(self, now: float) -> HangVerdict:
         """Which ranks are hung at `now` (see `judge`)."""
-        return judge(self.latest.values(), self.policy, now, self.started_at, expected_ranks=self.expected_ranks,
-                     step_times=self.step_times, first_steps=self.first_steps, logged=self.logged)
+        return to_the_end(self.verdicting(now))
+
+    def verdicting(self, now: float) -> Parts[HangVerdict]:
+        """`verdict` in parts of PART_RECORDS ranks (launcher/pure/in_parts.py); returns the same verdict."""
+        if not self._may_be_overdue(now):
+            return HangVerdict(False)
+        yield
+        return (yield from judging(self.latest.values(), self.policy, now, self.started_at,
+                                   expected_ranks=self.expected_ranks, step_times=self.step_times,
+                                   first_steps=self.first_steps, logged=self.logged))
+
+
+    def _may_be_overdue(self, now: float) -> bool:
+        """Whether some rank may be past its timeout at `now`; False only when `judge` would find none.
+
+        Every timeout is at least the shortest of the start-up, checkpoint and step floors, and no rank
+        has been silent longer than since the oldest report held (or the launch, for a rank not heard
+        from): at 100,000 ranks this look costs milliseconds where a judgement costs tenths of a second."""
+        policy = self.policy
+        shortest = min(policy.startup_timeout, policy.checkpoint_timeout, policy.min_step_timeout)
+        latest = self.latest
+        if not latest or any(rank not in latest for rank in self.expected_ranks):
+            oldest = self.started_at
+        else:
+            oldest = min(record.at for record in latest.values())
+        return now - oldest > shortest
 
 
 # ---- the parts of a judgement ------------------------------------------------------------------------
@@ -336,16 +379,19 @@ def _as_report(logged: LoggedStep, rank: int, node: str) -> RankProgress:
 
 def _rank_states(records: Iterable[RankProgress], policy: HangPolicy, now: float, started_at: float,
                  expected: Mapping[int, str], times: StepTimes, first_steps: Mapping[int, int],
-                 logged: LoggedStep | None) -> list[RankState]:
+                 logged: LoggedStep | None) -> Parts[list[RankState]]:
     reports = {r.rank: r for r in records if r.at >= started_at and (not expected or r.rank in expected)}
     ranks = sorted(set(expected) | set(reports))
+    yield
     states = []
     never = PhaseTimeout(policy.startup_timeout, "startup", f"start-up timeout {_seconds(policy.startup_timeout)} s")
     # A rank's timeout depends only on its phase and whether it is still warming up: computed once
     # for each such pair, not once per rank (at 100,000 ranks that is most of a verdict's time).
     timeouts: dict[tuple[str, bool], PhaseTimeout] = {}
     warmup = policy.warmup_steps
-    for rank in ranks:
+    for count, rank in enumerate(ranks, 1):
+        if count % PART_RECORDS == 0:
+            yield
         report = reports.get(rank)
         node = report.node if report is not None else expected[rank]
         first = first_steps.get(rank, 0)

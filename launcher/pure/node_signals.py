@@ -133,6 +133,8 @@ class NodeSignals:
     """Each node's newest checkpoint holdings (multi-level checkpoints), from the newest report taken that
     carried any: a report without holdings (the node's file damaged, none yet) leaves what it said before.
     An unchanged node's entry stays the same object, so a caller compares cheaply."""
+    fresh: frozenset[str] = frozenset()
+    """Nodes whose report was taken since the last `take_fresh`: only their ranks' records can have changed."""
 
     @classmethod
     def start(cls, policy: SignalPolicy, job_id: str, launch: str, nodes: Sequence[str],
@@ -147,7 +149,7 @@ class NodeSignals:
         """Take the reports received at `at`: each node's newest (by `seq`, a restarted reporter's
         by its send time) replaces the one held; others' reports are counted and dropped."""
         heard, ignored, members = dict(self.heard), self.ignored, self.members
-        stopping, idle, draining = set(self.stopping), set(self.idle), set(self.draining)
+        stopping, idle, draining, fresh = set(self.stopping), set(self.idle), set(self.draining), set(self.fresh)
         witnessing = set(self.witnessing)
         holdings: dict[str, CheckpointHoldings] | None = None  # copied at the first change
         for report in reports:
@@ -158,6 +160,7 @@ class NodeSignals:
                 ignored += 1
                 continue
             heard[node] = Heard(report, at)
+            fresh.add(node)
             told = report.checkpoints
             if told is not None and (holdings or self.holdings).get(node) != told:
                 holdings = dict(self.holdings) if holdings is None else holdings
@@ -171,12 +174,23 @@ class NodeSignals:
                 else:
                     marked.discard(node)
         return replace(self, heard=heard, ignored=ignored, stopping=frozenset(stopping), idle=frozenset(idle),
-                       draining=frozenset(draining), witnessing=frozenset(witnessing),
+                       draining=frozenset(draining), witnessing=frozenset(witnessing), fresh=frozenset(fresh),
                        holdings=self.holdings if holdings is None else holdings)
 
     def records(self) -> tuple[RankProgress, ...]:
         """Every rank's newest progress record, as the hang and straggler watches take them."""
         return tuple(beat.progress for heard in self.heard.values() for beat in heard.report.ranks)
+
+    def take_fresh(self) -> tuple[NodeSignals, tuple[RankProgress, ...]]:
+        """The ranks' records of the nodes heard from since the last take (in `records()`'s order), and
+        these signals with none fresh: fed to the hang and straggler watches, they give what feeding
+        every record gives, at the cost of the nodes that reported."""
+        fresh = self.fresh
+        if not fresh:
+            return self, ()
+        records = tuple(beat.progress for node, heard in self.heard.items() if node in fresh
+                        for beat in heard.report.ranks)
+        return replace(self, fresh=frozenset()), records
 
     def judge(self, at: float) -> Signals:
         """What the reports held say at `at` (the agent's clock)."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from clusterctl.launcher.pure.hang_watch import ranks_text
+from clusterctl.launcher.pure.in_parts import PART_RECORDS, Parts, to_the_end
 from clusterctl.records.rank_progress import RankProgress
 from clusterctl.records.run_journal import StragglerFound
 
@@ -155,53 +156,77 @@ class StragglerWatch:
         return sum(n.lost_s for n in self.nodes.values())
 
     def observe(self, records: Iterable[RankProgress]) -> StragglerWatch:
-        """The watch after one read of the ranks' progress records."""
+        """The watch after one read of the ranks' progress records.
+
+        Only the records that changed since the last read need be passed: a rank whose record is the
+        one read before gives no sample, and a node none of whose ranks gave one keeps its numbers."""
+        return to_the_end(self.observing(records))
+
+    def observing(self, records: Iterable[RankProgress]) -> Parts[StragglerWatch]:
+        """`observe` in parts of PART_RECORDS ranks (launcher/pure/in_parts.py); returns the same watch."""
         previous = dict(self.previous)
         samples: list[_Sample] = []
-        for record in records:
+        policy = self.policy
+        for count, record in enumerate(records, 1):
+            if count % PART_RECORDS == 0:
+                yield
             if record.at < self.started_at:
                 continue
             before = previous.get(record.rank)
             previous[record.rank] = record
-            sample = _sample(before, record, self.policy.warmup_steps)
+            sample = _sample(before, record, policy.warmup_steps)
             if sample is not None:
                 samples.append(sample)
-        if len({s.node for s in samples}) < 2:  # nothing to compare with: remember the counters, judge nothing
-            return replace(self, previous=previous, found=())
+        if not samples or all(s.node == samples[0].node for s in samples):
+            return replace(self, previous=previous, found=())  # nothing to compare with: judge nothing
+        yield
         reference = statistics.median_low(s.seconds for s in samples)
         if reference <= 0:
             return replace(self, previous=previous, found=())
         ranks = dict(self.ranks)
-        policy = self.policy
-        for sample in samples:
-            ranks[sample.rank] = _advance(ranks.get(sample.rank), sample, reference, policy)
-        nodes, found = self._nodes(ranks, samples, reference)
+        changed: dict[str, set[int]] = {}
+        """The nodes whose numbers change (a rank sampled, or one that left for another node), and those ranks."""
+        steps: dict[str, int] = {}
+        for count, sample in enumerate(samples, 1):
+            if count % PART_RECORDS == 0:
+                yield
+            held = ranks.get(sample.rank)
+            if held is not None and held.node != sample.node:
+                changed.setdefault(held.node, set())
+            ranks[sample.rank] = _advance(held, sample, reference, policy)
+            changed.setdefault(sample.node, set()).add(sample.rank)
+            steps[sample.node] = max(steps.get(sample.node, 0), sample.steps)
+        nodes, found = yield from self._nodes(ranks, samples, reference, changed, steps)
         return replace(self, previous=previous, ranks=ranks, nodes=nodes, reference=reference, found=found)
 
-    def _nodes(self, ranks: Mapping[int, RankStats], samples: list[_Sample],
-               reference: float) -> tuple[dict[str, NodeStats], tuple[StragglerFound, ...]]:
+    def _nodes(self, ranks: Mapping[int, RankStats], samples: list[_Sample], reference: float,
+               changed: dict[str, set[int]],
+               steps: Mapping[str, int]) -> Parts[tuple[dict[str, NodeStats], tuple[StragglerFound, ...]]]:
         # The job waits for its slowest rank in every collective: that rank's excess is the time lost.
         slowest = max(samples, key=lambda s: s.seconds)
         lost = {slowest.node: slowest.steps * (slowest.seconds - reference)} \
             if slowest.seconds >= self.policy.margin * reference else {}
-        steps: dict[str, int] = {}
-        for sample in samples:
-            steps[sample.node] = max(steps.get(sample.node, 0), sample.steps)
-        nodes: dict[str, NodeStats] = {}
+        nodes = dict(self.nodes)
         found = []
-        by_node: dict[str, list[RankStats]] = {}
-        for rank_stats in ranks.values():
-            by_node.setdefault(rank_stats.node, []).append(rank_stats)
-        for node, group in sorted(by_node.items()):
+        for count, node in enumerate(sorted(changed), 1):
+            if count % (PART_RECORDS // 8) == 0:
+                yield
             before = self.nodes.get(node, NodeStats(node))
+            members = sorted(changed[node].union(before.ranks))
+            group = [stats for stats in (ranks[rank] for rank in members) if stats.node == node]
+            if not group:
+                del nodes[node]  # every rank it had moved to another node
+                continue
             worst = max(group, key=lambda r: r.ratio or 0.0)
             slow = max(group, key=lambda r: r.slow_steps)
-            stats = NodeStats(node, tuple(sorted(r.rank for r in group)), worst.seconds, worst.ratio,
+            stats = NodeStats(node, tuple(r.rank for r in group), worst.seconds, worst.ratio,
                               before.steps + steps.get(node, 0), slow.slow_steps, any(r.straggler for r in group),
                               before.lost_s + lost.get(node, 0.0))
             if stats.straggler and not before.straggler:
                 found.append(_straggler(stats, [r for r in group if r.straggler], reference, self.policy))
             nodes[node] = stats
+        if len(nodes) != len(self.nodes) or any(node not in self.nodes for node in changed):
+            nodes = dict(sorted(nodes.items()))  # by name, as status shows them
         return nodes, tuple(found)
 
 
