@@ -15,7 +15,10 @@ Every 0.25 s it reads, all on its own node:
   a damaged one is said once in the reporter's log and reported as none);
 - once, in a thread of its own when it starts, the node's GPU model as NVML names it (for the job's
   MFU; `GpuModel`: nvmlInit may take seconds, and the reporter never waits for it);
-and sends one signed UDP datagram (~1.6 KB for 8 ranks, ~6 KB with 32 checkpoint copies and a resume; clusterctl.records.node_report) to the
+With a peer port from the agent ($CLUSTERCTL_PEER_PORT) it also beats to its two neighbours in the
+step every 0.5 s and hears theirs (launcher/job/peer_link.py, launcher/pure/peer_watch.py): a neighbour
+silent 2.5 s is named in its next report, sent at once.  It
+sends one signed UDP datagram (~1.6 KB for 8 ranks, ~6 KB with 32 checkpoint copies and a resume; clusterctl.records.node_report) to the
 agent: at once when something the agent acts on changed, else once per heartbeat
 ($CLUSTERCTL_REPORT_INTERVAL).  What to send and when is `clusterctl.launcher.pure.node_report_build`.
 Sends never block (a non-blocking socket: an absent agent costs a failed sendto), so a busy or
