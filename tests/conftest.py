@@ -185,6 +185,12 @@ def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
         before = state.read_text() if state.exists() else ""
         inject(tb.nvml_dir(node), Fault("clear"))
         faulted = faulted or state.read_text() != before
+    # A job that ran on a node cut off or given back completes only once that node answers again, and its
+    # epilog runs then (seen: during the next test, draining the node for what it found): wait for it here.
+    deadline = time.monotonic() + 120
+    while tb.run_on("ctl", ["squeue", "-h", "-t", "CG,CF", "-o", "%i"], check=False).stdout.strip() and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
     tb.back_in_service(faulted=faulted)
 
 
