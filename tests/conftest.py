@@ -176,14 +176,11 @@ def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
     tb.run_on("ctl", ["scancel", "--user=root"], check=False)
     faulted = False
     for node in tb.layout.nodes:
-        cut = hasattr(tb, "link_is_up") and is_alive(pids.get(f"holder:{node}", 0)) and not tb.link_is_up(node)
         if not is_alive(pids.get(f"holder:{node}", 0)):
             tb.boot_node(node)
         elif not is_alive(tb._pids().get(f"healthd:{node}", 0)):
             tb.start_healthd(node)
         tb.heal_link(node)
-        if cut:  # registers now, so what Slurm still owes the node (a given-back job's epilog) runs in this teardown
-            tb.restart_slurmd(node)
         state = tb.nvml_dir(node) / "state"
         before = state.read_text() if state.exists() else ""
         inject(tb.nvml_dir(node), Fault("clear"))

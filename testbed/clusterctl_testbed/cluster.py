@@ -590,14 +590,6 @@ class Testbed:
         self._check_node(node)
         run(["ip", "-n", self.layout.namespace(CONTROLLER), "link", "set", f"v-{node}", "down"])
 
-    def link_is_up(self, node: str) -> bool:
-        """Whether the node's cable is plugged in (cut_link, kill_node take it out)."""
-        self._check_node(node)
-        shown = subprocess.run(["ip", "-n", self.layout.namespace(CONTROLLER), "-o", "link", "show", f"v-{node}"],
-                               capture_output=True, text=True, timeout=30)
-        flags = shown.stdout.partition("<")[2].partition(">")[0].split(",")
-        return shown.returncode == 0 and "UP" in flags
-
     def heal_link(self, node: str) -> None:
         """Plug the node's cable back in."""
         self._check_node(node)

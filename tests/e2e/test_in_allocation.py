@@ -184,7 +184,11 @@ def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_
     assert len(_events(run_dir, "submitted")) == 1, out
 
 
-@pytest.mark.parametrize("fault", [pytest.param("cut-link", marks=[pytest.mark.one_release, pytest.mark.production]),
+# The cut link runs in CI under Slurm's default timeouts (its own session, alone), not also on the fast testbed:
+# the job it gives the node back from owes the node an epilog that Slurm delivers minutes later, in whichever
+# story runs then, where it drained the node for what healthd found in an earlier story (seen twice).
+@pytest.mark.parametrize("fault", [pytest.param("cut-link", marks=[pytest.mark.one_release, pytest.mark.production,
+                                                                  pytest.mark.matrix_only]),
                                    pytest.param("kill-batch-host", marks=pytest.mark.production_matrix)])
 def test_a_node_that_dies_or_is_cut_off_is_replaced_by_the_spare(cluster, tmp_path, reference, fault):
     """... the batch host too, where the agent runs: its standby on the spare takes the job over once
