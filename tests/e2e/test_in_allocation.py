@@ -179,6 +179,12 @@ def test_ranks_that_stop_progressing_are_caught_within_the_timeout_and_the_step_
     # is named, though rank 0's last report (a phase change after the save) came after the others'.
     assert [b.node for b in event.blame] == [victim], event
     assert "also stopped running" in event.blame[0].evidence[0], event
+    # Why it hung, kept before the step was ended: every rank's Python stack (py-spy), grouped by where
+    # it waits; the victim's stopped ranks are among those dumped or named with the reason they are not.
+    stacks = "\n".join(event.stacks)
+    assert "toy_trainer.py" in event.stacks[0], stacks  # where the waiting ranks are, in the program
+    assert "stop first" in stacks or victim in stacks, stacks
+    assert (run_dir / "jobs" / job / "stacks" / f"{victim}.json").exists(), event.stacks
     out = _finished(cluster, proc)
     assert json.loads((run_dir / "checkpoints" / "final.json").read_text()) == reference, out
     assert len(_events(run_dir, "submitted")) == 1, out
