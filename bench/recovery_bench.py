@@ -86,6 +86,7 @@ from clusterctl_testbed.slurm_config import TIMEOUTS  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT = Layout(root=Path("/tmp/ctb-recovery"), namespace_prefix="ctbr-")
 FAULTS = ("xid", "kill-batch-host", "cut-link", "kill-node")
+RECOVERS = ("in-allocation", "resubmit")
 SLURM_NOTICES = 0.0
 """Extra seconds a recovery may wait for Slurm to declare a node DOWN (420 under the production timeouts)."""
 STAGES = ("detect", "job end", "submit", "start", "resume", "step")
@@ -387,7 +388,8 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
         tb.back_in_service(faulted="node" in locals())
 
 
-def compare_cases(faults: Sequence[str], queues: Sequence[str], checkpoints: Sequence[str]) -> list[tuple[str, str, bool, str, str]]:
+def compare_cases(faults: Sequence[str], queues: Sequence[str], checkpoints: Sequence[str],
+                  recovers: Sequence[str] = RECOVERS) -> list[tuple[str, str, bool, str, str]]:
     """(label, recover, busy, fault, checkpoint) of every case asked for, in the order they run; a case's
     checkpoint ways follow each other (their trials alternate: see compare)."""
     cases = [(label, recover, busy, "xid") for label, recover, busy in (
@@ -401,7 +403,7 @@ def compare_cases(faults: Sequence[str], queues: Sequence[str], checkpoints: Seq
               for label, busy in (("busy queue", True), ("idle queue", False))]
     chosen = []
     for label, recover, busy, fault in cases:
-        if fault not in faults or ("busy" if busy else "idle") not in queues:
+        if fault not in faults or ("busy" if busy else "idle") not in queues or recover not in recovers:
             continue
         for checkpoint in checkpoints:
             # Today's way alone keeps the labels earlier results were written with.
@@ -423,13 +425,14 @@ def summarize(results: Mapping[str, Sequence[Mapping[str, float | str]]]) -> dic
 
 def compare(tb: Testbed, trials: int, busy_seconds: int, faults: tuple[str, ...] = ("xid", "kill-batch-host"),
             queues: tuple[str, ...] = QUEUES, checkpoints: tuple[str, ...] = ("shared",), state_mb: float = 0.0,
-            shared_mb_per_s: float = 0.0, flush_every_steps: int = 40, out: Path | None = None) -> None:
+            shared_mb_per_s: float = 0.0, flush_every_steps: int = 40, out: Path | None = None,
+            recovers: tuple[str, ...] = RECOVERS) -> None:
     work = Path("/tmp/clusterctl-recovery-compare")
     subprocess.run(["rm", "-rf", str(work)], check=True)
     work.mkdir()
     records = str(LAYOUT.root / "job-health")
     results: dict[str, list[dict[str, float | str]]] = {}
-    cases = compare_cases(faults, queues, checkpoints)
+    cases = compare_cases(faults, queues, checkpoints, recovers)
     groups: dict[tuple[str, str, bool, str], list[tuple[str, str]]] = {}
     for label, recover, busy, fault, checkpoint in cases:
         groups.setdefault((label.removesuffix(f", {checkpoint}"), recover, busy, fault), []).append((label, checkpoint))
@@ -484,6 +487,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="with --compare: xid (a GPU of the second node), kill-batch-host (the node running "
                              "the agent and rank 0, powered off), or both, comma-separated")
     parser.add_argument("--queues", default="busy,idle", help="with --compare: busy, idle or both, comma-separated")
+    parser.add_argument("--recover", default=",".join(RECOVERS),
+                        help="with --compare: in-allocation, resubmit or both, comma-separated (the ways compared)")
     parser.add_argument("--checkpoint", default="shared",
                         help="with --compare: how the job saves, shared (today's: the shared checkpoint directory), "
                              "tiers ([checkpoint] tiers = true) or both, comma-separated (trials alternate)")
@@ -502,6 +507,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.timeouts = _choices(args.timeouts, tuple(TIMEOUTS), "--timeouts", parser)
     args.queues = _choices(args.queues, QUEUES, "--queues", parser)
     args.checkpoint = _choices(args.checkpoint, CHECKPOINTS, "--checkpoint", parser)
+    args.recover = _choices(args.recover, RECOVERS, "--recover", parser)
     if args.trials < 1 or args.state_mb < 0 or args.shared_mb_per_s < 0 or args.flush_every_steps < 0:
         parser.error("--trials must be at least 1; --state-mb, --shared-mb-per-s and --flush-every-steps "
                      "must not be negative")
@@ -522,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                              "recovery_compare.json").with_suffix(f".{profile}.json")
             try:
                 compare(tb, args.trials, args.busy_seconds, args.faults, args.queues, args.checkpoint, args.state_mb,
-                        args.shared_mb_per_s, args.flush_every_steps, out)
+                        args.shared_mb_per_s, args.flush_every_steps, out, args.recover)
             finally:
                 tb.down(quiet=True)
         return

@@ -76,6 +76,8 @@ def test_each_case_runs_both_ways_and_gets_one_line_comparing_them() -> None:
         ("resubmission, idle queue, tiers", "resubmit", "xid", "tiers")]
     assert [c[0] for c in bench.compare_cases(("kill-batch-host",), ("busy",), ("shared",))] == [
         "batch host killed, in-allocation, busy queue", "batch host killed, resubmission, busy queue"]
+    assert [c[0] for c in bench.compare_cases(("kill-batch-host",), ("busy",), ("shared",), ("in-allocation",))] == [
+        "batch host killed, in-allocation, busy queue"], "--recover keeps one way"
     trials = {"in-allocation, idle queue, shared": [{"node": "node2", "total": 14.0, "read_s": 10.2},
                                                     {"node": "node2", "total": 16.0, "read_s": 10.6},
                                                     {"node": "node2", "total": 15.0, "read_s": 10.4}],
@@ -89,7 +91,7 @@ def test_each_case_runs_both_ways_and_gets_one_line_comparing_them() -> None:
 
 
 @pytest.mark.parametrize("argv", [["--checkpoint", "nvme"], ["--queues", ""], ["--state-mb", "-1"],
-                                  ["--faults", "xid,power"]])
+                                  ["--faults", "xid,power"], ["--recover", "requeue"]])
 def test_a_wrong_option_is_a_usage_error_naming_it(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         bench.parse_args(argv)
