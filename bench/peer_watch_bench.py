@@ -189,9 +189,7 @@ def _burn(stop_at: float) -> None:
 
 def _beater(port: int, seconds: float) -> None:
     """The reporter's beat loop: a tick every 0.25 s, a beat every PEER_BEAT_SECONDS, through a real PeerLink."""
-    link = PeerLink(KEY, 0, ["127.0.0.1"])
-    link.port = port  # send to the watcher's port
-    link.addresses["127.0.0.1"] = ("127.0.0.1", port)
+    link = PeerLink(KEY, 0, ["127.0.0.1"], send_port=port)
     end, seq, next_beat = time.monotonic() + seconds, 0, 0.0
     while time.monotonic() < end:
         now = time.monotonic()

@@ -13,6 +13,7 @@ import socket
 from collections import Counter
 from dataclasses import dataclass, field
 
+from clusterctl.launcher.job.name_cache import NameCache
 from clusterctl.records.node_report import MAX_DATAGRAM, NodeReport, ReportRefused, decode, encode
 
 RECEIVE_BUFFER = 8 << 20
@@ -80,7 +81,8 @@ class ReportSender:
         self.key, self.address = key, address
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
-        self._resolved: tuple[str, int] | None = None
+        self.names = NameCache()
+        self.names.address(address[0])  # looked up now, off the loop: known by the first report
         self.sent = 0
         self.failed = 0
         self.last_error = ""
@@ -89,14 +91,16 @@ class ReportSender:
         """Send `report`; False (with `last_error`) when it could not leave now: the next one replaces it."""
         try:
             datagram = encode(report, self.key)
-            if self._resolved is None:
-                self._resolved = (socket.gethostbyname(self.address[0]), self.address[1])
-            self.sock.sendto(datagram, self._resolved)
+            host = self.names.address(self.address[0])
+            if host is None:
+                self.failed += 1
+                self.last_error = (f"{self.address[0]} does not resolve" if self.address[0] in self.names.unresolved()
+                                   else f"looking {self.address[0]} up")
+                return False
+            self.sock.sendto(datagram, (host, self.address[1]))
         except (OSError, ValueError) as exc:
             self.failed += 1
             self.last_error = f"{exc.__class__.__name__}: {exc}"
-            if isinstance(exc, socket.gaierror):
-                self._resolved = None
             return False
         self.sent += 1
         return True

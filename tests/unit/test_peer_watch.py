@@ -4,13 +4,15 @@ whatever the job's size, and the agent blames it only when its own probe fails t
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
 from hypothesis import given, strategies as st
 
 from clusterctl.launcher.job.node_probe import NodeProber, probe_once
-from clusterctl.launcher.job.peer_link import PeerLink
+from clusterctl.launcher.job.name_cache import NameCache
+from clusterctl.launcher.job.peer_link import READ_PER_CALL, PeerLink
 from clusterctl.launcher.pure.peer_watch import PEER_SILENT_SECONDS, PeerWatch, neighbours
 from clusterctl.launcher.pure.reachability import PROBE_GAP_SECONDS, UNREACHABLE, ProbeResult, Probes, unreachable
 from clusterctl.records.node_report import SilentPeer
@@ -71,7 +73,10 @@ def test_two_reporters_links_hear_each_others_beats_and_drop_a_strangers() -> No
         port = probe.getsockname()[1]
     link = PeerLink(KEY, port, ["localhost"])
     try:
-        assert link.send(PeerBeat("1", "0", "node1", 7)) == 1
+        for _ in range(200):  # the name is looked up off the loop: beats go once it is known
+            if link.send(PeerBeat("1", "0", "node1", 7)) == 1:
+                break
+            time.sleep(0.01)
         stranger = PeerLink(bytes(32), 0, [])
         stranger.sock.sendto(encode_beat(PeerBeat("1", "0", "node9", 1), bytes(32)), ("127.0.0.1", port))
         stranger.close()
@@ -129,8 +134,8 @@ def test_a_probe_of_a_listening_and_of_a_closed_port_says_the_node_is_up() -> No
         server.listen()
         port = server.getsockname()[1]
         assert probe_once("localhost", port)[0] is True
-    assert probe_once("localhost", port) == (True, probe_once("localhost", port)[1])
-    assert "refused" in probe_once("localhost", port)[1]
+    up, how = probe_once("localhost", port)
+    assert up is True and "refused" in how, how  # nothing listens, but the kernel answered
     assert probe_once("no-such-host.invalid", port)[0] is None
 
 
@@ -151,3 +156,79 @@ def test_the_prober_runs_each_probe_once_at_a_time_and_hands_back_its_result() -
             break
         time.sleep(0.01)
     assert done == [ProbeResult("node2", 5.0, False, "no answer")]
+
+
+# ---- names looked up off the reporter's loop ----------------------------------------------------------
+
+def test_a_resolver_that_hangs_never_holds_up_a_beat_and_the_beat_goes_once_the_name_resolves() -> None:
+    answer, asked = threading.Event(), []
+
+    def slow_dns(name: str) -> str:
+        asked.append(name)
+        answer.wait(10)  # a resolver that takes its time
+        return "127.0.0.1"
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    link = PeerLink(KEY, port, ["node2"], names=NameCache(resolve=slow_dns))
+    try:
+        started = time.monotonic()
+        assert link.send(PeerBeat("1", "0", "node1", 1)) == 0, "not known yet: skipped, not waited for"
+        assert time.monotonic() - started < 5, "the beat waited for the resolver"
+        answer.set()
+        for _ in range(200):
+            if link.send(PeerBeat("1", "0", "node1", 2)) == 1:
+                break
+            time.sleep(0.01)
+        got: list[PeerBeat] = []
+        for _ in range(100):
+            got += link.received()
+            if got:
+                break
+            time.sleep(0.01)
+        assert [b.seq for b in got] == [2] and asked == ["node2"], "looked up once, then sent"
+    finally:
+        link.close()
+
+
+def test_a_name_that_does_not_resolve_is_said_and_tried_again_only_after_the_retry_gap() -> None:
+    now, asked = [100.0], []
+
+    def no_such_host(name: str) -> str:
+        asked.append(name)
+        raise socket.gaierror(-2, "Name or service not known")
+
+    names = NameCache(resolve=no_such_host, retry_seconds=5.0, clock=lambda: now[0])
+    assert names.address("node9") is None
+    for _ in range(200):
+        if names.unresolved():
+            break
+        time.sleep(0.01)
+    assert names.unresolved() == {"node9"}
+    assert names.address("node9") is None and len(asked) == 1, "asked again before the retry gap"
+    now[0] += 5.0
+    names.address("node9")
+    for _ in range(200):
+        if len(asked) == 2:
+            break
+        time.sleep(0.01)
+    assert asked == ["node9", "node9"]
+    assert names.address("10.1.2.3") == "10.1.2.3", "an address is its own answer"
+
+
+def test_a_flood_of_strangers_datagrams_costs_one_call_a_bounded_read() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    link = PeerLink(KEY, port, [])
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as stranger:
+            for _ in range(3 * READ_PER_CALL):
+                stranger.sendto(b"junk" * 10, ("127.0.0.1", port))
+        time.sleep(0.05)
+        assert link.received() == [] and link.refused == READ_PER_CALL, "one call read past its bound"
+        link.received()
+        assert link.refused == 2 * READ_PER_CALL
+    finally:
+        link.close()
