@@ -38,7 +38,10 @@ def atomic_write(path: Path, text: str, *, mode: int = 0o644) -> Path:
     The temp name is created with O_EXCL|O_NOFOLLOW, so a planted file or symlink at that
     name is never written through.  Returns `path`.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # mkdir's EEXIST for a parent that is a file: what is wrong is ENOTDIR
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from None
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 import socket
 import tomllib
@@ -236,7 +237,11 @@ def _checked(where: _Where, dotted: str, value: Any) -> Any:  # noqa: C901 - one
             raise where.error(dotted, f" must be true or false, found {_shown(value)}")
         return value
     if rule.kind in ("path", "optional-path"):
-        return _path(where, dotted, value)
+        path = _path(where, dotted, value)
+        if dotted == "kmsg" and os.path.isdir(path):
+            raise where.error(dotted, f" must be the kernel log, /dev/kmsg (or a file of its records), not the "
+                                      f"directory {value}")
+        return path
     if rule.kind == "paths":
         if not isinstance(value, list) or len(value) > MAX_PATHS:
             raise where.error(dotted, f" must be a list of at most {MAX_PATHS} absolute paths, found {_shown(value)}")

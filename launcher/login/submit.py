@@ -3,7 +3,10 @@ sbatch, journal."""
 
 from __future__ import annotations
 
+import errno
 import importlib.resources
+import os
+import stat
 from pathlib import Path
 
 from clusterctl import __version__
@@ -37,6 +40,22 @@ def load_template(spec: JobSpec) -> Template:
             raise SpecError(f"the template is not UTF-8 text (byte {exc.start + 1}); an sbatch template is a "
                             "bash script", path=spec.launch.template) from None
     return builtin_template(spec.launch.style)
+
+
+def check_workdir(spec: JobSpec) -> None:
+    """The job's working directory exists (SpecError naming it otherwise): the login node sees the same shared
+    filesystem as the compute nodes, where sbatch --chdir would otherwise fail only once the job starts."""
+    workdir = spec.launch.workdir
+    try:
+        found = os.stat(workdir)
+    except OSError as exc:
+        why = "does not exist" if exc.errno == errno.ENOENT else f"cannot be reached ({exc.strerror})"
+        raise SpecError(f"the directory the job runs in, {workdir}, {why}; create it, or fix launch.workdir "
+                        "(a relative one is from the spec file's folder)", path=spec.source or None,
+                        key="launch.workdir") from None
+    if not stat.S_ISDIR(found.st_mode):
+        raise SpecError(f"{workdir} is not a directory; launch.workdir is the directory the job runs in",
+                        path=spec.source or None, key="launch.workdir")
 
 
 def gather_facts(slurm: Slurm, spec: JobSpec) -> tuple[SlurmFacts, list[str]]:

@@ -28,7 +28,7 @@ from clusterctl.launcher.login.status import CheckpointStatus, RunStatus, best_r
 from clusterctl.launcher.login.status_reads import Looks, run_checkpoints, run_spec, slow_node_seconds
 from clusterctl.launcher.pure.goodput import Goodput, run_goodput
 from clusterctl.launcher.login.code_version import GitDoor, run_git
-from clusterctl.launcher.login.submit import gather_facts, prepare, submit_attempt
+from clusterctl.launcher.login.submit import check_workdir, gather_facts, prepare, submit_attempt
 from clusterctl.records.agent_summary import read_agent_summary
 from clusterctl.records.experiment_record import experiment_record_path, read_experiment_record
 from clusterctl.records.node_step_times import NodeStepTimes, read_node_step_times
@@ -65,6 +65,7 @@ def prepare_submission(spec: JobSpec, slurm: Slurm, *, run_dir: Path | None, now
 
     Nothing is written and nothing submitted: `--dry-run` shows exactly this.
     """
+    check_workdir(spec)
     facts, warnings = gather_facts(slurm, spec)
     root = Path(spec.job.runs_dir or default_runs_dir())
     path = (run_dir or unique_run_path(root, spec.job.name, now)).absolute()

@@ -65,6 +65,11 @@ def hostfile_lines(rank_map: JobRankMap, per_gpu: bool) -> list[str]:
     return [node for node in rank_map.slots for _ in range(repeat)]
 
 
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+                  "MASTER_PORT")
+"""The variables `rank_environment` sets for each rank (the job spec refuses them in [launch] env)."""
+
+
 def rank_environment(rank_map: PlacedRanks, rank: int) -> dict[str, str]:
     """What every launcher style gives a rank: torch.distributed's variables, from the map."""
     node, gpu = rank_map.location(rank)

@@ -22,8 +22,12 @@ from clusterctl.slurm import hostlist
 from clusterctl.launcher.pure.cost import DEFAULT_WEIGHTS
 from clusterctl.errors import HostlistError, LayoutError, SpecError
 from clusterctl.launcher.pure.parallel import DIMS, ParallelLayout, layout_from_mapping, validate_for_cluster
+from clusterctl.launcher.pure.preflight import RANK_VARIABLES
 from clusterctl.launcher.pure.straggler_watch import StragglerPolicy
+from clusterctl.records.checkpoint_settings import SETTINGS_ENV
 from clusterctl.records.experiment_record import MAX_DATA_VERSION
+from clusterctl.records.node_report import REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV
+from clusterctl.records.peer_beat import PEER_PORT_ENV
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,12 @@ MANAGED_SBATCH = ("--nodes", "-N", "--ntasks", "-n", "--ntasks-per-node", "--gpu
                   "--exclude", "-x", "--partition", "-p", "--account", "-A", "--time", "-t", "--requeue",
                   "--no-requeue", "--wrap")
 DEFAULT_RESUME_ENV = "CLUSTERCTL_RESUME_FROM"
+TORCHRUN_VARIABLES = ("ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE")
+"""What torchrun sets for each worker besides RANK_VARIABLES (and TORCHELASTIC_*)."""
+STEP_VARIABLES = ("CLUSTERCTL_JOB_DIR", "CLUSTERCTL_NODE_DIR", SETTINGS_ENV, REPORT_KEY_ENV, REPORT_ADDR_ENV,
+                  REPORT_LAUNCH_ENV, REPORT_INTERVAL_ENV, PEER_PORT_ENV)
+"""What clusterctl's agent sets for each step: where the job's records, the node directory, the report inbox and
+the checkpoint tiers are."""
 RUN_DIR_PLACEHOLDER = "{run_dir}"
 COMMAND_PLACEHOLDERS = ("run_dir", "checkpoint_dir", "tp", "pp", "dp", "cp", "ep", "total_steps")
 RESUME_PLACEHOLDERS = ("path",)
@@ -103,12 +113,16 @@ FIELDS: tuple[Field, ...] = (
     Field("launch", "style", "choice", "srun: one task per GPU, RANK=SLURM_PROCID. torchrun: one task per "
           "node running torchrun with static rendezvous and --node-rank from the rank map.", "srun",
           choices=("srun", "torchrun")),
-    Field("launch", "env", "env", "Environment for every rank: a table of NAME = 'value'.", {}),
-    Field("launch", "workdir", "path", "Directory the job runs in (relative to the spec file).", "."),
+    Field("launch", "env", "env", "Environment for every rank: a table of NAME = 'value'.  Refused: what Slurm, "
+          "torchrun or clusterctl sets for the job (SLURM_*, RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT..., "
+          "the CLUSTERCTL_* of each step, checkpoint.resume_env) and LD_PRELOAD (it would reach clusterctl's own "
+          "processes).", {}),
+    Field("launch", "workdir", "path", "Directory the job runs in (relative to the spec file); it must exist when "
+          "you submit.", "."),
     Field("launch", "template", "path", "Your own sbatch template instead of sbatch_templates/<style>.sbatch "
           "(same {{placeholders}})."),
-    Field("launch", "python", "str", "Python with clusterctl installed, as seen from the compute nodes; "
-          "default: the one running `clusterctl submit`."),
+    Field("launch", "python", "str", "Python with clusterctl installed, as an absolute path seen from the compute "
+          "nodes; default: the one running `clusterctl submit`."),
     Field("launch", "master_port", "int", "Rendezvous port on rank 0's node; default: a random free port in "
           "20000-32767 picked by the job (recorded in its rank map), never one another user could guess.",
           minimum=1024, maximum=65535),
@@ -191,8 +205,8 @@ FIELDS: tuple[Field, ...] = (
           minimum=1, maximum=DAY),
     Field("restart", "hang_safety_factor", "float", "Step timeout = this x the learned median step time.",
           5.0, minimum=1, maximum=1000),
-    Field("restart", "progress_pattern", "str", "For programs that only log: a regular expression whose "
-          "first group (or group `step`) is the step number in a log line, e.g. 'step (\\d+)'."),
+    Field("restart", "progress_pattern", "str", "For programs that only log: a regular expression with a group "
+          "around the step number in a log line (the group named `step`, else the first), e.g. 'step (\\d+)'."),
     Field("restart", "exit_actions", "exit_actions", "What a rank's own exit code asks for: a table like "
           "{75 = 'restart', 76 = 'exclude-node', 77 = 'stop'}: restart from the last checkpoint (not counted as "
           "a program failure), restart without the node(s) whose ranks exited so (blamed), or stop the run. "
@@ -533,6 +547,8 @@ def _convert_text(spec_field: Field, value: Any, where: _Where) -> Any:
         hint = f"; did you mean `{close[0]}`?" if close else ""
         raise where.error(f"expected one of {', '.join(spec_field.choices)}, found {value!r}{hint}",
                           spec_field.section, spec_field.key)
+    if kind == "path" and value.startswith("-"):
+        raise _bad(spec_field, value, where, f"a path, not an option (write './{value}' for one really named so)")
     if kind == "hostlist":
         try:
             hostlist.expand(value)
@@ -543,16 +559,24 @@ def _convert_text(spec_field: Field, value: Any, where: _Where) -> Any:
 
 
 def _check_text_key(spec_field: Field, value: str, where: _Where) -> None:
-    """The rules of single string keys: the webhook URL, the resume variable, the progress pattern."""
+    """The rules of single string keys: the webhook URL, the resume variable, the progress pattern, the Python."""
     if spec_field.key == "webhook" and not re.match(r"^https?://[^/\s]+", value):
         raise _bad(spec_field, value, where, "an http(s) URL like https://hooks.example.com/...")
     if spec_field.kind == "str" and spec_field.key == "resume_env" and not ENV_NAME.match(value):
         raise _bad(spec_field, value, where, "an environment variable name (letters, digits, _)")
     if spec_field.key == "progress_pattern":
         try:
-            re.compile(value)
-        except re.error as exc:
+            groups = re.compile(value).groups
+        except (re.error, RecursionError, OverflowError) as exc:
             raise _bad(spec_field, value, where, f"a regular expression ({exc})") from None
+        if not groups:
+            raise _bad(spec_field, value, where, "a regular expression with a group around the step number, like "
+                       "'step (\\d+)' or 'it=(?P<step>\\d+)' (the group named `step`, else the first, is read as "
+                       "the step)")
+    if spec_field.dotted == "launch.python" and not value.startswith("/"):
+        raise _bad(spec_field, value, where, "an absolute path to a Python with clusterctl installed, as the compute "
+                   "nodes see it, like '/shared/venv/bin/python' (a relative path or a bare name would be looked "
+                   "up from wherever the job starts)")
 
 
 def _convert_switches(spec_field: Field, value: Any, where: _Where) -> Any:
@@ -661,6 +685,49 @@ def _check_sbatch_options(options: tuple[str, ...], where: _Where) -> None:
             raise where.error(f"{option!r} contains control characters", "job", "sbatch_options")
 
 
+def owned_variable(name: str, resume_env: str = DEFAULT_RESUME_ENV) -> str | None:
+    """Why [launch] env may not set `name` (Slurm, torchrun or clusterctl sets it, or it would reach clusterctl's
+    own processes), as the rest of a sentence about it; None when the spec may set it."""
+    if name.startswith(("SLURM_", "SLURMD_")):
+        return ("is Slurm's: it sets SLURM_* for the job and each step, and a value here would replace its own where "
+                "clusterctl's agent and srun read them (the job's id, its nodes, srun's options); ask Slurm through "
+                "job.sbatch_options")
+    if name in RANK_VARIABLES or name in TORCHRUN_VARIABLES or name.startswith("TORCHELASTIC_"):
+        how = "; to choose the rendezvous port, set launch.master_port" if name == "MASTER_PORT" else ""
+        return ("is set for each rank by the launcher from the rank map (by torchrun in its style), so a value here "
+                f"never reaches the program: remove it{how}")
+    if name == "LD_PRELOAD":
+        return ("would be preloaded into clusterctl's own agent, node reporter and srun, not only into the program; "
+                "to preload into the program alone, start it through env: command = ['env', "
+                "'LD_PRELOAD=/path/lib.so', 'python3', 'train.py']")
+    if name in STEP_VARIABLES:
+        return ("is set by clusterctl's agent for each step (where the job's records, node directory, report inbox "
+                "or checkpoint tiers are): remove it")
+    if name == "CLUSTERCTL_CHECKPOINT_DIR":
+        return "is set by clusterctl from checkpoint.dir: set that key instead"
+    if name in {f"CLUSTERCTL_{dim.upper()}" for dim in DIMS}:
+        return "is set by clusterctl from [parallel]: set the size there instead"
+    if name == resume_env:
+        return ("carries the checkpoint a resume starts from (checkpoint.resume_env) and is set by clusterctl on "
+                "every resume: remove it (to start from a checkpoint of your choosing: clusterctl submit --resume "
+                "PATH)")
+    return None
+
+
+def _check_launch_env(values: dict[str, dict[str, Any]], overrides: Overrides, where: _Where) -> None:
+    """[launch] env (and -e/--env) sets no variable Slurm, torchrun or clusterctl owns (owned_variable)."""
+    given_on_command_line = {name for name, _ in overrides.env}
+    for name, _ in values["launch"]["env"]:
+        why = owned_variable(name, values["checkpoint"]["resume_env"])
+        if why is None:
+            continue
+        if name in given_on_command_line:
+            raise SpecError(f"{name} {why}", path="command line", key="-e/--env")
+        number = where.line("launch.env", name) or where.line("launch", "env")
+        raise SpecError(f"{name} {why}", path=f"{where.path}:{number}" if number else where.path,
+                        key=f"launch.env.{name}")
+
+
 def _check_placeholders(values: Sequence[str], known: Sequence[str], where: _Where, section: str, key: str) -> None:
     """A `{name}` close to a known placeholder is a typo: it would reach the program literally."""
     for value in values:
@@ -704,6 +771,7 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
     _check_sbatch_options(values["job"]["sbatch_options"], where)
     _check_command_placeholders(values, where)
     _apply_overrides(values, overrides)
+    _check_launch_env(values, overrides, where)
     _check_tiers(values, where)
     _resolve_paths(values, base_dir or Path(path).resolve().parent)
     layout = _parallel_layout(values, where, path)

@@ -100,13 +100,14 @@ def test_a_bug_is_one_line_and_its_own_exit_code(monkeypatch, capsys):
     assert err.count("\n") == 1 and "internal error: KeyError" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("where", ["afile/x.svg", "/proc/x.svg"])
-def test_an_svg_that_cannot_be_written_is_exit_12(tmp_path, monkeypatch, capsys, where):
+@pytest.mark.parametrize(("where", "why"), [("afile/x.svg", "(Not a directory)"), ("/proc/x.svg", "")])
+def test_an_svg_that_cannot_be_written_is_exit_12(tmp_path, monkeypatch, capsys, where, why):
     (tmp_path / "afile").write_text("")
     monkeypatch.chdir(tmp_path)
     code, err = run_main(monkeypatch, capsys, "plan", "--tp", "2", "--topology", TOPOLOGY, "--nodelist", "node[1-4]",
                          "--svg", where)
-    assert code == 12 and err.startswith(f"clusterctl: error: --svg {where}: cannot write it") and err.count("\n") == 1
+    assert code == 12 and err.startswith(f"clusterctl: error: --svg {where}: cannot write it {why}") \
+        and err.count("\n") == 1
 
 
 def test_a_run_dir_under_a_file_is_refused_by_the_dry_run_already(tmp_path, monkeypatch, capsys):

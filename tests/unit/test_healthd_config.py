@@ -151,3 +151,17 @@ def test_every_key_is_checked(key):
 def test_a_datetime_is_no_number():
     with pytest.raises(ConfigError, match="check_interval"):
         config_from_mapping({"check_interval": datetime.time(1, 2)})
+
+
+def test_a_kmsg_naming_a_directory_is_refused_naming_file_line_and_key(tmp_path):
+    path = tmp_path / "healthd.toml"
+    path.write_text(f'# healthd\nkmsg = "{tmp_path}"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == (f"{path}:2: key `kmsg` must be the kernel log, /dev/kmsg (or a file of its records), "
+                                 f"not the directory {tmp_path}")
+    result = CliRunner().invoke(healthd_cli, ["run", "--dry-run", "--config", str(path)])
+    assert result.exit_code == 78 and f"healthd: error: {path}:2: key `kmsg` must be the kernel log" in result.output
+    records = tmp_path / "kmsg.txt"  # a file of records (the testbed's) is a kernel log
+    path.write_text(f'kmsg = "{records}"\n')
+    assert load_config(path).kmsg == records

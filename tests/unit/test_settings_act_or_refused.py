@@ -3,6 +3,7 @@ before anything is submitted, with the key and what to write instead (issue 27).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from clusterctl.launcher.login.cli import cli, main
 from clusterctl.launcher.login.submit import load_template
 from clusterctl.launcher.pure.render import SlurmFacts, prepare
 from clusterctl.launcher.pure.spec import MAX_JOB_NAME_BYTES, parse_spec, slurm_time_seconds
-from clusterctl.slurm.commands import subprocess_runner
+from clusterctl.slurm.commands import Completed, Slurm, subprocess_runner
 from clusterctl.slurm.hostlist import compress, expand
 
 SPEC = """\
@@ -214,3 +215,145 @@ def test_any_text_expands_to_names_or_a_hostlist_error(expression):
 def test_help_shows_no_range_without_bounds():
     result = CliRunner().invoke(cli, ["submit", "--help"])
     assert result.exit_code == 0 and "None" not in result.output
+
+
+# ---- inputs once accepted silently (issue 40): each is refused, saying where and what to write --------
+@pytest.mark.parametrize(("name", "says"), [
+    ("SLURM_NODELIST", "is Slurm's: it sets SLURM_* for the job and each step"),
+    ("SLURMD_NODENAME", "ask Slurm through job.sbatch_options"),
+    ("RANK", "is set for each rank by the launcher from the rank map"),
+    ("LOCAL_RANK", "never reaches the program: remove it"),
+    ("WORLD_SIZE", "never reaches the program"),
+    ("MASTER_ADDR", "never reaches the program"),
+    ("MASTER_PORT", "to choose the rendezvous port, set launch.master_port"),
+    ("TORCHELASTIC_RUN_ID", "(by torchrun in its style)"),
+    ("LD_PRELOAD", "start it through env: command = ['env', 'LD_PRELOAD=/path/lib.so', 'python3', 'train.py']"),
+    ("CLUSTERCTL_REPORT_KEY", "is set by clusterctl's agent for each step"),
+    ("CLUSTERCTL_NODE_DIR", "is set by clusterctl's agent for each step"),
+    ("CLUSTERCTL_JOB_DIR", "is set by clusterctl's agent for each step"),
+    ("CLUSTERCTL_CHECKPOINT", "is set by clusterctl's agent for each step"),
+    ("CLUSTERCTL_CHECKPOINT_DIR", "is set by clusterctl from checkpoint.dir: set that key instead"),
+    ("CLUSTERCTL_TP", "is set by clusterctl from [parallel]: set the size there instead"),
+    ("CLUSTERCTL_RESUME_FROM", "set by clusterctl on every resume: remove it (to start from a checkpoint of your "
+                               "choosing: clusterctl submit --resume PATH)"),
+])
+def test_launch_env_setting_what_slurm_or_the_launcher_sets_is_refused_naming_the_variable(name, says):
+    message = _error(SPEC + f'[launch.env]\nNCCL_DEBUG = "INFO"\n{name} = "x"\n')
+    assert message.startswith(f"job.toml:9, key `launch.env.{name}`: {name} ") and says in message
+    inline = _error(SPEC.replace('command = ', f'env = {{ {name} = "x" }}\ncommand = '))
+    assert inline.startswith(f"job.toml:6, key `launch.env.{name}`: {name} ")
+
+
+def test_a_variable_the_launcher_owns_given_with_minus_e_names_the_option(tmp_path, monkeypatch, capsys):
+    code, err = run_main(monkeypatch, capsys, "submit", str(write_spec(tmp_path, SPEC)), "--dry-run",
+                         "--run-dir", str(tmp_path / "r"), "-e", "NCCL_DEBUG=INFO", "-e", "WORLD_SIZE=64")
+    assert code == 7 and err.startswith("clusterctl: error: command line, key `-e/--env`: WORLD_SIZE is set for "
+                                        "each rank by the launcher") and err.count("\n") == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_the_resume_variable_refused_is_the_one_the_spec_names():
+    renamed = SPEC + '[checkpoint]\nresume_env = "RESUME_FROM"\n[launch.env]\n'
+    assert "key `launch.env.RESUME_FROM`: RESUME_FROM carries the checkpoint a resume starts from" in \
+        _error(renamed + 'RESUME_FROM = "/ckpt"\n')
+    spec = parse_spec(renamed + 'CLUSTERCTL_RESUME_FROM = "x"\n', "job.toml", base_dir=Path("/base"))
+    assert dict(spec.launch.env) == {"CLUSTERCTL_RESUME_FROM": "x"}  # not the variable this job resumes through
+
+
+def test_launch_env_keeps_what_is_the_users_to_set():
+    mine = {"NCCL_DEBUG": "INFO", "PATH": "/venv/bin:/usr/bin", "LD_LIBRARY_PATH": "/opt/lib", "PYTHONPATH": "/src",
+            "CUDA_DEVICE_MAX_CONNECTIONS": "1", "CLUSTERCTL_NODE_TMP": "/local", "CLUSTERCTL_PROGRESS_INTERVAL": "5",
+            "MY_RANK_OFFSET": "3", "SLURMISH": "y"}
+    text = SPEC + "[launch.env]\n" + "".join(f'{k} = "{v}"\n' for k, v in mine.items())
+    assert dict(parse_spec(text, "job.toml", base_dir=Path("/base")).launch.env) == mine
+
+
+@settings(max_examples=300, deadline=None)
+@given(name=st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,12}", fullmatch=True)
+       | st.builds(str.__add__, st.sampled_from(["SLURM_", "SLURMD_", "TORCHELASTIC_", "CLUSTERCTL_", "LD_", "RANK"]),
+                   st.from_regex(r"[A-Z0-9_]{0,8}", fullmatch=True))
+       | st.sampled_from(["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                          "MASTER_ADDR", "MASTER_PORT", "ROLE_RANK", "GROUP_WORLD_SIZE", "LD_PRELOAD",
+                          "CLUSTERCTL_PEER_PORT", "CLUSTERCTL_EP", "CLUSTERCTL_RESUME_FROM"]))
+def test_any_variable_name_is_kept_as_written_or_refused_naming_it(name):
+    text = SPEC + f'[launch.env]\n{name} = "1"\n'
+    try:
+        spec = parse_spec(text, "job.toml", base_dir=Path("/base"))
+    except SpecError as exc:
+        message = str(exc)
+        assert message.startswith(f"job.toml:8, key `launch.env.{name}`: {name} ")
+        assert any(fix in message for fix in (": remove it", "instead", "start it through env", "job.sbatch_options"))
+        assert name.startswith(("SLURM_", "SLURMD_", "TORCHELASTIC_", "CLUSTERCTL_")) or name in (
+            "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
+            "MASTER_PORT", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "LD_PRELOAD")
+        return
+    assert dict(spec.launch.env) == {name: "1"}
+
+
+@pytest.mark.parametrize("python", ["venv/bin/python", "./python3", "python3", "~/venv/bin/python"])
+def test_a_launch_python_that_is_not_an_absolute_path_is_refused_with_the_fix(python):
+    message = _error(SPEC.replace('command = ', f'python = "{python}"\ncommand = '))
+    assert message.startswith("job.toml:6, key `launch.python`: expected an absolute path to a Python with "
+                              "clusterctl installed, as the compute nodes see it, like '/shared/venv/bin/python'")
+    assert message.endswith(f"found a string {python!r}")
+
+
+@pytest.mark.parametrize(("pattern", "says"), [
+    (r"step \\d+", "expected a regular expression with a group around the step number, like 'step (\\d+)' or "
+                   "'it=(?P<step>\\d+)'"),
+    (r"step (?:\\d+)", "with a group around the step number"),  # a group that captures nothing
+    (r"step (\\d+", "expected a regular expression (missing ), unterminated subpattern"),
+    ("(" * 2000 + ")" * 2000, "expected a regular expression (maximum recursion depth exceeded"),
+    (r"a{99999999999}", "expected a regular expression (the repetition number is too large)"),
+])
+def test_a_progress_pattern_without_a_group_for_the_step_is_refused_at_parse(pattern, says):
+    message = _error(SPEC + f'[restart]\nprogress_pattern = "{pattern}"\n')
+    assert message.startswith("job.toml:8, key `restart.progress_pattern`: ") and says in message
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=1, max_size=20),
+       named=st.booleans())
+def test_any_progress_pattern_is_refused_without_a_group_and_read_with_one(text, named):
+    from clusterctl.launcher.pure.hang_watch import progress_from_log_line
+
+    def toml(s: str) -> str:
+        return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    plain = re.escape(text)  # no group at all
+    assert "with a group around the step number" in _error(SPEC + f"[restart]\nprogress_pattern = {toml(plain)}\n")
+    grouped = plain + (r"(?P<step>\d+)" if named else r"(\d+)")
+    spec = parse_spec(SPEC + f"[restart]\nprogress_pattern = {toml(grouped)}\n", "job.toml", base_dir=Path("/b"))
+    assert progress_from_log_line(f"{text}42", spec.restart.progress_pattern) == 42
+
+
+@pytest.mark.parametrize("key", ["[job]\nruns_dir", "[launch]\nworkdir", "[placement]\ntopology", "[checkpoint]\ndir"])
+def test_a_path_that_looks_like_an_option_is_refused(key):
+    section, name = key.split("\n")
+    text = SPEC.replace(f"{section}\n", f'{section}\n{name} = "--scratch"\n') if section in SPEC else \
+        SPEC + f'{section}\n{name} = "--scratch"\n'
+    message = _error(text)
+    assert f"key `{section.strip('[]')}.{name}`: expected a path, not an option (write './--scratch' for one " \
+           "really named so), found a string '--scratch'" in message
+    assert parse_spec(text.replace('"--scratch"', '"./--scratch"'), "job.toml", base_dir=Path("/base"))
+
+
+def test_a_workdir_that_does_not_exist_is_refused_by_submit_and_its_dry_run(tmp_path, monkeypatch, capsys):
+    asked: list[list[str]] = []
+    monkeypatch.setattr("clusterctl.launcher.login.cli.Slurm",
+                        lambda: Slurm(lambda argv, timeout: asked.append(list(argv)) or Completed(1, "", "no Slurm")))
+    spec = write_spec(tmp_path, SPEC.replace('command = ', 'workdir = "missing/dir"\ncommand = '))
+    for dry_run in (["--dry-run"], []):
+        code, err = run_main(monkeypatch, capsys, "submit", str(spec), *dry_run, "--run-dir", str(tmp_path / "r"))
+        assert asked == [] and code == 7 and err == (f"clusterctl: error: {spec}, key `launch.workdir`: the directory the job runs "
+                                     f"in, {tmp_path / 'missing' / 'dir'}, does not exist; create it, or fix "
+                                     "launch.workdir (a relative one is from the spec file's folder)\n")
+        assert not (tmp_path / "r").exists()
+    (tmp_path / "missing").write_text("")
+    code, err = run_main(monkeypatch, capsys, "submit", str(spec), "--dry-run", "--run-dir", str(tmp_path / "r"))
+    assert code == 7 and "cannot be reached (Not a directory)" in err
+    (tmp_path / "missing").unlink()
+    (tmp_path / "missing").mkdir()
+    (tmp_path / "missing" / "dir").write_text("")
+    code, err = run_main(monkeypatch, capsys, "submit", str(spec), "--dry-run", "--run-dir", str(tmp_path / "r"))
+    assert code == 7 and f"{tmp_path / 'missing' / 'dir'} is not a directory; launch.workdir is the directory" in err
