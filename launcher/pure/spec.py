@@ -116,7 +116,7 @@ FIELDS: tuple[Field, ...] = (
     Field("launch", "env", "env", "Environment for every rank: a table of NAME = 'value'.  Refused: what Slurm, "
           "torchrun or clusterctl sets for the job (SLURM_*, RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT..., "
           "the CLUSTERCTL_* of each step, checkpoint.resume_env) and LD_PRELOAD (it would reach clusterctl's own "
-          "processes).", {}),
+          "processes); srun's binding and wiring variables (SLURM_CPU_BIND, SLURM_MPI_TYPE, ...) are kept.", {}),
     Field("launch", "workdir", "path", "Directory the job runs in (relative to the spec file); it must exist when "
           "you submit.", "."),
     Field("launch", "template", "path", "Your own sbatch template instead of sbatch_templates/<style>.sbatch "
@@ -685,9 +685,19 @@ def _check_sbatch_options(options: tuple[str, ...], where: _Where) -> None:
             raise where.error(f"{option!r} contains control characters", "job", "sbatch_options")
 
 
+SRUN_INPUT_VARIABLES = frozenset({
+    "SLURM_CPU_BIND", "SLURM_MEM_BIND", "SLURM_GPU_BIND", "SLURM_TRES_BIND", "SLURM_MPI_TYPE", "SLURM_HINT",
+    "SLURM_NETWORK", "SLURM_CPU_FREQ_REQ", "SLURM_GPU_FREQ", "SLURM_DEBUG"})
+"""srun's own input variables (srun(1), INPUT ENVIRONMENT VARIABLES) that say how the step's tasks are bound
+and wired, none of which clusterctl sets or its rank map depends on (SLURM_DISTRIBUTION would move tasks off
+the map's nodes: refused with the rest): a site's or user's way to tune srun, kept."""
+
+
 def owned_variable(name: str, resume_env: str = DEFAULT_RESUME_ENV) -> str | None:
     """Why [launch] env may not set `name` (Slurm, torchrun or clusterctl sets it, or it would reach clusterctl's
     own processes), as the rest of a sentence about it; None when the spec may set it."""
+    if name in SRUN_INPUT_VARIABLES:
+        return None
     if name.startswith(("SLURM_", "SLURMD_")):
         return ("is Slurm's: it sets SLURM_* for the job and each step, and a value here would replace its own where "
                 "clusterctl's agent and srun read them (the job's id, its nodes, srun's options); ask Slurm through "

@@ -16,7 +16,7 @@ from clusterctl.errors import HostlistError, SlurmCommandError, SpecError
 from clusterctl.launcher.login.cli import cli, main
 from clusterctl.launcher.login.submit import load_template
 from clusterctl.launcher.pure.render import SlurmFacts, prepare
-from clusterctl.launcher.pure.spec import MAX_JOB_NAME_BYTES, parse_spec, slurm_time_seconds
+from clusterctl.launcher.pure.spec import MAX_JOB_NAME_BYTES, SRUN_INPUT_VARIABLES, parse_spec, slurm_time_seconds
 from clusterctl.slurm.commands import Completed, Slurm, subprocess_runner
 from clusterctl.slurm.hostlist import compress, expand
 
@@ -263,7 +263,7 @@ def test_the_resume_variable_refused_is_the_one_the_spec_names():
 def test_launch_env_keeps_what_is_the_users_to_set():
     mine = {"NCCL_DEBUG": "INFO", "PATH": "/venv/bin:/usr/bin", "LD_LIBRARY_PATH": "/opt/lib", "PYTHONPATH": "/src",
             "CUDA_DEVICE_MAX_CONNECTIONS": "1", "CLUSTERCTL_NODE_TMP": "/local", "CLUSTERCTL_PROGRESS_INTERVAL": "5",
-            "MY_RANK_OFFSET": "3", "SLURMISH": "y"}
+            "MY_RANK_OFFSET": "3", "SLURMISH": "y", "SLURM_CPU_BIND": "cores", "SLURM_MPI_TYPE": "pmix"}
     text = SPEC + "[launch.env]\n" + "".join(f'{k} = "{v}"\n' for k, v in mine.items())
     assert dict(parse_spec(text, "job.toml", base_dir=Path("/base")).launch.env) == mine
 
@@ -283,6 +283,7 @@ def test_any_variable_name_is_kept_as_written_or_refused_naming_it(name):
         message = str(exc)
         assert message.startswith(f"job.toml:8, key `launch.env.{name}`: {name} ")
         assert any(fix in message for fix in (": remove it", "instead", "start it through env", "job.sbatch_options"))
+        assert name not in SRUN_INPUT_VARIABLES, "srun's own input variables are the user's to tune"
         assert name.startswith(("SLURM_", "SLURMD_", "TORCHELASTIC_", "CLUSTERCTL_")) or name in (
             "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR",
             "MASTER_PORT", "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "LD_PRELOAD")
