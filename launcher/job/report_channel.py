@@ -10,6 +10,7 @@ signed is clusterctl.records.node_report.
 from __future__ import annotations
 
 import socket
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -18,6 +19,14 @@ from clusterctl.records.node_report import MAX_DATAGRAM, NodeReport, ReportRefus
 RECEIVE_BUFFER = 8 << 20
 """Bytes the kernel may queue for the inbox between two drains (a burst of 12,500 reports is ~20 MB at
 1.5 KB each; the kernel caps this at net.core.rmem_max, and what it drops the next heartbeat replaces)."""
+DRAIN_DATAGRAMS = 2048
+"""The most datagrams one drain reads: the rest wait in the kernel's queue for the next turn."""
+DRAIN_SECONDS = 0.02
+"""About the longest one drain reads (s).  The agent's loop turns every STEP_POLL_SECONDS (0.2 s) and feeds
+its watches FEED_TURN_SECONDS (0.03 s) at a time: 20 ms keeps a drain in that grain, so a flood of junk costs
+at most ~1/11 of a core while the loop waits (20 ms of every 220), and the watches, summaries and Slurm
+questions go on.  Honest reports cost ~70 µs each: 20 ms takes ~280 a turn, ~1,300 a second, twice the 625 a
+second of 12,500 nodes on a 20 s heartbeat (docs/measured.md)."""
 
 
 @dataclass
@@ -33,7 +42,12 @@ class ReportInbox:
     last_refusal: dict[str, str] = field(default_factory=dict)
     """The latest refusal's message, by kind."""
     received: int = 0
+    """Datagrams read so far (accepted and refused)."""
     received_bytes: int = 0
+    cut_short: bool = False
+    """The last drain stopped at its bound with datagrams still waiting (a burst, or a flood)."""
+    drains_cut_short: int = 0
+    """Drains so far that stopped at their bound."""
 
     def __post_init__(self) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -49,15 +63,17 @@ class ReportInbox:
         """The socket's descriptor (to wait on with select)."""
         return self.sock.fileno()
 
-    def drain(self, limit: int = 1 << 20) -> list[NodeReport]:
-        """Every report waiting now (at most `limit`), oldest first; refused datagrams are counted."""
+    def drain(self, limit: int = DRAIN_DATAGRAMS, seconds: float = DRAIN_SECONDS) -> list[NodeReport]:
+        """The reports waiting now, oldest first, reading at most `limit` datagrams and for about `seconds`
+        (accepted or refused alike: a flood of junk cannot hold the caller); what is left is read by the next
+        call, and `cut_short` says there was more.  Refused datagrams are counted in `refused`, by kind."""
         reports: list[NodeReport] = []
-        while len(reports) < limit:
+        deadline = time.monotonic() + seconds
+        self.cut_short = False
+        for _ in range(limit):
             try:
                 datagram, peer = self.sock.recvfrom(MAX_DATAGRAM + 1)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
+            except OSError:  # BlockingIOError: nothing more waits now
                 break
             self.received += 1
             self.received_bytes += len(datagram)
@@ -66,6 +82,13 @@ class ReportInbox:
             except ReportRefused as exc:
                 self.refused[exc.kind] += 1
                 self.last_refusal[exc.kind] = str(exc)
+            if time.monotonic() >= deadline:
+                self.cut_short = True
+                break
+        else:
+            self.cut_short = True
+        if self.cut_short:
+            self.drains_cut_short += 1
         return reports
 
     def close(self) -> None:
