@@ -20,13 +20,18 @@ RECEIVE_BUFFER = 8 << 20
 """Bytes the kernel may queue for the inbox between two drains (a burst of 12,500 reports is ~20 MB at
 1.5 KB each; the kernel caps this at net.core.rmem_max, and what it drops the next heartbeat replaces)."""
 DRAIN_DATAGRAMS = 2048
-"""The most datagrams one drain reads: the rest wait in the kernel's queue for the next turn."""
-DRAIN_SECONDS = 0.02
-"""About the longest one drain reads (s).  The agent's loop turns every STEP_POLL_SECONDS (0.2 s) and feeds
-its watches FEED_TURN_SECONDS (0.03 s) at a time: 20 ms keeps a drain in that grain, so a flood of junk costs
-at most ~1/11 of a core while the loop waits (20 ms of every 220), and the watches, summaries and Slurm
-questions go on.  Honest reports cost ~70 µs each: 20 ms takes ~280 a turn, ~1,300 a second, twice the 625 a
-second of 12,500 nodes on a 20 s heartbeat (docs/measured.md)."""
+"""The most datagrams one drain reads: the rest wait in the kernel's queue for the next turn.  Junk is refused
+in ~5 µs (its signature fails before anything is parsed): 2,048 of it is ~10 ms."""
+DRAIN_SECONDS = 0.05
+"""About the most CPU time one drain spends (s, this thread's: time.thread_time).  The agent's loop sleeps
+STEP_POLL_SECONDS (0.2 s) between turns, so a flood costs it at most a fifth of a core (50 ms of every 250; the
+datagram bound makes it ~5% at ~5 µs a refusal) and the watches, summaries and Slurm questions go on.  Honest
+reports cost ~70 µs each on an idle core: 50 ms takes ~700 a turn, ~2,800 a second, 4.5 times the 625 a second
+of 12,500 nodes on a 20 s heartbeat.  CPU time, not the wall clock: on a node busy with training, other
+processes' time would eat a wall-clock budget and cut what the agent reads of honest reports (measured:
+bench/abuse_bench.py, docs/measured.md), while what a flood takes from the agent is its own CPU."""
+CLOCK_EVERY = 32
+"""Datagrams read between two looks at the CPU clock (a look is a system call, ~1 µs; a refusal ~5 µs)."""
 
 
 @dataclass
@@ -64,13 +69,13 @@ class ReportInbox:
         return self.sock.fileno()
 
     def drain(self, limit: int = DRAIN_DATAGRAMS, seconds: float = DRAIN_SECONDS) -> list[NodeReport]:
-        """The reports waiting now, oldest first, reading at most `limit` datagrams and for about `seconds`
-        (accepted or refused alike: a flood of junk cannot hold the caller); what is left is read by the next
+        """The reports waiting now, oldest first, reading at most `limit` datagrams and for about `seconds` of
+        CPU time (accepted or refused alike: a flood of junk cannot hold the caller); what is left is read by the next
         call, and `cut_short` says there was more.  Refused datagrams are counted in `refused`, by kind."""
         reports: list[NodeReport] = []
-        deadline = time.monotonic() + seconds
+        deadline = time.thread_time() + seconds
         self.cut_short = False
-        for _ in range(limit):
+        for read in range(1, limit + 1):
             try:
                 datagram, peer = self.sock.recvfrom(MAX_DATAGRAM + 1)
             except OSError:  # BlockingIOError: nothing more waits now
@@ -82,7 +87,7 @@ class ReportInbox:
             except ReportRefused as exc:
                 self.refused[exc.kind] += 1
                 self.last_refusal[exc.kind] = str(exc)
-            if time.monotonic() >= deadline:
+            if read % CLOCK_EVERY == 0 and time.thread_time() >= deadline:
                 self.cut_short = True
                 break
         else:
