@@ -704,6 +704,7 @@ class _ListInbox:
 
     port = 0
     refused: dict[str, int] = {}
+    drains_cut_short = 0
 
     def __init__(self) -> None:
         self.pending: list[NodeReport] = []

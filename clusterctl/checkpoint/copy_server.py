@@ -13,13 +13,16 @@ import shutil
 import socket
 import sys
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 from clusterctl.checkpoint.copies import MANIFEST_NAME
 from clusterctl.checkpoint.copy_wire import (
-    BUSY, MAC_BYTES, MAGIC, MAX_CONNECTIONS, NAME_LENGTH, NONCE_BYTES, REQUEST_LABEL, LENGTH, Channel,
+    BUSY, HANDSHAKE_SECONDS, MAC_BYTES, MAGIC, MAX_CONNECTIONS, MAX_HANDSHAKES, NAME_LENGTH, NONCE_BYTES,
+    PEER_CONNECTIONS, REQUEST_LABEL, LENGTH, Channel,
     CopyRequest, StreamError, TransferError, complete_copy, copy_dir_name, keyed_mac, new_temporary,
     no_more_bytes, parse_copy_request, receive_shards, recv_exact, recv_header, send_shard, shard_file_problem,
 )
@@ -42,14 +45,19 @@ class CopyServer:
     the sender hears that the copy is kept; an exception from it is reported through `on_problem` (default: one line on stderr), as is
     anything unexpected in a connection.  `timeout` bounds every socket operation.
 
-    This class is the listener: it accepts connections, at most `max_connections` at a time, each on
-    a thread of its own.  What is said on a connection is `_CopySession`; the copies in the tier's
-    folders are `_TierCopies`.
+    This class is the listener: it accepts connections, each on a thread of its own.  A connection
+    first shakes hands (at most `max_handshakes` at once, `per_peer` from one address, the whole
+    handshake within `handshake_timeout` s); only a request carrying the job's key then takes one of
+    the `max_connections` transfer slots, so strangers (idle, trickling or wrong-key connections) cannot
+    keep the job's own copies out.  `refused` counts the connections turned away, by reason.  What is
+    said on a connection is `_CopySession`; the copies in the tier's folders are `_TierCopies`.
     """
 
     def __init__(self, tier_root: Path, node: str, key: bytes, port: int, host: str = "", *,
                  on_received: ReceivedHook | None = None, on_problem: Callable[[str], None] | None = None,
-                 timeout: float = 60.0, max_connections: int = MAX_CONNECTIONS) -> None:
+                 timeout: float = 60.0, max_connections: int = MAX_CONNECTIONS,
+                 handshake_timeout: float = HANDSHAKE_SECONDS, max_handshakes: int = MAX_HANDSHAKES,
+                 per_peer: int = PEER_CONNECTIONS) -> None:
         if (problem := node_name_problem(node)):
             raise ValueError(problem)
         if len(key) != KEY_BYTES:
@@ -58,12 +66,26 @@ class CopyServer:
         self._wanted_port, self._timeout, self._on_problem = port, timeout, on_problem
         self._session = _CopySession(bytes(key), _TierCopies(self.tier_root, node, on_received, self._problem))
         self._slots = threading.BoundedSemaphore(max_connections)
+        self._max_connections, self._max_handshakes, self._per_peer = max_connections, max_handshakes, per_peer
+        self._handshake_timeout = handshake_timeout
+        self._transfers = 0
+        self._handshakes = 0
+        self._peers: Counter[str] = Counter()
+        self._refused: Counter[str] = Counter()
         self._listener: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._active: set[socket.socket] = set()
         self._workers: set[threading.Thread] = set()
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Connections turned away so far, by reason: `busy` (every transfer slot taken by the job's own),
+        `handshakes` (MAX_HANDSHAKES strangers at once), `per peer` (one address's PEER_CONNECTIONS),
+        `timed out` (no whole request within the handshake deadline), `wrong key`, `broken` (not the protocol)."""
+        with self._lock:
+            return dict(self._refused)
 
     @property
     def port(self) -> int:
@@ -129,7 +151,7 @@ class CopyServer:
                 if not selector.select(timeout=0.2):
                     continue
                 try:
-                    conn, _ = self._listener.accept()
+                    conn, address = self._listener.accept()
                 except (BlockingIOError, InterruptedError):
                     continue
                 except OSError as exc:
@@ -138,21 +160,62 @@ class CopyServer:
                     self._stop.wait(1.0)
                     continue
                 conn.setblocking(True)
-                conn.settimeout(self._timeout)
-                if not self._slots.acquire(blocking=False):
+                peer = str(address[0])
+                if self._admit(peer):
                     _send_quietly(conn, BUSY)
                     conn.close()
                     continue
-                worker = threading.Thread(target=self._connection, args=(conn,), daemon=True,
+                worker = threading.Thread(target=self._connection, args=(conn, peer), daemon=True,
                                           name=f"copy-transfer-{self.port}")
                 with self._lock:
                     self._active.add(conn)
                     self._workers.add(worker)
                 worker.start()
 
-    def _connection(self, conn: socket.socket) -> None:
+    def _admit(self, peer: str) -> str:
+        """Take a handshake place for a connection from `peer`; the reason it is refused, or ""."""
+        with self._lock:
+            if self._transfers >= self._max_connections:
+                reason = "busy"
+            elif self._handshakes >= self._max_handshakes:
+                reason = "handshakes"
+            elif self._peers[peer] >= self._per_peer:
+                reason = "per peer"
+            else:
+                self._handshakes += 1
+                self._peers[peer] += 1
+                return ""
+            self._refused[reason] += 1
+            return reason
+
+    def _connection(self, conn: socket.socket, peer: str) -> None:
+        transferring = False
         try:
-            self._session.answer(conn)
+            try:
+                shaken = self._session.handshake(conn, time.monotonic() + self._handshake_timeout)
+            except TimeoutError:
+                self._count("timed out")
+                return
+            except (OSError, StreamError):
+                self._count("broken")
+                return
+            finally:
+                with self._lock:
+                    self._handshakes -= 1
+            if shaken is None:
+                self._count("wrong key")
+                return
+            channel, header = shaken
+            conn.settimeout(self._timeout)
+            if not self._slots.acquire(timeout=self._handshake_timeout):
+                self._count("busy")
+                channel.respond(error=f"{self.node} is busy with {self._max_connections} other transfers; try "
+                                      "again in a few seconds")
+                return
+            transferring = True
+            with self._lock:
+                self._transfers += 1
+            self._session.serve(channel, header)
         except (OSError, TransferError, StreamError):
             pass  # the peer went away or broke the protocol: it sees its own error; nothing was kept
         except Exception as exc:  # noqa: BLE001 - a bug must not end the server's thread silently
@@ -162,7 +225,17 @@ class CopyServer:
             with self._lock:
                 self._active.discard(conn)
                 self._workers.discard(threading.current_thread())
-            self._slots.release()
+                self._peers[peer] -= 1
+                if self._peers[peer] <= 0:
+                    del self._peers[peer]
+                if transferring:
+                    self._transfers -= 1
+            if transferring:
+                self._slots.release()
+
+    def _count(self, reason: str) -> None:
+        with self._lock:
+            self._refused[reason] += 1
 
     def _problem(self, text: str) -> None:
         line = f"clusterctl copy server on {self.node}: {one_line(text)}"
@@ -179,17 +252,24 @@ class _CopySession:
     def __init__(self, key: bytes, copies: _TierCopies) -> None:
         self._key, self._copies = key, copies
 
-    def answer(self, conn: socket.socket) -> None:
-        """Serve the one request of `conn` (OSError, TransferError or StreamError when the peer breaks off)."""
+    def handshake(self, conn: socket.socket, deadline: float) -> tuple[Channel, bytes] | None:
+        """Greet `conn` and read its request by `deadline` (time.monotonic(); TimeoutError after it): the
+        channel and the request header when its MAC carries the job's key, None (the peer told) when not.
+        OSError or StreamError when the peer breaks off."""
         server_nonce = os.urandom(NONCE_BYTES)
+        conn.settimeout(max(0.0, deadline - time.monotonic()))
         conn.sendall(MAGIC + server_nonce)
-        client_nonce = recv_exact(conn, NONCE_BYTES, "the request")
-        header = recv_header(conn, "the request")
-        mac = recv_exact(conn, MAC_BYTES, "the request")
+        client_nonce = recv_exact(conn, NONCE_BYTES, "the request", deadline=deadline)
+        header = recv_header(conn, "the request", deadline=deadline)
+        mac = recv_exact(conn, MAC_BYTES, "the request", deadline=deadline)
         if not hmac.compare_digest(mac, keyed_mac(self._key, REQUEST_LABEL, server_nonce, client_nonce, header)):
             conn.sendall(LENGTH.pack(0))
-            return
-        channel = Channel(conn, self._key, client_nonce, server_nonce)
+            return None
+        return Channel(conn, self._key, client_nonce, server_nonce), header
+
+    def serve(self, channel: Channel, header: bytes) -> None:
+        """Answer the authenticated request in `header` (OSError, TransferError or StreamError when the
+        peer breaks off)."""
         try:
             request = parse_copy_request(header)
         except TransferError as exc:

@@ -13,6 +13,7 @@ import shutil
 import socket
 import stat
 import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -38,7 +39,18 @@ HEADER_LIMIT = MANIFEST_LIMIT + (64 << 10)
 REQUEST_LABEL = b"clusterctl copy-request v1\0"
 RESPONSE_LABEL = b"clusterctl copy-response v1\0"
 MAX_CONNECTIONS = 4
-"""Transfers one server runs at once; a further connection is told BUSY and closed."""
+"""Transfers one server runs at once; a further connection is told BUSY and closed.  A connection takes a
+transfer slot only once its request's MAC is checked: strangers cannot hold them."""
+HANDSHAKE_SECONDS = 10.0
+"""The whole handshake (greeting, request header, MAC) must be over within this: the largest header
+(HEADER_LIMIT, ~4 MiB) takes under half a second at 10 MB/s, so only an idle or trickling peer (a slow-loris)
+runs into it, and it holds a handshake no longer than this."""
+MAX_HANDSHAKES = 32
+"""Handshakes one server runs at once (each a thread waiting for a request); a further connection is told
+BUSY and closed.  A job's nodes open at most a couple each (a push to their buddy, a fetch)."""
+PEER_CONNECTIONS = 8
+"""Connections one peer address may hold at once (handshaking or transferring): one host cannot take all
+MAX_HANDSHAKES."""
 CHUNK = 4 << 20
 """Bytes received at a time (a buffer of this size per connection): a 1 GB fetch over loopback took
 1.28-1.35 s with 4 MiB, 1.44-1.46 s with 1 MiB, no less with 16 MiB (median of 4, on a 2-core VM)."""
@@ -184,11 +196,19 @@ def keyed_mac(key: bytes, label: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, label + b"".join(parts), hashlib.sha256).digest()
 
 
-def recv_exact(sock: socket.socket, count: int, during: str, *, allow_short: bool = False) -> bytes:
+def recv_exact(sock: socket.socket, count: int, during: str, *, allow_short: bool = False,
+               deadline: float | None = None) -> bytes:
+    """Exactly `count` bytes from `sock` (StreamError when the peer closes first; `allow_short`: what came).
+    `deadline` (time.monotonic()): TimeoutError once it passes, however the bytes trickle in."""
     buffer = bytearray(count)
     view = memoryview(buffer)
     got = 0
     while got < count:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{during}: {got} of {count} bytes by the deadline")
+            sock.settimeout(left)
         n = sock.recv_into(view[got:], count - got)
         if n == 0:
             if allow_short:
@@ -198,11 +218,12 @@ def recv_exact(sock: socket.socket, count: int, during: str, *, allow_short: boo
     return bytes(buffer)
 
 
-def recv_header(sock: socket.socket, during: str) -> bytes:
-    (length,) = LENGTH.unpack(recv_exact(sock, LENGTH.size, during))
+def recv_header(sock: socket.socket, during: str, *, deadline: float | None = None) -> bytes:
+    """One length-prefixed header (StreamError when its length is 0 or above HEADER_LIMIT)."""
+    (length,) = LENGTH.unpack(recv_exact(sock, LENGTH.size, during, deadline=deadline))
     if not 0 < length <= HEADER_LIMIT:
         raise StreamError(f"{during}: a header of {length} bytes (1 to {HEADER_LIMIT} taken)")
-    return recv_exact(sock, length, during)
+    return recv_exact(sock, length, during, deadline=deadline)
 
 
 def json_object(raw: bytes, what: str, kind: str) -> dict[str, Any]:

@@ -10,7 +10,10 @@ before a byte of its request is parsed.
 Protocol (version 2), one request per connection:
 
 1. server → client: MAGIC, then a fresh 32-byte nonce; BUSY instead when MAX_CONNECTIONS
-   transfers already run (the client says so and may try again).
+   transfers already run, MAX_HANDSHAKES handshakes, or PEER_CONNECTIONS connections from the
+   client's address (the client says so and may try again).  Steps 1-2 must be over within
+   HANDSHAKE_SECONDS, and a connection takes a transfer slot only after its MAC is checked: idle
+   or trickling strangers cannot keep the job's own copies out (issue 40).
 2. client → server: its own 32-byte nonce, a request header (4-byte big-endian length, at most
    HEADER_LIMIT bytes, then JSON: kind "copy-request", version 2) and HMAC-SHA256 under the key of
    REQUEST_LABEL ‖ server nonce ‖ client nonce ‖ header.  The server checks the MAC

@@ -151,8 +151,9 @@ class AgentOutputs:
             nodes=len(launched.slots), reporting=signals.reporting, silent=signals.silent, stopped=stopped,
             drained=signals.drained, min_step=min(steps) if steps else None,
             max_step=max(steps) if steps else None, refused=refused,
-            message=(f"{signals.channel_silent} nodes silent at once: the report channel, not the nodes"
-                     if signals.channel_silent else ""), training=training)
+            message="; ".join(m for m in (
+                f"{signals.channel_silent} nodes silent at once: the report channel, not the nodes"
+                if signals.channel_silent else "", watch.refusing()) if m), training=training)
         try:
             write_agent_summary(self.job_dir, summary)
         except OSError as exc:

@@ -10,6 +10,7 @@ signed is clusterctl.records.node_report.
 from __future__ import annotations
 
 import socket
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -19,6 +20,19 @@ from clusterctl.records.node_report import MAX_DATAGRAM, NodeReport, ReportRefus
 RECEIVE_BUFFER = 8 << 20
 """Bytes the kernel may queue for the inbox between two drains (a burst of 12,500 reports is ~20 MB at
 1.5 KB each; the kernel caps this at net.core.rmem_max, and what it drops the next heartbeat replaces)."""
+DRAIN_DATAGRAMS = 2048
+"""The most datagrams one drain reads: the rest wait in the kernel's queue for the next turn.  Junk is refused
+in ~5 µs (its signature fails before anything is parsed): 2,048 of it is ~10 ms."""
+DRAIN_SECONDS = 0.05
+"""About the most CPU time one drain spends (s, this thread's: time.thread_time).  The agent's loop sleeps
+STEP_POLL_SECONDS (0.2 s) between turns, so a flood costs it at most a fifth of a core (50 ms of every 250; the
+datagram bound makes it ~5% at ~5 µs a refusal) and the watches, summaries and Slurm questions go on.  Honest
+reports cost ~70 µs each on an idle core: 50 ms takes ~700 a turn, ~2,800 a second, 4.5 times the 625 a second
+of 12,500 nodes on a 20 s heartbeat.  CPU time, not the wall clock: on a node busy with training, other
+processes' time would eat a wall-clock budget and cut what the agent reads of honest reports (measured:
+bench/abuse_bench.py, docs/measured.md), while what a flood takes from the agent is its own CPU."""
+CLOCK_EVERY = 32
+"""Datagrams read between two looks at the CPU clock (a look is a system call, ~1 µs; a refusal ~5 µs)."""
 
 
 @dataclass
@@ -34,7 +48,12 @@ class ReportInbox:
     last_refusal: dict[str, str] = field(default_factory=dict)
     """The latest refusal's message, by kind."""
     received: int = 0
+    """Datagrams read so far (accepted and refused)."""
     received_bytes: int = 0
+    cut_short: bool = False
+    """The last drain stopped at its bound with datagrams still waiting (a burst, or a flood)."""
+    drains_cut_short: int = 0
+    """Drains so far that stopped at their bound."""
 
     def __post_init__(self) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -50,15 +69,17 @@ class ReportInbox:
         """The socket's descriptor (to wait on with select)."""
         return self.sock.fileno()
 
-    def drain(self, limit: int = 1 << 20) -> list[NodeReport]:
-        """Every report waiting now (at most `limit`), oldest first; refused datagrams are counted."""
+    def drain(self, limit: int = DRAIN_DATAGRAMS, seconds: float = DRAIN_SECONDS) -> list[NodeReport]:
+        """The reports waiting now, oldest first, reading at most `limit` datagrams and for about `seconds` of
+        CPU time (accepted or refused alike: a flood of junk cannot hold the caller); what is left is read by the next
+        call, and `cut_short` says there was more.  Refused datagrams are counted in `refused`, by kind."""
         reports: list[NodeReport] = []
-        while len(reports) < limit:
+        deadline = time.thread_time() + seconds
+        self.cut_short = False
+        for read in range(1, limit + 1):
             try:
                 datagram, peer = self.sock.recvfrom(MAX_DATAGRAM + 1)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError:
+            except OSError:  # BlockingIOError: nothing more waits now
                 break
             self.received += 1
             self.received_bytes += len(datagram)
@@ -67,6 +88,13 @@ class ReportInbox:
             except ReportRefused as exc:
                 self.refused[exc.kind] += 1
                 self.last_refusal[exc.kind] = str(exc)
+            if read % CLOCK_EVERY == 0 and time.thread_time() >= deadline:
+                self.cut_short = True
+                break
+        else:
+            self.cut_short = True
+        if self.cut_short:
+            self.drains_cut_short += 1
         return reports
 
     def close(self) -> None:

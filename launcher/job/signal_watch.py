@@ -34,6 +34,10 @@ class Inbox(Protocol):
     def refused(self) -> Mapping[str, int]:
         """Datagrams refused so far, by kind."""
 
+    @property
+    def drains_cut_short(self) -> int:
+        """Drains so far that stopped at their bound with datagrams still waiting."""
+
     def drain(self, limit: int = ...) -> list[NodeReport]: ...
 
 
@@ -46,6 +50,7 @@ class SignalWatch:
         self.signals = NodeSignals.start(policy, job_id, launch, nodes, started_at)
         self.received = 0
         self.meter = TrainingMeter(window_seconds(policy.heartbeat))
+        self._junk_seen = (sum(inbox.refused.values()), inbox.drains_cut_short)
 
     @property
     def policy(self) -> SignalPolicy:
@@ -60,6 +65,13 @@ class SignalWatch:
             self.received += len(reports)
             self.signals = self.signals.observe(reports, now)
         return self.signals.judge(now)
+
+    def refusing(self) -> str:
+        """What the inbox refused since the last call, for the agent's summary ("" when nothing was)."""
+        now = (sum(self.inbox.refused.values()), self.inbox.drains_cut_short)
+        refused, cut_short = now[0] - self._junk_seen[0], now[1] - self._junk_seen[1]
+        self._junk_seen = now
+        return junk_text(refused, cut_short)
 
     def holdings(self) -> dict[str, CheckpointHoldings]:
         """Each node's newest checkpoint holdings (see NodeSignals.holdings)."""
@@ -81,3 +93,15 @@ class SignalWatch:
         self.meter = self.meter.observe((node, heard.report.metrics, heard.at)
                                         for node, heard in self.signals.heard.items() if heard.report.metrics)
         return self.meter.reading(self.clock(), gpus, job_peak(peak_tflops, self.meter.gpu_names()))
+
+
+def junk_text(refused: int, cut_short: int) -> str:
+    """The agent's line on datagrams refused since its last summary: `refused` of them, `cut_short` drains
+    stopped at their bound meanwhile (more arrived than the agent reads: honest reports may be lost)."""
+    if refused <= 0:
+        return ""
+    text = f"refusing junk datagrams: {refused:,} since the last summary"
+    if cut_short > 0:
+        text += (f", more than the agent reads ({cut_short:,} reads stopped at their bound): node reports may be "
+                 "lost; someone sends to the agent's report port")
+    return text

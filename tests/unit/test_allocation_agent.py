@@ -200,6 +200,7 @@ class FakeInbox:
     """The agent's report inbox: what the nodes' reporters sent, taken as the agent drains it."""
 
     port = 40000
+    drains_cut_short = 0
 
     def __init__(self):
         self.pending, self.refused = [], {}

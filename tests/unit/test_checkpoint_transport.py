@@ -245,9 +245,15 @@ def test_whatever_a_stranger_sends_the_server_refuses_and_keeps_serving(tmp_path
 
 
 def test_a_server_running_its_limit_of_transfers_asks_the_next_one_to_try_again(tmp_path):
+    copy, manifest = node3_saves_step_40(tmp_path / "node3")
     with CopyServer(tmp_path / "node1", "node1", KEY, 0, "127.0.0.1", max_connections=1) as node1:
         with socket.create_connection(("127.0.0.1", node1.port), timeout=SHORT) as slow:
-            assert slow.recv(len(MAGIC), socket.MSG_WAITALL) == MAGIC
+            # A push of the job's own that stalls after its answer: it holds the one transfer slot.
+            greeting = slow.recv(len(MAGIC) + NONCE_BYTES, socket.MSG_WAITALL)
+            header, nonce = CopyRequest("push", "node3", 40, manifest).to_bytes(), os.urandom(NONCE_BYTES)
+            mac = hmac.new(KEY, REQUEST_LABEL + greeting[len(MAGIC):] + nonce + header, hashlib.sha256).digest()
+            slow.sendall(nonce + struct.pack(">I", len(header)) + header + mac)
+            assert slow.recv(4, socket.MSG_WAITALL) != bytes(4)  # answered: the slot is taken
             with pytest.raises(TransferError, match="node1's copy of step 40 from 127.0.0.1: 127.0.0.1 is busy"):
                 fetch_copy("127.0.0.1", node1.port, KEY, "node1", 40, tmp_path / "dest", timeout=SHORT)
         deadline = time.monotonic() + SHORT
@@ -260,6 +266,7 @@ def test_a_server_running_its_limit_of_transfers_asks_the_next_one_to_try_again(
                     continue
                 assert "node1 holds no complete copy" in str(exc)
                 break
+        assert node1.refused["busy"] >= 1
 
 
 def test_a_request_reads_back_as_sent_and_only_a_local_copy_is_pushed():

@@ -128,6 +128,7 @@ class Inbox:
     def __init__(self) -> None:
         self.waiting: list[NodeReport] = []
         self.port, self.refused = 9, {}
+        self.drains_cut_short = 0
 
     def drain(self, limit: int = 1 << 20) -> list[NodeReport]:
         taken, self.waiting = self.waiting, []
