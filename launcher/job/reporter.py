@@ -19,8 +19,8 @@ With a peer port from the agent ($CLUSTERCTL_PEER_PORT) it also beats to its two
 step every 0.5 s and hears theirs (launcher/job/peer_link.py, launcher/pure/peer_watch.py): a neighbour
 silent 2.5 s is named in its next report, sent at once.  It
 sends one signed UDP datagram (~1.6 KB for 8 ranks, ~6 KB with 32 checkpoint copies and a resume; clusterctl.records.node_report) to the
-agent: at once when something the agent acts on changed, else once per heartbeat
-($CLUSTERCTL_REPORT_INTERVAL).  What to send and when is `clusterctl.launcher.pure.node_report_build`.
+agent: at once when something the agent acts on changed (twice more, 0.5 s apart, when it acts on it at
+once: one lost datagram must not wait a heartbeat), else once per heartbeat ($CLUSTERCTL_REPORT_INTERVAL).  What to send and when is `clusterctl.launcher.pure.node_report_build`.
 Sends never block (a non-blocking socket: an absent agent costs a failed sendto), so a busy or
 stopped agent never slows training; the reporter's own cost is a few file reads per tick.
 

@@ -33,6 +33,13 @@ from clusterctl.text import one_line
 HEALTHD_STALE_AFTER = 30.0
 """Seconds after which healthd's state file says nothing: healthd rewrites it several times a minute."""
 RETRY_AFTER = 1.0
+ECHOES = 2
+ECHO_GAP = 0.5
+"""A report telling the agent of something it acts on at once (healthd's verdict changed, a rank's process
+stopped or went, a neighbour fell silent or was heard again) is sent ECHOES more times, ECHO_GAP s apart: one
+lost datagram (a lossy network, or a stranger's flood filling the agent's socket, which then drops what
+comes) must not hold the signal back a whole heartbeat (20 s at 12,500 nodes).  Two more datagrams per such
+change, a few a job-hour on a healthy node."""
 """Seconds before a report whose send failed (no route, a full socket buffer) is tried again."""
 SHORT_EVIDENCE = 160
 """Characters of healthd's first reason kept when a full report must shrink to fit one datagram."""
@@ -157,6 +164,8 @@ class ReporterMemory:
     """Per rank: (pid, state, epoch s when the reporter first saw that pid stopped or gone)."""
     holdings: CheckpointHoldings | None = None
     """The node's checkpoint holdings as last reported (`reported_holdings`, before a report is fitted)."""
+    echoes_due: int = 0
+    """Copies of the last report still to send, ECHO_GAP apart: it told of something the agent acts on at once."""
 
     def after_send(self, report: NodeReport, at: float, *, delivered: bool) -> ReporterMemory:
         """The memory once `report` was sent at `at` (monotonic), or failed to leave (`delivered` False)."""
@@ -220,6 +229,13 @@ def changes(before: NodeReport | None, after: NodeReport) -> tuple[str, ...]:
     return tuple(found)
 
 
+def _process_changed(before: NodeReport, after: NodeReport) -> bool:
+    """A rank seen in both whose process changed state (ranks appearing at a step's start are not urgent)."""
+    old = {beat.progress.rank: (beat.process, beat.progress.pid) for beat in before.ranks}
+    return any(old.get(beat.progress.rank, (beat.process, beat.progress.pid)) != (beat.process, beat.progress.pid)
+               for beat in after.ranks)
+
+
 def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], processes: Mapping[int, str],
                 health: NodeHealth, memory: ReporterMemory, *, now: float, monotonic: float, heartbeat: float,
                 force: bool = False, checkpoints: CheckpointHoldings | None = None, gpu: str = "",
@@ -251,11 +267,18 @@ def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], pro
         before = memory.holdings.last_resume if memory.holdings is not None else None
         changed += ("checkpoint holdings " + ("gone" if held is None else f"now {len(held.copies)} copies")
                     + (f", resumed step {resumed.step}" if resumed is not None and resumed != before else ""),)
+    urgent = last is not None and (last.health.verdict != report.health.verdict
+                                   or {p.node for p in silent_peers} != was
+                                   or _process_changed(last, report))
     memory = replace(memory, down_since=down_since, holdings=held)
     if changed:
-        return ReportDecision(fitted(report), "; ".join(changed), memory)
+        return ReportDecision(fitted(report), "; ".join(changed),
+                              replace(memory, echoes_due=ECHOES if urgent else 0))
     if force:
         return ReportDecision(fitted(report), "last report", memory)
+    if memory.echoes_due > 0 and monotonic - memory.last_sent_at >= ECHO_GAP:
+        return ReportDecision(fitted(report), "again: what changed is sent more than once",
+                              replace(memory, echoes_due=memory.echoes_due - 1))
     due_after = heartbeat if memory.delivered else min(heartbeat, RETRY_AFTER)
     if monotonic - memory.last_sent_at >= due_after:
         return ReportDecision(fitted(report), "heartbeat" if memory.delivered else "again after a failed send", memory)

@@ -157,6 +157,30 @@ def test_a_change_the_agent_acts_on_goes_at_once_and_the_rest_waits_for_the_hear
     assert sent[0].ranks[1].stopped_since == 0.0
 
 
+def test_what_the_agent_acts_on_at_once_is_sent_again_twice_so_one_lost_datagram_does_not_wait_a_heartbeat():
+    ranks = [progress(0), progress(1)]
+    running = {r.pid: "running" for r in ranks}
+    memory, reasons = ReporterMemory(), []
+
+    def look(at: float, records=ranks, processes=running, health=NodeHealth("ok", (), T0)) -> None:
+        nonlocal memory
+        decision = next_report(IDENTITY, records, processes, health, memory, now=T0 + at, monotonic=at, heartbeat=20.0)
+        memory = decision.memory
+        if decision.report is not None:
+            reasons.append((at, decision.reason))
+            memory = memory.after_send(decision.report, at, delivered=True)
+
+    for tick in range(0, 13):  # the first report, then a phase change at 1.0 s: sent once
+        look(tick * 0.25, [progress(0, phase="checkpoint-save" if tick >= 4 else "step"), progress(1)])
+    assert [at for at, _ in reasons] == [0.0, 1.0], reasons
+    reasons.clear()
+    for tick in range(13, 30):  # healthd drains at 3.25 s: sent at once, then twice more, 0.5 s apart
+        look(tick * 0.25, [progress(0, phase="checkpoint-save"), progress(1)],
+             health=NodeHealth("drain", ("healthd: xid 79 gpu1",), T0))
+    assert [at for at, _ in reasons] == [3.25, 3.75, 4.25], reasons
+    assert reasons[1][1] == reasons[2][1] == "again: what changed is sent more than once"
+
+
 @given(st.lists(st.tuples(st.sampled_from(PHASES), st.sampled_from(["running", "stopped", "gone", "unknown"]),
                           st.sampled_from(["ok", "drain", "unknown"]), st.booleans()), max_size=30))
 def test_reports_count_up_by_one_and_a_rank_stays_dated_from_when_it_first_stopped(looks):
