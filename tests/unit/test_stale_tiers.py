@@ -28,8 +28,8 @@ from clusterctl.healthd.hooks import run_prolog
 from clusterctl.healthd.node_tiers import LocalTiers
 from clusterctl.healthd.policy import PolicyConfig
 from clusterctl.healthd.stale_tiers import (
-    DIRECTORY, OTHER, RUN_TRASH, RUN_TREE, SYMLINK, USER_DIR, USER_TRASH, Entry, NodeTiers, ReclaimSettings, UserDir,
-    stale_tiers,
+    DIRECTORY, OTHER, PLANTED, RUN_TRASH, RUN_TREE, SYMLINK, USER_DIR, USER_TRASH, Entry, NodeTiers, ReclaimSettings,
+    UserDir, stale_tiers,
 )
 from clusterctl.checkpoint import Checkpointer
 from clusterctl.healthd.node_tiers import JobCgroups
@@ -50,7 +50,8 @@ KEY, KEY2, KEY3 = "0123456789abcdef", "fedcba9876543210", "00000000deadbeef"
 UIDS = (0, 1000, 1001, 1002)
 names_in_a_base = st.sampled_from([f"clusterctl-{u}" for u in UIDS] + [
     ".clusterctl-reclaim-1001-0badc0de", ".clusterctl-reclaim-1000-0badc0de", "clusterctl-01000", "clusterctl-1000x",
-    "clusterctl-", "clusterctl--1", ".clusterctl-reclaim-1001-xyz", "ckpt-" + KEY, "clusterctl-1001 "])
+    "clusterctl-", "clusterctl--1", ".clusterctl-reclaim-1001-xyz", "ckpt-" + KEY, "clusterctl-1001 ",
+    ".clusterctl-planted-1700000000-1002-1000", ".clusterctl-planted-x-1002-1000"])
 names_in_a_user_dir = st.sampled_from([f"ckpt-{KEY}", f"ckpt-{KEY2}", f"ckpt-{KEY3}", f"ckpt-{'1' * 16}"]) \
     | st.sampled_from([f".clusterctl-reclaim-ckpt-{KEY}-0badc0de", "4242", "ckpt-0123", f"ckpt-{KEY}/..",
                        f"ckpt-{KEY.upper()}", f".clusterctl-reclaim-ckpt-{KEY}", "holdings.json", f"ckpt-{KEY} "])
@@ -73,7 +74,7 @@ def node_tiers(draw, job_uid: int | None = None) -> NodeTiers:
         names = list(dict.fromkeys([f"clusterctl-{job_uid}", *names]))
     dirs = []
     for name in names:
-        user = USER_DIR.fullmatch(name) or USER_TRASH.fullmatch(name)
+        user = USER_DIR.fullmatch(name) or USER_TRASH.fullmatch(name) or PLANTED.fullmatch(name)
         uid = int(user.group(1)) if user else None
         children = tuple(draw(entries(child, uid))
                          for child in draw(st.lists(names_in_a_user_dir, max_size=5, unique=True)))
@@ -104,7 +105,8 @@ def test_only_the_exact_layout_is_ever_removed(scene):
     node, starts, rules = scene
     for reclaim in stale_tiers(node, starts, rules).reclaims:
         found = _found(node, reclaim.base, reclaim.parent or reclaim.name)
-        user = USER_DIR.fullmatch(found.entry.name) or USER_TRASH.fullmatch(found.entry.name)
+        user = USER_DIR.fullmatch(found.entry.name) or USER_TRASH.fullmatch(found.entry.name) \
+            or PLANTED.fullmatch(found.entry.name)
         assert user is not None and int(user.group(1)) == reclaim.uid == found.entry.owner
         assert found.entry.kind == DIRECTORY and not found.entry.mode & 0o022
         if reclaim.parent:
@@ -146,6 +148,19 @@ def test_another_users_directory_with_nothing_of_theirs_on_the_node_is_removed(s
         if (user and int(user.group(1)) not in present | {rules.job_uid} and found.entry.kind == DIRECTORY
                 and found.entry.owner == int(user.group(1)) and not found.entry.mode & 0o022):
             assert (found.base, found.entry.name) in removed
+
+
+@settings(max_examples=300, deadline=None)
+@given(scene=scenes())
+def test_only_a_users_directory_another_user_made_is_moved_aside_and_nothing_is_both_moved_and_removed(scene):
+    node, starts, rules = scene
+    plan = stale_tiers(node, starts, rules)
+    for move in plan.moves:
+        found = _found(node, move.base, move.name)
+        assert USER_DIR.fullmatch(move.name) and int(USER_DIR.fullmatch(move.name).group(1)) == move.uid
+        assert found.entry.owner == move.owner not in (move.uid, 0)
+        assert PLANTED.fullmatch(move.new_name)
+    assert not {(m.base, m.name) for m in plan.moves} & {(r.base, r.parent or r.name) for r in plan.reclaims}
 
 
 # ---- the prolog on a real tree, as an admin sees it ----------------------------------------------
