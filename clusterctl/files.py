@@ -289,6 +289,16 @@ def check_owned(target: Path | os.stat_result, *, uid: int, kind: Literal["file"
     return None
 
 
+def owner_label(uid: int) -> str:
+    """`uid 65534 (nobody)` for a message naming who owns something; `uid 65534` when it has no name here."""
+    import pwd
+
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+
+
 def check_entry_name(name: str) -> str:
     """`name` if it is one plain directory entry (no `/`, not `.`/`..`, no NUL); else UnsafePathError."""
     if not name or name in (".", "..") or "/" in name or "\0" in name or len(name) > 255:

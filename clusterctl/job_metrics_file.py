@@ -12,17 +12,26 @@ user's override; set empty, nothing is written), else `job_metrics_dir` in the n
 `/etc/clusterctl/healthd.toml` (the admins' configuration of the node, which healthd and its hooks read
 whole; the agent reads this one key).  The epilog looks only in the admin's directory, never at a path
 from the job's environment, and builds the name from slurmd's `SLURM_JOB_ID` only.
+
+Who may hold the name (`claim_textfile`): the admin's directory is 1777 and node_exporter exports every
+`*.prom` in it whoever owns it, so another user could create a job's file first (job ids are sequential):
+under the sticky bit the job's agent could then not replace it, and forged figures would be exported under
+the job's id.  The prolog (root, before the job starts) therefore claims the name for the job: it writes an
+empty file under a temp name, gives it to the job's user and renames it over the name (rename by root
+replaces whatever file a squatter put there, atomically: there is no moment the name is free to take).
+From then on only the job's user can replace it (the agent renames its own writes over its own file).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from clusterctl.files import atomic_write_at, check_entry_name, read_regular_file
+from clusterctl.files import atomic_write_at, check_entry_name, owner_label, read_regular_file
 from clusterctl.text import printable
 
 TEXTFILE_DIR_ENV = "CLUSTERCTL_METRICS_TEXTFILE_DIR"
@@ -172,5 +181,45 @@ def remove_textfile(directory: Path, job_id: str, *, follow_symlinks: bool = Tru
                 continue  # gone already, or not a file this removes (a directory planted under its name)
             removed.append(name)
         return removed
+    finally:
+        os.close(fd)
+
+
+def claim_textfile(directory: Path, job_id: str, uid: int, gid: int) -> str | None:
+    """Root, before the job starts: make the job's file in the admin's `directory` an empty one owned by
+    `uid`:`gid` (mode 0644), replacing whatever another user created at that name first; what was
+    replaced ("a file of uid N", ...) or None.  Relative to `directory` opened without following a symlink
+    there; the temp file is made with O_EXCL|O_NOFOLLOW.  A directory planted at the name is renamed aside
+    (`.clusterctl-planted-<name>-<random>`, which node_exporter does not read).  OSError when the directory
+    cannot be opened or written."""
+    name = textfile_name(job_id)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    try:
+        try:
+            found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            found = None
+        replaced = None
+        if found is not None and found.st_uid != uid:
+            kind = "a directory" if stat.S_ISDIR(found.st_mode) else "a symlink" if stat.S_ISLNK(found.st_mode) \
+                else "a file"
+            replaced = f"{kind} of {owner_label(found.st_uid)}"
+        if found is not None and stat.S_ISDIR(found.st_mode):
+            os.rename(name, f".clusterctl-planted-{name}-{os.urandom(4).hex()}", src_dir_fd=fd, dst_dir_fd=fd)
+        elif found is not None and found.st_uid == uid and stat.S_ISREG(found.st_mode):
+            return None  # the job's own already (a requeued job's prolog again)
+        tmp = f".{name}.{os.getpid()}.{os.urandom(4).hex()}.tmp"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+        try:
+            os.fchown(out, uid, gid)
+            os.fchmod(out, 0o644)
+        finally:
+            os.close(out)
+        try:
+            os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        except OSError:
+            os.unlink(tmp, dir_fd=fd)
+            raise
+        return replaced
     finally:
         os.close(fd)

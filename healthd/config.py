@@ -7,7 +7,9 @@ import os
 import re
 import socket
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,11 @@ class ConfigError(ClusterctlError):
     """
 
     exit_code = 78  # EX_CONFIG
+
+    def __init__(self, message: str, *, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+        """The dotted key it is about ('' for the whole file)."""
 
 
 @dataclass(frozen=True)
@@ -110,9 +117,17 @@ def load_config(path: Path | None) -> HealthdConfig:
 
     Every caller (run, status, check, evidence, breaker, the prolog and the epilog) comes here, so
     a value is checked the same way for each: its type, its range, never NaN or infinity."""
+    found = _read_toml(path)
+    if found is None:
+        return HealthdConfig()
+    return config_from_mapping(*found)
+
+
+def _read_toml(path: Path | None) -> tuple[dict[str, Any], str, str] | None:
+    """healthd.toml parsed, its path and its text; None when `path` is None and the default file is missing."""
     if path is None:
         if not DEFAULT_PATH.exists():
-            return HealthdConfig()
+            return None
         path = DEFAULT_PATH
     try:
         text = path.read_bytes().decode("utf-8")
@@ -125,7 +140,7 @@ def load_config(path: Path | None) -> HealthdConfig:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
     except RecursionError:
         raise ConfigError(f"{path}: nested too deeply to be a healthd.toml") from None
-    return config_from_mapping(data, str(path), text)
+    return data, str(path), text
 
 
 @dataclass(frozen=True)
@@ -192,7 +207,7 @@ class _Where:
     def error(self, dotted: str, message: str, *, unknown: bool = False) -> ConfigError:
         number = self.line(dotted)
         what = f"unknown key `{dotted}`" if unknown else f"key `{dotted}`"
-        return ConfigError(f"{self.path}{f':{number}' if number else ''}: {what}{message}")
+        return ConfigError(f"{self.path}{f':{number}' if number else ''}: {what}{message}", key=dotted)
 
 
 def _shown(value: Any) -> str:
@@ -264,52 +279,139 @@ def _checked(where: _Where, dotted: str, value: Any) -> Any:  # noqa: C901 - one
 
 def config_from_mapping(data: dict[str, Any], where: str = "healthd.toml", text: str = "") -> HealthdConfig:
     """The config `data` (parsed TOML) sets; ConfigError naming file, line (from `text`) and key otherwise."""
-    place = _Where(where, text)
+    return _build(data, _Keys(_Where(where, text), strict=True))
+
+
+@dataclass(frozen=True)
+class KeptConfig:
+    """A healthd.toml read for a hook: every valid key of the admin's file kept, each bad one dropped (its
+    default used instead), `dropped` saying which and why (file, line, key: one ConfigError each)."""
+
+    config: HealthdConfig
+    dropped: tuple[ConfigError, ...] = ()
+
+    @property
+    def dropped_keys(self) -> frozenset[str]:
+        """The dotted keys dropped (`tier_bases`, `checks.expected_gpus`, ...)."""
+        return frozenset(error.key for error in self.dropped)
+
+
+def config_keeping_valid(data: dict[str, Any], where: str = "healthd.toml", text: str = "") -> KeptConfig:
+    """The config `data` sets with each key that is wrong dropped (as if not written), not the whole file:
+    a hook must not go back to every default (re-enabling what the admin turned off) for one typo."""
+    keys = _Keys(_Where(where, text), strict=False)
+    return KeptConfig(_build(data, keys), tuple(keys.dropped))
+
+
+def load_config_keeping_valid(path: Path | None) -> KeptConfig:
+    """`load_config` for the hooks: a file that cannot be read or parsed at all is ConfigError as there; one
+    that parses keeps every valid key (`config_keeping_valid`)."""
+    found = _read_toml(path)
+    if found is None:
+        return KeptConfig(HealthdConfig())
+    data, where, text = found
+    return config_keeping_valid(data, where, text)
+
+
+class _Keys:
+    """Checks each key; strict: the first wrong one is raised; else it is dropped and kept in `dropped`."""
+
+    def __init__(self, where: _Where, *, strict: bool) -> None:
+        self.where, self.strict = where, strict
+        self.dropped: list[ConfigError] = []
+
+    def take(self, into: dict[str, Any], key: str, check: Callable[[], Any]) -> None:
+        """`into[key] = check()`, unless it raises ConfigError (then raised, or dropped)."""
+        try:
+            into[key] = check()
+        except ConfigError as exc:
+            if self.strict:
+                raise
+            self.dropped.append(exc)
+
+
+def _build(data: dict[str, Any], keys: _Keys) -> HealthdConfig:
+    place = keys.where
     top = {f.name for f in fields(HealthdConfig)} - {"checks", "policy"}
     values: dict[str, Any] = {}
     for key, value in data.items():
         if key in ("checks", "policy"):
             continue
         if key not in top:
-            raise place.error(key, f"; known: {', '.join(sorted(top | {'checks', 'policy'}))}", unknown=True)
-        values[key] = _checked(place, key, value)
-    limits = CheckLimits(**{key: _checked(place, f"checks.{key}", value)
-                            for key, value in _table(place, data, "checks", {f.name for f in fields(CheckLimits)}).items()})
-    return HealthdConfig(**values, checks=limits, policy=_policy(place, data))
+            keys.take(values, key, partial(_raise, place.error(
+                key, f"; known: {', '.join(sorted(top | {'checks', 'policy'}))}", unknown=True)))
+            continue
+        keys.take(values, key, partial(_checked, place, key, value))
+    limits: dict[str, Any] = {}
+    known = {f.name for f in fields(CheckLimits)}
+    for key, value in _table(keys, data, "checks", known).items():
+        keys.take(limits, key, partial(_checked, place, f"checks.{key}", value))
+    return HealthdConfig(**values, checks=CheckLimits(**limits), policy=_policy(keys, data))
 
 
-def _table(place: _Where, data: dict[str, Any], name: str, known: set[str]) -> dict[str, Any]:
-    table = data.get(name, {})
+def _raise(error: ConfigError) -> Any:
+    raise error
+
+
+def _table(keys: _Keys, data: dict[str, Any], name: str, known: set[str]) -> dict[str, Any]:
+    """Table `name` of `data` with its unknown keys (raised, or dropped)."""
+    place = keys.where
+    found: dict[str, Any] = {}
+    keys.take(found, name, lambda: _is_table(place, name, data.get(name, {})))
+    table = found.get(name, {})
+    kept: dict[str, Any] = {}
+    for key, value in table.items():
+        if key in known:
+            kept[key] = value
+        else:
+            keys.take(kept, key, partial(_raise, place.error(
+                f"{name}.{key}", f"; known: {', '.join(sorted(known))}", unknown=True)))
+    return kept
+
+
+def _is_table(place: _Where, name: str, table: Any) -> dict[str, Any]:
     if not isinstance(table, dict):
         raise place.error(name, f" must be a table ([{name}]), found {_shown(table)}")
-    for key in table:
-        if key not in known:
-            raise place.error(f"{name}.{key}", f"; known: {', '.join(sorted(known))}", unknown=True)
     return table
 
 
-def _policy(place: _Where, data: dict[str, Any]) -> PolicyConfig:
-    policy = _table(place, data, "policy", {"promote_xids", "app_xid_repeat", "app_xid_window_h", "app_xid_count"})
-    promote_table = policy.get("promote_xids", {})
-    if not isinstance(promote_table, dict):
+def _policy(keys: _Keys, data: dict[str, Any]) -> PolicyConfig:
+    place = keys.where
+    policy = _table(keys, data, "policy", {"promote_xids", "app_xid_repeat", "app_xid_window_h", "app_xid_count"})
+    found: dict[str, Any] = {}
+    keys.take(found, "promote_xids", lambda: _is_promote_table(place, policy.get("promote_xids", {})))
+    promote: dict[str, Any] = {}
+    for xid, action in found.get("promote_xids", {}).items():
+        keys.take(promote, xid, partial(_promotion, place, xid, action))
+    keys.take(found, "app_xid_count", lambda: _xid_count(place, policy.get("app_xid_count", "users")))
+    for key, default in (("app_xid_repeat", 2), ("app_xid_window_h", 24.0)):
+        keys.take(found, key, partial(_checked, place, f"policy.{key}", policy.get(key, default)))
+    return PolicyConfig({int(xid): action for xid, action in promote.items()}, found.get("app_xid_repeat", 2),
+                        found.get("app_xid_window_h", 24.0) * 3600, found.get("app_xid_count", "users"))
+
+
+def _is_promote_table(place: _Where, table: Any) -> dict[str, Any]:
+    if not isinstance(table, dict):
         raise place.error("policy.promote_xids", f" must be a table like {{ \"999\" = \"drain-reset\" }}, "
-                                                 f"found {_shown(promote_table)}")
-    promote: dict[int, Action] = {}
-    for xid, action in promote_table.items():
-        labels = ", ".join(a.label for a in Action)
-        if not re.fullmatch(r"[0-9]{1,4}", xid) or not 1 <= int(xid) <= MAX_XID:
-            raise place.error(f"policy.promote_xids.{xid}", f" must be an Xid number from 1 to {MAX_XID} with one of "
-                                                            f"{labels}")
-        try:
-            if not isinstance(action, str):
-                raise KeyError(action)
-            promote[int(xid)] = Action.from_label(action.lower().replace("_", "-"))
-        except (ValueError, KeyError):
-            raise place.error(f"policy.promote_xids.{xid}", f" must name one of {labels}, "
-                                                            f"found {_shown(action)}") from None
-    count = policy.get("app_xid_count", "users")
+                                                 f"found {_shown(table)}")
+    return table
+
+
+def _promotion(place: _Where, xid: str, action: Any) -> Action:
+    labels = ", ".join(a.label for a in Action)
+    if not re.fullmatch(r"[0-9]{1,4}", xid) or not 1 <= int(xid) <= MAX_XID:
+        raise place.error(f"policy.promote_xids.{xid}", f" must be an Xid number from 1 to {MAX_XID} with one of "
+                                                        f"{labels}")
+    try:
+        if not isinstance(action, str):
+            raise KeyError(action)
+        return Action.from_label(action.lower().replace("_", "-"))
+    except (ValueError, KeyError):
+        raise place.error(f"policy.promote_xids.{xid}", f" must name one of {labels}, "
+                                                        f"found {_shown(action)}") from None
+
+
+def _xid_count(place: _Where, count: Any) -> str:
     if count not in ("users", "jobs"):
         raise place.error("policy.app_xid_count", f" must be \"users\" or \"jobs\", found {_shown(count)}")
-    repeat = _checked(place, "policy.app_xid_repeat", policy.get("app_xid_repeat", 2))
-    window_h = _checked(place, "policy.app_xid_window_h", policy.get("app_xid_window_h", 24.0))
-    return PolicyConfig(promote, repeat, window_h * 3600, count)
+    return str(count)

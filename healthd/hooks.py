@@ -14,13 +14,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clusterctl.clock import parse_utc, utc
 from clusterctl.errors import ClusterctlError, SlurmCommandError
+from clusterctl.files import owner_label
 from clusterctl.healthd.breaker import Breaker
-from clusterctl.healthd.config import DEFAULT_PATH, ConfigError, HealthdConfig, load_config
+from clusterctl.healthd.config import DEFAULT_PATH, ConfigError, HealthdConfig, KeptConfig, load_config_keeping_valid
 from clusterctl.healthd.drain_requests import drain_rules
 from clusterctl.healthd.engine import EngineSettings
 from clusterctl.healthd.findings import Action, Finding
@@ -28,8 +29,8 @@ from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, 
 from clusterctl.healthd.kmsg import RecordReader, parse_gpu_event
 from clusterctl.healthd.node_tiers import LocalTiers, TierDoor
 from clusterctl.healthd.policy import drain_reason, judge
-from clusterctl.healthd.stale_tiers import TRASH_PREFIX, ReclaimSettings, size, stale_tiers
-from clusterctl.job_metrics_file import remove_textfile
+from clusterctl.healthd.stale_tiers import TRASH_PREFIX, MoveAside, ReclaimSettings, size, stale_tiers
+from clusterctl.job_metrics_file import claim_textfile, remove_textfile, textfile_name
 from clusterctl.records.drain_reason import DrainReason
 from clusterctl.records.healthd_job_start import (
     JobStart, job_start_path, read_job_start, read_job_starts, write_job_start,
@@ -54,19 +55,32 @@ def _setup(hook: str, config: HealthdConfig | None = None, config_path: Path | N
     """The hook's config: `config`, else healthd.toml (`config_path`, else its default path).
 
     A config the hook cannot read or understand must not fail the hook: Slurm would drain every node
-    at once, around the breaker.  The hook runs with the defaults and says so, loudly, in slurmd's log
-    (`healthd status` and `healthd run` refuse it, saying what is wrong with it)."""
+    at once, around the breaker.  A key that is wrong is dropped alone (its default used) and said, file,
+    line and key, in slurmd's log: every other key of the admin's file holds (`healthd status` and `healthd
+    run` refuse the file, saying what is wrong with it).  A file that cannot be read or parsed at all leaves
+    the defaults, loudly.  Either way the prolog reclaims no checkpoint tiers on settings it could not read
+    (`tier_bases`, `tier_keep_hours`): it removes users' files, and the defaults name /dev/shm and /tmp."""
     os.environ.setdefault("PATH", HOOK_PATH)
     if config is not None:
         return config
     try:
-        return _load_config_within(config_path, CONFIG_READ_SECONDS)
+        kept = _load_config_within(config_path, CONFIG_READ_SECONDS)
     except ConfigError as exc:
-        _say(hook, f"CONFIG NOT USED: {exc}; running with the defaults")
+        _say(hook, f"CONFIG NOT USED: {exc}; running with the defaults{_NO_RECLAIM}")
+        return replace(HealthdConfig(), tier_bases=())
     except Exception as exc:  # noqa: BLE001 - whatever the reader trips on, the hook must not fail for it
         _say(hook, f"CONFIG NOT USED: {config_path or DEFAULT_PATH}: {exc.__class__.__name__}: {exc}; "
-                   "running with the defaults")
-    return HealthdConfig()
+                   f"running with the defaults{_NO_RECLAIM}")
+        return replace(HealthdConfig(), tier_bases=())
+    for dropped in kept.dropped:
+        _say(hook, f"CONFIG KEY DROPPED: {dropped}; using its default, every other key as written")
+    if kept.dropped_keys & {"tier_bases", "tier_keep_hours"}:
+        _say(hook, "stale checkpoint tiers are not reclaimed until healthd.toml's tier settings are fixed")
+        return replace(kept.config, tier_bases=())
+    return kept.config
+
+
+_NO_RECLAIM = " (stale checkpoint tiers are not reclaimed on defaults)"
 
 
 CONFIG_READ_SECONDS = 5.0
@@ -77,14 +91,14 @@ class _ConfigTimeout(Exception):
     pass
 
 
-def _load_config_within(path: Path | None, seconds: float) -> HealthdConfig:
+def _load_config_within(path: Path | None, seconds: float) -> KeptConfig:
     def expired(*_: object) -> None:
         raise _ConfigTimeout(f"not read within {seconds:g} s")
 
     previous = signal.signal(signal.SIGALRM, expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
-        return load_config(path)
+        return load_config_keeping_valid(path)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
@@ -238,6 +252,8 @@ def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm
             _say("prolog", f"job {environ.get('SLURM_JOB_ID', 'unknown')!r}: gave up: "
                            f"{exc.__class__.__name__}: {exc}; exit {refusal.exit_code()}")
             return refusal.exit_code()
+        if code == 0 and config.job_metrics_dir is not None:
+            _claim_job_metrics(environ, config.job_metrics_dir)
         if code == 0 and config.tier_bases:
             reclaim_stale_tiers(environ, config, tiers or LocalTiers(config.tier_bases),
                                 deadline=start + config.hook_timeout * (1 - HOOK_RESERVE), clock=clock)
@@ -272,16 +288,17 @@ def _reclaim(job: str, node: str, uid: int | None, config: HealthdConfig, tiers:
     began = clock()
     held = tiers.look(uid)
     starts, _unreadable = read_job_starts(config.journal_dir)  # the epilog says what it cannot read
-    plan = stale_tiers(held, starts, ReclaimSettings(uid, config.tier_keep_hours * 3600, time.time()))
+    plan = stale_tiers(held, starts, ReclaimSettings(uid, config.tier_keep_hours * 3600, time.time(), job))
+    done = _move_planted(job, plan.moves, tiers, deadline, clock)
+    moved = len(done)
     notes = [*held.notes, *plan.left_alone]
     for note in notes[:SAID_TREES]:  # a user can plant any number of look-alikes: a few said, the rest counted
         _say("prolog", f"job {job}: {note}")
     if len(notes) > SAID_TREES:
         _say("prolog", f"job {job}: and {len(notes) - SAID_TREES} more names like a checkpoint tier's left alone")
-    done: list[ReclaimedTree] = []
     for reclaim in plan.reclaims:
         if clock() >= deadline:
-            _say("prolog", f"job {job}: out of time: {len(plan.reclaims) - len(done)} stale checkpoint tier(s) "
+            _say("prolog", f"job {job}: out of time: {len(plan.reclaims) - len(done) + moved} stale checkpoint tier(s) "
                            "left for the next job's prolog")
             break
         if reclaim.uid != uid and not reclaim.parent and not reclaim.name.startswith(TRASH_PREFIX) \
@@ -292,19 +309,45 @@ def _reclaim(job: str, node: str, uid: int | None, config: HealthdConfig, tiers:
                                   removed.error))
     if not done:
         return ()
+    if len(done) > moved:
+        _say_reclaimed(job, config, done[moved:], max(clock() - began, 0.0))
     seconds = max(clock() - began, 0.0)
-    said = [f"{tree.path} (uid {tree.uid}, {tree.runs} run(s), {size(tree.freed_bytes)}: {tree.why})"
-            + (f" NOT removed: {tree.error}" if tree.error is not None else "") for tree in done[:SAID_TREES]]
-    if len(done) > SAID_TREES:
-        said.append(f"{len(done) - SAID_TREES} more in {config.journal_dir}")
-    _say("prolog", f"job {job}: reclaimed {size(sum(t.freed_bytes for t in done))} of stale checkpoint tiers in "
-                   f"{seconds:.2f} s: " + "; ".join(said))
     try:
         append_tier_reclaim(config.journal_dir, TierReclaim(utc(time.time()), job, node, round(seconds, 3),
                                                             tuple(done)))
     except OSError as exc:
         _say("prolog", f"job {job}: reclaim not recorded in {config.journal_dir}: {exc}")
     return tuple(done)
+
+
+def _move_planted(job: str, moves: tuple[MoveAside, ...], tiers: TierDoor, deadline: float,
+                  clock: Callable[[], float]) -> list[ReclaimedTree]:
+    """Move each planted `clusterctl-<uid>` aside (a rename each; the first few said in slurmd's log, every one
+    in the journal) until `deadline`; what the journal keeps of them."""
+    done: list[ReclaimedTree] = []
+    for move in moves:
+        if clock() >= deadline:
+            break
+        error = tiers.move_aside(move)
+        base, owner = move.base.rstrip("/"), owner_label(move.owner)
+        if len(done) < SAID_TREES:
+            _say("prolog", f"job {job}: {move.path} was made by {owner}, not by uid {move.uid} (planted: it locks "
+                           f"uid {move.uid}'s jobs out of their node-local directory here): "
+                           + (f"moved aside to {base}/{move.new_name}" if error is None else f"NOT moved aside: {error}"))
+        done.append(ReclaimedTree(move.path, move.owner, 0, 0, f"planted by {owner} for uid {move.uid}: moved aside "
+                                                               f"to {base}/{move.new_name}", error))
+    if len(done) > SAID_TREES:
+        _say("prolog", f"job {job}: and {len(done) - SAID_TREES} more planted directories moved aside")
+    return done
+
+
+def _say_reclaimed(job: str, config: HealthdConfig, done: list[ReclaimedTree], seconds: float) -> None:
+    said = [f"{tree.path} (uid {tree.uid}, {tree.runs} run(s), {size(tree.freed_bytes)}: {tree.why})"
+            + (f" NOT removed: {tree.error}" if tree.error is not None else "") for tree in done[:SAID_TREES]]
+    if len(done) > SAID_TREES:
+        said.append(f"{len(done) - SAID_TREES} more in {config.journal_dir}")
+    _say("prolog", f"job {job}: reclaimed {size(sum(t.freed_bytes for t in done))} of stale checkpoint tiers in "
+                   f"{seconds:.2f} s: " + "; ".join(said))
 
 
 def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], config: HealthdConfig,
@@ -487,6 +530,26 @@ def _epilog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], 
         reason = DrainReason(kind=hardware.kind, action=hardware.action, at=utc(end), xid=hardware.xid,
                              gpu=hardware.gpu, uuid=hardware.uuid)
         _say("epilog", _drain(config, node, reason, slurm_factory).text)
+
+
+def _claim_job_metrics(environ: Mapping[str, str], directory: Path) -> None:
+    """Give the job's metrics file name in `job_metrics_dir` to the job's user before the job starts
+    (clusterctl/job_metrics_file.py, `claim_textfile`): a file another user created there first would
+    otherwise export forged figures under the job's id.  Said when something was replaced; never fails
+    the prolog."""
+    job, uid = _job_id(environ), _job_uid(environ)
+    gid = environ.get("SLURM_JOB_GID", "")
+    if job is None or uid is None:
+        return
+    try:
+        replaced = claim_textfile(directory, job, uid, int(gid) if gid.isascii() and gid.isdigit() else uid)
+    except (OSError, ClusterctlError) as exc:
+        _say("prolog", f"job {job}: its metrics file in job_metrics_dir {directory} not made ready: "
+                       f"{getattr(exc, 'strerror', None) or exc}")
+        return
+    if replaced is not None:
+        _say("prolog", f"job {job}: {directory}/{textfile_name(job)} was {replaced}, not of the job's uid {uid} "
+                       "(made first by another user): replaced with the job's own, empty")
 
 
 def _remove_job_metrics(directory: Path, job: str) -> None:

@@ -10,23 +10,34 @@ directory and never sees half of the old one; a prolog stopped halfway leaves a 
 then removed depth first, each directory opened with O_NOFOLLOW relative to its parent's fd (a symlink is
 unlinked, never followed), until the prolog's time is up: the rest keeps its trash name for the next prolog
 (a user who fills a tier with millions of files cannot make every job start wait).  A tree holding a mount
-point is left alone.  No Slurm, no shared storage: the cost is the listing, and the removal of the bytes.
+point is left alone.  A `clusterctl-<uid>` another user planted is moved aside with one rename relative to
+the base's fd (`move_aside`), checked again with lstat just before and after (a swap meanwhile is put back).
+No Slurm, no shared storage: the cost is the listing, and the removal of the bytes.
+
+Which jobs run on the node (`RunningJobs`, `JobCgroups`): the Slurm job ids in the cgroup paths of the node's
+processes (`/proc/<pid>/cgroup`, `…/job_<id>/…`): only slurmstepd puts processes there, users cannot move
+theirs in, it holds for cgroup v1 and v2 and wherever the hierarchy is mounted, and it costs one read per
+process on the node and nothing on slurmctld (nor slurmd).  With `PrologFlags=Contain` every job of the node
+has its extern step's process there for its whole life; without it a job between two steps has none, which is
+why the prolog's job-start notes count too (healthd/stale_tiers.py).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 from typing import Protocol
 
 from clusterctl.files import check_owned
 from clusterctl.healthd.stale_tiers import (
-    DIRECTORY, OTHER, RUN_TREE, SYMLINK, TRASH_PREFIX, USER_DIR, USER_TRASH, Entry, NodeTiers, Reclaim,
-    UserDir, run_trash_name, user_trash_name,
+    DIRECTORY, JOB_NOTE, OTHER, PLANTED, PLANTED_PREFIX, RUN_TREE, SYMLINK, TRASH_PREFIX, USER_DIR, USER_TRASH, Entry,
+    MoveAside, NodeTiers, Reclaim, UserDir, run_trash_name, user_trash_name,
 )
 
 MAX_ENTRIES = 10_000
@@ -60,6 +71,46 @@ class TierDoor(Protocol):
         """Every uid a process on this node runs as, now."""
         ...
 
+    def move_aside(self, move: MoveAside) -> str | None:
+        """Rename a planted `clusterctl-<uid>` to `move.new_name` in its base, checking it again first; None when
+        done, else why not (never raises for the entry's sake)."""
+        ...
+
+
+class RunningJobs(Protocol):
+    """Which Slurm jobs have a process on this node now."""
+
+    def job_ids(self) -> frozenset[str]:
+        """Their job ids (digits)."""
+        ...
+
+
+_JOB_CGROUP = re.compile(r"job_([0-9]{1,20})")
+
+
+class JobCgroups:
+    """`RunningJobs` from the cgroups of the node's processes (`<proc>/<pid>/cgroup`; see the module docstring)."""
+
+    def __init__(self, proc: Path = Path("/proc")) -> None:
+        self.proc = proc
+
+    def job_ids(self) -> frozenset[str]:
+        found: set[str] = set()
+        try:
+            pids = [entry.name for entry in os.scandir(self.proc) if entry.name.isdigit()]
+        except OSError:
+            return frozenset()
+        for pid in pids:
+            try:
+                text = (self.proc / pid / "cgroup").read_text(encoding="ascii", errors="replace")
+            except OSError:
+                continue  # gone meanwhile
+            for line in text.splitlines():
+                for part in line.split(":", 2)[-1].split("/"):
+                    if (match := _JOB_CGROUP.fullmatch(part)) is not None:
+                        found.add(match.group(1))
+        return frozenset(found)
+
 
 def process_uids() -> frozenset[int]:
     """Every uid a process on this node runs as: real, effective and saved (psutil, from /proc)."""
@@ -91,10 +142,11 @@ class LocalTiers:
     `running_uids` reads the process table (`process_uids` unless a test gives its own)."""
 
     def __init__(self, bases: Sequence[str], running_uids: Callable[[], frozenset[int]] = process_uids,
-                 booted: Callable[[], float] = boot_time) -> None:
+                 booted: Callable[[], float] = boot_time, jobs: RunningJobs | None = None) -> None:
         self.bases = tuple(bases)
         self.running_uids = running_uids
         self.booted = booted
+        self.jobs = jobs or JobCgroups()
 
     def look(self, job_uid: int) -> NodeTiers:
         notes: list[str] = []
@@ -113,7 +165,19 @@ class LocalTiers:
                 notes.append(f"{base}: cannot be listed ({exc.strerror}); its checkpoint tiers are not reclaimed")
             finally:
                 os.close(base_fd)
-        return NodeTiers(tuple(found), self.running_uids(), tuple(notes), self.booted())
+        return NodeTiers(tuple(found), self.running_uids(), tuple(notes), self.booted(), self.jobs.job_ids())
+
+    def move_aside(self, move: MoveAside) -> str | None:
+        try:
+            base_fd = _open_base(move.base)
+        except (OSError, _NotABase) as exc:
+            return str(exc)
+        try:
+            return _move_planted(base_fd, move)
+        except OSError as exc:
+            return f"not moved ({exc.strerror or exc})"
+        finally:
+            os.close(base_fd)
 
     def remove(self, reclaim: Reclaim, seconds: float) -> Removed:
         try:
@@ -160,18 +224,18 @@ def _open_base(base: str) -> int:
     return fd
 
 
-def _entry(name: str, info: os.stat_result, last_used: float | None = None) -> Entry:
+def _entry(name: str, info: os.stat_result, last_used: float | None = None, jobs: tuple[str, ...] = ()) -> Entry:
     kind = DIRECTORY if stat.S_ISDIR(info.st_mode) else SYMLINK if stat.S_ISLNK(info.st_mode) else OTHER
-    return Entry(name, kind, info.st_uid, stat.S_IMODE(info.st_mode), last_used)
+    return Entry(name, kind, info.st_uid, stat.S_IMODE(info.st_mode), last_used, jobs)
 
 
 def _user_dirs(base: str, base_fd: int, job_uid: int) -> list[UserDir]:
     found = []
     with os.scandir(base_fd) as entries:
-        names = list(islice((e.name for e in entries if e.name.startswith(("clusterctl-", TRASH_PREFIX))),
-                            MAX_ENTRIES))
+        names = list(islice((e.name for e in entries
+                             if e.name.startswith(("clusterctl-", TRASH_PREFIX, PLANTED_PREFIX))), MAX_ENTRIES))
     for name in sorted(names):
-        match = USER_DIR.fullmatch(name) or USER_TRASH.fullmatch(name)
+        match = USER_DIR.fullmatch(name) or USER_TRASH.fullmatch(name) or PLANTED.fullmatch(name)
         if match is None:
             continue
         try:
@@ -204,28 +268,32 @@ def _children(base_fd: int, name: str, info: os.stat_result, *, look_into: bool)
                     child_info = child.stat(follow_symlinks=False)
                 except OSError:
                     continue
-                last_used = None
+                last_used: float | None = None
+                jobs: tuple[str, ...] = ()
                 if look_into and stat.S_ISDIR(child_info.st_mode) and RUN_TREE.fullmatch(child.name):
-                    last_used = _last_used(fd, child.name, child_info)
-                children.append(_entry(child.name, child_info, last_used))
+                    last_used, jobs = _last_used(fd, child.name, child_info)
+                children.append(_entry(child.name, child_info, last_used, jobs))
         return tuple(children)
     finally:
         os.close(fd)
 
 
-def _last_used(parent_fd: int, name: str, info: os.stat_result) -> float | None:
-    """The newest modification time of a directory in the tree; None when it cannot be told (too many
-    directories, another filesystem mounted inside)."""
+def _last_used(parent_fd: int, name: str, info: os.stat_result) -> tuple[float | None, tuple[str, ...]]:
+    """The newest modification time of a directory in the tree, None when it cannot be told (too many
+    directories, another filesystem mounted inside); and the jobs its top notes (`.job-<id>`)."""
     newest = info.st_mtime
+    jobs: list[str] = []
     try:
-        for count, (_path, _dirs, _files, fd) in enumerate(os.fwalk(name, dir_fd=parent_fd, follow_symlinks=False)):
+        for count, (_path, _dirs, files, fd) in enumerate(os.fwalk(name, dir_fd=parent_fd, follow_symlinks=False)):
             inner = os.fstat(fd)
+            if count == 0:
+                jobs = sorted(m.group(1) for f in files[:MAX_ENTRIES] if (m := JOB_NOTE.fullmatch(f)) is not None)
             if count >= MAX_WALK or inner.st_dev != info.st_dev:
-                return None
+                return None, tuple(jobs)
             newest = max(newest, inner.st_mtime)
     except OSError:
-        return None
-    return newest
+        return None, tuple(jobs)
+    return newest, tuple(jobs)
 
 
 def _not_owned(info: os.stat_result, uid: int, *, no_others: bool) -> str | None:
@@ -237,6 +305,28 @@ def _not_owned(info: os.stat_result, uid: int, *, no_others: bool) -> str | None
         return "not a directory"
     if info.st_uid != uid:
         return f"owned by uid {info.st_uid} (mode {stat.S_IMODE(info.st_mode):o}), not by uid {uid}"
+    return None
+
+
+def _move_planted(base_fd: int, move: MoveAside) -> str | None:
+    """Rename the planted entry (still not of `move.uid`'s, still `move.owner`'s) to its new name, relative to
+    the base's fd: rename moves the entry itself, a symlink included, and reads nothing inside it.  A swap
+    between the check and the rename (the planter removed it and the user made their own) is put back."""
+    info = os.stat(move.name, dir_fd=base_fd, follow_symlinks=False)
+    if info.st_uid != move.owner or info.st_uid in (move.uid, 0):
+        return f"now owned by uid {info.st_uid}; left alone"
+    try:
+        os.stat(move.new_name, dir_fd=base_fd, follow_symlinks=False)
+        return f"{move.new_name} exists already; left for the next job's prolog"
+    except FileNotFoundError:
+        pass
+    os.rename(move.name, move.new_name, src_dir_fd=base_fd, dst_dir_fd=base_fd)
+    if not os.path.samestat(info, os.stat(move.new_name, dir_fd=base_fd, follow_symlinks=False)):
+        try:
+            os.rename(move.new_name, move.name, src_dir_fd=base_fd, dst_dir_fd=base_fd)
+        except OSError:
+            pass  # the user's own directory under the planted name: reclaimed in time like theirs, never read
+        return "replaced while it was being moved; put back"
     return None
 
 

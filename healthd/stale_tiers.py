@@ -10,12 +10,21 @@ the admin's tier bases (healthd.toml `tier_bases`) and removes that through a do
 - a `clusterctl-<uid>` directory of **another** user than the starting job's: whole, when no process of that
   user runs on the node and no job of theirs is on it (its prolog ran and its epilog has not: its processes
   may not be up yet, or be between two steps; a note from before the node booted is a crash's leftover);
-- of the **starting job's own** user: only the `ckpt-<run key>` trees not used for `tier_keep_hours`: a
-  resubmission of the same user keeps its fast resume;
+- of the **starting job's own** user: only the `ckpt-<run key>` trees not used for `tier_keep_hours` whose job
+  is not running here: a resubmission of the same user keeps its fast resume, and a long job that checkpoints
+  rarely keeps its tier however long it goes unchanged.  A run's tier notes the jobs that used it
+  (`ckpt-<run key>/.job-<id>`, made by the checkpoint code); a job runs here while its prolog's note is there
+  and its epilog has not removed it, or while a process sits in its Slurm cgroup (`…/job_<id>/…`): node-local
+  facts, nothing asked of slurmctld.  A tier that notes no job (an older clusterctl's) is kept while any other
+  job of its user runs here;
 - what an interrupted reclaim left (`.clusterctl-reclaim-*`, a name nothing else uses).
 
 Only the exact layout is ever removed: a real directory (never a symlink) owned by the uid its name says,
-that nobody else may write.  Anything else named like it is left alone and said (planted by another user?).
+that nobody else may write.  A `clusterctl-<uid>` **planted** by another user (not root) is moved aside: renamed
+in the same base to `.clusterctl-planted-<time>-<owner>-<uid>` (one rename relative to the base's fd: nothing is
+followed, nothing of the planter's is read or deleted), so its uid's jobs can make their own directory again;
+the moved tree is then the planter's, removed whole like any directory of theirs once nothing of theirs is on
+the node.  Anything else named like a tier is left alone and said.
 """
 
 from __future__ import annotations
@@ -35,6 +44,11 @@ USER_TRASH = re.compile(r"\.clusterctl-reclaim-(0|[1-9][0-9]{0,9})-[0-9a-f]{8}")
 """A user's directory renamed by a reclaim before its removal (left behind when the prolog was stopped)."""
 RUN_TRASH = re.compile(r"\.clusterctl-reclaim-ckpt-[0-9a-f]{16}-[0-9a-f]{8}")
 """A run's tier renamed by a reclaim before its removal."""
+PLANTED_PREFIX = ".clusterctl-planted-"
+PLANTED = re.compile(r"\.clusterctl-planted-[0-9]{1,12}-(0|[1-9][0-9]{0,9})-[0-9]{1,10}")
+"""A `clusterctl-<uid>` planted by another user, moved aside by a prolog: `.clusterctl-planted-<time>-<owner>-<uid>`."""
+JOB_NOTE = re.compile(r"\.job-([0-9]{1,20})")
+"""In a run's tier (`ckpt-<run key>/`): a job that used it (made by the checkpoint code as the job starts)."""
 
 DIRECTORY, SYMLINK, OTHER = "directory", "symlink", "other"
 _GROUP_OR_OTHERS_WRITE = 0o022
@@ -43,6 +57,16 @@ _GROUP_OR_OTHERS_WRITE = 0o022
 def user_trash_name(uid: int, token: str) -> str:
     """What a user's directory is renamed to before it is removed (`token`: 8 hex digits)."""
     return f"{TRASH_PREFIX}{uid}-{token}"
+
+
+def planted_name(now: float, owner: int, uid: int) -> str:
+    """What a planted `clusterctl-<uid>` owned by `owner` is renamed to (`now`: epoch seconds)."""
+    return f"{PLANTED_PREFIX}{int(now)}-{owner}-{uid}"
+
+
+def job_note_name(job_id: str) -> str:
+    """The note a job leaves in its run's tier (`job_id`: Slurm's, digits)."""
+    return f".job-{job_id}"
 
 
 def run_trash_name(run_tree: str, token: str) -> str:
@@ -61,6 +85,8 @@ class Entry:
     last_used: float | None = None
     """A run's tier of the starting job's user: the newest modification time of any directory in it (a save,
     a buddy's copy and a holdings rewrite each rename into one); None when the door did not look."""
+    jobs: tuple[str, ...] = ()
+    """A run's tier of the starting job's user: the jobs it notes (`.job-<id>`), the ones that used it."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +110,8 @@ class NodeTiers:
     """Bases that could not be looked into, and why."""
     booted: float = 0.0
     """When the node booted (epoch seconds): a job-start note from before is a crash's leftover, not a job."""
+    running_jobs: frozenset[str] = frozenset()
+    """The Slurm job ids with a process on the node now (their cgroups)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +121,8 @@ class ReclaimSettings:
     job_uid: int
     keep_seconds: float
     now: float
+    job_id: str = ""
+    """The starting job's id (its own note does not count as another job of its user)."""
 
 
 @dataclass(frozen=True)
@@ -115,11 +145,31 @@ class Reclaim:
 
 
 @dataclass(frozen=True)
+class MoveAside:
+    """A `clusterctl-<uid>` another user made first, to be renamed to `new_name` in its base."""
+
+    base: str
+    name: str
+    uid: int
+    """The uid its name says (the user it locks out)."""
+    owner: int
+    """Who made it."""
+    new_name: str
+
+    @property
+    def path(self) -> str:
+        """The planted entry's path, for messages."""
+        return f"{self.base.rstrip('/')}/{self.name}"
+
+
+@dataclass(frozen=True)
 class ReclaimPlan:
-    """What to remove, and what is named like a tier but is not one (said, never touched)."""
+    """What to remove, what to move aside (planted), and what is named like a tier but is not one (said,
+    never touched)."""
 
     reclaims: tuple[Reclaim, ...]
     left_alone: tuple[str, ...] = ()
+    moves: tuple[MoveAside, ...] = ()
 
 
 def stale_tiers(node: NodeTiers, job_starts: Iterable[JobStart], settings: ReclaimSettings) -> ReclaimPlan:
@@ -129,36 +179,53 @@ def stale_tiers(node: NodeTiers, job_starts: Iterable[JobStart], settings: Recla
     a user with one counts as present, however long ago it started (a job of days between two steps, an
     in-allocation restart, runs no process here for a while), unless it started before the node booted.
     """
+    starts = [s for s in job_starts if s.start >= node.booted]
     present = set(node.running_uids)
-    present.update(s.uid for s in job_starts if s.uid is not None and s.start >= node.booted)
+    present.update(s.uid for s in starts if s.uid is not None)
+    running = _Running(frozenset(node.running_jobs | {s.job_id for s in starts}),
+                       any(s.uid == settings.job_uid and s.job_id != settings.job_id for s in starts))
     reclaims: list[Reclaim] = []
     left: list[str] = []
+    moves: list[MoveAside] = []
     for found in sorted(node.dirs, key=lambda d: (d.base, d.entry.name)):
         entry = found.entry
         path = f"{found.base.rstrip('/')}/{entry.name}"
-        user = USER_DIR.fullmatch(entry.name) or USER_TRASH.fullmatch(entry.name)
+        user = USER_DIR.fullmatch(entry.name) or USER_TRASH.fullmatch(entry.name) or PLANTED.fullmatch(entry.name)
         if user is None:
             continue
         uid = int(user.group(1))
         problem = _not_a_users_directory(entry, uid)
+        if problem is not None and USER_DIR.fullmatch(entry.name) and entry.owner not in (uid, 0):
+            moves.append(MoveAside(found.base, entry.name, uid, entry.owner, planted_name(settings.now, entry.owner, uid)))
+            continue
         if problem is not None:
             left.append(f"{path}: {problem}; left alone")
             continue
         runs = sum(1 for child in found.children if RUN_TREE.fullmatch(child.name) or RUN_TRASH.fullmatch(child.name))
         if USER_TRASH.fullmatch(entry.name):
             reclaims.append(Reclaim(found.base, "", entry.name, uid, runs, "left by an interrupted reclaim"))
-        elif uid != settings.job_uid:
+        elif uid != settings.job_uid or PLANTED.fullmatch(entry.name):
             if uid not in present:
+                planted = f"planted by uid {uid}, moved aside; " if PLANTED.fullmatch(entry.name) else ""
                 reclaims.append(Reclaim(found.base, "", entry.name, uid, runs,
-                                        f"no process of uid {uid} on this node and no job of theirs on it"))
+                                        f"{planted}no process of uid {uid} on this node and no job of theirs on it"))
         else:
-            own, notes = _stale_runs(found, uid, settings)
+            own, notes = _stale_runs(found, uid, settings, running)
             reclaims.extend(own)
             left.extend(notes)
-    return ReclaimPlan(tuple(reclaims), tuple(left))
+    return ReclaimPlan(tuple(reclaims), tuple(left), tuple(moves))
 
 
-def _stale_runs(found: UserDir, uid: int, settings: ReclaimSettings) -> tuple[list[Reclaim], list[str]]:
+@dataclass(frozen=True)
+class _Running:
+    jobs: frozenset[str]
+    """Every job running on the node (the starting one too: its prolog's note is written)."""
+    other_job_of_user: bool
+    """A job of the starting job's user other than the starting one runs here."""
+
+
+def _stale_runs(found: UserDir, uid: int, settings: ReclaimSettings,
+                running: _Running) -> tuple[list[Reclaim], list[str]]:
     reclaims: list[Reclaim] = []
     left: list[str] = []
     for child in sorted(found.children, key=lambda c: c.name):
@@ -173,6 +240,8 @@ def _stale_runs(found: UserDir, uid: int, settings: ReclaimSettings) -> tuple[li
             continue
         if trash:
             reclaims.append(Reclaim(found.base, found.entry.name, child.name, uid, 1, "left by an interrupted reclaim"))
+        elif running.jobs.intersection(child.jobs) or (not child.jobs and running.other_job_of_user):
+            continue  # its job (or, noting none, maybe its job) runs here: however long unchanged, it is in use
         elif child.last_used is not None and settings.now - child.last_used >= settings.keep_seconds:
             reclaims.append(Reclaim(found.base, found.entry.name, child.name, uid, 1,
                                     f"not used for {hours(settings.now - child.last_used)} "

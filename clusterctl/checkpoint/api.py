@@ -58,16 +58,18 @@ class Checkpointer:
                  local_rank: int, local_ranks: int, key: bytes, transport: CopyTransport | None = None,
                  attempt: str = "0", uid: int | None = None, stderr: TextIO | None = None,
                  poll_seconds: float = POLL_SECONDS, timeout: float = TRANSFER_TIMEOUT,
-                 background: bool = True) -> None:
+                 background: bool = True, job_id: str = "") -> None:
         self.settings, self.node, self.slot, self.slots = settings, node, slot, slots
         self.rank, self.local_rank, self.local_ranks = rank, local_rank, local_ranks
         self.shared_dir = Path(settings.shared_dir)
         resume_step, line = settings.resume_step, None
         if settings.tier_index:
             resume_step, line = self._read_tier_index(resume_step)
-        self._hold = TierHold.open(settings.tier_root(node, uid), Path(settings.local_base), node, uid)
+        self._hold = TierHold.open(settings.tier_root(node, uid), Path(settings.local_base), node, uid, job_id)
         place = RankPlace(settings, node, slot, self.slots, rank, local_rank, local_ranks, attempt, line)
         voice = Voice(stderr)
+        if self._hold.tier is None and local_rank == 0:
+            voice.say(f"warning: {node}: {self._hold.problem}")
         link = CopyLink(transport or TcpTransport(), key, settings.port, timeout)
         self._resumer = Resumer(place, self._hold, voice, link, resume_step)
         self._saver = Saver(place, self._hold, voice)
@@ -131,7 +133,7 @@ class Checkpointer:
             raise CheckpointSetupError(f"{exc} (the job's key, which copies between nodes are signed with)") from None
         return cls(settings, node=node, slot=slot, slots=max(world // local_ranks, slot + 1), rank=rank,
                    local_rank=local_rank, local_ranks=local_ranks, key=key, transport=transport,
-                   attempt=attempt_token(environ))
+                   attempt=attempt_token(environ), job_id=environ.get("SLURM_JOB_ID", ""))
 
     # ---- resume and save -----------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TextIO
 
 from clusterctl.checkpoint.tier import NodeTier, TierRootError, open_tier_root
+from clusterctl.files import owner_label
 from clusterctl.records.checkpoint_holdings import LastResume
 from clusterctl.records.checkpoint_settings import CheckpointSettings
 from clusterctl.records.tier_index import TierSlot
@@ -68,13 +69,21 @@ class TierHold:
         self._holdings_seen: object = None
 
     @classmethod
-    def open(cls, root: Path, base: Path, node: str, uid: int | None) -> TierHold:
+    def open(cls, root: Path, base: Path, node: str, uid: int | None, job_id: str = "") -> TierHold:
         """The node's tier at `root` (under `base`), made when missing; a hold without one when it
-        cannot be made (TierRootError, an unsafe root, is raised)."""
+        cannot be made or is not safe to use (a folder on its way planted by another user, a symlink, open
+        to others): `problem` then says which folder, who owns it and that saves go to shared storage.
+        The job never dies for it: the prolog moves a planted folder aside for the next job
+        (healthd/stale_tiers.py)."""
         try:
-            return cls(NodeTier(open_tier_root(root, base, uid=uid), node))
-        except TierRootError:
-            raise
+            return cls(NodeTier(open_tier_root(root, base, uid=uid, job_id=job_id), node))
+        except TierRootError as exc:
+            if exc.path is None or exc.owner is None:
+                return cls(None, f"{exc}; this node's checkpoints go to shared storage")
+            return cls(None, f"the node's local checkpoint tier is not used: {exc.path} belongs to "
+                             f"{owner_label(exc.owner)} ({exc.problem}; planted by another user?): this node's "
+                             "checkpoints go to shared storage (the next tier); the node's prolog moves a planted "
+                             "directory aside for the next job")
         except OSError as exc:
             return cls(None, f"the node's checkpoint directory {root} cannot be made ({exc.strerror or exc})")
 

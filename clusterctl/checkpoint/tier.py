@@ -50,7 +50,14 @@ _STEP = re.compile(r"step-(\d{12})")
 
 
 class TierRootError(UnsafePathError):
-    """The node's tier root is not a private directory of this user (planted, a symlink, open to others)."""
+    """The node's tier root is not a private directory of this user (planted, a symlink, open to others).
+
+    `path` is the folder refused, `owner` the uid that owns it and `problem` what is wrong with it (None and
+    '' when the base itself is refused)."""
+
+    def __init__(self, message: str, path: Path | None = None, owner: int | None = None, problem: str = "") -> None:
+        super().__init__(message)
+        self.path, self.owner, self.problem = path, owner, problem
 
 
 def step_name(step: int) -> str:
@@ -148,9 +155,11 @@ def holdings_of(node: str, manifests: Iterable[CheckpointManifest], flushed: Ite
 
 # ---- the tier root ------------------------------------------------------------------------------
 
-def open_tier_root(root: Path, base: Path, *, uid: int | None = None) -> Path:
+def open_tier_root(root: Path, base: Path, *, uid: int | None = None, job_id: str = "") -> Path:
     """Make (or reuse) the node's tier root `root` below `base`
-    (`<base>/clusterctl-<uid>/ckpt-<run key>/<node>`: settings.tier_root); its path.
+    (`<base>/clusterctl-<uid>/ckpt-<run key>/<node>`: settings.tier_root); its path.  `job_id` (Slurm's) is
+    noted in the run's folder (root's parent) as `.job-<id>`: the prolog never reclaims a run's tier while a
+    job it notes runs on the node (healthd/stale_tiers.py).
 
     Every folder below `base` is made 0700 and must be a real directory of `uid`, private to it:
     TierRootError (saying what to do) when one is planted, a symlink or open to others; each is
@@ -167,15 +176,25 @@ def open_tier_root(root: Path, base: Path, *, uid: int | None = None) -> Path:
                             "directory elsewhere") from None
     try:
         path = base
-        for name in parts:
+        for depth, name in enumerate(parts):
             path = path / name
             _make_private(fd, name, path, uid)
             inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = inner
+            if depth == len(parts) - 2 and job_id.isascii() and job_id.isdigit() and len(job_id) <= 20:
+                _note_job(fd, job_id)
     finally:
         os.close(fd)
     return root
+
+
+def _note_job(run_fd: int, job_id: str) -> None:
+    try:
+        os.close(os.open(f".job-{job_id}", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=run_fd))
+    except OSError:
+        pass  # a full tmpfs: the tier works without it, kept by its last use only
 
 
 def _make_private(parent_fd: int, name: str, path: Path, uid: int) -> None:
@@ -183,11 +202,12 @@ def _make_private(parent_fd: int, name: str, path: Path, uid: int) -> None:
         os.mkdir(name, 0o700, dir_fd=parent_fd)
     except FileExistsError:
         pass
-    problem = check_owned(os.stat(name, dir_fd=parent_fd, follow_symlinks=False), uid=uid, kind="directory",
-                          private=True)
+    info = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    problem = check_owned(info, uid=uid, kind="directory", private=True)
     if problem is not None:
         raise TierRootError(f"{path}: {problem}; refusing to keep checkpoints there (planted by another "
-                            "user?): remove it, or point the job's local checkpoint directory elsewhere")
+                            "user?): remove it, or point the job's local checkpoint directory elsewhere",
+                            path, info.st_uid, problem)
 
 
 def remove_tree(path: Path) -> None:

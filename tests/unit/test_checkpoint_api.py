@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from clusterctl.checkpoint import Checkpointer, CheckpointSetupError
-from clusterctl.checkpoint.tier import TierRootError
 from clusterctl.records.checkpoint_holdings import read_holdings
 from clusterctl.records.checkpoint_manifest import read_checkpoint_manifest
 from clusterctl.records.checkpoint_settings import SETTINGS_ENV, CheckpointSettings
@@ -302,14 +301,18 @@ def test_a_buddy_that_is_gone_is_said_once_and_copies_stay_local(tmp_path: Path)
     assert job.stderr.getvalue().count("cannot send copies to buddy node2") == 1
 
 
-def test_a_planted_symlink_tier_root_is_refused(tmp_path: Path) -> None:
+def test_a_planted_symlink_tier_root_is_never_followed_and_the_job_saves_to_shared_storage(tmp_path: Path) -> None:
     elsewhere = tmp_path / "someone-elses"
     elsewhere.mkdir()
     base = tmp_path / "nodes" / "node1"
     base.mkdir(parents=True)
     (base / f"clusterctl-{os.getuid()}").symlink_to(elsewhere)
-    with pytest.raises(TierRootError, match="symlink"):
-        Job(tmp_path, FakeCopyNetwork(), two_nodes())
+    job = Job(tmp_path, FakeCopyNetwork(), two_nodes())
+    job.save(1)
+    assert list(elsewhere.iterdir()) == []
+    said = job.stderr.getvalue()
+    assert f"{base}/clusterctl-{os.getuid()} belongs to uid {os.getuid()}" in said and "a symlink" in said
+    assert "this node's checkpoints go to shared storage (the next tier)" in said
 
 
 def test_from_env_is_none_outside_a_tiered_job_and_names_what_is_wrong(tmp_path: Path) -> None:

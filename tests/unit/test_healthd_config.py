@@ -16,7 +16,9 @@ from hypothesis import strategies as st
 import clusterctl.healthd.config as healthd_config
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.cli import cli as healthd_cli
-from clusterctl.healthd.config import ConfigError, HealthdConfig, config_from_mapping, load_config
+from clusterctl.healthd.config import (
+    ConfigError, HealthdConfig, config_from_mapping, config_keeping_valid, load_config, load_config_keeping_valid,
+)
 
 TOP = [f.name for f in dataclasses.fields(HealthdConfig) if f.name not in ("checks", "policy")]
 CHECKS = [f"checks.{f.name}" for f in dataclasses.fields(CheckLimits)]
@@ -165,3 +167,34 @@ def test_a_kmsg_naming_a_directory_is_refused_naming_file_line_and_key(tmp_path)
     records = tmp_path / "kmsg.txt"  # a file of records (the testbed's) is a kernel log
     path.write_text(f'kmsg = "{records}"\n')
     assert load_config(path).kmsg == records
+
+
+@settings(max_examples=300, deadline=None)
+@given(key=st.sampled_from(KEYS + ["unknown", "checks.unknown", "policy.unknown"]), value=toml_values)
+def test_for_the_hooks_a_bad_key_is_dropped_alone_and_the_good_ones_beside_it_hold(key, value):
+    """What the strict reader refuses, the hooks' reader drops, that key only: a valid key beside it holds."""
+    data = {"tier_bases": [], "journal_dir": "/srv/healthd", "checks": {"expected_gpus": 4}}
+    table, _, name = key.partition(".")
+    if name:
+        data.setdefault(table, {})[name] = value
+    else:
+        data[key] = value
+    kept = config_keeping_valid(data, "/etc/clusterctl/healthd.toml")
+    assert_sane(kept.config)
+    try:
+        strict = config_from_mapping(data, "/etc/clusterctl/healthd.toml")
+    except ConfigError as exc:
+        assert kept.dropped and str(kept.dropped[0]) == str(exc)
+        assert all(d.key == key or key.startswith(f"{d.key}.") or d.key.startswith(f"{key}.") for d in kept.dropped)
+    else:
+        assert (kept.config, kept.dropped) == (strict, ())
+    if key not in ("tier_bases", "journal_dir", "checks.expected_gpus", "checks"):
+        assert (kept.config.tier_bases, kept.config.journal_dir) == ((), Path("/srv/healthd"))
+        assert kept.config.checks.expected_gpus == 4
+
+
+def test_a_file_that_is_not_toml_at_all_is_still_an_error_for_the_hooks(tmp_path):
+    path = tmp_path / "healthd.toml"
+    path.write_text("tier_bases = [\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config_keeping_valid(path)

@@ -22,6 +22,7 @@ from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import GateReport, Problem, from_state, parse_job_gpus
 from clusterctl.healthd.hooks import HOOK_RESERVE, kill_strays, run_epilog, run_health_check, run_prolog
 from clusterctl.healthd.policy import PolicyConfig
+from clusterctl.healthd.stale_tiers import NodeTiers
 from clusterctl.records.healthd_job_start import JobStart, read_job_start, write_job_start
 from clusterctl.records.healthd_node_record import read_node_record
 from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding, write_healthd_state
@@ -381,15 +382,55 @@ sys.exit(prolog * 10 + epilog)
     assert err.count("CONFIG NOT USED") == 2 and "running with the defaults" in err
 
 
-def test_a_hook_on_a_config_with_wrong_values_runs_with_the_defaults(config, tmp_path, capsys):
+def test_one_bad_key_in_healthd_toml_is_dropped_alone_and_every_other_key_holds(tmp_path, capsys):
+    """The admin moved the journal, turned root's tier reclaim off and mistyped two keys: the hooks drop the two
+    (said with file, line and key), and keep the rest: the reclaim stays off, the journal where it was moved."""
     bad = tmp_path / "healthd.toml"
-    bad.write_text('hook_timeout = "soon"\ncheck_interval = nan\n')
+    bad.write_text(f'journal_dir = "{tmp_path / "journal"}"\nstate_dir = "{tmp_path / "run"}"\n'
+                   f'job_records_dir = "{tmp_path / "records"}"\ntier_bases = []\nhook_timeout = "soon"\n'
+                   'check_interval = nan\n[checks]\nexpected_gpus = 0\ngpus_expeted = 8\n')
+    looked: list[int] = []
+
+    class Tiers:
+        def look(self, job_uid: int) -> NodeTiers:
+            looked.append(job_uid)
+            return NodeTiers((), frozenset())
 
     def healthy(*args, **kwargs) -> GateReport:
         return GateReport(problems=[])
-    assert run_prolog({"SLURM_JOB_ID": "7"}, FakePartition(NODES), node_check=healthy, config_path=bad) == 0
-    assert run_epilog({"SLURM_JOB_ID": "7"}, FakePartition(NODES), node_check=healthy, config_path=bad) == 0
-    assert capsys.readouterr().err.count("CONFIG NOT USED") == 2
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1000"}
+    assert run_prolog(env, FakePartition(NODES), node_check=healthy, config_path=bad, tiers=Tiers()) == 0
+    assert run_epilog(env, FakePartition(NODES), node_check=healthy, config_path=bad,
+                      kill_leftovers=lambda job, uid: []) == 0
+
+    err = capsys.readouterr().err
+    assert looked == [] and "CONFIG NOT USED" not in err
+    for hook in ("prolog", "epilog"):
+        assert (f"clusterctl-{hook}: CONFIG KEY DROPPED: {bad}:5: key `hook_timeout` must be a number between 1 and "
+                "3600, found 'soon'; using its default, every other key as written") in err
+        assert f"clusterctl-{hook}: CONFIG KEY DROPPED: {bad}:6: key `check_interval` must be" in err
+        assert f"clusterctl-{hook}: CONFIG KEY DROPPED: {bad}:9: unknown key `checks.gpus_expeted`; known: " in err
+    [record] = (tmp_path / "records" / "7").glob("*.json")  # where the admin's file says, not the default
+    assert read_job_health(record).job_id == "7"
+
+
+def test_a_dropped_tier_setting_turns_roots_reclaim_off_not_back_to_the_defaults(tmp_path, capsys):
+    bad = tmp_path / "healthd.toml"
+    bad.write_text(f'journal_dir = "{tmp_path / "journal"}"\nstate_dir = "{tmp_path / "run"}"\n'
+                   'tier_bases = "/scratch/local"\n')
+
+    class Tiers:
+        def look(self, job_uid: int) -> NodeTiers:
+            raise AssertionError("looked into the default tier bases")
+
+    def healthy(*args, **kwargs) -> GateReport:
+        return GateReport(problems=[])
+    assert run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_UID": "1000"}, FakePartition(NODES), node_check=healthy,
+                      config_path=bad, tiers=Tiers()) == 0
+    err = capsys.readouterr().err
+    assert f"CONFIG KEY DROPPED: {bad}:3: key `tier_bases` must be a list of at most 64 absolute paths" in err
+    assert "stale checkpoint tiers are not reclaimed until healthd.toml's tier settings are fixed" in err
+    assert "stale checkpoint tiers not reclaimed:" not in err
 
 
 # ---- the epilog under a slow or stopped controller: in budget, and the local work done first -----

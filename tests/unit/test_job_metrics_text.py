@@ -370,3 +370,44 @@ def test_a_directory_planted_under_a_temp_files_name_does_not_keep_the_jobs_figu
     (exported / ".clusterctl_job_42.prom.1.x.tmp").mkdir()  # another user's, in the 1777 directory
     assert remove_textfile(exported, "42", follow_symlinks=False) == ["clusterctl_job_42.prom"]
     assert sorted(p.name for p in exported.iterdir()) == [".clusterctl_job_42.prom.1.x.tmp"]
+
+
+def test_another_user_who_creates_a_jobs_metrics_file_first_cannot_export_forged_figures_under_its_id(capsys):
+    """nobody (65534) creates clusterctl_job_61.prom in the shared 1777 textfile directory before uid 65533's job
+    61 starts on the node.  The job's prolog (root) gives the name to the job's user: the job's agent replaces it
+    with its figures, and nobody can neither replace nor remove it again."""
+    import tempfile
+
+    from clusterctl.healthd.hooks import run_prolog
+    from clusterctl.job_metrics_file import write_textfile
+    from tests.as_user import as_user
+
+    if os.geteuid() != 0:
+        pytest.skip("plays two users: needs root to become them")
+    victim, squatter = 65533, 65534
+    place = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        place.chmod(0o755)
+        textfile = place / "textfile"
+        textfile.mkdir()
+        textfile.chmod(0o1777)
+        forged = 'clusterctl_job_step{job_id="61",run="r"} 999999\n'
+        assert as_user(squatter, lambda: write_textfile(textfile, "61", forged)) == ("ok", None)
+        config = HealthdConfig(node="node3", state_dir=place / "run", journal_dir=place / "lib", kmsg=place / "kmsg",
+                               job_records_dir=place / "records", disk_paths=(), tier_bases=(),
+                               job_metrics_dir=textfile, checks=CheckLimits(expected_gpus=0))
+        env = {"SLURM_JOB_ID": "61", "SLURM_JOB_UID": str(victim), "SLURM_JOB_GID": str(victim)}
+        assert run_prolog(env, FakePartition(20), config, node_check=lambda *a, **k: GateReport(problems=[])) == 0
+        assert (f"job 61: {textfile}/clusterctl_job_61.prom was a file of uid {squatter} (nobody), not of the job's "
+                f"uid {victim} (made first by another user): replaced with the job's own, empty") \
+            in capsys.readouterr().err
+
+        honest = 'clusterctl_job_step{job_id="61",run="r"} 40\n'
+        assert as_user(victim, lambda: write_textfile(textfile, "61", honest)) == ("ok", None)
+        assert (textfile / "clusterctl_job_61.prom").read_text() == honest
+        assert (textfile / "clusterctl_job_61.prom").stat().st_uid == victim
+        outcome, _ = as_user(squatter, lambda: write_textfile(textfile, "61", forged))
+        assert outcome == "raised" and (textfile / "clusterctl_job_61.prom").read_text() == honest
+    finally:
+        shutil.rmtree(place)
+

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from clusterctl.errors import RunError
 from clusterctl.launcher.shared.runs import RunDir
 from clusterctl.launcher.login.shared_reads import SharedReads, user_cache_dir
 from clusterctl.slurm.commands import Completed, Slurm
+from tests.as_user import as_user
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm" / "22.05"
 VICTIM = 65534
@@ -36,28 +36,6 @@ def real_slurm() -> Slurm:
             return Completed(0, "slurm-wlm 22.05.8\n", "")
         return Completed(0, REAL_SQUEUE, "")
     return Slurm(runner)
-
-
-def as_user(uid: int, action: Callable[[], Any]) -> Any:
-    """Run `action` in a child that became `uid`; its result, or the exception it raised (re-raised here)."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        os.close(read)
-        try:
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            outcome: tuple[str, Any] = ("ok", action())
-        except BaseException as exc:  # noqa: BLE001 - every outcome goes back to the parent
-            outcome = ("raised", (type(exc).__name__, str(exc)))
-        os.write(write, pickle.dumps(outcome))
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    return pickle.loads(data)
 
 
 @pytest.fixture

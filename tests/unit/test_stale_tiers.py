@@ -9,6 +9,8 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import shutil
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,10 +28,15 @@ from clusterctl.healthd.hooks import run_prolog
 from clusterctl.healthd.node_tiers import LocalTiers
 from clusterctl.healthd.policy import PolicyConfig
 from clusterctl.healthd.stale_tiers import (
-    DIRECTORY, OTHER, RUN_TRASH, RUN_TREE, SYMLINK, USER_DIR, USER_TRASH, Entry, NodeTiers, ReclaimSettings, UserDir,
-    stale_tiers,
+    DIRECTORY, OTHER, PLANTED, RUN_TRASH, RUN_TREE, SYMLINK, USER_DIR, USER_TRASH, Entry, NodeTiers, ReclaimSettings,
+    UserDir, stale_tiers,
 )
-from clusterctl.records.healthd_job_start import JobStart, write_job_start
+from clusterctl.checkpoint import Checkpointer
+from clusterctl.healthd.node_tiers import JobCgroups
+from clusterctl.records.checkpoint_settings import CheckpointSettings
+from clusterctl.records.healthd_job_start import JobStart, job_start_path, write_job_start
+from tests.as_user import as_user
+from tests.fakes import FakeCopyNetwork
 from clusterctl.records.healthd_tier_reclaim import read_tier_reclaims
 from tests.fakes import FakePartition
 
@@ -43,7 +50,8 @@ KEY, KEY2, KEY3 = "0123456789abcdef", "fedcba9876543210", "00000000deadbeef"
 UIDS = (0, 1000, 1001, 1002)
 names_in_a_base = st.sampled_from([f"clusterctl-{u}" for u in UIDS] + [
     ".clusterctl-reclaim-1001-0badc0de", ".clusterctl-reclaim-1000-0badc0de", "clusterctl-01000", "clusterctl-1000x",
-    "clusterctl-", "clusterctl--1", ".clusterctl-reclaim-1001-xyz", "ckpt-" + KEY, "clusterctl-1001 "])
+    "clusterctl-", "clusterctl--1", ".clusterctl-reclaim-1001-xyz", "ckpt-" + KEY, "clusterctl-1001 ",
+    ".clusterctl-planted-1700000000-1002-1000", ".clusterctl-planted-x-1002-1000"])
 names_in_a_user_dir = st.sampled_from([f"ckpt-{KEY}", f"ckpt-{KEY2}", f"ckpt-{KEY3}", f"ckpt-{'1' * 16}"]) \
     | st.sampled_from([f".clusterctl-reclaim-ckpt-{KEY}-0badc0de", "4242", "ckpt-0123", f"ckpt-{KEY}/..",
                        f"ckpt-{KEY.upper()}", f".clusterctl-reclaim-ckpt-{KEY}", "holdings.json", f"ckpt-{KEY} "])
@@ -66,7 +74,7 @@ def node_tiers(draw, job_uid: int | None = None) -> NodeTiers:
         names = list(dict.fromkeys([f"clusterctl-{job_uid}", *names]))
     dirs = []
     for name in names:
-        user = USER_DIR.fullmatch(name) or USER_TRASH.fullmatch(name)
+        user = USER_DIR.fullmatch(name) or USER_TRASH.fullmatch(name) or PLANTED.fullmatch(name)
         uid = int(user.group(1)) if user else None
         children = tuple(draw(entries(child, uid))
                          for child in draw(st.lists(names_in_a_user_dir, max_size=5, unique=True)))
@@ -97,7 +105,8 @@ def test_only_the_exact_layout_is_ever_removed(scene):
     node, starts, rules = scene
     for reclaim in stale_tiers(node, starts, rules).reclaims:
         found = _found(node, reclaim.base, reclaim.parent or reclaim.name)
-        user = USER_DIR.fullmatch(found.entry.name) or USER_TRASH.fullmatch(found.entry.name)
+        user = USER_DIR.fullmatch(found.entry.name) or USER_TRASH.fullmatch(found.entry.name) \
+            or PLANTED.fullmatch(found.entry.name)
         assert user is not None and int(user.group(1)) == reclaim.uid == found.entry.owner
         assert found.entry.kind == DIRECTORY and not found.entry.mode & 0o022
         if reclaim.parent:
@@ -139,6 +148,19 @@ def test_another_users_directory_with_nothing_of_theirs_on_the_node_is_removed(s
         if (user and int(user.group(1)) not in present | {rules.job_uid} and found.entry.kind == DIRECTORY
                 and found.entry.owner == int(user.group(1)) and not found.entry.mode & 0o022):
             assert (found.base, found.entry.name) in removed
+
+
+@settings(max_examples=300, deadline=None)
+@given(scene=scenes())
+def test_only_a_users_directory_another_user_made_is_moved_aside_and_nothing_is_both_moved_and_removed(scene):
+    node, starts, rules = scene
+    plan = stale_tiers(node, starts, rules)
+    for move in plan.moves:
+        found = _found(node, move.base, move.name)
+        assert USER_DIR.fullmatch(move.name) and int(USER_DIR.fullmatch(move.name).group(1)) == move.uid
+        assert found.entry.owner == move.owner not in (move.uid, 0)
+        assert PLANTED.fullmatch(move.new_name)
+    assert not {(m.base, m.name) for m in plan.moves} & {(r.base, r.parent or r.name) for r in plan.reclaims}
 
 
 # ---- the prolog on a real tree, as an admin sees it ----------------------------------------------
@@ -242,9 +264,9 @@ def test_a_job_start_gives_the_node_back_what_nobody_will_resume_from(node, caps
 
 def test_planted_paths_are_never_followed_and_are_left_alone_with_a_line_in_slurmds_log(node, capsys):
     """Another user plants `clusterctl-1004` as a symlink to an /etc-like directory, makes a directory named
-    for uid 1005, and one open to everyone; uid 1000's own directory holds a `ckpt-*` symlink to /etc; the
-    departed uid 1001 left a symlink to /etc inside its directory.  Only 1001's directory goes, and of it only
-    the link itself."""
+    for uid 1005 (moved aside, never looked into), and one open to everyone; uid 1000's own directory holds a
+    `ckpt-*` symlink to /etc; the departed uid 1001 left a symlink to /etc inside its directory.  Only 1001's
+    directory goes, and of it only the link itself."""
     base, etc, config = node
     (base / "clusterctl-1004").symlink_to(etc)
     os.lchown(base / "clusterctl-1004", 1004, 1004)
@@ -262,15 +284,19 @@ def test_planted_paths_are_never_followed_and_are_left_alone_with_a_line_in_slur
     assert prolog(config) == 0
 
     assert (etc / "shadow").read_text().startswith("root:")
-    assert (base / "clusterctl-1004").is_symlink() and (base / "clusterctl-1005").is_dir()
+    assert (base / "clusterctl-1004").is_symlink() and not os.path.lexists(base / "clusterctl-1005")
+    [moved] = base.glob(".clusterctl-planted-*-1006-1005")
+    assert moved.is_dir() and moved.stat().st_uid == 1006
     assert (base / "clusterctl-1007").is_dir() and (mine / f"ckpt-{KEY}").is_symlink()
     assert not departed.exists() and not os.path.lexists(departed)
     err = capsys.readouterr().err
     assert f"{base}/clusterctl-1004: a symlink, not followed; left alone" in err
-    assert f"{base}/clusterctl-1005: owned by uid 1006, not by uid 1005 (planted by another user?); left alone" in err
+    assert (f"{base}/clusterctl-1005 was made by uid 1006, not by uid 1005 (planted: it locks uid 1005's jobs out of "
+            f"their node-local directory here): moved aside to {moved}") in err
     assert f"{base}/clusterctl-1007: writable by group or others (mode 777); left alone" in err
     assert f"{base}/clusterctl-1000/ckpt-{KEY}: a symlink, not a run's tier of uid 1000; left alone" in err
-    assert [t.path for t in read_tier_reclaims(config.journal_dir)[0].trees] == [f"{base}/clusterctl-1001"]
+    assert [t.path for t in read_tier_reclaims(config.journal_dir)[0].trees] == [f"{base}/clusterctl-1005",
+                                                                                  f"{base}/clusterctl-1001"]
 
 
 def test_what_a_stopped_prolog_left_half_removed_goes_at_the_next_job_start(node):
@@ -382,3 +408,122 @@ def test_a_tier_of_very_many_files_is_removed_a_prologs_time_at_a_time_never_hol
     [again] = stale_tiers(door.look(1000), (), ReclaimSettings(1000, 24 * 3600, 1_800_000_000.0)).reclaims
     assert again.why == "left by an interrupted reclaim"
     assert door.remove(again, 60.0).error is None and list(base.iterdir()) == []
+
+
+# ---- a planted directory, a long job's tier: as a second real user sees it --------------------------
+
+VICTIM, PLANTER = 65533, 65534
+
+
+@pytest.fixture()
+def shm():
+    """A node's /dev/shm every user can reach (root's, 1777), with healthd's config pointing at it; the runs'
+    shared checkpoint directory beside it."""
+    if os.geteuid() != 0:
+        pytest.skip("plays two users: needs root to become them")
+    place = Path(tempfile.mkdtemp(prefix="clusterctl-node-", dir="/tmp"))
+    place.chmod(0o755)
+    base = place / "shm"
+    base.mkdir()
+    base.chmod(0o1777)
+    (place / "shared").mkdir()
+    (place / "shared").chmod(0o1777)
+    config = HealthdConfig(node="node3", state_dir=place / "run", journal_dir=place / "lib", kmsg=place / "kmsg",
+                           job_records_dir=place / "records", disk_paths=(), tier_bases=(str(base),),
+                           checks=CheckLimits(expected_gpus=0))
+    yield base, config
+    shutil.rmtree(place)
+
+
+def job_prolog(config: HealthdConfig, job: str, uid: int, running: frozenset[int] = frozenset({0})) -> int:
+    env = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": str(uid), "SLURMD_NODENAME": "node3"}
+    tiers = LocalTiers(config.tier_bases, running_uids=lambda: running, booted=lambda: time.time() - 3600)
+    return run_prolog(env, FakePartition(20), config, node_check=healthy, tiers=tiers)
+
+
+def training_on_node3(base: Path, job: str, steps: tuple[int, ...] = (1,)) -> tuple[bool, str]:
+    """What the job's rank on node3 sees as it sets up its checkpoints and saves (run in the job's user's
+    process): whether it has a local tier, and what it said on stderr."""
+    import io
+    import sys
+
+    said = io.StringIO()
+    sys.stderr = said
+    settings = CheckpointSettings(run_key=KEY, local_base=str(base), shared_dir=str(base.parent / "shared" / job),
+                                  tier_index="", port=4711)
+    environ = {**settings.to_env(), "SLURMD_NODENAME": "node3", "RANK": "0", "LOCAL_RANK": "0",
+               "LOCAL_WORLD_SIZE": "1", "NODE_RANK": "0", "CLUSTERCTL_REPORT_KEY": "00" * 32, "SLURM_JOB_ID": job}
+    ckpt = Checkpointer.from_env(environ, transport=FakeCopyNetwork())
+    assert ckpt is not None
+    for step in steps:
+        with ckpt.save_files(step) as directory:
+            (directory / "rank-0.json").write_text("{}")
+    local = ckpt.tier is not None
+    ckpt.close(finished=False)
+    return local, said.getvalue()
+
+
+def test_a_directory_another_user_planted_costs_its_victim_only_the_fast_tier_until_the_next_prolog(shm, capsys):
+    """nobody (65534) makes /dev/shm/clusterctl-65533 before uid 65533's job lands on the node.  The job does not
+    die: its checkpoints go to shared storage, with a warning naming the planted directory and its owner.  The
+    next job's prolog (root) moves the plant aside, without reading it, and the user has their fast tier back."""
+    base, config = shm
+
+    def plant() -> None:
+        (base / f"clusterctl-{VICTIM}").mkdir(mode=0o700)
+        (base / f"clusterctl-{VICTIM}" / "theirs").write_text("the planter's")
+
+    assert as_user(PLANTER, plant) == ("ok", None)
+
+    outcome, (local, said) = as_user(VICTIM, lambda: training_on_node3(base, "41"))
+    assert outcome == "ok" and not local
+    assert (f"warning: node3: the node's local checkpoint tier is not used: {base}/clusterctl-{VICTIM} belongs to "
+            f"uid {PLANTER} (nobody) (owned by uid {PLANTER} (mode 700), not by uid {VICTIM}; planted by another "
+            "user?): this node's checkpoints go to shared storage (the next tier)") in said
+    assert "saving step 1 to shared storage directly" in said
+
+    assert job_prolog(config, "42", VICTIM, running=frozenset({0, PLANTER})) == 0
+
+    [moved] = base.glob(f".clusterctl-planted-*-{PLANTER}-{VICTIM}")
+    assert (moved / "theirs").read_text() == "the planter's" and moved.stat().st_uid == PLANTER
+    assert (f"clusterctl-prolog: job 42: {base}/clusterctl-{VICTIM} was made by uid {PLANTER} (nobody), not by uid "
+            f"{VICTIM} (planted: it locks uid {VICTIM}'s jobs out of their node-local directory here): moved aside "
+            f"to {moved}") in capsys.readouterr().err
+    outcome, (local, said) = as_user(VICTIM, lambda: training_on_node3(base, "42"))
+    assert outcome == "ok" and local and "warning" not in said
+    # Once nothing of the planter's is on the node, what was moved aside goes like any directory of theirs.
+    assert job_prolog(config, "43", VICTIM) == 0
+    assert not moved.exists() and (base / f"clusterctl-{VICTIM}" / f"ckpt-{KEY}").is_dir()
+
+
+def test_a_long_jobs_tier_is_kept_however_long_it_goes_unchanged_while_the_job_runs_here(shm):
+    """uid 65533's job 51 checkpoints once, then trains for 30 h without a save; the same user's job 52 lands on
+    the node: its prolog keeps 51's tier (51 still runs here).  Once 51's epilog has run, job 53's prolog
+    reclaims it."""
+    base, config = shm
+    assert job_prolog(config, "51", VICTIM) == 0
+    assert as_user(VICTIM, lambda: training_on_node3(base, "51"))[1][0]
+    tier = base / f"clusterctl-{VICTIM}" / f"ckpt-{KEY}"
+    when = time.time() - 30 * HOUR
+    for folder in [tier, *(p for p in tier.rglob("*") if p.is_dir())]:
+        os.utime(folder, (when, when))
+
+    assert job_prolog(config, "52", VICTIM, running=frozenset({0, VICTIM})) == 0
+    assert tier.is_dir()
+
+    job_start_path(config.journal_dir, "51").unlink()  # what 51's epilog does
+    job_start_path(config.journal_dir, "52").unlink()
+    assert job_prolog(config, "53", VICTIM) == 0
+    assert not tier.exists()
+
+
+def test_a_job_with_a_process_in_its_slurm_cgroup_runs_here(tmp_path):
+    """The node's running jobs, from its processes' cgroups (v2 and v1 layouts): nothing asked of Slurm."""
+    proc = tmp_path / "proc"
+    for pid, text in (("101", "0::/system.slice/slurmstepd.scope/job_77/step_extern/user/task_0\n"),
+                      ("102", "12:memory:/slurm/uid_1000/job_78/step_0\n4:pids:/slurm/uid_1000/job_78/step_0\n"),
+                      ("103", "0::/user.slice/user-1000.slice/session-4.scope\n"), ("self", "0::/job_79\n")):
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "cgroup").write_text(text)
+    (proc / "104").mkdir()  # a process gone meanwhile
+    assert JobCgroups(proc).job_ids() == frozenset({"77", "78"})
