@@ -160,9 +160,9 @@ def test_a_change_the_agent_acts_on_goes_at_once_and_the_rest_waits_for_the_hear
 def test_what_the_agent_acts_on_at_once_is_sent_again_twice_so_one_lost_datagram_does_not_wait_a_heartbeat():
     ranks = [progress(0), progress(1)]
     running = {r.pid: "running" for r in ranks}
-    memory, reasons = ReporterMemory(), []
+    memory, reasons, ok = ReporterMemory(), [], NodeHealth("ok", (), T0)
 
-    def look(at: float, records=ranks, processes=running, health=NodeHealth("ok", (), T0)) -> None:
+    def look(at: float, records=ranks, processes=running, health=ok) -> None:
         nonlocal memory
         decision = next_report(IDENTITY, records, processes, health, memory, now=T0 + at, monotonic=at, heartbeat=20.0)
         memory = decision.memory
