@@ -13,7 +13,7 @@ from pathlib import Path
 
 from clusterctl import __version__
 from clusterctl.errors import SpecError
-from clusterctl.launcher.pure.parallel import DIMS, FRAMEWORK_ORDERS
+from clusterctl.launcher.pure.parallel import DIMS
 from clusterctl.launcher.pure.shell import comment, quote, words
 from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.slurm import hostlist
@@ -135,8 +135,9 @@ def _command(spec: JobSpec, run_dir: str, resume_from: str | None) -> list[str]:
 
 def _environment(spec: JobSpec, run_dir: str, resume_from: str | None) -> str:
     env = dict(spec.launch.env)
-    if spec.parallel.order == FRAMEWORK_ORDERS["megatron"] and spec.parallel.tp > 1:
-        # Megatron's TP communication overlap needs kernels queued in order on one connection.
+    if spec.launch.tp_comm_overlap and spec.parallel.tp > 1:
+        # Megatron's TP communication overlap needs kernels queued in order on one connection; asked for by
+        # name, never from the rank order (FSDP and torchtitan users have the default order too).
         env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     if resume_from:
         env[spec.checkpoint.resume_env] = resume_from

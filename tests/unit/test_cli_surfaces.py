@@ -79,3 +79,29 @@ def test_healthd_status_says_when_its_state_is_stale(tmp_path):
     config.write_text(f'state_dir = "{tmp_path}"\n')
     result = CliRunner().invoke(healthd_cli, ["status", "--config", str(config)])
     assert result.exit_code == 3 and "stale" in result.output and "is not running" in result.output
+
+
+def test_healthd_status_json_says_stale_and_exits_3_as_the_text_does(tmp_path):
+    import json
+    import time
+
+    from clusterctl.records.healthd_state import HealthdState, write_healthd_state
+
+    write_healthd_state(tmp_path, HealthdState(node="n1", pid=999999999, policy_version="x",
+                                               updated_at=time.time() - 3600, started="2026-11-22T00:00:00Z",
+                                               nvml_ok=True))
+    config = tmp_path / "healthd.toml"
+    config.write_text(f'state_dir = "{tmp_path}"\n')
+    result = CliRunner().invoke(healthd_cli, ["status", "--json", "--config", str(config)])
+    assert result.exit_code == 3
+    shown = json.loads(result.output)
+    assert shown["stale"] is True and 3590 < shown["age_seconds"] < 3700 and shown["node"] == "n1"
+
+
+def test_versions_are_the_installed_package_version():
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(healthd_cli, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"healthd, version {version('clusterctl')}"
+    result = CliRunner().invoke(clusterctl_cli, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"clusterctl, version {version('clusterctl')}"
