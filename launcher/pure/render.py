@@ -30,6 +30,8 @@ class SlurmFacts:
     version: SlurmVersion | None = None
     topology_plugin: str | None = None
     topology: Topology | None = None
+    unreachable: str | None = None
+    """Why Slurm could not be asked (one line), when it could not: nothing is known of its topology then."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ def compact_request(spec: JobSpec, facts: SlurmFacts, excluded: Collection[str] 
     wanted = spec.placement.switches
     if wanted == 0:
         return [], []
+    if facts.unreachable is not None:
+        return [], [f"the topology could not be read: Slurm could not be reached ({facts.unreachable}); "
+                    "no compact-allocation request"]
     nodes = spec.job.nodes + spec.job.spare_nodes
     wait = spec.placement.switch_wait
     plugin = facts.topology_plugin or ("topology/tree" if facts.topology is not None else None)
