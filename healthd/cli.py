@@ -46,7 +46,7 @@ def cli() -> None:
     healthd evidence  what the GPUs say now: clocks, slowdown reasons, temperature, ECC
     Config: /etc/clusterctl/healthd.toml (see healthd/healthd.example.toml).
     Exit codes: 78 a bad config (EX_CONFIG); 3 no fresh state (status) or no breaker_dir (breaker);
-    4 NVML unusable (evidence).
+    4 NVML unusable (evidence); 5 GPUs expected here but not checked, NVML unusable (check).
     """
 
 
@@ -103,8 +103,8 @@ def status(config_path: Path | None, as_json: bool) -> None:
     fresh = state_is_fresh(state, config, now)
     if as_json:
         # The state file as written, and whether it still holds: a stale one exits 3 as the text form does.
-        shown = {**state.to_json(), "stale": not fresh, "age_seconds": round(age, 1)}
-        click.echo(json.dumps(shown, indent=2, sort_keys=True))
+        document = {**state.to_json(), "stale": not fresh, "age_seconds": round(age, 1)}
+        click.echo(json.dumps(document, indent=2, sort_keys=True))
         sys.exit(0 if fresh else EXIT_NO_STATE)
     parts: list[RenderableType] = []
     if not fresh:
@@ -133,13 +133,22 @@ def status(config_path: Path | None, as_json: bool) -> None:
 
 
 @cli.command()
-def check() -> None:
-    """A quick node check for Slurm's HealthCheckProgram (drains on a blocking verdict)."""
-    import os
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="healthd.toml (default /etc/clusterctl/healthd.toml if it exists).")
+def check(config_path: Path | None) -> None:
+    """A quick node check for Slurm's HealthCheckProgram (drains on a blocking verdict).
 
+    \b
+    Exit 0: healthy, or a blocking problem handed to the drain door (the line says what it did);
+    5: this node should have GPUs (healthd.toml gpus_expected; "auto": NVIDIA GPUs on the PCI bus) and
+    NVML cannot judge them (library not found, init error): not called healthy. A node without GPUs is
+    healthy without NVML. 78: a bad --config.
+    """
     from clusterctl.healthd.hooks import run_health_check
 
-    sys.exit(run_health_check(dict(os.environ)))
+    if config_path is not None:
+        _config(config_path)  # a bad file named on the command line is an error here, not the hooks' defaults
+    sys.exit(run_health_check(dict(os.environ), config_path=config_path))
 
 
 @cli.command()

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import click
 from rich.live import Live
 
-from clusterctl import __version__, package_version
+from clusterctl import package_version
 from clusterctl.errors import INTERNAL_ERROR_EXIT, ClusterctlError, OutputError, RunError
 from clusterctl.files import atomic_write
 from clusterctl.terminal_view import printable

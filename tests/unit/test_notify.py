@@ -65,10 +65,7 @@ def test_chat_webhooks_get_a_plain_text_line_next_to_the_fields():
             self.end_headers()
             self.wfile.write(b"ok" if ok else b"no_text")
 
-        def log_message(self, *args) -> None:
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), SlackLike)
+    server = HTTPServer(("127.0.0.1", 0), type("Quiet", (SlackLike,), {"log_message": lambda *args: None}))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     said: list[str] = []
     try:
