@@ -7,3 +7,14 @@ processes); the parts are subpackages mapped from the repository's top-level fol
 """
 
 __version__ = "0.2.0"
+
+
+def package_version() -> str:
+    """The installed distribution's version (importlib.metadata: what pip installed), else `__version__`
+    (a checkout run without installing); what every command's --version says."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("clusterctl")
+    except PackageNotFoundError:
+        return __version__

@@ -78,3 +78,12 @@ class SlurmCommandError(ClusterctlError):
         what = "timed out" if returncode is None else f"exited with {returncode}"
         super().__init__(f"`{' '.join(argv)}` {what}: {stderr.strip() or '(no message)'}")
         self.argv, self.returncode, self.stderr = argv, returncode, stderr
+
+    @property
+    def brief(self) -> str:
+        """One line: the command and Slurm's last word (its `fatal:` line comes last), for a note that
+        Slurm could not be asked, where the whole message would be several lines of its retries."""
+        what = ("timed out" if self.returncode is None else "printed an error" if self.returncode == 0
+                else f"exited with {self.returncode}")
+        lines = [line.strip() for line in self.stderr.splitlines() if line.strip()]
+        return f"`{' '.join(self.argv)}` {what}: {lines[-1] if lines else '(no message)'}"

@@ -10,11 +10,13 @@ nobody can act on).
 
 from __future__ import annotations
 
-import os
 import sys
 
 
 def main() -> None:
+    from clusterctl.healthd.hook_command import hook_main
     from clusterctl.healthd.hooks import run_epilog
 
-    sys.exit(run_epilog(dict(os.environ)))
+    sys.exit(hook_main("epilog", "Epilog={path}",
+                       "Slurm's Epilog: kill the job's leftover tasks, record what broke on this node during the job, drain for a hardware fault. Always exit 0 inside a job.",
+                       run_epilog))

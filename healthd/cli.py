@@ -13,6 +13,7 @@ import click
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from clusterctl import package_version
 from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.findings import Action
@@ -33,6 +34,7 @@ class _JsonFormatter(logging.Formatter):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_version(), prog_name="healthd")
 def cli() -> None:
     """Watch this node's GPUs through NVML and drain the node in Slurm when one breaks.
 
@@ -44,7 +46,7 @@ def cli() -> None:
     healthd evidence  what the GPUs say now: clocks, slowdown reasons, temperature, ECC
     Config: /etc/clusterctl/healthd.toml (see healthd/healthd.example.toml).
     Exit codes: 78 a bad config (EX_CONFIG); 3 no fresh state (status) or no breaker_dir (breaker);
-    4 NVML unusable (evidence).
+    4 NVML unusable (evidence); 5 GPUs expected here but not checked, NVML unusable (check).
     """
 
 
@@ -82,7 +84,10 @@ def run(config_path: Path | None, dry_run: bool, log_format: str, verbose: bool)
 @click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the state file as JSON.")
 def status(config_path: Path | None, as_json: bool) -> None:
-    """The current verdict per GPU, from healthd's state file (never touches NVML)."""
+    """The current verdict per GPU, from healthd's state file (never touches NVML).
+
+    Exit 3 when there is no state, or when it is stale (healthd stopped writing it): then the text says
+    "stale" first and the JSON carries `"stale": true` and its `age_seconds`."""
     from clusterctl.healthd.gate import read_state, state_is_fresh
 
     config = _config(config_path)
@@ -93,12 +98,14 @@ def status(config_path: Path | None, as_json: bool) -> None:
     if state is None:
         click.echo(f"healthd: no state in {one_line(str(config.state_dir))}: is healthd running on this node?", err=True)
         sys.exit(EXIT_NO_STATE)
-    if as_json:
-        click.echo(json.dumps(state.to_json(), indent=2, sort_keys=True))
-        return
     now = time.time()
     age = now - state.updated_at
     fresh = state_is_fresh(state, config, now)
+    if as_json:
+        # The state file as written, and whether it still holds: a stale one exits 3 as the text form does.
+        document = {**state.to_json(), "stale": not fresh, "age_seconds": round(age, 1)}
+        click.echo(json.dumps(document, indent=2, sort_keys=True))
+        sys.exit(0 if fresh else EXIT_NO_STATE)
     parts: list[RenderableType] = []
     if not fresh:
         parts.append(Text.assemble(("stale", "red"), f": healthd (pid {state.pid}) is not running or stopped writing "
@@ -126,13 +133,22 @@ def status(config_path: Path | None, as_json: bool) -> None:
 
 
 @cli.command()
-def check() -> None:
-    """A quick node check for Slurm's HealthCheckProgram (drains on a blocking verdict)."""
-    import os
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="healthd.toml (default /etc/clusterctl/healthd.toml if it exists).")
+def check(config_path: Path | None) -> None:
+    """A quick node check for Slurm's HealthCheckProgram (drains on a blocking verdict).
 
+    \b
+    Exit 0: healthy, or a blocking problem handed to the drain door (the line says what it did);
+    5: this node should have GPUs (healthd.toml gpus_expected; "auto": NVIDIA GPUs on the PCI bus) and
+    NVML cannot judge them (library not found, init error): not called healthy. A node without GPUs is
+    healthy without NVML. 78: a bad --config.
+    """
     from clusterctl.healthd.hooks import run_health_check
 
-    sys.exit(run_health_check(dict(os.environ)))
+    if config_path is not None:
+        _config(config_path)  # a bad file named on the command line is an error here, not the hooks' defaults
+    sys.exit(run_health_check(dict(os.environ), config_path=config_path))
 
 
 @cli.command()

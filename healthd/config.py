@@ -99,6 +99,11 @@ class HealthdConfig:
     tier_keep_hours: float = 24.0
     """A run's tier of the starting job's own user is reclaimed once unused this long (a resubmission of the
     same user landing here within it resumes from it); keep it above the longest checkpoint interval."""
+    gpus_expected: bool | str = "auto"
+    """Whether this node has GPUs to judge, for `healthd check` when NVML cannot be used: true, false, or
+    "auto" (NVIDIA GPUs on the PCI bus, read from sysfs without NVML).  Where GPUs are expected and NVML
+    cannot judge them, the check exits 5 instead of calling the node healthy; a node without any (a CPU
+    node) is healthy without NVML.  The prolog never refuses a job for it (healthd/gate.py)."""
     checks: CheckLimits = field(default_factory=CheckLimits)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
@@ -147,7 +152,7 @@ def _read_toml(path: Path | None) -> tuple[dict[str, Any], str, str] | None:
 class _Rule:
     """What one key holds: its kind and, for numbers, the sensible range (inclusive)."""
 
-    kind: str  # bool, int, float, path, optional-path, paths, node, partition, address
+    kind: str  # bool, auto-bool, int, float, path, optional-path, paths, node, partition, address
     low: float = 0
     high: float = 0
 
@@ -169,6 +174,7 @@ _RULES: dict[str, _Rule] = {
     "drained_refresh_interval": _Rule("float", 1.0, 86400.0), "clean_checks": _Rule("int", 1, 1000),
     "hook_timeout": _Rule("float", 1.0, 3600.0),
     "tier_bases": _Rule("paths"), "tier_keep_hours": _Rule("float", 1.0, 24 * 366.0),
+    "gpus_expected": _Rule("auto-bool"),
     # Each check family declares its own [checks] limits with their ranges (healthd/checks/).
     **{f"checks.{limit.name}": _Rule(str(limit.type), *limit.metadata["range"]) for limit in fields(CheckLimits)},
     "policy.app_xid_repeat": _Rule("int", 1, 1000), "policy.app_xid_window_h": _Rule("float", 0.0, 24 * 366.0),
@@ -247,6 +253,10 @@ def _checked(where: _Where, dotted: str, value: Any) -> Any:  # noqa: C901 - one
     rule = _RULES[dotted]
     if rule.kind in ("int", "float"):
         return _number(where, dotted, value, rule)
+    if rule.kind == "auto-bool":
+        if not isinstance(value, bool) and value != "auto":
+            raise where.error(dotted, f" must be true, false or \"auto\", found {_shown(value)}")
+        return value
     if rule.kind == "bool":
         if not isinstance(value, bool):
             raise where.error(dotted, f" must be true or false, found {_shown(value)}")

@@ -20,7 +20,8 @@ from clusterctl.records.healthd_state import HealthdState, read_healthd_state
 from clusterctl.records.versioned import RecordError
 
 __all__ = ["HOOK_PATH", "GateReport", "Problem", "blocks_new_work", "check_node", "direct_check", "from_state",
-           "gpu_index_list", "healthd_alive", "parse_job_gpus", "read_state", "state_is_fresh"]
+           "gpu_index_list", "gpus_expected", "healthd_alive", "nvidia_gpus_on_pci", "nvml_unusable",
+           "parse_job_gpus", "read_state", "state_is_fresh"]
 
 # Hooks get no PATH: Slurm's commands and coreutils live here on Debian and most distributions.
 HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -47,6 +48,9 @@ class GateReport:
     problems: list[Problem] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     healthd_fresh: bool = False
+    gpus_unchecked: str | None = None
+    """Why the direct check could not judge the GPUs at all (NVML library not found, its init failed), if so:
+    then no GPU problem is known, which is not the same as none."""
 
     @property
     def ok(self) -> bool:
@@ -138,8 +142,11 @@ def direct_check(config: HealthdConfig, gpus: list[int] | None, *, nvml_timeout:
             # same on every node at once: it says nothing about this node's GPUs ("cannot judge").
             kind: FindingKind = "nvml-unavailable" if not nvml.initialised else "nvml-error"
             findings.append(Finding(kind, "prolog", now, detail=f"NVML: {exc}"))
+            if not nvml.initialised:
+                report.gpus_unchecked = nvml_unusable(exc)
     except ImportError as exc:  # pragma: no cover - a broken install
         report.notes.append(f"pynvml unavailable: {exc}")
+        report.gpus_unchecked = f"NVML bindings (pynvml) cannot be imported: {exc}"
     findings += check_host(sample_host(config.watched_disk_paths), config.checks, now, config.disk_drain_paths)
     for finding in findings:
         verdict = gate_verdict(finding, config.policy)
@@ -148,6 +155,53 @@ def direct_check(config: HealthdConfig, gpus: list[int] | None, *, nvml_timeout:
         elif verdict.action > Action.IGNORE:
             report.notes.append(Problem(finding, verdict).describe())
     return report
+
+
+NVML_LIBRARY_NOT_FOUND = 12
+"""NVML_ERROR_LIBRARY_NOT_FOUND: nvmlInit found no libnvidia-ml (no NVIDIA driver installed)."""
+
+
+def nvml_unusable(exc: Exception) -> str:
+    """Why NVML could not be initialised, for a person: the library is missing, or its init failed."""
+    if getattr(exc, "value", None) == NVML_LIBRARY_NOT_FOUND:
+        return "NVML library not found (libnvidia-ml: is the NVIDIA driver installed?)"
+    return f"NVML init error: {exc}"
+
+
+PCI_DEVICES = Path("/sys/bus/pci/devices")
+NVIDIA_VENDOR = "0x10de"
+GPU_CLASSES = ("0x0300", "0x0302")
+"""PCI classes of a GPU: VGA-compatible controller, 3D controller (data-centre GPUs)."""
+
+
+def nvidia_gpus_on_pci(devices: Path = PCI_DEVICES) -> int:
+    """NVIDIA GPUs the PCI bus shows (sysfs vendor and class): what the node has, whether or not NVML works."""
+    count = 0
+    try:
+        entries = list(devices.iterdir())
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            vendor = (entry / "vendor").read_text().strip().lower()
+            kind = (entry / "class").read_text().strip().lower()
+        except OSError:
+            continue
+        count += vendor == NVIDIA_VENDOR and kind.startswith(GPU_CLASSES)
+    return count
+
+
+def gpus_expected(config: HealthdConfig, devices: Path = PCI_DEVICES) -> tuple[bool, str]:
+    """Whether this node has GPUs to judge (healthd.toml `gpus_expected`; "auto": NVIDIA GPUs on the PCI
+    bus), and why, for the line that says so."""
+    if config.gpus_expected is True:
+        return True, "gpus_expected = true"
+    if config.gpus_expected is False:
+        return False, "gpus_expected = false"
+    count = nvidia_gpus_on_pci(devices)
+    if count:
+        return True, f"{count} NVIDIA GPU(s) on the PCI bus"
+    return False, "no NVIDIA GPU on the PCI bus"
 
 
 def check_node(config: HealthdConfig, gpus: list[int] | None, *, direct: bool = True) -> GateReport:

@@ -25,7 +25,10 @@ from clusterctl.healthd.config import DEFAULT_PATH, ConfigError, HealthdConfig, 
 from clusterctl.healthd.drain_requests import drain_rules
 from clusterctl.healthd.engine import EngineSettings
 from clusterctl.healthd.findings import Action, Finding
-from clusterctl.healthd.gate import HOOK_PATH, GateReport, Problem, check_node, from_state, parse_job_gpus, read_state, state_is_fresh
+from clusterctl.healthd.gate import (
+    HOOK_PATH, PCI_DEVICES, GateReport, Problem, check_node, from_state, gpus_expected, parse_job_gpus, read_state,
+    state_is_fresh,
+)
 from clusterctl.healthd.kmsg import RecordReader, parse_gpu_event
 from clusterctl.healthd.node_tiers import LocalTiers, TierDoor
 from clusterctl.healthd.policy import drain_reason, judge
@@ -358,6 +361,10 @@ def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], 
     report = node_check(config, gpus)
     for note in report.notes:
         _say("prolog", f"job {job}: {note}")
+    if report.gpus_unchecked is not None:
+        # NVML that cannot be used is the same on every node at once (a driver update, a missing library):
+        # refusing for it would drain them all, so the job starts, said, and `healthd check` exits 5.
+        _say("prolog", f"job {job}: GPUs not checked ({report.gpus_unchecked}): let in")
     if job != "unknown":
         # The epilog judges findings within the job's window, which starts now; healthd attributes
         # an Xid on one of these GPUs to this job (and its user).
@@ -635,25 +642,34 @@ def kill_strays(job: str, uid: int | None, *, proc: Path = Path("/proc"),
     return killed
 
 
+EXIT_GPUS_NOT_CHECKED = 5
+"""`healthd check`: this node should have GPUs (healthd.toml `gpus_expected`) and NVML cannot judge them."""
+
 HEALTHCHECK_LIMIT = 50.0
 """Seconds HealthCheckProgram may take at most, whatever `hook_timeout` says: slurmd kills it at 60 s."""
 
 
 def run_health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] | None = None,
                      config: HealthdConfig | None = None, *, config_path: Path | None = None,
-                     runner: Runner = subprocess_runner, clock: Callable[[], float] = time.monotonic) -> int:
+                     runner: Runner = subprocess_runner, clock: Callable[[], float] = time.monotonic,
+                     pci_devices: Path = PCI_DEVICES) -> int:
     """Slurm's HealthCheckProgram: healthd's cached verdicts (milliseconds), else a quick direct check.
-    Always 0; its drain path's Slurm calls share its budget as the prolog's and the epilog's do."""
+    Its drain path's Slurm calls share its budget as the prolog's and the epilog's do.
+
+    0: healthy, or a problem handed to the drain door (which says what it did); EXIT_GPUS_NOT_CHECKED when
+    nothing blocks but the GPUs this node should have (`gpus_expected`; "auto" reads `pci_devices`) could not
+    be judged (no NVML).  Slurm only logs a non-zero exit of a HealthCheckProgram: it drains nothing."""
     start = clock()
     config = _setup("healthcheck", config, config_path)
     seconds = min(config.hook_timeout, HEALTHCHECK_LIMIT)
     if slurm_factory is None:
         slurm_factory = _budgeted(runner, start, seconds, clock)
     with _bounded("healthcheck", seconds, lambda: 0):
-        return _health_check(environ, slurm_factory, config)
+        return _health_check(environ, slurm_factory, config, pci_devices)
 
 
-def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], config: HealthdConfig) -> int:
+def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], config: HealthdConfig,
+                  pci_devices: Path) -> int:
     node = _node_name(environ, config)
     state, unusable = read_state(config)
     if unusable:
@@ -661,6 +677,7 @@ def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSl
     if state is not None and state_is_fresh(state, config, time.time()):
         problems = from_state(state, None)
         source = "healthd state"
+        unchecked = None if state.nvml_ok else "healthd cannot use NVML (see `healthd status`)"
     else:
         _say("healthcheck", "healthd is not running or its state is stale: checking NVML directly")
         report = check_node(config, None)
@@ -668,12 +685,28 @@ def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSl
             _say("healthcheck", note)
         problems = report.problems
         source = "direct check"
+        unchecked = report.gpus_unchecked
     if not problems:
-        print(f"clusterctl-healthcheck: {node} healthy ({source})")
-        return 0
+        return _said_healthy(node, source, unchecked, config, pci_devices)
     for problem in problems:
         _say("healthcheck", f"{node}: {problem.describe()} ({source})")
     # At slurmd start the node may not be registered yet: the Slurm command then fails or times out
     # (bounded), and the next run drains.
     _say("healthcheck", _drain(config, node, _problem_reason(problems[0]), slurm_factory).text)
     return 0
+
+
+def _said_healthy(node: str, source: str, unchecked: str | None, config: HealthdConfig, pci_devices: Path) -> int:
+    """The line of a node with no blocking problem, and its exit: a node whose GPUs could not be judged is
+    not called healthy when it should have GPUs."""
+    if unchecked is None:
+        print(f"clusterctl-healthcheck: {node} healthy ({source})")
+        return 0
+    expected, why = gpus_expected(config, pci_devices)
+    if not expected:
+        print(f"clusterctl-healthcheck: {node} healthy ({source}; GPUs not checked: {unchecked}; none expected "
+              f"here: {why})")
+        return 0
+    print(f"clusterctl-healthcheck: {node} GPUs NOT CHECKED ({source}): {unchecked}; expected here: {why} "
+          f"(exit {EXIT_GPUS_NOT_CHECKED})")
+    return EXIT_GPUS_NOT_CHECKED

@@ -10,11 +10,13 @@ node back from checkpoint tiers nobody resumes from (healthd.toml `tier_bases`; 
 
 from __future__ import annotations
 
-import os
 import sys
 
 
 def main() -> None:
+    from clusterctl.healthd.hook_command import hook_main
     from clusterctl.healthd.hooks import run_prolog
 
-    sys.exit(run_prolog(dict(os.environ)))
+    sys.exit(hook_main("prolog", "Prolog={path} and PrologFlags=Alloc",
+                       "Slurm's Prolog: refuse the job (exit 1) when a GPU it was given is broken; otherwise let it start (exit 0).",
+                       run_prolog))

@@ -219,3 +219,24 @@ def option(argv: Sequence[str], flag: str) -> str | None:
     """The value after `flag` in argv (`-p gpu` → gpu), None when absent."""
     return argv[list(argv).index(flag) + 1] if flag in argv else None
 
+
+
+UNREACHABLE = RECORDINGS / "unreachable.json"
+"""What real Slurm clients printed when Slurm could not be reached (scripts/record-unreachable-slurm.py):
+case `no-config` (no slurm.conf, no DNS SRV record) and `controller-down` (slurmctld not answering)."""
+
+
+def unreachable_runner(case: str, calls: list[list[str]] | None = None) -> Callable[[Sequence[str], float], Completed]:
+    """A runner answering each command as the real client did in `case` of UNREACHABLE, by its command
+    (`squeue --json`, `scontrol show topology`...: the recorded job ids may differ from the asked ones);
+    a command not recorded fails the test.  `calls` collects what was asked."""
+    recorded = json.loads(UNREACHABLE.read_text())["cases"][case]
+
+    def run(argv: Sequence[str], timeout: float) -> Completed:
+        if calls is not None:
+            calls.append(list(argv))
+        for entry in recorded.values():
+            if list(argv[:2]) == entry["argv"][:2] and (argv[0] != "scontrol" or list(argv[:3]) == entry["argv"][:3]):
+                return Completed(entry["returncode"], entry["stdout"], entry["stderr"])
+        raise AssertionError(f"`{' '.join(argv)}` was not recorded with Slurm unreachable ({case})")
+    return run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import weakref
@@ -61,6 +62,29 @@ def within_deadline(runner: Runner, deadline: float, clock: Callable[[], float])
             raise SlurmCommandError(list(argv), None, "not asked: the caller's time budget is spent")
         return runner(argv, min(timeout, left))
     return run
+
+
+SMALL_ANSWER = 65536
+"""An answer shorter than this (bytes) is read for a load error: a queue long enough to be larger has jobs."""
+
+
+def _load_error(text: str) -> str | None:
+    """The error of a `--json` answer that lists no jobs because the command could not load them: squeue
+    (22.05) exits 0 with `"errors": [{"source": "slurm_load_jobs", ...}]` and no jobs when slurmctld does
+    not answer (tests/data/slurm/unreachable.json), which must not read as an empty queue."""
+    if len(text) >= SMALL_ANSWER or '"errors"' not in text:
+        return None
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None  # the parser says what is wrong with it
+    if not isinstance(document, dict) or document.get("jobs") or not isinstance(document.get("errors"), list):
+        return None
+    errors = [e for e in document["errors"] if isinstance(e, dict)]
+    if not errors:
+        return None
+    return "; ".join(f"{e.get('source', 'squeue')}: {e.get('description') or e.get('error') or 'error'}"
+                     for e in errors)
 
 
 def run_checked(runner: Runner, argv: list[str], timeout: float) -> str:
@@ -139,8 +163,16 @@ class Slurm:
         return run_checked(self.runner, argv, self.timeout)
 
     def show_topology(self) -> str:
-        """`scontrol show topology` as text (parse with clusterctl.slurm.topology)."""
-        return self._run(["scontrol", "show", "topology"])
+        """`scontrol show topology` as text (parse with clusterctl.slurm.topology).
+
+        SlurmCommandError also when it prints nothing but an error: scontrol (22.05) exits 0 with
+        `slurm_load_topo error: Unable to contact slurm controller` when slurmctld does not answer, which
+        must not read as a cluster without a topology (tests/data/slurm/unreachable.json)."""
+        argv = ["scontrol", "show", "topology"]
+        result = self.runner(argv, self.timeout)
+        if result.returncode != 0 or (not result.stdout.strip() and " error: " in f" {result.stderr}"):
+            raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
+        return result.stdout
 
     def idle_nodes(self, partition: str | None = None) -> list[str]:
         """Nodes whose state is exactly `idle` (`sinfo -t idle` also lists drained and idle* nodes)."""
@@ -194,6 +226,11 @@ class Slurm:
             if len(job_ids) == 1 and "Invalid job id specified" in result.stderr:
                 return '{"jobs": [], "meta": {}}'
             raise SlurmCommandError(argv, result.returncode, result.stderr or result.stdout)
+        failed = _load_error(result.stdout)
+        if failed is not None:
+            if len(job_ids) == 1 and "Invalid job id" in failed:
+                return '{"jobs": [], "meta": {}}'
+            raise SlurmCommandError(argv, 0, failed)
         return result.stdout
 
     def parse_queue(self, text: str, job_ids: Sequence[str] = ()) -> dict[str, JobReport]:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import click
 from rich.live import Live
 
-from clusterctl import __version__
+from clusterctl import package_version
 from clusterctl.errors import INTERNAL_ERROR_EXIT, ClusterctlError, OutputError, RunError
 from clusterctl.files import atomic_write
 from clusterctl.terminal_view import printable
@@ -83,7 +83,7 @@ SIZE = AsciiInt(1, MAX_RANKS)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="clusterctl")
+@click.version_option(package_version(), prog_name="clusterctl")
 @click.option("--debug", is_flag=True, help="Show a traceback with errors.")
 def cli(debug: bool) -> None:
     """Keep large GPU training jobs running on Slurm.

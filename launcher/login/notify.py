@@ -6,6 +6,9 @@ background thread in event order, so the supervisor's decisions never wait on a 
 endpoint; `drain()` waits (boundedly) for the last ones before the process exits.  Redirects
 are not followed (a redirect could carry the payload elsewhere), and plain http is warned about.
 Only the answer's status line and headers are read, never its body (whatever its size).
+
+Each POST carries a plain `text` line next to the structured fields: Slack's and Teams' incoming
+webhooks refuse a payload without one (Slack answers 400 `no_text`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,24 @@ from urllib.parse import urlsplit
 import requests
 
 Post = Callable[..., Any]
+
+TEXT_LIMIT = 1000
+"""The `text` line is cut to this many characters (a message or a list of blamed nodes can be long)."""
+
+
+def summary_text(event: str, payload: dict[str, Any]) -> str:
+    """The one-line `text` of an event, for chat webhooks: `clusterctl: run /runs/r1 stopped: boom`,
+    `clusterctl: run /runs/r1 attempt 2 blamed node3 (xid 79)`."""
+    run = payload.get("run", "?")
+    if event == "blame":
+        blamed = ", ".join(f"{b.get('node', '?')} ({b.get('reason', '')})" if b.get("reason") else str(b.get("node", "?"))
+                           for b in payload.get("blame", []) if isinstance(b, dict))
+        line = f"clusterctl: run {run} attempt {payload.get('attempt', '?')} blamed {blamed or 'no node'}"
+    else:
+        message = payload.get("message")
+        line = f"clusterctl: run {run} {event}" + (f": {message}" if message else "")
+    line = " ".join(str(line).split())  # one line, whatever a message holds
+    return line if len(line) <= TEXT_LIMIT else line[:TEXT_LIMIT - 1] + "…"
 
 
 def redact(url: str) -> str:
@@ -67,7 +88,7 @@ class WebhookNotifier:
             # stream=True: the answer's body is not read with its headers, and never after: only the
             # status is used.  Read whole, an answer of 300 MB would cost this process twice that, and
             # one dripping a byte at a time would hold the notifier (the timeout is per read).
-            response = self.post(self.url, json={"event": event, **payload}, timeout=self.timeout,
+            response = self.post(self.url, json={"event": event, "text": summary_text(event, payload), **payload}, timeout=self.timeout,
                                  allow_redirects=False, stream=True)
         except requests.RequestException as exc:
             # The exception's text carries the URL: say only what kind of failure it was.
@@ -95,5 +116,5 @@ class WebhookNotifier:
 
 def webhook_notifier(url: str | None, say: Callable[[str], None], timeout: float = 5.0,
                      post: Post = requests.post) -> WebhookNotifier:
-    """A notifier that POSTs {"event": ..., **payload} to `url` in the background (nothing without a URL)."""
+    """A notifier that POSTs {"event": ..., "text": a summary line, **payload} to `url` in the background (nothing without a URL)."""
     return WebhookNotifier(url, say, timeout, post)

@@ -63,14 +63,14 @@ def gather_facts(slurm: Slurm, spec: JobSpec) -> tuple[SlurmFacts, list[str]]:
     warnings: list[str] = []
     try:
         version = slurm.release()
-    except SlurmCommandError as exc:
-        return SlurmFacts(), [f"cannot ask Slurm its version ({exc}); no compact-allocation request"]
+    except SlurmCommandError as exc:  # the compact request says so, in one line (render.compact_request)
+        return SlurmFacts(unreachable=exc.brief), []
     plugin = None
     if version.topology_block:
         try:
             plugin = slurm.config_value("TopologyPlugin")
         except SlurmCommandError as exc:
-            warnings.append(f"cannot read TopologyPlugin ({exc})")
+            warnings.append(f"cannot read TopologyPlugin ({exc.brief})")
     topology: Topology | None
     try:
         if spec.placement.topology:
@@ -79,8 +79,7 @@ def gather_facts(slurm: Slurm, spec: JobSpec) -> tuple[SlurmFacts, list[str]]:
             text = slurm.show_topology()
             topology = parse_scontrol_topology(text) if text.strip() else None
     except SlurmCommandError as exc:
-        warnings.append(f"cannot read the topology ({exc})")
-        topology = None
+        return SlurmFacts(version, plugin, unreachable=exc.brief), warnings
     return SlurmFacts(version, plugin, topology), warnings
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from pathlib import Path
 
-from clusterctl.errors import HostlistError, LayoutError, RunError
+from clusterctl.errors import HostlistError, LayoutError, RunError, SlurmCommandError
 from clusterctl.launcher.shared.checkpoints import find_checkpoints
 from clusterctl.launcher.pure.parallel import ParallelLayout, layout_from_mapping
 from clusterctl.launcher.pure.render import SlurmFacts, SubmitRequest
@@ -195,9 +195,17 @@ def gather_status(runs: Sequence[RunDir], slurm: JobQueries, say: Callable[[str]
     runs = [run for run in runs if run.path in journals]
     attempts = {path: attempts_of(events) for path, events in journals.items()}
     every = [a.job_id for run in runs for a in attempts[run.path]]
-    queue = slurm.queue(every) if every else {}
-    older = [job_id for job_id in every if job_id not in queue]  # past MinJobAge: only accounting has them
-    accounting = slurm.accounting(older) if older else {}
+    try:
+        queue = slurm.queue(every) if every else {}
+        older = [job_id for job_id in every if job_id not in queue]  # past MinJobAge: only accounting has them
+        accounting = slurm.accounting(older) if older else {}
+    except SlurmCommandError as exc:
+        # What an ended run's journal holds (each attempt's decided state and Slurm's times) is its status;
+        # a run still going cannot be told without Slurm.
+        if not all(any(isinstance(e, RunEnded) for e in journals[run.path]) for run in runs):
+            raise
+        say(f"note: Slurm could not be reached ({exc.brief}): shown from the journal of the ended run")
+        queue, accounting = {}, {job: report for events in journals.values() for job, report in decided_reports(events).items()}
     statuses = []
     for run in runs:
         try:
@@ -226,6 +234,18 @@ def gather_status(runs: Sequence[RunDir], slurm: JobQueries, say: Callable[[str]
                                    total_steps=progress.total_steps, checkpoint=progress.checkpoint,
                                    goodput=progress.goodput, looked_at=at))
     return statuses
+
+
+def decided_reports(events: Sequence[RunEvent]) -> dict[str, JobReport]:
+    """Each decided attempt's job as the supervisor journaled what Slurm said at its end (state, exit
+    code, times; no nodes): a run's status when Slurm cannot be asked."""
+    reports = {}
+    for e in events:
+        if isinstance(e, Decided) and e.job_id is not None:
+            times = e.times or SlurmTimes()
+            reports[e.job_id] = JobReport(e.job_id, "", e.state, "", "", e.exit_code, None, times.submit or 0.0,
+                                          times.start or 0.0, times.end or 0.0, source="run journal")
+    return reports
 
 
 @dataclass(frozen=True)

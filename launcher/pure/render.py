@@ -13,7 +13,7 @@ from pathlib import Path
 
 from clusterctl import __version__
 from clusterctl.errors import SpecError
-from clusterctl.launcher.pure.parallel import DIMS, FRAMEWORK_ORDERS
+from clusterctl.launcher.pure.parallel import DIMS
 from clusterctl.launcher.pure.shell import comment, quote, words
 from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.slurm import hostlist
@@ -30,6 +30,8 @@ class SlurmFacts:
     version: SlurmVersion | None = None
     topology_plugin: str | None = None
     topology: Topology | None = None
+    unreachable: str | None = None
+    """Why Slurm could not be asked (one line), when it could not: nothing is known of its topology then."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,9 @@ def compact_request(spec: JobSpec, facts: SlurmFacts, excluded: Collection[str] 
     wanted = spec.placement.switches
     if wanted == 0:
         return [], []
+    if facts.unreachable is not None:
+        return [], [f"the topology could not be read: Slurm could not be reached ({facts.unreachable}); "
+                    "no compact-allocation request"]
     nodes = spec.job.nodes + spec.job.spare_nodes
     wait = spec.placement.switch_wait
     plugin = facts.topology_plugin or ("topology/tree" if facts.topology is not None else None)
@@ -135,8 +140,9 @@ def _command(spec: JobSpec, run_dir: str, resume_from: str | None) -> list[str]:
 
 def _environment(spec: JobSpec, run_dir: str, resume_from: str | None) -> str:
     env = dict(spec.launch.env)
-    if spec.parallel.order == FRAMEWORK_ORDERS["megatron"] and spec.parallel.tp > 1:
-        # Megatron's TP communication overlap needs kernels queued in order on one connection.
+    if spec.launch.tp_comm_overlap and spec.parallel.tp > 1:
+        # Megatron's TP communication overlap needs kernels queued in order on one connection; asked for by
+        # name, never from the rank order (FSDP and torchtitan users have the default order too).
         env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     if resume_from:
         env[spec.checkpoint.resume_env] = resume_from

@@ -123,6 +123,11 @@ FIELDS: tuple[Field, ...] = (
           "(same {{placeholders}})."),
     Field("launch", "python", "str", "Python with clusterctl installed, as an absolute path seen from the compute "
           "nodes; default: the one running `clusterctl submit`."),
+    Field("launch", "tp_comm_overlap", "bool", "Megatron-LM tensor parallelism with sequence parallel / TP "
+          "communication overlap (--sequence-parallel, --tp-comm-overlap): exports CUDA_DEVICE_MAX_CONNECTIONS=1 "
+          "when tp > 1, which Megatron needs to queue its kernels in order on one connection. Leave it false for "
+          "FSDP, torchtitan and the rest: one connection serialises their overlapping work.  Only the "
+          "environment changes; a value of your own in [launch] env wins.", False),
     Field("launch", "master_port", "int", "Rendezvous port on rank 0's node; default: a random free port in "
           "20000-32767 picked by the job (recorded in its rank map), never one another user could guess.",
           minimum=1024, maximum=65535),
@@ -262,6 +267,7 @@ class LaunchSection:
     workdir: str = "."
     template: str | None = None
     python: str | None = None
+    tp_comm_overlap: bool = False
     master_port: int | None = None
 
 

@@ -67,7 +67,8 @@ def test_on_a_host_that_is_not_up_says_what_to_do(tmp_path):
     assert "host node1 is not running; `clusterctl-testbed up`" in out.stderr
 
 
-def test_healthd_status_says_when_its_state_is_stale(tmp_path):
+def _stale_state(tmp_path: Path) -> Path:
+    """A state file healthd stopped writing an hour ago (its pid gone), and a config naming it."""
     import time
 
     from clusterctl.records.healthd_state import HealthdState, write_healthd_state
@@ -77,5 +78,29 @@ def test_healthd_status_says_when_its_state_is_stale(tmp_path):
                                                nvml_ok=True))
     config = tmp_path / "healthd.toml"
     config.write_text(f'state_dir = "{tmp_path}"\n')
+    return config
+
+
+def test_healthd_status_says_when_its_state_is_stale(tmp_path):
+    config = _stale_state(tmp_path)
     result = CliRunner().invoke(healthd_cli, ["status", "--config", str(config)])
     assert result.exit_code == 3 and "stale" in result.output and "is not running" in result.output
+
+
+def test_healthd_status_json_says_stale_and_exits_3_as_the_text_does(tmp_path):
+    import json
+
+    config = _stale_state(tmp_path)
+    result = CliRunner().invoke(healthd_cli, ["status", "--json", "--config", str(config)])
+    assert result.exit_code == 3
+    shown = json.loads(result.output)
+    assert shown["stale"] is True and 3590 < shown["age_seconds"] < 3700 and shown["node"] == "n1"
+
+
+def test_versions_are_the_installed_package_version():
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(healthd_cli, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"healthd, version {version('clusterctl')}"
+    result = CliRunner().invoke(clusterctl_cli, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"clusterctl, version {version('clusterctl')}"

@@ -538,3 +538,98 @@ def test_the_hooks_load_on_a_node_whose_pynvml_is_broken():
             "print('loaded')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "loaded", done.stderr
+
+
+def _pci(tmp_path: Path, *devices: tuple[str, str]) -> Path:
+    """A sysfs PCI device tree as the kernel lays it out: one folder per device with `vendor` and `class`."""
+    root = tmp_path / "pci"
+    for number, (vendor, kind) in enumerate(devices):
+        entry = root / f"0000:{number + 1:02x}:00.0"
+        entry.mkdir(parents=True)
+        (entry / "vendor").write_text(f"{vendor}\n")
+        (entry / "class").write_text(f"{kind}\n")
+    root.mkdir(exist_ok=True)
+    return root
+
+
+NVIDIA_H100 = ("0x10de", "0x030200")  # 3D controller
+ETHERNET = ("0x15b3", "0x020000")
+ASPEED_VGA = ("0x1a03", "0x030000")
+
+
+def _without_nvml():
+    from clusterctl.healthd.nvml import Nvml, NvmlError, TimedCalls
+
+    try:
+        Nvml(TimedCalls(2.0)).init()
+    except NvmlError:
+        return
+    pytest.skip("NVML works on this host: these tests are about a node without it")
+
+
+def test_a_gpu_node_without_nvml_is_not_called_healthy(config, capsys, tmp_path):
+    _without_nvml()
+    slurm = FakePartition(NODES)
+    code = run_health_check({}, slurm, config, pci_devices=_pci(tmp_path, ETHERNET, NVIDIA_H100, NVIDIA_H100))
+    out = capsys.readouterr().out
+    assert code == 5 and "healthy" not in out and slurm.drains == []
+    assert out.strip() == ("clusterctl-healthcheck: node3 GPUs NOT CHECKED (direct check): NVML library not found "
+                           "(libnvidia-ml: is the NVIDIA driver installed?); expected here: 2 NVIDIA GPU(s) on the "
+                           "PCI bus (exit 5)")
+
+
+def test_a_cpu_node_without_nvml_is_healthy_and_says_its_gpus_were_not_checked(config, capsys, tmp_path):
+    _without_nvml()
+    code = run_health_check({}, FakePartition(NODES), config, pci_devices=_pci(tmp_path, ETHERNET, ASPEED_VGA))
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.strip() == ("clusterctl-healthcheck: node3 healthy (direct check; GPUs not checked: NVML library not "
+                           "found (libnvidia-ml: is the NVIDIA driver installed?); none expected here: no NVIDIA GPU "
+                           "on the PCI bus)")
+
+
+def test_a_live_healthd_without_nvml_does_not_make_a_gpu_node_healthy(config, capsys, tmp_path):
+    write_state(config, replace(state(time.time(), {}), nvml_ok=False))
+    code = run_health_check({}, FakePartition(NODES), config, pci_devices=_pci(tmp_path, NVIDIA_H100))
+    assert code == 5
+    assert "node3 GPUs NOT CHECKED (healthd state): healthd cannot use NVML" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("setting", "code"), [("true", 5), ("false", 0), ('"auto"', 0)])
+def test_healthd_check_takes_gpus_expected_from_its_config(setting, code, config, tmp_path):
+    from click.testing import CliRunner
+
+    from clusterctl.healthd.cli import cli
+
+    _without_nvml()
+    path = tmp_path / "healthd.toml"
+    path.write_text(f'state_dir = "{tmp_path}/run"\njournal_dir = "{tmp_path}/lib"\ndisk_paths = []\n'
+                    f"gpus_expected = {setting}\n[checks]\nexpected_gpus = 0\n")
+    result = CliRunner().invoke(cli, ["check", "--config", str(path)])
+    assert result.exit_code == code, result.output
+    assert ("GPUs NOT CHECKED" in result.stdout) == (code == 5)
+    if setting == "true":
+        assert "NVML library not found" in result.stdout and "expected here: gpus_expected = true" in result.stdout
+
+
+def test_healthd_check_refuses_a_gpus_expected_it_does_not_understand(tmp_path):
+    from click.testing import CliRunner
+
+    from clusterctl.healthd.cli import cli
+
+    path = tmp_path / "healthd.toml"
+    path.write_text('gpus_expected = "yes"\n')
+    result = CliRunner().invoke(cli, ["check", "--config", str(path)])
+    assert result.exit_code == 78
+    assert 'key `gpus_expected` must be true, false or "auto", found \'yes\'' in result.output
+
+
+def test_the_prolog_lets_a_gpu_job_in_on_a_node_whose_gpus_cannot_be_checked_and_says_so(config, capsys):
+    _without_nvml()
+    slurm = FakePartition(NODES)
+    gpu_node = replace(config, gpus_expected=True)
+    assert run_prolog({"SLURM_JOB_ID": "7", "SLURM_JOB_GPUS": "0,1"}, slurm, gpu_node) == 0
+    assert run_prolog({"SLURM_JOB_ID": "8"}, slurm, config) == 0  # a CPU job on a CPU node
+    err = capsys.readouterr().err
+    assert slurm.drains == [] and read_node_record(config.journal_dir) == ()
+    assert "clusterctl-prolog: job 7: GPUs not checked (NVML library not found" in err and "): let in" in err

@@ -37,8 +37,10 @@ def test_events_are_posted_as_json_and_failures_are_only_reported():
         assert notify.drain(5.0)
     finally:
         server.shutdown()
-    assert received == [{"event": "blame", "run": "/runs/r1", "blame": [{"node": "node3"}]},
-                        {"event": "stopped", "run": "/runs/r1", "message": "boom"}]
+    assert received == [{"event": "blame", "text": "clusterctl: run /runs/r1 attempt ? blamed node3", "run": "/runs/r1",
+                         "blame": [{"node": "node3"}]},
+                        {"event": "stopped", "text": "clusterctl: run /runs/r1 stopped: boom", "run": "/runs/r1",
+                         "message": "boom"}]
     assert said[0].startswith(f"warning: webhook http://127.0.0.1:{server.server_port}/… is plain http")
     assert said[1:] == [f"webhook http://127.0.0.1:{server.server_port}/… answered 500 to stopped"]
     dead = webhook_notifier("http://127.0.0.1:9/nothing/S3CRET", said.append, timeout=1)
@@ -47,6 +49,40 @@ def test_events_are_posted_as_json_and_failures_are_only_reported():
     assert said[-1] == "webhook http://127.0.0.1:9/… failed for done: ConnectionError"
     assert not any("T0KEN" in line or "S3CRET" in line for line in said)
     webhook_notifier(None, said.append)("done", {})  # no URL: nothing happens
+
+
+def test_chat_webhooks_get_a_plain_text_line_next_to_the_fields():
+    """Slack and Teams incoming webhooks refuse a JSON body without `text` (Slack: 400 no_text): a server that
+    answers as Slack does takes every event clusterctl posts, and the structured fields are still there."""
+    received: list[dict] = []
+
+    class SlackLike(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            received.append(body)
+            ok = isinstance(body.get("text"), str) and body["text"].strip()
+            self.send_response(200 if ok else 400)
+            self.end_headers()
+            self.wfile.write(b"ok" if ok else b"no_text")
+
+    server = HTTPServer(("127.0.0.1", 0), type("Quiet", (SlackLike,), {"log_message": lambda *args: None}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    said: list[str] = []
+    try:
+        notify = webhook_notifier(f"http://127.0.0.1:{server.server_port}/services/T0/B0/X", said.append)
+        notify("blame", {"run": "/runs/r1", "attempt": 2,
+                         "blame": [{"node": "node3", "reason": "xid 79 on gpu3", "evidence": ["healthd drain"]}]})
+        notify("done", {"run": "/runs/r1", "message": "the run completed"})
+        notify("stopped", {"run": "/runs/r1", "message": "no progress\nin 3 attempts"})
+        assert notify.drain(5.0)
+    finally:
+        server.shutdown()
+    assert said[1:] == []  # only the plain-http warning: no 400 answered
+    assert [body["text"] for body in received] == [
+        "clusterctl: run /runs/r1 attempt 2 blamed node3 (xid 79 on gpu3)",
+        "clusterctl: run /runs/r1 done: the run completed",
+        "clusterctl: run /runs/r1 stopped: no progress in 3 attempts"]
+    assert received[0]["blame"][0]["evidence"] == ["healthd drain"] and received[1]["event"] == "done"
 
 
 def test_the_secret_part_of_a_url_is_never_shown():

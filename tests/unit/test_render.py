@@ -46,6 +46,7 @@ style = "torchrun"
 command = ["python3", "-m", "megatron.train", "--tensor-model-parallel-size", "{tp}",
            "--pipeline-model-parallel-size", "{pp}", "--save", "{checkpoint_dir}"]
 env = { NCCL_DEBUG = "WARN", HF_HOME = "/scratch/hf" }
+tp_comm_overlap = true
 
 [parallel]
 tp = 8
@@ -204,3 +205,18 @@ def test_spares_with_a_template_of_your_own_say_it_must_run_the_agent(tmp_path):
     request = prepare(spec, load_template(spec), FACTS, run_dir="/r", python=PYTHON)
     assert "--no-kill" in request.sbatch_argv
     assert [w for w in request.warnings if "must run `python -m clusterctl.launcher.job agent`" in w]
+
+
+def test_cuda_device_max_connections_only_when_the_spec_asks_for_megatron_tp_overlap():
+    """FSDP and torchtitan jobs with tp > 1 and the default order run without it (one connection would
+    serialise their overlap); a Megatron spec that says tp_comm_overlap gets it; its own env value wins."""
+    fsdp = TORCHRUN.replace("tp_comm_overlap = true\n", "")
+    for text, expected in ((fsdp, None), (fsdp.replace("[parallel]", "[parallel]\norder = 'torchtitan'"), None),
+                           (TORCHRUN, "export CUDA_DEVICE_MAX_CONNECTIONS=1"),
+                           (TORCHRUN.replace("tp = 8", "tp = 1"), None),
+                           (TORCHRUN.replace('NCCL_DEBUG = "WARN"', 'CUDA_DEVICE_MAX_CONNECTIONS = "8"'),
+                            "export CUDA_DEVICE_MAX_CONNECTIONS=8")):
+        spec = parse_spec(text, "llama.toml", base_dir=Path("/work/llama"))
+        script = prepare(spec, load_template(spec), FACTS, run_dir="/runs/r", python=PYTHON).script
+        exported = [line for line in script.splitlines() if "CUDA_DEVICE_MAX_CONNECTIONS" in line]
+        assert exported == ([expected] if expected else []), (text, exported)

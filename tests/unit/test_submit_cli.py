@@ -228,3 +228,37 @@ def test_waiting_for_a_job_polls_until_slurm_says_it_ended():
             return super().__call__(argv, timeout)
     assert wait_for_job(Slurm(Changing()), "9", sleep=polls.append, poll=0.5).state == "COMPLETED"
     assert polls == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("case", ["no-config", "controller-down"])
+def test_dry_run_with_slurm_unreachable_says_so_in_one_line_not_that_there_is_no_tree(case, monkeypatch, tmp_path):
+    from tests.recordings import unreachable_runner
+
+    monkeypatch.setattr(cli_module, "Slurm", lambda: Slurm(unreachable_runner(case)))
+    monkeypatch.setenv("CLUSTERCTL_RUNS", str(tmp_path / "runs"))
+    result = CliRunner().invoke(cli, ["submit", "--dry-run", EXAMPLE])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, result.stderr
+    assert "the topology could not be read: Slurm could not be reached" in warnings[0]
+    assert ("Could not establish a configuration source" if case == "no-config"
+            else "Unable to contact slurm controller") in warnings[0]
+    assert "no tree topology" not in result.stderr
+
+
+@pytest.mark.parametrize("case", ["no-config", "controller-down"])
+def test_status_of_an_ended_run_with_slurm_unreachable_is_read_from_its_journal(case, monkeypatch, tmp_path):
+    import shutil
+
+    from tests.recordings import unreachable_runner
+
+    run_dir = tmp_path / "xid79-resubmit"
+    shutil.copytree(REPO / "tests" / "data" / "runs" / "xid79-resubmit", run_dir)
+    monkeypatch.setattr(cli_module, "Slurm", lambda: Slurm(unreachable_runner(case)))
+    result = CliRunner().invoke(cli, ["status", str(run_dir)])
+    assert result.exit_code == 0, result.output
+    assert "the run completed" in result.stdout
+    assert [line.split()[:4] for line in result.stdout.splitlines() if line.startswith(("1 ", "2 "))] == [
+        ["1", "2", "FAILED", "exit"], ["2", "3", "COMPLETED", "exit"]]
+    assert result.stderr.count("\n") == 1 and "Slurm could not be reached" in result.stderr
+    assert "shown from the journal of the ended run" in result.stderr
