@@ -102,17 +102,37 @@ def paths_outside_unit(config: HealthdConfig, unit_text: str) -> tuple[PurePosix
     return tuple(path for path in writable_paths(config) if not _under(path, allowed))
 
 
-def unwritable_paths(config: HealthdConfig,
-                     can_write: Callable[[Path], bool] = lambda p: os.access(p, os.W_OK)) -> list[str]:
-    """A warning for each existing directory healthd must write but cannot (read-only in its unit, or not its own)."""
-    warnings = []
+INSTALLED_UNIT = Path("/") / UNIT_DIR / UNIT_NAME
+"""Where `healthd install --prefix /` puts the unit: healthd reads it at start to check its ReadWritePaths."""
+
+
+def start_warnings(config: HealthdConfig, unit_text: str | None,
+                   can_write: Callable[[Path], bool] = lambda p: os.access(p, os.W_OK)) -> list[str]:
+    """What healthd says at start about the directories it must write: each one the installed unit
+    (`unit_text`, None when there is none) leaves read-only, then each other one it cannot write now (an
+    existing directory, else the nearest existing parent it would be created in)."""
+    how = ("add it to the unit's ReadWritePaths (`healthd install --print-unit --config <your healthd.toml>` "
+           "derives them)")
+    outside = paths_outside_unit(config, unit_text) if unit_text is not None else ()
+    warnings = [f"{INSTALLED_UNIT} leaves {path} read-only (ProtectSystem=strict): {how}" for path in outside]
     for path in writable_paths(config):
-        local = Path(path)
-        if local.is_dir() and not can_write(local):
-            warnings.append(f"healthd cannot write {local}: under systemd, add it to the unit's ReadWritePaths "
-                            f"(`healthd install --print-unit --config <your healthd.toml>` derives them), "
-                            f"or give the directory to root")
+        if path in outside:
+            continue
+        existing = Path(path)
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        if existing.is_dir() and not can_write(existing):
+            what = "write" if existing == Path(path) else f"create {path} in"
+            warnings.append(f"healthd cannot {what} {existing}: under systemd, {how}; else give it to root")
     return warnings
+
+
+def installed_unit_text(path: Path = INSTALLED_UNIT) -> str | None:
+    """The installed unit's text, or None when there is none (or it cannot be read)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 @dataclass(frozen=True)

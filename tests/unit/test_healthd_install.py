@@ -15,7 +15,7 @@ from clusterctl import __version__
 from clusterctl.healthd.cli import cli
 from clusterctl.healthd.config import HealthdConfig, config_from_mapping
 from clusterctl.healthd.metrics import Metrics
-from clusterctl.healthd.unit_file import packaged_text, paths_outside_unit, unwritable_paths
+from clusterctl.healthd.unit_file import packaged_text, paths_outside_unit, start_warnings
 
 REPO = Path(__file__).resolve().parents[2]
 HEALTHD = str(Path(sys.executable).parent / "healthd")
@@ -65,9 +65,22 @@ def test_the_old_unit_left_a_shared_breaker_dir_read_only_and_the_derived_one_do
 def test_healthd_warns_at_start_about_a_directory_it_cannot_write(tmp_path):
     breaker = tmp_path / "breaker"
     breaker.mkdir()
-    config = HealthdConfig(state_dir=tmp_path, journal_dir=tmp_path, breaker_dir=breaker)
-    warnings = unwritable_paths(config, can_write=lambda path: path != breaker)
-    assert len(warnings) == 1 and str(breaker) in warnings[0] and "ReadWritePaths" in warnings[0]
+    config = HealthdConfig(state_dir=tmp_path, journal_dir=tmp_path / "not-yet" / "journal", breaker_dir=breaker)
+    warnings = start_warnings(config, None, can_write=lambda path: path not in (breaker, tmp_path))
+    assert [w.split(": under systemd")[0] for w in warnings] == [  # state_dir, journal_dir, breaker_dir
+        f"healthd cannot write {tmp_path}", f"healthd cannot create {tmp_path / 'not-yet/journal'} in {tmp_path}",
+        f"healthd cannot write {breaker}"]
+    assert all("ReadWritePaths" in w for w in warnings)
+    assert start_warnings(config, None, can_write=lambda path: True) == []
+
+
+def test_healthd_warns_at_start_when_the_installed_unit_leaves_a_directory_read_only():
+    config = config_from_mapping({"breaker_dir": "/shared/healthd-breaker"})
+    old = "[Service]\nProtectSystem=strict\nReadWritePaths=/run/healthd /var/lib/healthd\n"
+    warnings = start_warnings(config, old, can_write=lambda path: True)
+    assert warnings == ["/etc/systemd/system/healthd.service leaves /shared/healthd-breaker read-only "
+                        "(ProtectSystem=strict): add it to the unit's ReadWritePaths (`healthd install --print-unit "
+                        "--config <your healthd.toml>` derives them)"]
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed here")
