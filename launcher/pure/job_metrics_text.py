@@ -10,6 +10,8 @@ Format: https://prometheus.io/docs/instrumenting/exposition_formats/#text-based-
 
 from __future__ import annotations
 
+import math
+
 from clusterctl.records.agent_summary import AgentSummary
 
 METRICS: tuple[tuple[str, str], ...] = (
@@ -26,14 +28,23 @@ METRICS: tuple[tuple[str, str], ...] = (
 )
 
 
+def escape_label_value(value: str) -> str:
+    """A label value as the text format wants it: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def sample_value(value: float) -> str:
+    """A sample value: Go's float syntax, with NaN, +Inf and -Inf as the format spells them."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
 def job_metrics_text(summary: AgentSummary, run_name: str) -> str:
     """The exposition text of one job's summary; a metric the summary lacks (no training reported,
-    no rate yet) is left out rather than written as 0.  prometheus_client writes the text (escaping,
-    NaN and infinities as the format spells them); the agent writes the file itself
-    (clusterctl/job_metrics_file.py), whose temp names and no-symlink writes the epilog relies on."""
-    # Imported here: 0.1-0.5 s on a loaded node, paid only by the agents of jobs that export metrics.
-    from prometheus_client import CollectorRegistry, Gauge, generate_latest
-
+    no rate yet) is left out rather than written as 0."""
     t = summary.training
     values: dict[str, float | None] = {
         "clusterctl_job_summary_timestamp_seconds": summary.at,
@@ -47,9 +58,11 @@ def job_metrics_text(summary: AgentSummary, run_name: str) -> str:
         "clusterctl_job_loss": t.loss if t else None,
         "clusterctl_job_grad_norm": t.grad_norm if t else None,
     }
-    registry = CollectorRegistry(auto_describe=False)
+    labels = f'{{job_id="{escape_label_value(summary.job_id)}",run="{escape_label_value(run_name)}"}}'
+    lines: list[str] = []
     for name, help_text in METRICS:
         value = values[name]
-        if value is not None:
-            Gauge(name, help_text, ["job_id", "run"], registry=registry).labels(summary.job_id, run_name).set(value)
-    return generate_latest(registry).decode()
+        if value is None:
+            continue
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{labels} {sample_value(value)}"]
+    return "\n".join(lines) + "\n"

@@ -25,7 +25,7 @@ from clusterctl.job_metrics_file import (
     TEXTFILE_DIR_ENV, AdminSetting, Destination, destination, is_job_file, read_admin_setting, remove_textfile,
     textfile_name,
 )
-from clusterctl.launcher.pure.job_metrics_text import job_metrics_text
+from clusterctl.launcher.pure.job_metrics_text import escape_label_value, job_metrics_text
 from clusterctl.records.agent_summary import AgentSummary, TrainingMetrics, read_agent_summary
 from tests.conftest import REPO
 from tests.fakes import FakePartition
@@ -39,25 +39,25 @@ SUMMARY = AgentSummary("4242", "0", 1795305600.0, 2.0, "watching", 4, 4, min_ste
 GOLDEN = '''\
 # HELP clusterctl_job_summary_timestamp_seconds When the job's agent wrote the summary these come from
 # TYPE clusterctl_job_summary_timestamp_seconds gauge
-clusterctl_job_summary_timestamp_seconds{job_id="4242",run="llama-8b"} 1.7953056e+09
+clusterctl_job_summary_timestamp_seconds{job_id="4242",run="llama-8b"} 1795305600
 # HELP clusterctl_job_step The furthest step a rank of the job reported
 # TYPE clusterctl_job_step gauge
-clusterctl_job_step{job_id="4242",run="llama-8b"} 1200.0
+clusterctl_job_step{job_id="4242",run="llama-8b"} 1200
 # HELP clusterctl_job_nodes Nodes in the job's running step
 # TYPE clusterctl_job_nodes gauge
-clusterctl_job_nodes{job_id="4242",run="llama-8b"} 4.0
+clusterctl_job_nodes{job_id="4242",run="llama-8b"} 4
 # HELP clusterctl_job_nodes_reporting Nodes whose reporter the agent heard within the silence limit
 # TYPE clusterctl_job_nodes_reporting gauge
-clusterctl_job_nodes_reporting{job_id="4242",run="llama-8b"} 4.0
+clusterctl_job_nodes_reporting{job_id="4242",run="llama-8b"} 4
 # HELP clusterctl_job_steps_per_second Training steps per second (median over the nodes)
 # TYPE clusterctl_job_steps_per_second gauge
 clusterctl_job_steps_per_second{job_id="4242",run="llama-8b"} 1.9
 # HELP clusterctl_job_tokens_per_second Tokens per second, summed over the job's nodes
 # TYPE clusterctl_job_tokens_per_second gauge
-clusterctl_job_tokens_per_second{job_id="4242",run="llama-8b"} 1.6384e+06
+clusterctl_job_tokens_per_second{job_id="4242",run="llama-8b"} 1638400
 # HELP clusterctl_job_flops_per_second Model FLOP/s, summed over the job's nodes
 # TYPE clusterctl_job_flops_per_second gauge
-clusterctl_job_flops_per_second{job_id="4242",run="llama-8b"} 4e+15
+clusterctl_job_flops_per_second{job_id="4242",run="llama-8b"} 4000000000000000
 # HELP clusterctl_job_mfu_ratio Model FLOPs utilisation (0-1) against the GPUs' peak
 # TYPE clusterctl_job_mfu_ratio gauge
 clusterctl_job_mfu_ratio{job_id="4242",run="llama-8b"} 0.126
@@ -86,6 +86,7 @@ def test_a_nan_loss_is_exported_as_nan():
 
 
 def test_a_run_name_with_quotes_backslashes_and_newlines_is_escaped():
+    assert escape_label_value('a "b" \\c\nd') == 'a \\"b\\" \\\\c\\nd'
     text = job_metrics_text(SUMMARY, 'evil"} 1\nfake_metric 2')
     assert 'run="evil\\"} 1\\nfake_metric 2"' in text
     assert "fake_metric" not in [f.name for f in text_string_to_metric_families(text)]
