@@ -45,7 +45,7 @@ def cli() -> None:
     healthd install   print or write the systemd unit and the example config (docs/install.md)
     Config: /etc/clusterctl/healthd.toml (see healthd/healthd.example.toml).
     Exit codes: 78 a bad config (EX_CONFIG); 3 no fresh state (status) or no breaker_dir (breaker);
-    4 NVML unusable (evidence).
+    4 NVML unusable (evidence); 73 a file `install --prefix` would replace or cannot write (EX_CANTCREAT).
     """
 
 
