@@ -15,7 +15,7 @@ from rich.text import Text
 
 from clusterctl import package_version
 from clusterctl.errors import ClusterctlError
-from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
+from clusterctl.healthd.config import DEFAULT_PATH as DEFAULT_CONFIG, ConfigError, HealthdConfig, load_config
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import POLICY_VERSION, policy_rows
 from clusterctl.table_view import Column, TextTable
@@ -44,9 +44,11 @@ def cli() -> None:
     healthd policy    the fault policy table
     healthd breaker   who holds the breaker's drain slots (with breaker_dir)
     healthd evidence  what the GPUs say now: clocks, slowdown reasons, temperature, ECC
+    healthd install   print or write the systemd unit and the example config (docs/install.md)
     Config: /etc/clusterctl/healthd.toml (see healthd/healthd.example.toml).
     Exit codes: 78 a bad config (EX_CONFIG); 3 no fresh state (status) or no breaker_dir (breaker);
-    4 NVML unusable (evidence); 5 GPUs expected here but not checked, NVML unusable (check).
+    4 NVML unusable (evidence); 5 GPUs expected here but not checked, NVML unusable (check);
+    73 a file `install --prefix` would replace or cannot write (EX_CANTCREAT).
     """
 
 
@@ -261,6 +263,78 @@ def evidence(config_path: Path | None, gpus: str | None, step_gpus: bool, as_jso
         return
     for line in record.to_text():
         click.echo(one_line(line))
+
+
+@cli.command()
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="The healthd.toml the unit runs with (default /etc/clusterctl/healthd.toml): its state_dir, "
+                   "journal_dir and breaker_dir become the unit's ReadWritePaths.")
+@click.option("--print-unit", is_flag=True, help="Print the systemd unit for this node.")
+@click.option("--print-config", is_flag=True, help="Print the example healthd.toml (every key, its default).")
+@click.option("--prefix", type=click.Path(path_type=Path, file_okay=False),
+              help="Write the unit to PREFIX/etc/systemd/system/healthd.service and the example config to "
+                   "PREFIX/etc/clusterctl/healthd.toml (`--prefix /` installs on this machine).")
+@click.option("--force", is_flag=True, help="With --prefix: replace files that already exist.")
+@click.option("--healthd", "healthd_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="The healthd the unit starts (default: this one, the healthd on PATH).")
+def install(config_path: Path | None, print_unit: bool, print_config: bool, prefix: Path | None, force: bool,
+            healthd_path: Path | None) -> None:
+    """Print or write healthd's systemd unit and example config, out of the installed package.
+
+    \b
+    The unit starts the installed healthd with --config, and its ReadWritePaths hold every
+    directory that config makes healthd write (ProtectSystem=strict leaves the rest read-only).
+    With --prefix, an existing file is never replaced without --force, and each file is written
+    whole or not at all.  Exit 73 when a file exists or cannot be written, 78 for a bad config.
+
+    \b
+    Examples:
+      healthd install --print-unit --config /etc/clusterctl/healthd.toml
+      healthd install --prefix / && systemctl daemon-reload
+    """
+    from clusterctl.healthd.unit_file import (
+        InstallError, install_files, packaged_guide, packaged_text, render_unit, write_install,
+    )
+
+    if sum((print_unit, print_config, prefix is not None)) != 1:
+        raise click.UsageError("give one of --print-unit, --print-config, --prefix DIR")
+    if force and prefix is None:
+        raise click.UsageError("--force only goes with --prefix")
+    example = packaged_text("healthd.example.toml")
+    if print_config:
+        click.echo(example, nl=False)
+        return
+    executable = healthd_path or _installed_healthd()
+    if executable is None:
+        click.echo("healthd: error: cannot tell where healthd is installed (not on PATH): give --healthd PATH", err=True)
+        sys.exit(2)
+    config = _config(config_path)
+    unit = render_unit(packaged_text("systemd/healthd.service"), healthd=str(executable.absolute()),
+                       config_path=str((config_path or DEFAULT_CONFIG).absolute()), config=config,
+                       guide=packaged_guide())
+    if prefix is None:
+        click.echo(unit, nl=False)
+        return
+    try:
+        written = write_install(prefix, install_files(unit, example), force=force)
+    except InstallError as exc:
+        click.echo(f"healthd: error: {one_line(str(exc))}", err=True)
+        sys.exit(exc.exit_code)
+    for path in written:
+        click.echo(f"wrote {path}")
+    click.echo("next: edit the config, `healthd run --dry-run` once by hand, then "
+               "`systemctl daemon-reload && systemctl enable --now healthd` (docs/install.md#admins)")
+
+
+def _installed_healthd() -> Path | None:
+    """The healthd executable running now, else the one on PATH."""
+    import shutil
+
+    running = Path(sys.argv[0])
+    if running.name == "healthd" and running.is_file():
+        return running
+    found = shutil.which("healthd")
+    return Path(found) if found else None
 
 
 def main() -> None:

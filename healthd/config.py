@@ -56,8 +56,9 @@ class HealthdConfig:
     nvml_timeout: float = 5.0
     event_wait_ms: int = 1000
     xid_dedup_window: float = 300.0
-    metrics: str = "127.0.0.1:9400"
-    """host:port for Prometheus metrics; empty disables."""
+    metrics: str = "127.0.0.1:9489"
+    """host:port for Prometheus metrics; empty disables.  Loopback by default (a Prometheus on another host
+    needs "0.0.0.0:9489" or the node's address); not 9400, dcgm-exporter's port on most GPU nodes."""
     breaker_max_share: float = 0.1
     """Refuse to drain (and alert) when healthd would then have drained more than this share of the partition."""
     breaker_retry: float = 600.0
@@ -282,7 +283,7 @@ def _checked(where: _Where, dotted: str, value: Any) -> Any:  # noqa: C901 - one
     if rule.kind == "address" and value:
         address = _ADDRESS.fullmatch(value)
         if address is None or not 1 <= int(address.group("port")) <= 65535:
-            raise where.error(dotted, " must be host:port (like \"127.0.0.1:9400\" or \"[::1]:9400\", port 1-65535), "
+            raise where.error(dotted, " must be host:port (like \"127.0.0.1:9489\" or \"[::1]:9489\", port 1-65535), "
                                       f"or \"\" to serve no metrics, found {_shown(value)}")
     return value
 

@@ -55,6 +55,7 @@ from clusterctl.healthd.event_watch import EventWatch
 from clusterctl.healthd.journal import Journal, PlannedAction
 from clusterctl.healthd.kmsg_watch import KernelLogWatch
 from clusterctl.healthd.metrics import Metrics
+from clusterctl.healthd.unit_file import installed_unit_text, start_warnings
 from clusterctl.healthd.nvml import Nvml, NvmlCalls, NvmlDoor, TimedCalls
 from clusterctl.healthd.observed import Observed
 from clusterctl.healthd.periodic import PeriodicCheck
@@ -168,6 +169,8 @@ class Daemon:
             self.metrics.serve(self.config.metrics)
         except OSError as exc:
             log.warning("metrics not served on %s: %s", self.config.metrics, exc)
+        for warning in start_warnings(self.config, installed_unit_text()):
+            log.warning("%s", warning)
         self.periodic.connect_nvml()
         log.info("healthd on %s: %d GPUs, policy %s%s", self.shell.settings.node, len(self.periodic.nvml.identities),
                  POLICY_VERSION, " (dry run)" if self.config.dry_run else "")

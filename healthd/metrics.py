@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from clusterctl import __version__
+from clusterctl.healthd.policy import POLICY_VERSION
 
 
 class Metrics:
@@ -24,6 +27,8 @@ class Metrics:
                                  ["gpu"], registry=self.registry)
         self.breaker_open = Gauge("healthd_breaker_open", "1 when a drain was refused by the breaker",
                                   registry=self.registry)
+        Info("healthd_build", "The running healthd's version and fault policy",
+             registry=self.registry).info({"version": __version__, "policy": POLICY_VERSION})
 
     def observe_call(self, function: str, seconds: float, finished: bool) -> None:
         self.nvml_latency.labels(function).observe(seconds)

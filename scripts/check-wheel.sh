@@ -70,7 +70,7 @@ found = sorted(p.name for p in templates.iterdir() if p.name.endswith(".sbatch")
 if found != ["srun.sbatch", "torchrun.sbatch"]:
     sys.exit(f"check-wheel: templates in the wheel: {found}")
 healthd = importlib.resources.files("clusterctl.healthd")
-for name in ("healthd.example.toml", "systemd/healthd.service"):
+for name in ("healthd.example.toml", "systemd/healthd.service", "install.md"):
     if not healthd.joinpath(name).is_file():
         sys.exit(f"check-wheel: clusterctl.healthd/{name} is not in the wheel")
 PY

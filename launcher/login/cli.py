@@ -50,7 +50,7 @@ from clusterctl.table_view import Column, TextTable
 from clusterctl.terminal_view import plain, show, terminal
 from clusterctl.launcher.login.use_cases import (
     cancel_run, create_submission_run, gather_drawing, gather_report, gather_status, plan_inputs, prepare_submission, resolve_runs,
-    submit_first_attempt, wait_for_job,
+    read_submit_defaults, submit_first_attempt, wait_for_job,
 )
 from clusterctl.records.versioned import indented_json
 from clusterctl.slurm import hostlist
@@ -128,19 +128,25 @@ def _common_overrides(f: F) -> F:
         click.option("--time", "time_limit", help="Override job.time (Slurm format, e.g. 2:00:00)."),
         click.option("--partition", help="Override job.partition."),
         click.option("--account", help="Override job.account."),
+        click.option("--qos", help="Override job.qos."),
         click.option("--name", help="Override job.name."),
         click.option("--exclude", help="Override job.exclude (a hostlist)."),
         click.option("-e", "--env", "env", multiple=True, metavar="NAME=VALUE", help="Add to [launch] env."),
+        click.option("--sbatch-option", "sbatch_options", multiple=True, metavar="KEY=VALUE",
+                     help="Add --KEY=VALUE (or --KEY) to sbatch's options, after job.sbatch_options; repeatable."),
     )):
         f = decorator(f)
     return f
 
 
 def _load_spec_with(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_limit: str | None,
-                    partition: str | None, account: str | None, name: str | None, exclude: str | None,
-                    env: tuple[str, ...]) -> JobSpec:
+                    partition: str | None, account: str | None, qos: str | None, name: str | None,
+                    exclude: str | None, env: tuple[str, ...], sbatch_options: tuple[str, ...]) -> JobSpec:
+    """The spec with the site's and user's defaults under it and the command line over it."""
     overrides = parse_overrides(nodes=nodes, gpus_per_node=gpus_per_node, time=time_limit, partition=partition,
-                                account=account, name=name, exclude=exclude, env=env)
+                                account=account, qos=qos, name=name, exclude=exclude, env=env,
+                                sbatch_options=sbatch_options,
+                                defaults=read_submit_defaults(os.environ, Path.home()))
     return load_spec(spec_file, overrides)
 
 
@@ -159,8 +165,8 @@ def _load_spec_with(spec_file: Path, nodes: int | None, gpus_per_node: int | Non
                                                 "(1 CPU), not this login node: it survives the login node.")
 @_records_option
 def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_limit: str | None,
-           partition: str | None, account: str | None, name: str | None, exclude: str | None, env: tuple[str, ...],
-           run_dir: Path | None, resume_from: str | None, dry_run: bool, as_json: bool, wait: bool,
+           partition: str | None, account: str | None, qos: str | None, name: str | None, exclude: str | None,
+           env: tuple[str, ...], sbatch_options: tuple[str, ...], run_dir: Path | None, resume_from: str | None, dry_run: bool, as_json: bool, wait: bool,
            supervise: bool, detach: bool, in_slurm: bool, job_records: Path) -> None:
     """Submit the job described by SPEC (a TOML job spec; see `clusterctl spec`).
 
@@ -170,9 +176,16 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
     rank map is computed for the nodes Slurm gave and every rank checks it runs there.
 
     \b
+    \b
+    Defaults for job.account, partition, qos and constraint come from /etc/clusterctl/clusterctl.toml
+    (the site's) and ~/.config/clusterctl/config.toml (yours; $XDG_CONFIG_HOME): the spec wins over
+    them, the options here over the spec (docs/install.md#users).
+
+    \b
     Examples:
       clusterctl submit job.toml --dry-run
       clusterctl submit job.toml --nodes 16 --time 4:00:00 -e NCCL_DEBUG=INFO
+      clusterctl submit job.toml --qos high --sbatch-option mem=0 --sbatch-option exclusive
     """
     if (detach or in_slurm) and not supervise:
         raise click.UsageError(f"{'--detach' if detach else '--in-slurm'} only goes with --supervise")
@@ -186,7 +199,8 @@ def submit(spec_file: Path, nodes: int | None, gpus_per_node: int | None, time_l
             if given:
                 raise click.UsageError(f"{flag} does not go with --supervise: the supervisor picks the newest "
                                        "complete checkpoint itself, waits until the run ends and logs as it goes")
-    spec = _load_spec_with(spec_file, nodes, gpus_per_node, time_limit, partition, account, name, exclude, env)
+    spec = _load_spec_with(spec_file, nodes, gpus_per_node, time_limit, partition, account, qos, name, exclude, env,
+                           sbatch_options)
     slurm = Slurm()
     submission = prepare_submission(spec, slurm, run_dir=run_dir, now=time.time(), python=sys.executable,
                                     resume_from=resume_from, supervise=supervise)

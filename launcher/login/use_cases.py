@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 from pathlib import Path
 
-from clusterctl.errors import HostlistError, LayoutError, RunError, SlurmCommandError
+from clusterctl.errors import HostlistError, LayoutError, RunError, SlurmCommandError, SpecError
 from clusterctl.launcher.shared.checkpoints import find_checkpoints
 from clusterctl.launcher.pure.parallel import ParallelLayout, layout_from_mapping
 from clusterctl.launcher.pure.render import SlurmFacts, SubmitRequest
@@ -24,6 +24,7 @@ from clusterctl.launcher.shared.runs import (
     RunDir, attempts_of, check_new_run_path, create_run, find_run_of_job, list_runs, unique_run_path,
 )
 from clusterctl.launcher.pure.spec import JobSpec, default_runs_dir, fill_data_parallel, load_spec, parse_overrides
+from clusterctl.launcher.pure.submit_defaults import defaults_files, merged_defaults
 from clusterctl.launcher.login.status import CheckpointStatus, RunStatus, best_report, run_status
 from clusterctl.launcher.login.status_reads import Looks, run_checkpoints, run_spec, slow_node_seconds
 from clusterctl.launcher.pure.goodput import Goodput, run_goodput
@@ -432,3 +433,18 @@ def plan_inputs(slurm: Slurm, *, spec_path: Path | None, options: Mapping[str, i
             raise LayoutError(f"--nodes {node_count}: only {len(allocated)} idle nodes now; ask for fewer nodes")
     layout, gpn = plan_layout(spec_path, options, wanted, gpus_per_node)
     return PlanInputs(layout, gpn, topology, tuple(allocated))
+
+
+def read_submit_defaults(environ: Mapping[str, str], home: Path) -> tuple[tuple[str, str], ...]:
+    """The site's and the user's [job] defaults (launcher/pure/submit_defaults.py); a missing file sets none."""
+    found = []
+    for path in defaults_files(environ, home):
+        try:
+            found.append((str(path), path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            continue
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            raise SpecError(f"cannot read these submit defaults: {why}", path=str(path)) from None
+    return merged_defaults(found)
+

@@ -196,7 +196,7 @@ def sbatch_argv(spec: JobSpec, facts: SlurmFacts, *, run_dir: str, script_path: 
             f"--ntasks-per-node={ranks_per_task_node}", f"--gpus-per-node={job.gpus_per_node}",
             f"--output={run_dir}/logs/%j.out", f"--chdir={spec.launch.workdir}"]
     for option, value in (("--partition", job.partition), ("--account", job.account), ("--qos", job.qos),
-                          ("--time", job.time)):
+                          ("--constraint", job.constraint), ("--time", job.time)):
         if value:
             argv.append(f"{option}={value}")
     excluded = ",".join(part for part in (job.exclude, exclude) if part)

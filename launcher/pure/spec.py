@@ -89,6 +89,7 @@ FIELDS: tuple[Field, ...] = (
     Field("job", "partition", "str", "Slurm partition (--partition); default: the cluster's default."),
     Field("job", "account", "str", "Slurm account (--account)."),
     Field("job", "qos", "str", "Slurm QOS (--qos)."),
+    Field("job", "constraint", "str", "Slurm node features the nodes must have (--constraint), e.g. 'h100'."),
     Field("job", "time", "time", "Time limit in Slurm's format: MM, HH:MM:SS, D-HH:MM..."),
     Field("job", "exclude", "hostlist", "Nodes never to use, as a hostlist (e.g. 'node[3,7]')."),
     Field("job", "runs_dir", "path", "Where run directories are made (must be visible from the compute "
@@ -250,6 +251,7 @@ class JobSection:
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
+    constraint: str | None = None
     time: str | None = None
     exclude: str | None = None
     runs_dir: str | None = None
@@ -375,16 +377,21 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class Overrides:
-    """Values given on the command line; they win over the file."""
+    """Values given on the command line; they win over the file.  `defaults` (the site's and the user's
+    clusterctl.toml, launcher/pure/submit_defaults.py) only fill [job] keys the file leaves unset."""
 
     nodes: int | None = None
     gpus_per_node: int | None = None
     time: str | None = None
     partition: str | None = None
     account: str | None = None
+    qos: str | None = None
     name: str | None = None
     exclude: str | None = None
     env: tuple[tuple[str, str], ...] = ()
+    sbatch_options: tuple[str, ...] = ()
+    """Added after the file's job.sbatch_options (sbatch takes the last of a repeated option)."""
+    defaults: tuple[tuple[str, str], ...] = ()
 
 
 def spec_from_dict(data: Mapping[str, Any]) -> JobSpec:
@@ -900,12 +907,20 @@ def _check_restart_and_stragglers(values: dict[str, dict[str, Any]], where: _Whe
                           "node from the next resubmission on) or `report`", "stragglers", "action")
 
 
+OVERRIDDEN = ("nodes", "gpus_per_node", "time", "partition", "account", "qos", "name", "exclude")
+"""The [job] keys the command line sets by name (--nodes, --qos, ...)."""
+
+
 def _apply_overrides(values: dict[str, dict[str, Any]], overrides: Overrides) -> None:
     job = values["job"]
-    for key in ("nodes", "gpus_per_node", "time", "partition", "account", "name", "exclude"):
+    for key, value in overrides.defaults:
+        if job.get(key) is None:
+            job[key] = value
+    for key in OVERRIDDEN:
         value = getattr(overrides, key)
         if value is not None:
             job[key] = value
+    job["sbatch_options"] = (*job["sbatch_options"], *overrides.sbatch_options)
     if overrides.env:
         env = dict(values["launch"]["env"])
         env.update(overrides.env)
@@ -924,19 +939,25 @@ def load_spec(path: Path, overrides: Overrides = Overrides()) -> JobSpec:
 
 
 def parse_overrides(*, nodes: int | None = None, gpus_per_node: int | None = None, time: str | None = None,
-                    partition: str | None = None, account: str | None = None, name: str | None = None,
-                    exclude: str | None = None, env: Sequence[str] = ()) -> Overrides:
-    """Validate command-line overrides with the same rules as the file (errors name the option)."""
+                    partition: str | None = None, account: str | None = None, qos: str | None = None,
+                    name: str | None = None, exclude: str | None = None, env: Sequence[str] = (),
+                    sbatch_options: Sequence[str] = (),
+                    defaults: Sequence[tuple[str, str]] = ()) -> Overrides:
+    """Validate command-line overrides with the same rules as the file (errors name the option).
+
+    `sbatch_options` are KEY=VALUE (or KEY) pairs, each becoming `--KEY=VALUE`; `defaults` are already
+    checked (launcher/pure/submit_defaults.py)."""
     where = _Where("", "command line")
     checked: dict[str, Any] = {}
-    for key, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("time", time),
-                       ("partition", partition), ("account", account), ("name", name), ("exclude", exclude)):
+    given = dict(zip(OVERRIDDEN, (nodes, gpus_per_node, time, partition, account, qos, name, exclude)))
+    for key, value in given.items():
         if value is not None:
             try:
                 checked[key] = _convert(_BY_SECTION["job"][key], value, where)
             except SpecError as exc:
                 raise SpecError(str(exc).split(": ", 1)[-1], path="command line",
                                 key=f"--{key.replace('_', '-')}") from None
+    options = tuple(sbatch_option(item) for item in sbatch_options)
     pairs = []
     for item in env:
         name_, sep, value_ = item.partition("=")
@@ -944,7 +965,29 @@ def parse_overrides(*, nodes: int | None = None, gpus_per_node: int | None = Non
             raise SpecError(f"expected NAME=VALUE with a valid variable name, found {item!r}", path="command line",
                             key="-e/--env")
         pairs.append((name_, value_))
-    return Overrides(env=tuple(pairs), **checked)
+    return Overrides(env=tuple(pairs), sbatch_options=options, defaults=tuple(defaults), **checked)
+
+
+def check_job_value(key: str, value: Any, path: str, text: str = "") -> Any:
+    """`value` for [job] `key` under the spec's rules, from a file other than a spec whose `text` is given
+    (SpecError names the file, line and key)."""
+    return _convert(_BY_SECTION["job"][key], value, _Where(text, path))
+
+
+def sbatch_option(item: str) -> str:
+    """`--sbatch-option KEY=VALUE` (or KEY, a flag) as the sbatch option `--KEY=VALUE`; SpecError naming
+    the option when it is not one, or is one clusterctl sets from the spec's keys."""
+    name, sep, value = item.removeprefix("--").partition("=")
+    if not re.fullmatch(r"[a-z][a-z0-9-]*", name) or _has_control(value):
+        raise SpecError(f"expected KEY=VALUE with an sbatch long option name as KEY (constraint=h100, "
+                        f"mem=0, exclusive), found {item!r}", path="command line", key="--sbatch-option")
+    option = f"--{name}{sep}{value}"
+    managed = managed_option(option)
+    if managed is not None:
+        raise SpecError(f"{managed} is set by clusterctl from the spec's [job] keys: use those, or their options "
+                        "(--nodes, --time, --partition, --account, --name, --exclude)", path="command line",
+                        key="--sbatch-option")
+    return option
 
 
 def default_runs_dir(environ: Mapping[str, str] = os.environ) -> str:

@@ -237,6 +237,6 @@ def test_metrics_are_served_on_the_nodes_loopback(cluster):
     inject(cluster.nvml_dir("node2"), Fault("xid", gpu=1, value=31))
     time.sleep(1)
     out = cluster.run_on("node2", [str(cluster.python), "-c", "import urllib.request; print(urllib.request.urlopen("
-                                   "'http://127.0.0.1:9400/metrics', timeout=5).read().decode())"]).stdout
+                                   "'http://127.0.0.1:9489/metrics', timeout=5).read().decode())"]).stdout
     assert 'healthd_findings_total{action="app-fault",kind="xid"}' in out
     assert "healthd_nvml_call_seconds_bucket" in out and "healthd_last_event_timestamp_seconds" in out

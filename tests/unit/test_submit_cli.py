@@ -54,6 +54,9 @@ def slurm(monkeypatch, tmp_path):
     fake = RecordedSlurm()
     monkeypatch.setattr(cli_module, "Slurm", lambda: Slurm(fake))
     monkeypatch.setenv("CLUSTERCTL_RUNS", str(tmp_path / "runs"))
+    # The machine's and the tester's own submit defaults (docs/install.md#site-and-user-defaults) stay out.
+    monkeypatch.setenv("CLUSTERCTL_SITE_CONFIG", str(tmp_path / "no-site.toml"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-xdg"))
     return fake
 
 
