@@ -105,6 +105,14 @@ class HealthdConfig:
     "auto" (NVIDIA GPUs on the PCI bus, read from sysfs without NVML).  Where GPUs are expected and NVML
     cannot judge them, the check exits 5 instead of calling the node healthy; a node without any (a CPU
     node) is healthy without NVML.  The prolog never refuses a job for it (healthd/gate.py)."""
+    ib_root: Path = Path("/")
+    """Where healthd reads sys/class/infiniband from ("/" on a real node; the testbed gives each node its own tree)."""
+    ib_devices: tuple[str, ...] = ()
+    """The IB/RoCE devices (`mlx5_0`, ...) whose ports and PCIe links are judged; [] judges every one found.
+    Name them when a node has a port that is down by design (an unused management port)."""
+    storage_paths: tuple[str, ...] = ()
+    """Shared directories (Lustre, NFS: where checkpoints go) probed every check with a small file written,
+    fsynced, read back and unlinked; root must be able to write there.  [] probes nothing."""
     checks: CheckLimits = field(default_factory=CheckLimits)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
 
@@ -153,7 +161,7 @@ def _read_toml(path: Path | None) -> tuple[dict[str, Any], str, str] | None:
 class _Rule:
     """What one key holds: its kind and, for numbers, the sensible range (inclusive)."""
 
-    kind: str  # bool, auto-bool, int, float, path, optional-path, paths, node, partition, address
+    kind: str  # bool, auto-bool, int, float, path, optional-path, paths, names, node, partition, address
     low: float = 0
     high: float = 0
 
@@ -175,13 +183,15 @@ _RULES: dict[str, _Rule] = {
     "drained_refresh_interval": _Rule("float", 1.0, 86400.0), "clean_checks": _Rule("int", 1, 1000),
     "hook_timeout": _Rule("float", 1.0, 3600.0),
     "tier_bases": _Rule("paths"), "tier_keep_hours": _Rule("float", 1.0, 24 * 366.0),
-    "gpus_expected": _Rule("auto-bool"),
+    "gpus_expected": _Rule("auto-bool"), "storage_paths": _Rule("paths"), "ib_root": _Rule("path"),
+    "ib_devices": _Rule("names"),
     # Each check family declares its own [checks] limits with their ranges (healthd/checks/).
     **{f"checks.{limit.name}": _Rule(str(limit.type), *limit.metadata["range"]) for limit in fields(CheckLimits)},
     "policy.app_xid_repeat": _Rule("int", 1, 1000), "policy.app_xid_window_h": _Rule("float", 0.0, 24 * 366.0),
 }
 MAX_XID = 9999
 MAX_PATHS = 64
+_DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _PARTITION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _ADDRESS = re.compile(r"(?P<host>[A-Za-z0-9.-]*|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{1,5})")
 
@@ -272,6 +282,12 @@ def _checked(where: _Where, dotted: str, value: Any) -> Any:  # noqa: C901 - one
         if not isinstance(value, list) or len(value) > MAX_PATHS:
             raise where.error(dotted, f" must be a list of at most {MAX_PATHS} absolute paths, found {_shown(value)}")
         return tuple(str(_path(where, dotted, item)) for item in value)
+    if rule.kind == "names":
+        if not isinstance(value, list) or len(value) > MAX_PATHS or not all(
+                isinstance(item, str) and _DEVICE.fullmatch(item) for item in value):
+            raise where.error(dotted, f" must be a list of at most {MAX_PATHS} device names like \"mlx5_0\", "
+                                      f"found {_shown(value)}")
+        return tuple(value)
     if not isinstance(value, str):
         raise where.error(dotted, f" must be a string, found {_shown(value)}")
     if rule.kind == "node" and value and not is_node_name(value):

@@ -31,3 +31,9 @@ class GpuSample:
     recovery_action: int | None = None
     sm_clock_mhz: int | None = None
     sm_clock_max_mhz: int | None = None
+    pcie_width: int | None = None
+    pcie_width_max: int | None = None
+    pcie_gen: int | None = None
+    pcie_gen_max: int | None = None
+    nvlink_errors: tuple[tuple[int, int, int, int], ...] = ()
+    """(link, replay, recovery, CRC flit) error counters of each active NVLink link."""

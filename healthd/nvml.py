@@ -242,14 +242,20 @@ class Nvml:
                                       pynvml.NVML_CLOCK_SM, default=None)
             sm_clock_max = self._optional("nvmlDeviceGetMaxClockInfo", pynvml.nvmlDeviceGetMaxClockInfo, handle,
                                           pynvml.NVML_CLOCK_SM, default=None)
-            down = tuple(link for link in range(self._link_count(handle))
+            links = range(self._link_count(handle))
+            down = tuple(link for link in links
                          if c("nvmlDeviceGetNvLinkState", pynvml.nvmlDeviceGetNvLinkState, handle, link) == 0)
             recovery = self._recovery_action(handle)
+            width, width_max, gen, gen_max = c("nvmlDeviceGetCurrPcieLinkWidth", _pcie_link, handle)
+            errors = c("nvmlDeviceGetNvLinkErrorCounter", _nvlink_errors, handle,
+                       tuple(link for link in links if link not in down))
         except pynvml.NVMLError_GpuIsLost:
             return GpuSample(index, uuid, lost=True)
         return GpuSample(index, uuid, False, dbe, sbe, corr, unc, bool(pending), bool(failure), retired_sbe,
                          retired_dbe, bool(retired_pending), temperature, clocks, down, recovery,
-                         None if sm_clock is None else int(sm_clock), None if sm_clock_max is None else int(sm_clock_max))
+                         None if sm_clock is None else int(sm_clock), None if sm_clock_max is None else int(sm_clock_max),
+                         pcie_width=width, pcie_width_max=width_max, pcie_gen=gen, pcie_gen_max=gen_max,
+                         nvlink_errors=errors)
 
     def _optional(self, name: str, fn: Callable[..., Any], *args: Any, default: Any) -> Any:
         try:
@@ -271,6 +277,39 @@ class Nvml:
         if not values or values[0].nvmlReturn != 0:
             return None
         return int(values[0].value.uiVal)
+
+
+_NOT_THERE = (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound)
+_NVLINK_COUNTERS = (pynvml.NVML_NVLINK_ERROR_DL_REPLAY, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY,
+                    pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT)
+
+
+def _pcie_link(handle: Any) -> tuple[int | None, int | None, int | None, int | None]:
+    """Current and maximum PCIe link width and generation (None where the GPU does not say): four calls
+    made as one through the call door, so a GPU costs one worker hand-off for them, not four."""
+    values: list[int | None] = []
+    for fn in (pynvml.nvmlDeviceGetCurrPcieLinkWidth, pynvml.nvmlDeviceGetMaxPcieLinkWidth,
+               pynvml.nvmlDeviceGetCurrPcieLinkGeneration, pynvml.nvmlDeviceGetMaxPcieLinkGeneration):
+        try:
+            values.append(int(fn(handle)))
+        except _NOT_THERE:
+            values.append(None)
+    width, width_max, gen, gen_max = values
+    return width, width_max, gen, gen_max
+
+
+def _nvlink_errors(handle: Any, links: tuple[int, ...]) -> tuple[tuple[int, int, int, int], ...]:
+    """(link, replay, recovery, CRC flit) error counters of each of `links`, in one call through the door
+    (18 links x 3 counters would be 54 worker hand-offs a GPU); none where the GPU does not count them."""
+    out = []
+    for link in links:
+        try:
+            replay, recovery, crc = (int(pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter))
+                                     for counter in _NVLINK_COUNTERS)
+        except _NOT_THERE:
+            return ()
+        out.append((link, replay, recovery, crc))
+    return tuple(out)
 
 
 WANTED_EVENTS = (pynvml.nvmlEventTypeXidCriticalError | pynvml.nvmlEventTypeDoubleBitEccError

@@ -1,4 +1,5 @@
-"""healthd's `periodic` thread: every check_interval, GPU and host samples (sampler.py) → findings.
+"""healthd's `periodic` thread: every check_interval, GPU and host samples (sampler.py), the IB/RoCE ports
+(checks/network.py) and the shared-storage probe (checks/storage.py) → findings.
 
 Slurm's view of the node is read only every node_refresh_interval (jittered), or every
 drained_refresh_interval while healthd decides something about it (drained, events waiting for
@@ -15,6 +16,9 @@ from collections.abc import Callable, Sequence
 from clusterctl.clock import Clock
 from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd.checks import HostSample, Sustained, check_host
+from clusterctl.healthd.checks.network import NetworkMemory, NicSample, check_network, read_nics
+from clusterctl.healthd.checks.pcie import check_nic_links
+from clusterctl.healthd.checks.storage import StorageProbe
 from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.findings import Finding
 from clusterctl.healthd.nvml import NvmlDoor, NvmlError, NvmlHang
@@ -32,13 +36,18 @@ class PeriodicCheck:
     def __init__(self, config: HealthdConfig, *, nvml: NvmlDoor, slurm: NodeSlurm, clock: Clock,
                  host_sampler: Callable[[Sequence[str]], HostSample], jitter: Callable[[float, float], float],
                  watching_node: Callable[[], bool], give_back_slot: Callable[[NodeState, float], None],
-                 beats: Heartbeats, stop: threading.Event, report: Callable[[Observed], None]) -> None:
+                 beats: Heartbeats, stop: threading.Event, report: Callable[[Observed], None],
+                 nic_sampler: Callable[[HealthdConfig], NicSample] | None = None,
+                 storage: StorageProbe | None = None) -> None:
         self.config = config
         """Replaced whole on reload (SIGHUP)."""
         self.nvml, self.slurm, self.clock, self.host_sampler, self.jitter = nvml, slurm, clock, host_sampler, jitter
         self.watching_node, self.give_back_slot = watching_node, give_back_slot
         self.beats, self.stop, self.report = beats, stop, report
         self.sustained = Sustained()
+        self.nic_sampler = nic_sampler or (lambda config: read_nics(config.ib_root, config.ib_devices))
+        self.network = NetworkMemory()
+        self.storage = storage or StorageProbe(clock.monotonic)
         self.node_due = clock.monotonic()  # the first periodic check reads the node
         """Monotonic time the node is read next (sooner while `watching_node`)."""
         self.node_read_at = clock.monotonic()
@@ -66,6 +75,11 @@ class PeriodicCheck:
             self.beats.beat("periodic")
             self.stop.wait(max(0.0, self.config.check_interval - (self.clock.monotonic() - started)))
 
+    def check_network(self, now: float) -> list[Finding]:
+        """The IB/RoCE ports and the NICs' PCIe links (nothing on a node without them)."""
+        nics = self.nic_sampler(self.config)
+        return [*check_network(nics, self.config.checks, self.network, now), *check_nic_links(nics.links, now)]
+
     def check(self) -> Observed:
         """One pass of the periodic thread: sample GPUs and host, read the node when due (and give
         back its breaker slot when it is back in service)."""
@@ -80,6 +94,8 @@ class PeriodicCheck:
             count = scan.count
         findings += check_host(self.host_sampler(self.config.watched_disk_paths), self.config.checks, now,
                                self.config.disk_drain_paths)
+        findings += self.check_network(now)
+        findings += self.storage.check(self.config.storage_paths, self.config.checks, now)
         node, node_at = None, None
         watching = self.watching_node()
         if self.clock.monotonic() >= self.node_due or (

@@ -17,7 +17,7 @@ from clusterctl.healthd.checks import FAMILIES, Condition
 from clusterctl.healthd.checks.recovery import RECOVERY_ACTIONS, recovery_verdict
 from clusterctl.healthd.checks.xid import XID_TABLE
 from clusterctl.healthd.findings import Action, Finding, Verdict
-from clusterctl.records.drain_reason import REASON_PREFIX, DrainReason
+from clusterctl.records.drain_reason import REASON_PREFIX, DrainReason, as_evidence
 
 __all__ = ["CONDITION_TABLE", "POLICY_VERSION", "RECOVERY_ACTIONS", "REASON_PREFIX", "XID_TABLE", "PolicyConfig",
            "drain_reason", "judge", "policy_rows"]
@@ -56,6 +56,7 @@ class PolicyConfig:
 
 _XID_INDEX = {xid: (action, meaning) for xids, action, meaning in XID_TABLE for xid in xids}
 _CONDITION_INDEX = {kind: (action, meaning) for kind, action, meaning in CONDITION_TABLE}
+_EVIDENCE_IN_REASON = frozenset(c.kind for family in FAMILIES for c in family.conditions if c.evidence_in_reason)
 
 
 def judge(finding: Finding, history: Iterable[Finding] = (), config: PolicyConfig = PolicyConfig()) -> Verdict:
@@ -107,12 +108,14 @@ def _app_fault_jobs(finding: Finding, history: Iterable[Finding], config: Policy
 def drain_reason(finding: Finding, verdict: Verdict, at: float) -> DrainReason:
     """The Slurm reason for draining over `finding`: `healthd: <what> gpu<N> (<uuid>) <action> <when>`.
 
-    A kernel-log Xid for a GPU NVML can no longer name carries its PCI address instead of an index.
+    A kernel-log Xid for a GPU NVML can no longer name carries its PCI address instead of an index; the
+    checks whose rows ask for it (network, PCIe, NVLink errors, storage) add their evidence in brackets.
     """
     pci = finding.value if finding.gpu is None and finding.kind == "xid" and isinstance(finding.value, str) else None
     return DrainReason(kind=finding.kind, action=verdict.action, at=utc(at),
                        xid=finding.xid if finding.kind == "xid" else None, gpu=finding.gpu, pci=pci,
-                       uuid=finding.uuid)
+                       uuid=finding.uuid,
+                       evidence=as_evidence(finding.detail) if finding.kind in _EVIDENCE_IN_REASON else "")
 
 
 def policy_rows() -> list[tuple[str, str, str]]:

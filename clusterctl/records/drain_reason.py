@@ -1,7 +1,8 @@
 """The Slurm drain reason clusterctl writes (healthd, its hooks, the job's straggler verdicts) and reads back.
 
-Format: `<owner prefix> <what> [gpu<N> | pci <bus>] [(<uuid>)] <action> <UTC time>`, e.g.
-`healthd: xid 79 gpu3 (GPU-1a2b) drain-reset 2026-11-22T15:04:05Z` or
+Format: `<owner prefix> <what> [gpu<N> | pci <bus>] [(<uuid>)] [[<evidence>]] <action> <UTC time>`, e.g.
+`healthd: xid 79 gpu3 (GPU-1a2b) drain-reset 2026-11-22T15:04:05Z`,
+`healthd: ib-errors [mlx5_0/1 symbol_error 42.0/min > 10/min] drain-reset 2026-11-22T15:04:05Z` or
 `clusterctl straggler: slow-gpus drain-reset 2026-11-22T15:04:05Z`.  The prefix says which owner
 drained the node (`owner_of`): the owners and their prefixes are the Slurm door's
 (`slurm/drain_owners.py`, re-exported here), since the door reads them on every node it is shown;
@@ -19,14 +20,16 @@ from clusterctl.slurm.drain_owners import (
     HEALTHD, LEGACY_STRAGGLER_PREFIX, OWNERS, REASON_PREFIX, STRAGGLER, DrainOwner, owner_of,
 )
 
-__all__ = ["HEALTHD", "LEGACY_STRAGGLER_PREFIX", "OWNERS", "REASON_PREFIX", "STRAGGLER", "DrainOwner", "DrainReason",
-           "is_ours", "owner_of", "parse_drain_reason"]
+__all__ = ["HEALTHD", "LEGACY_STRAGGLER_PREFIX", "MAX_EVIDENCE", "OWNERS", "REASON_PREFIX", "STRAGGLER", "DrainOwner",
+           "DrainReason", "as_evidence", "is_ours", "owner_of", "parse_drain_reason"]
 
 _REASON = re.compile(
     r"^(?P<prefix>healthd:|clusterctl straggler:) (?P<kind>[a-z][a-z0-9-]*)(?: (?P<xid>\d{1,5}))?"
     r"(?: gpu(?P<gpu>\d{1,4})| pci (?P<pci>[0-9A-Fa-f:.]{1,32}))?"
     r"(?: \((?P<uuid>[^()\s]{1,80})\))?"
+    r"(?: \[(?P<evidence>[^\[\]]{1,160})\])?"
     r" (?P<action>[a-z-]+) (?P<at>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)$")
+MAX_EVIDENCE = 160  # the bound of `evidence` in _REASON
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,9 @@ class DrainReason:
     pci: str | None = None  # a GPU NVML can no longer name, from the kernel log
     uuid: str = ""
     owner: DrainOwner = HEALTHD
+    evidence: str = ""
+    """What an admin acts on, for the checks that say it (`mlx5_0/1 symbol_error 42.0/min > 10/min`): one line,
+    without square brackets, at most MAX_EVIDENCE characters (`as_evidence` makes any text so)."""
 
     @property
     def what(self) -> str:
@@ -58,7 +64,16 @@ class DrainReason:
         """The text given to `scontrol update ... Reason=`."""
         where = f" gpu{self.gpu}" if self.gpu is not None else f" pci {self.pci}" if self.pci else ""
         uuid = f" ({self.uuid})" if self.uuid else ""
-        return f"{self.owner.prefix} {self.what}{where}{uuid} {self.action.label} {self.at}"
+        evidence = f" [{self.evidence}]" if self.evidence else ""
+        return f"{self.owner.prefix} {self.what}{where}{uuid}{evidence} {self.action.label} {self.at}"
+
+
+def as_evidence(text: str) -> str:
+    """`text` as a reason's evidence: one line of printable characters, square brackets made round, cut to
+    MAX_EVIDENCE characters."""
+    printable = "".join(c if c.isprintable() else " " for c in text)
+    flat = " ".join(printable.replace("[", "(").replace("]", ")").split())
+    return flat if len(flat) <= MAX_EVIDENCE else flat[:MAX_EVIDENCE - 3] + "..."
 
 
 def is_ours(reason: str) -> bool:
@@ -82,4 +97,5 @@ def parse_drain_reason(reason: str) -> DrainReason | None:
     return DrainReason(kind=match["kind"], action=action, at=match["at"],
                        xid=int(match["xid"]) if match["xid"] else None,
                        gpu=int(match["gpu"]) if match["gpu"] else None,
-                       pci=match["pci"], uuid=match["uuid"] or "", owner=owner_of(reason.strip()) or HEALTHD)
+                       pci=match["pci"], uuid=match["uuid"] or "", owner=owner_of(reason.strip()) or HEALTHD,
+                       evidence=match["evidence"] or "")

@@ -34,6 +34,14 @@ FindingKind = Literal[
     "host-disk",
     "host-disk-full",
     "host-readonly",
+    "ib-port-down",  # an InfiniBand/RoCE port not ACTIVE/LinkUp (sysfs)
+    "ib-port-slow",  # a port running below its expected rate
+    "ib-errors",  # a port's error counters (symbol, receive, integrity) climbing faster than allowed
+    "ib-link-flap",  # a port's link went down/retrained (link_downed, link_error_recovery) too often
+    "pcie-degraded",  # a GPU's or NIC's PCIe link below its maximum width or generation
+    "nvlink-errors",  # NVLink CRC/replay/recovery error counters climbing faster than allowed
+    "storage-hung",  # a shared path's write/fsync/read/unlink probe did not finish by its deadline
+    "storage-error",  # that probe failed
 ]
 FINDING_KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
 """Every kind, in the order above."""

@@ -58,7 +58,7 @@ class StateFinding:
     kind: FindingKind  # "xid", "gpu-lost", "ecc-dbe", "nvml-hang", ...
     action: Action
     reason: str
-    source: str  # "nvml-event", "kmsg", "periodic", "host", "watchdog"
+    source: str  # "nvml-event", "kmsg", "periodic", "host", "network", "storage", "watchdog"
     at_ts: float
     xid: int | None = None
     gpu: int | None = None

@@ -3,7 +3,9 @@
 rows (healthd/policy.py gathers them) and its judgement (pure: a sample in, findings out).
 
 What each family reads is sampled in one place: GPUs through healthd/nvml.py (`GpuSample`), the host
-through healthd/sampler.py (`HostSample`).
+through healthd/sampler.py (`HostSample`); the network family reads its sysfs tree itself
+(`network.read_nics`) and the storage family runs its own probe (`storage.StorageProbe`), both from
+healthd/periodic.py.
 
 A new family is a new module here and its line in `FAMILIES` (its limits also join `CheckLimits`).
 """
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from clusterctl.healthd.checks import clocks, ecc, gpu_count, host, nvlink, nvml_calls, recovery, remap, thermal, xid
+from clusterctl.healthd.checks import (
+    clocks, ecc, gpu_count, host, network, nvlink, nvml_calls, pcie, recovery, remap, storage, thermal, xid,
+)
 from clusterctl.healthd.checks.clocks import (
     CLOCK_EVENT_HW_POWER_BRAKE, CLOCK_EVENT_HW_SLOWDOWN, CLOCK_EVENT_HW_THERMAL, CLOCK_EVENT_SW_THERMAL,
     CLOCK_EVENTS_WORTH_A_LOOK,
@@ -32,14 +36,15 @@ __all__ = [
 
 FAMILIES: tuple[CheckFamily, ...] = (
     xid.FAMILY, gpu_count.FAMILY, ecc.FAMILY, remap.FAMILY, nvlink.FAMILY, recovery.FAMILY, thermal.FAMILY,
-    clocks.FAMILY, nvml_calls.FAMILY, host.FAMILY,
+    clocks.FAMILY, nvml_calls.FAMILY, host.FAMILY, pcie.FAMILY, network.FAMILY, storage.FAMILY,
 )
 """Every family; a GPU sample is judged by theirs in this order (the order of its findings)."""
 
 
 # A dataclass takes its bases' fields last base first: [checks] keys keep the order they have always had.
 @dataclass(frozen=True)
-class CheckLimits(host.HostLimits, clocks.ClockLimits, thermal.ThermalLimits, remap.RemapLimits,
+class CheckLimits(storage.StorageLimits, network.NetworkLimits, pcie.PcieLimits, nvlink.NvlinkLimits,
+                  host.HostLimits, clocks.ClockLimits, thermal.ThermalLimits, remap.RemapLimits,
                   gpu_count.GpuCountLimits):
     """Thresholds of the periodic checks (from clusterctl.healthd.toml [checks]): every family's own limits."""
 

@@ -22,13 +22,15 @@ class Condition:
     """One policy row: a finding of `kind` calls for `action` because of `meaning`.
 
     `shown_before` keeps `healthd policy`'s table in the order it has always had, where a family's
-    row was added between another family's rows.
+    row was added between another family's rows.  `evidence_in_reason`: a drain over such a finding carries
+    the finding's detail in Slurm's reason (the device, port, counter, rate and threshold an admin acts on).
     """
 
     kind: FindingKind
     action: Action
     meaning: str
     shown_before: str = ""
+    evidence_in_reason: bool = False
 
 
 GpuJudgement = Callable[["GpuSample", Any, "Sustained", float], list[Finding]]

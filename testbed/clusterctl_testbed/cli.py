@@ -9,8 +9,9 @@ import sys
 import click
 
 from clusterctl_testbed.cluster import Testbed
-from clusterctl_testbed.compose_cli import compose
+from clusterctl_testbed.compose_cli import compose, inject_network_fault, network_fault
 from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
+from clusterctl_testbed.ib_faults import IB_FAULT_KINDS
 from clusterctl_testbed.layout import Layout
 from clusterctl_testbed.rootfs import BUILD_MINUTES_HERE
 from clusterctl_testbed.slurm_config import TIMEOUTS, TOPOLOGIES
@@ -179,9 +180,20 @@ KIND and ARGS:
   throttle [PCT]   a thermal slowdown: the GPU keeps PCT% of its SM clock (default 50; 100 ends it),
                    with NVML's thermal clock-event reasons; the example trainer computes slower on it
   nvlink-down L    NVLink L goes inactive
+  nvlink-errors L  NVLink L counts 1000 more CRC flit errors and replays (a marginal link)
+  pcie-degraded [W]   the GPU's PCIe link runs at xW (default 8) of its x16; 16 ends it
   recovery-action A   the driver's GPU recovery action (0 none, 1 reset, 2 reboot, 3 drain P2P)
   nvml-hang FUNCTION SECONDS   calls of FUNCTION (e.g. nvmlDeviceGetTemperature) block
   clear            every GPU healthy again (events already delivered stay delivered)
+
+\b
+Network faults (the node's emulated /sys/class/infiniband; --nic picks mlx5_<N>, --port its port):
+  ib-port-down         the port goes DOWN/Disabled (link_downed counts one)
+  ib-rate-halved       the port runs at 200 of its 400 Gb/s
+  ib-symbol-errors [N] N more symbol errors (default 1000)
+  ib-link-flap [N]     the link went down and back N times (link_downed, link_error_recovery)
+  nic-pcie-degraded [W]  the NIC's PCIe link runs at xW (default 8) of its x16
+  ib-clear             the port and link healthy again (counters keep their totals)
 """
 
 
@@ -190,13 +202,21 @@ KIND and ARGS:
 @click.argument("kind")
 @click.argument("args", nargs=-1)
 @click.option("--gpu", default=0, show_default=True, help="GPU index on the node.")
-def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int) -> None:
+@click.option("--nic", default=0, show_default=True, help="NIC (mlx5_<N>) of a network fault.")
+@click.option("--port", default=1, show_default=True, help="Port of that NIC.")
+def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int, nic: int, port: int) -> None:
     tb = Testbed()
-    fault = _parse_fault(kind, args, gpu)
+    network = network_fault(kind, args, nic, port) if kind in IB_FAULT_KINDS else None
+    fault = None if network else _parse_fault(kind, args, gpu)
     directory = tb.nvml_dir(node)
     if not directory.is_dir():
         raise click.ClickException(f"{node} has no emulated GPUs at {directory}: is the testbed up? "
                                    "(`clusterctl-testbed up`)")
+    if network is not None:
+        inject_network_fault(directory / "sysroot", network)
+        click.echo(f"injected {kind} {' '.join(args)} on {node} mlx5_{nic}/{port}".rstrip())
+        return
+    assert fault is not None
     inject(directory, fault)
     click.echo(f"injected {kind} {' '.join(args)} on {node} gpu{gpu}".rstrip())
 
@@ -208,7 +228,8 @@ def _parse_fault(kind: str, args: tuple[str, ...], gpu: int) -> Fault:
             if len(args) != 2:
                 raise click.BadParameter("nvml-hang takes FUNCTION SECONDS", param_hint="ARGS")
             return Fault(kind, gpu, function=args[0], seconds=float(args[1]))
-        needs_value = {"xid", "kmsg-xid", "gpu-missing", "temp", "nvlink-down", "recovery-action", "retired-pages"}
+        needs_value = {"xid", "kmsg-xid", "gpu-missing", "temp", "nvlink-down", "nvlink-errors", "recovery-action",
+                       "retired-pages"}
         if kind in needs_value and len(args) != 1:
             raise click.BadParameter(f"{kind} takes one number", param_hint="ARGS")
         if kind not in FAULT_KINDS:

@@ -5,15 +5,18 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any, cast
 
 import click
 
 from clusterctl_testbed.compose import DEFAULT_RELEASE, ComposeTestbed
 from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
+from clusterctl_testbed.ib_faults import IB_FAULT_KINDS, IbFault, inject_ib
 from clusterctl_testbed.versions import RELEASES
 
-NEEDS_VALUE = {"xid", "kmsg-xid", "gpu-missing", "temp", "nvlink-down", "recovery-action", "retired-pages"}
+NEEDS_VALUE = {"xid", "kmsg-xid", "gpu-missing", "temp", "nvlink-down", "nvlink-errors", "recovery-action",
+               "retired-pages"}
 
 
 @click.group("compose", context_settings={"help_option_names": ["-h", "--help"]})
@@ -141,13 +144,34 @@ def start(daemon: str) -> None:
         raise click.BadParameter("one of slurmctld, healthd:NODE", param_hint="DAEMON")
 
 
+def network_fault(kind: str, args: tuple[str, ...], nic: int, port: int) -> IbFault:
+    """`inject`'s network fault from its command line (the compose testbed's too): a bad argument is a usage error."""
+    if len(args) > 1 or (args and not args[0].isdigit()):
+        raise click.BadParameter(f"{kind} takes at most one whole number, found {' '.join(args)!r}", param_hint="ARGS")
+    return IbFault(kind, nic, port, int(args[0]) if args else 0)
+
+
+def inject_network_fault(root: Path, fault: IbFault) -> None:
+    """Inject `fault` into the node's emulated sysfs tree at `root`; a port not there is a clear error."""
+    try:
+        inject_ib(root, fault)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @compose.command("inject")
 @click.argument("node")
 @click.argument("kind")
 @click.argument("args", nargs=-1)
 @click.option("--gpu", default=0, show_default=True, help="GPU index on the node.")
-def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int) -> None:
-    """Inject a GPU fault on NODE (the kinds of `clusterctl-testbed inject --help`)."""
+@click.option("--nic", default=0, show_default=True, help="NIC (mlx5_<N>) of a network fault.")
+@click.option("--port", default=1, show_default=True, help="Port of that NIC.")
+def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int, nic: int, port: int) -> None:
+    """Inject a GPU or network fault on NODE (the kinds of `clusterctl-testbed inject --help`)."""
+    if kind in IB_FAULT_KINDS:
+        inject_network_fault(ComposeTestbed().nvml_dir(node) / "sysroot", network_fault(kind, args, nic, port))
+        click.echo(f"injected {kind} {' '.join(args)} on {node} mlx5_{nic}/{port}".rstrip())
+        return
     if kind not in FAULT_KINDS:
         raise click.BadParameter(f"unknown fault {kind!r}; one of: {', '.join(FAULT_KINDS)}", param_hint="KIND")
     try:

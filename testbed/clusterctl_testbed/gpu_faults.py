@@ -17,8 +17,11 @@ from pathlib import Path
 
 FAULT_KINDS = (
     "xid", "kmsg-xid", "ecc-dbe", "ecc-sbe", "remap-pending", "remap-failure", "retired-pages",
-    "gpu-lost", "gpu-missing", "temp", "throttle", "nvlink-down", "recovery-action", "nvml-hang", "clear",
+    "gpu-lost", "gpu-missing", "temp", "throttle", "nvlink-down", "nvlink-errors", "pcie-degraded",
+    "recovery-action", "nvml-hang", "clear",
 )
+NVLINK_ERROR_BURST = 1000
+"""CRC flit errors and replays one `nvlink-errors` fault adds to its link (far above a minute's allowance)."""
 THERMAL_SLOWDOWN = 0x40 | 0x20  # nvmlClocksEventReasonHwThermalSlowdown | ...SwThermalSlowdown
 DEFAULT_SM_CLOCK_MAX = 1980  # MHz, the emulated library's default (an H100 SXM)
 
@@ -115,6 +118,16 @@ def apply_fault(state: dict[str, str], fault: Fault, *, now: float) -> FaultEffe
         case "nvlink-down":
             mask = int(new.get(f"{gpu}.nvlink.down", "0"), 0) | (1 << fault.value)
             new[f"{gpu}.nvlink.down"] = hex(mask)
+        case "nvlink-errors":
+            # A marginal link: CRC flit errors and the replays they cause (value: the link).
+            _add(new, f"{gpu}.nvlink.{fault.value}.crc", NVLINK_ERROR_BURST)
+            _add(new, f"{gpu}.nvlink.{fault.value}.replay", NVLINK_ERROR_BURST)
+        case "pcie-degraded":
+            # The GPU's PCIe link trained at `value` lanes (0: x8) of its x16; 16 ends it.
+            width = fault.value or 8
+            if not 1 <= width <= 16:
+                raise ValueError(f"pcie-degraded: width {fault.value} is not a PCIe link width (1-16)")
+            new[f"{gpu}.pcie.width"] = str(width)
         case "recovery-action":
             new[f"{gpu}.recovery_action"] = str(fault.value)
             events.append(f"{fault.gpu} recovery {fault.value}")

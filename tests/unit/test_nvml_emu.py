@@ -307,3 +307,31 @@ def test_healthd_evidence_joins_healthds_warning_on_a_hot_gpu_and_reports_a_lost
     assert no_driver.returncode == 4 and no_driver.stdout == ""
     assert no_driver.stderr.startswith("healthd: error: cannot read the GPUs through NVML: ")
     assert len(no_driver.stderr.splitlines()) == 1 and "Traceback" not in no_driver.stderr
+
+
+def test_healthd_reads_an_injected_pcie_downtrain_and_nvlink_error_burst_through_the_emulated_driver(nvml_lib, node):
+    inject(node, Fault("pcie-degraded", gpu=2, value=8))
+    out = pynvml(nvml_lib, node, f"""
+        import subprocess
+        from clusterctl.healthd.checks import CheckLimits, Sustained, check_gpu
+        from clusterctl.healthd.nvml import Nvml, TimedCalls
+        nvml = Nvml(TimedCalls(5.0))
+        nvml.init()
+        nvml.discover()
+        sustained, limits = Sustained(), CheckLimits()
+        def findings(now):
+            return [(f.kind, f.detail) for i in range(nvml.count()) for f in check_gpu(nvml.sample(i), limits, sustained, now)]
+        sample = nvml.sample(2)
+        print(sample.pcie_width, sample.pcie_width_max, sample.pcie_gen, sample.pcie_gen_max, len(sample.nvlink_errors))
+        print(findings(0.0))
+        subprocess.run(["{sys.executable}", "-c", "from clusterctl_testbed.gpu_faults import Fault, inject; "
+                        "from pathlib import Path; inject(Path({str(node)!r}), Fault('nvlink-errors', gpu=1, value=5))"],
+                       check=True)
+        print(findings(60.0))
+    """)
+    assert out.returncode == 0, out.stderr
+    widths, first, second = out.stdout.splitlines()
+    assert widths == "8 16 5 5 18"
+    assert first == "[('pcie-degraded', 'gpu2 PCIe width x8 < x16')]"
+    assert "('nvlink-errors', 'gpu1 nvlink 5 replay 1000.0/min > 60/min')" in second
+    assert "('nvlink-errors', 'gpu1 nvlink 5 crc 1000.0/min > 60/min')" in second

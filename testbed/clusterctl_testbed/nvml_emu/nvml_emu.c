@@ -68,6 +68,8 @@ struct gpu_state {
     unsigned long long clocks_event_reasons;
     unsigned int sm_clock, sm_clock_max; /* MHz; sm_clock 0: at its maximum */
     unsigned long long nvlink_down_mask;
+    unsigned long long nvlink_errors[NVLINKS][3]; /* replay, recovery, CRC flit */
+    unsigned int pcie_width, pcie_gen; /* 0: at the maximum (x16, Gen5: an H100 SXM) */
     unsigned int recovery_action;
     unsigned long long event_types;
 };
@@ -141,6 +143,16 @@ static void set_gpu_key(struct gpu_state *g, const char *key, const char *value)
     else if (!strcmp(key, "clocks.sm")) g->sm_clock = (unsigned)v;
     else if (!strcmp(key, "clocks.sm.max")) g->sm_clock_max = (unsigned)v;
     else if (!strcmp(key, "nvlink.down")) g->nvlink_down_mask = v;
+    else if (!strcmp(key, "pcie.width")) g->pcie_width = (unsigned)v;
+    else if (!strcmp(key, "pcie.gen")) g->pcie_gen = (unsigned)v;
+    else if (!strncmp(key, "nvlink.", 7)) {
+        /* nvlink.<link>.<replay|recovery|crc>: that link's error counter */
+        char *end;
+        unsigned long link = strtoul(key + 7, &end, 10);
+        static const char *const names[3] = {"replay", "recovery", "crc"};
+        for (int i = 0; i < 3 && *end == '.' && end != key + 7 && link < NVLINKS; i++)
+            if (!strcmp(end + 1, names[i])) g->nvlink_errors[link][i] = v;
+    }
     else if (!strcmp(key, "recovery_action")) g->recovery_action = (unsigned)v;
     else if (!strcmp(key, "event_types")) g->event_types = v;
 }
@@ -588,6 +600,48 @@ EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetNvLinkState(nvmlDevice_t device, unsign
     if (!isActive || link >= NVLINKS) return NVML_ERROR_INVALID_ARGUMENT;
     *isActive = (g.nvlink_down_mask >> link) & 1ULL ? NVML_FEATURE_DISABLED : NVML_FEATURE_ENABLED;
     return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetNvLinkErrorCounter(nvmlDevice_t device, unsigned int link,
+                                                            nvmlNvLinkErrorCounter_t counter,
+                                                            unsigned long long *counterValue) {
+    struct gpu_state g;
+    nvmlReturn_t rc = device_state("nvmlDeviceGetNvLinkErrorCounter", device, &g);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!counterValue || link >= NVLINKS || (int)counter < 0 || counter >= NVML_NVLINK_ERROR_COUNT)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    /* CRC data and ECC data counters stay 0 (the emulated faults raise the flit CRC counter) */
+    *counterValue = counter <= NVML_NVLINK_ERROR_DL_CRC_FLIT ? g.nvlink_errors[link][counter] : 0;
+    return NVML_SUCCESS;
+}
+
+#define PCIE_MAX_WIDTH 16
+#define PCIE_MAX_GEN 5
+
+static nvmlReturn_t pcie_query(const char *name, nvmlDevice_t device, unsigned int *out, int gen, int max) {
+    struct gpu_state g;
+    nvmlReturn_t rc = device_state(name, device, &g);
+    if (rc != NVML_SUCCESS) return rc;
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned int top = gen ? PCIE_MAX_GEN : PCIE_MAX_WIDTH, current = gen ? g.pcie_gen : g.pcie_width;
+    *out = max || current == 0 || current > top ? top : current;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *currLinkWidth) {
+    return pcie_query("nvmlDeviceGetCurrPcieLinkWidth", device, currLinkWidth, 0, 0);
+}
+
+EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *maxLinkWidth) {
+    return pcie_query("nvmlDeviceGetMaxPcieLinkWidth", device, maxLinkWidth, 0, 1);
+}
+
+EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetCurrPcieLinkGeneration(nvmlDevice_t device, unsigned int *currLinkGen) {
+    return pcie_query("nvmlDeviceGetCurrPcieLinkGeneration", device, currLinkGen, 1, 0);
+}
+
+EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *maxLinkGen) {
+    return pcie_query("nvmlDeviceGetMaxPcieLinkGeneration", device, maxLinkGen, 1, 1);
 }
 
 EXPORT nvmlReturn_t DECLDIR nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,

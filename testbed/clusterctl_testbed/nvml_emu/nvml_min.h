@@ -57,6 +57,15 @@ typedef enum nvmlClockType_enum {
     NVML_CLOCK_COUNT
 } nvmlClockType_t;
 
+typedef enum nvmlNvLinkErrorCounter_enum {
+    NVML_NVLINK_ERROR_DL_REPLAY = 0,
+    NVML_NVLINK_ERROR_DL_RECOVERY = 1,
+    NVML_NVLINK_ERROR_DL_CRC_FLIT = 2,
+    NVML_NVLINK_ERROR_DL_CRC_DATA = 3,
+    NVML_NVLINK_ERROR_DL_ECC_DATA = 4,
+    NVML_NVLINK_ERROR_COUNT
+} nvmlNvLinkErrorCounter_t;
+
 typedef enum nvmlValueType_enum {
     NVML_VALUE_TYPE_DOUBLE = 0,
     NVML_VALUE_TYPE_UNSIGNED_INT = 1,
