@@ -390,6 +390,7 @@ class FakeCopyServer:
                  on_received: Callable[[CheckpointManifest], None]) -> None:
         self.network, self.root, self.node, self.on_received = network, root, node, on_received
         self.closed = False
+        self.refused: dict[str, int] = {}
 
     def close(self) -> None:
         self.closed = True

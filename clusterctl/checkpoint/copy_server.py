@@ -83,7 +83,9 @@ class CopyServer:
     def refused(self) -> dict[str, int]:
         """Connections turned away so far, by reason: `busy` (every transfer slot taken by the job's own),
         `handshakes` (MAX_HANDSHAKES strangers at once), `per peer` (one address's PEER_CONNECTIONS),
-        `timed out` (no whole request within the handshake deadline), `wrong key`, `broken` (not the protocol)."""
+        `timed out` (no whole request within the handshake deadline), `wrong key`, `broken` (not the protocol):
+        records.checkpoint_holdings.COPY_REFUSALS.  The node's first rank writes them into the node's holdings,
+        which its reporter carries to the agent's summary (clusterctl/checkpoint/worker.py)."""
         with self._lock:
             return dict(self._refused)
 

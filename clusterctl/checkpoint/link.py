@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -17,6 +17,10 @@ TRANSFER_TIMEOUT = 120.0
 
 class CopyService(Protocol):
     """A running copy server (the node's first rank serves fetches and receives its buddy's pushes)."""
+
+    @property
+    def refused(self) -> Mapping[str, int]:
+        """Connections turned away since it started, by reason (COPY_REFUSALS)."""
 
     def close(self) -> None:
         """Stop serving."""

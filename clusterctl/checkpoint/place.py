@@ -11,7 +11,7 @@ from typing import TextIO
 
 from clusterctl.checkpoint.tier import NodeTier, TierRootError, open_tier_root
 from clusterctl.files import owner_label
-from clusterctl.records.checkpoint_holdings import LastResume
+from clusterctl.records.checkpoint_holdings import CopyRefusals, LastResume
 from clusterctl.records.checkpoint_settings import CheckpointSettings
 from clusterctl.records.tier_index import TierSlot
 
@@ -67,6 +67,9 @@ class TierHold:
         self.problem = problem
         self.lock = threading.Lock()
         self._holdings_seen: object = None
+        self.serving = False
+        """This process runs the node's copy server (local rank 0): `refused` is what it turned away."""
+        self.refused: CopyRefusals | None = None
 
     @classmethod
     def open(cls, root: Path, base: Path, node: str, uid: int | None, job_id: str = "") -> TierHold:
@@ -94,11 +97,11 @@ class TierHold:
 
     def rewrite_holdings(self, *, force: bool = False, resumed: LastResume | None = None) -> None:
         """Write holdings.json when what the tier holds changed since the last write (or `force`);
-        `resumed` is the resume to record in it.  The caller holds `lock`."""
+        `resumed` is the resume to record in it, with `refused` when `serving`.  The caller holds `lock`."""
         assert self.tier is not None
         seen = ([m.step for _, m in self.tier.local_copies()],
                 [(m.of_node, m.step) for _, m in self.tier.buddy_copies()],
-                [m.step for m in self.tier.flushed()])
+                [m.step for m in self.tier.flushed()], self.refused)
         if force or seen != self._holdings_seen:
-            self.tier.write_holdings(resumed)
+            self.tier.write_holdings(resumed, self.refused, serving=self.serving)
             self._holdings_seen = seen

@@ -34,6 +34,7 @@ from clusterctl.records.checkpoint_holdings import (
     HOLDINGS_NAME,
     MAX_HELD,
     CheckpointHoldings,
+    CopyRefusals,
     HeldCopy,
     LastResume,
     read_holdings,
@@ -142,15 +143,17 @@ def budget_bytes(setting: int, filesystem_bytes: int) -> int:
 
 
 def holdings_of(node: str, manifests: Iterable[CheckpointManifest], flushed: Iterable[CheckpointManifest],
-                now: float, last_resume: LastResume | None = None) -> CheckpointHoldings:
+                now: float, last_resume: LastResume | None = None,
+                copies_refused: CopyRefusals | None = None) -> CheckpointHoldings:
     """The node's holdings: every complete copy in its tier, and every copy it wrote to shared storage
-    (newest first, at most MAX_HELD of them), with the node's newest resume."""
+    (newest first, at most MAX_HELD of them), with the node's newest resume and what its copy server refused."""
     held = [HeldCopy(step=m.step, of_node=m.of_node, tier=m.tier, slot=m.slot, slots=m.slots,
                      written_at=m.written_at, save_seconds=m.save_seconds) for m in manifests]
     held += [HeldCopy(step=m.step, of_node=m.of_node, tier="shared", slot=m.slot, slots=m.slots,
                       written_at=m.written_at, save_seconds=m.save_seconds) for m in flushed]
     held.sort(key=lambda h: (-h.step, h.tier, h.of_node))
-    return CheckpointHoldings(node=node, copies=tuple(held[:MAX_HELD]), written_at=now, last_resume=last_resume)
+    return CheckpointHoldings(node=node, copies=tuple(held[:MAX_HELD]), written_at=now, last_resume=last_resume,
+                              copies_refused=copies_refused)
 
 
 # ---- the tier root ------------------------------------------------------------------------------
@@ -390,24 +393,29 @@ class NodeTier:
             note.unlink(missing_ok=True)
         return victims
 
-    def write_holdings(self, resumed: LastResume | None = None) -> CheckpointHoldings:
+    def write_holdings(self, resumed: LastResume | None = None, refused: CopyRefusals | None = None, *,
+                       serving: bool = False) -> CheckpointHoldings:
         """Rewrite holdings.json from what is on disk, with `resumed` as the node's newest resume (None: the
         one the file holds now: a resume is staged by whichever local rank takes stage.lock, the file is
-        rewritten by the node's first rank too); the holdings written.
+        rewritten by the node's first rank too); the holdings written.  `serving`: this process runs the
+        node's copy server, which refused `refused` (None: nothing); else the file's refusals are kept.
 
         The node's ranks are separate processes (the stager records the resume, local rank 0's thread
         rewrites after every change): each reads the resume the file carries and writes it back, so the
         whole rewrite holds `holdings.lock`, else a rewrite that read the file just before the stager wrote
         its resume would write the old one back, and the agent would never hear of the resume."""
         with flocked(self.holdings_lock):
-            if resumed is None:
+            if resumed is None or not serving:
                 try:
                     before = read_holdings(self.holdings_path)
                 except (OSError, RecordError):
                     before = None
-                resumed = before.last_resume if before is not None else None
+                if resumed is None:
+                    resumed = before.last_resume if before is not None else None
+                if not serving:
+                    refused = before.copies_refused if before is not None else None
             holdings = holdings_of(self.node, [m for _, m in self.local_copies() + self.buddy_copies()],
-                                   self.flushed(), time.time(), resumed)
+                                   self.flushed(), time.time(), resumed, refused)
             write_holdings(self.holdings_path, holdings)
         return holdings
 

@@ -15,6 +15,7 @@ from clusterctl.checkpoint.link import CopyLink, CopyService
 from clusterctl.checkpoint.place import RankPlace, TierHold, Voice
 from clusterctl.checkpoint.save import Saver, committer_marker
 from clusterctl.checkpoint.tier import flush_due, shared_copy_dir
+from clusterctl.records.checkpoint_holdings import CopyRefusals
 from clusterctl.records.checkpoint_manifest import CheckpointManifest, read_checkpoint_manifest
 from clusterctl.records.tier_index import NONE
 from clusterctl.records.versioned import RecordError
@@ -23,6 +24,9 @@ POLL_SECONDS = 0.2
 """How often local rank 0's thread looks for a newly committed copy (node-local tmpfs: a free listing)."""
 PUSH_RETRY_SECONDS = 5.0
 """After a buddy refused a push (no server yet, or busy), the next try comes this much later."""
+REFUSALS_EVERY = 5.0
+"""The copy server's refusals go into holdings.json at most this often (they ride the reporter's heartbeat):
+a flood of strangers costs the node one small rewrite on its tmpfs per interval, not one per connection."""
 
 
 class TierWorker:
@@ -38,6 +42,8 @@ class TierWorker:
         self._flushed: set[int] = set()
         self._server: CopyService | None = None
         self._thread: threading.Thread | None = None
+        self._serving_since = 0.0
+        self._next_refusals = 0.0
 
     def start(self, poll_seconds: float | None) -> None:
         """Serve the node's copies and, unless `poll_seconds` is None (then whoever drives the worker
@@ -47,7 +53,10 @@ class TierWorker:
         # From here on local rank 0's thread (or whoever calls tend()) commits the node's saves.
         committer_marker(tier.root, self._place.attempt).touch(mode=0o600)
         try:
+            self._serving_since = time.time()
             self._server = self._link.serve(tier.root, self._place.node, self._received)
+            with self._hold.lock:
+                self._hold.serving, self._hold.refused = True, None  # an earlier step's server's count is over
         except Exception as exc:  # no server: this node's copies cannot be fetched, training goes on
             self._voice.say_once("serve", f"cannot serve copies on port {self._link.port}: {exc}; other nodes "
                                           "cannot fetch this node's copies")
@@ -83,10 +92,19 @@ class TierWorker:
             with self._hold.lock:
                 if new:
                     tier.apply_retention(settings.keep)
+                self._note_refusals()
                 self._hold.rewrite_holdings()
         except Exception as exc:  # the contract: never break training; the next round tries again
             self._voice.say_once("tend", f"checkpoint background work failed ({type(exc).__name__}: {exc}); "
                                          "it is tried again")
+
+    def _note_refusals(self) -> None:
+        """What the copy server turned away, into the holdings at most every REFUSALS_EVERY s.  The caller
+        holds the hold's lock."""
+        if self._server is None or time.monotonic() < self._next_refusals:
+            return
+        self._next_refusals = time.monotonic() + REFUSALS_EVERY
+        self._hold.refused = CopyRefusals.of(self._serving_since, self._server.refused)
 
     def _on_shared(self, manifest: CheckpointManifest) -> bool:
         """Whether this copy is on shared storage already: flushed by this node, or the copy a resume

@@ -13,33 +13,46 @@ Version 2 adds `last_resume`: the node's newest resume (the step, the tier its s
 whose copy and where it was held, what staging it took, when), written by the rank that staged it, or
 null.  The agent journals one `resumed` event per resumed step from these (how long the slowest node
 read).  Version 1 files (an older clusterctl's, left in a tier root) are still read, as no resume.
+
+Version 3 adds `copies_refused`: the connections the node's checkpoint copy server (in its first rank,
+clusterctl/checkpoint/copy_server.py) turned away since it started, by reason (`CopyRefusals`: when it
+started and at most one small count per reason of COPY_REFUSALS), or null while it refused none.  The
+agent's summary names a node whose count grew.  Version 1 and 2 files are read as none refused.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
 from clusterctl.records.checkpoint_manifest import TIERS
 from clusterctl.records.versioned import (
-    RecordError, check_header, choice_field, field, header, node_field, read_json_record, refuse_unknown,
-    seconds_field, whole_field,
+    MAX_WHOLE, RecordError, check_header, choice_field, field, header, node_field, read_json_record,
+    refuse_unknown, seconds_field, whole_field,
 )
 from clusterctl.slurm.names import node_name_problem
 
 KIND = "checkpoint-holdings"
-VERSION = 2
-READS_VERSIONS = (1, 2)
-"""Version 1 (before `last_resume`) is read as holdings without a resume."""
+VERSION = 3
+READS_VERSIONS = (1, 2, 3)
+"""Version 1 (before `last_resume`) is read as holdings without a resume, 1 and 2 (before `copies_refused`)
+as none refused."""
 HOLDINGS_NAME = "holdings.json"
 MAX_HELD = 256
 """The most copies one node's holdings list (retention keeps a handful)."""
 HOLDINGS_LIMIT = 256 << 10
 _FIELDS_V1 = frozenset({"kind", "version", "node", "copies", "written_at"})
-_FIELDS = _FIELDS_V1 | {"last_resume"}
+_FIELDS_V2 = _FIELDS_V1 | {"last_resume"}
+_FIELDS = _FIELDS_V2 | {"copies_refused"}
+COPY_REFUSALS = ("busy", "handshakes", "per peer", "timed out", "wrong key", "broken")
+"""Why a copy server turns a connection away (CopyServer.refused): every transfer slot taken by the job's own
+copies; too many handshakes at once; one address's connections; no whole request before the deadline; not the
+job's key; not the protocol."""
+_REFUSED_FIELDS = frozenset({"since", "counts"})
 _RESUME_FIELDS = frozenset({"step", "tier", "of_node", "held_on", "seconds", "at"})
 _COPY_FIELDS = frozenset({"step", "of_node", "tier", "slot", "slots", "written_at", "save_seconds"})
 
@@ -129,37 +142,88 @@ class LastResume:
 
 
 @dataclass(frozen=True)
+class CopyRefusals:
+    """The connections the node's copy server turned away since it started at `since` (epoch s, the node's
+    clock): (reason, count) pairs, reasons from COPY_REFUSALS in that order, each count at least 1."""
+
+    since: float
+    counts: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, since: float, refused: Mapping[str, int]) -> CopyRefusals | None:
+        """The refusals a server counted (`CopyServer.refused`); None when it refused none.  A reason not in
+        COPY_REFUSALS (a newer server's) is counted as `broken`."""
+        counts = dict.fromkeys(COPY_REFUSALS, 0)
+        for reason, count in refused.items():
+            counts[reason if reason in counts else "broken"] += max(int(count), 0)
+        kept = tuple((reason, min(count, MAX_WHOLE)) for reason, count in counts.items() if count > 0)
+        return cls(since, kept) if kept else None
+
+    @property
+    def total(self) -> int:
+        """Connections refused, whatever the reason."""
+        return sum(count for _, count in self.counts)
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry (a handful of small numbers: at most 6 reasons)."""
+        return {"since": self.since, "counts": dict(self.counts)}
+
+    @classmethod
+    def from_json(cls, data: object, where: str) -> CopyRefusals:
+        """Parse the entry; RecordError for anything not understood."""
+        if not isinstance(data, dict):
+            raise RecordError(where, "must be an object")
+        refuse_unknown(data, _REFUSED_FIELDS, where)
+        counts = field(data, "counts", dict, where)
+        if not counts or not set(counts) <= set(COPY_REFUSALS):
+            raise RecordError(where, f"field `counts` must count one or more of {', '.join(COPY_REFUSALS)}")
+        kept = tuple((reason, whole_field(counts, reason, f"{where}: counts")) for reason in COPY_REFUSALS
+                     if reason in counts)
+        if any(count == 0 for _, count in kept):
+            raise RecordError(where, "field `counts` lists a reason with no connection refused")
+        return cls(seconds_field(data, "since", where), kept)
+
+
+@dataclass(frozen=True)
 class CheckpointHoldings:
-    """Everything one node holds, as of `written_at` (epoch s), and its newest resume (None: none known)."""
+    """Everything one node holds, as of `written_at` (epoch s), its newest resume (None: none known) and
+    what its copy server refused (None: nothing)."""
 
     node: str
     copies: tuple[HeldCopy, ...] = ()
     written_at: float = 0.0
     last_resume: LastResume | None = None
+    copies_refused: CopyRefusals | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The record as stored and as carried in a node report."""
         return {**header(KIND, VERSION), "node": self.node, "copies": [c.to_json() for c in self.copies],
                 "written_at": self.written_at,
-                "last_resume": self.last_resume.to_json() if self.last_resume is not None else None}
+                "last_resume": self.last_resume.to_json() if self.last_resume is not None else None,
+                "copies_refused": self.copies_refused.to_json() if self.copies_refused is not None else None}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> CheckpointHoldings:
-        """Parse the record (version 1 or 2); RecordError naming `where` and the key for anything not exactly
+        """Parse the record (version 1, 2 or 3); RecordError naming `where` and the key for anything not exactly
         understood."""
-        old = isinstance(data, dict) and data.get("version") == 1 and data.get("kind") == KIND
-        body = check_header(data, KIND, 1 if old else VERSION, where)
-        refuse_unknown(body, _FIELDS_V1 if old else _FIELDS, where)
+        sent = data.get("version") if isinstance(data, dict) and data.get("kind") == KIND else None
+        version = sent if sent in READS_VERSIONS and type(sent) is int else VERSION
+        body = check_header(data, KIND, version, where)
+        refuse_unknown(body, {1: _FIELDS_V1, 2: _FIELDS_V2}.get(version, _FIELDS), where)
         entries = field(body, "copies", list, where)
         if len(entries) > MAX_HELD:
             raise RecordError(where, f"field `copies` lists {len(entries)} copies: at most {MAX_HELD}")
-        resumed = None if old else body.get("last_resume", None)
-        if not old and "last_resume" not in body:
-            raise RecordError(where, "missing field `last_resume` (null when the node has not resumed)")
+        for key, since, meaning in (("last_resume", 2, "the node has not resumed"),
+                                    ("copies_refused", 3, "its copy server refused none")):
+            if version >= since and key not in body:
+                raise RecordError(where, f"missing field `{key}` (null when {meaning})")
+        resumed, refused = body.get("last_resume"), body.get("copies_refused")
         return cls(node=node_field(body, "node", where),
                    copies=tuple(HeldCopy.from_json(e, f"{where}: copies[{i}]") for i, e in enumerate(entries)),
                    written_at=seconds_field(body, "written_at", where),
-                   last_resume=None if resumed is None else LastResume.from_json(resumed, f"{where}: last_resume"))
+                   last_resume=None if resumed is None else LastResume.from_json(resumed, f"{where}: last_resume"),
+                   copies_refused=None if refused is None else CopyRefusals.from_json(refused,
+                                                                                      f"{where}: copies_refused"))
 
 
 def write_holdings(path: Path, holdings: CheckpointHoldings) -> Path:

@@ -29,6 +29,10 @@ none.
 Version 4 adds `silent_peers`: the node's neighbours (launcher/pure/peer_watch.py) whose beats it
 has not heard for PEER_SILENT_SECONDS, each `{"node": ..., "silent_s": ...}`, at most MAX_SILENT_PEERS;
 empty when every neighbour beats.  A version-2 or 3 report is read with none.
+
+The holdings carry their own version (clusterctl.records.checkpoint_holdings): holdings version 3 adds what
+the node's checkpoint copy server refused (`copies_refused`, null while nothing was: at most six small counts
+and a time, under 200 bytes) without a new report version; holdings of versions 1 and 2 are still read.
 """
 
 from __future__ import annotations
@@ -57,7 +61,7 @@ MAGIC = b"CCN1"
 DIGEST_BYTES = 32
 MAX_DATAGRAM = 16 << 10
 """The largest report taken (bytes): 8 ranks make about 1.5 KB, and with 32 checkpoint copies about 5.9 KB
-(6.0 KB with the node's last resume; measured: tests/unit/test_node_report.py, well under one 8 KiB datagram); 64 ranks and 16 evidence lines fit."""
+(6.0 KB with the node's last resume, 6.1 KB with its copy server's refusals; measured: tests/unit/test_node_report.py, well under one 8 KiB datagram); 64 ranks and 16 evidence lines fit."""
 MAX_RANKS = 64
 MAX_EVIDENCE = 16
 MAX_TEXT = 512
@@ -344,6 +348,7 @@ def _holdings(body: Mapping[str, Any], node: str, where: str) -> CheckpointHoldi
             body.get("written_at") == held.written_at and body.get("node") == node and \
             body.get("version") == HOLDINGS_VERSION and body.keys() == _HOLDINGS_KEYS and \
             body["last_resume"] == (held.last_resume.to_json() if held.last_resume is not None else None) and \
+            body["copies_refused"] == (held.copies_refused.to_json() if held.copies_refused is not None else None) and \
             all(type(c) is dict and c.keys() == _COPY_KEYS and c["step"] == h.step and c["slot"] == h.slot and
                 c["slots"] == h.slots and c["tier"] == h.tier and c["of_node"] == h.of_node and
                 c["written_at"] == h.written_at and c["save_seconds"] == h.save_seconds

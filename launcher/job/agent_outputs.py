@@ -153,7 +153,8 @@ class AgentOutputs:
             max_step=max(steps) if steps else None, refused=refused,
             message="; ".join(m for m in (
                 f"{signals.channel_silent} nodes silent at once: the report channel, not the nodes"
-                if signals.channel_silent else "", watch.refusing()) if m), training=training)
+                if signals.channel_silent else "", watch.refusing(), watch.copies_refusing()) if m),
+            training=training)
         try:
             write_agent_summary(self.job_dir, summary)
         except OSError as exc:

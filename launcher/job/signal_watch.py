@@ -18,7 +18,8 @@ from typing import Protocol
 from clusterctl.launcher.pure.node_signals import NodeSignals, SignalPolicy, Signals
 from clusterctl.launcher.pure.training_metrics import TrainingMeter, job_peak, window_seconds
 from clusterctl.records.agent_summary import TrainingMetrics
-from clusterctl.records.checkpoint_holdings import CheckpointHoldings
+from clusterctl.clock import utc
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, CopyRefusals
 from clusterctl.records.node_report import NodeReport
 from clusterctl.records.rank_progress import RankProgress
 
@@ -51,6 +52,7 @@ class SignalWatch:
         self.received = 0
         self.meter = TrainingMeter(window_seconds(policy.heartbeat))
         self._junk_seen = (sum(inbox.refused.values()), inbox.drains_cut_short)
+        self._copy_refusals_seen: dict[str, CopyRefusals] = {}
 
     @property
     def policy(self) -> SignalPolicy:
@@ -72,6 +74,18 @@ class SignalWatch:
         refused, cut_short = now[0] - self._junk_seen[0], now[1] - self._junk_seen[1]
         self._junk_seen = now
         return junk_text(refused, cut_short)
+
+    def copies_refusing(self) -> str:
+        """The nodes whose checkpoint copy servers refused connections, for the agent's summary: those whose
+        count changed since the last call ("" when none did).  The counts ride the nodes' holdings in their
+        reports (one pass over the nodes' newest holdings per summary)."""
+        grown = []
+        for node, held in self.signals.holdings.items():
+            refused = held.copies_refused
+            if refused is not None and refused != self._copy_refusals_seen.get(node):
+                self._copy_refusals_seen[node] = refused
+                grown.append((node, refused))
+        return copy_refusals_text(grown)
 
     def holdings(self) -> dict[str, CheckpointHoldings]:
         """Each node's newest checkpoint holdings (see NodeSignals.holdings)."""
@@ -105,3 +119,26 @@ def junk_text(refused: int, cut_short: int) -> str:
         text += (f", more than the agent reads ({cut_short:,} reads stopped at their bound): node reports may be "
                  "lost; someone sends to the agent's report port")
     return text
+
+
+MAX_REFUSING_NAMED = 3
+"""The most nodes the summary names one by one for refused checkpoint-copy connections; the rest are counted."""
+
+
+def copy_refusals_text(grown: Sequence[tuple[str, CopyRefusals]]) -> str:
+    """The agent's line on nodes whose copy servers refused connections (what each refused since its server
+    started, by reason, most first): the MAX_REFUSING_NAMED nodes that refused most named, the others counted;
+    "" for none."""
+    if not grown:
+        return ""
+    ordered = sorted(grown, key=lambda item: (-item[1].total, item[0]))
+    parts = []
+    for node, refused in ordered[:MAX_REFUSING_NAMED]:
+        reasons = ", ".join(f"{reason} {count:,}" for reason, count in sorted(refused.counts, key=lambda c: -c[1]))
+        parts.append(f"{node} refused {refused.total:,} checkpoint-copy connection{'s' * (refused.total != 1)} "
+                     f"({reasons}) since {utc(refused.since)}")
+    rest = ordered[MAX_REFUSING_NAMED:]
+    if rest:
+        parts.append(f"{len(rest):,} more node{'s' * (len(rest) != 1)} refused "
+                     f"{sum(refused.total for _, refused in rest):,}")
+    return "; ".join(parts)

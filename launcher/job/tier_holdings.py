@@ -13,6 +13,7 @@ are flushed whole is `clusterctl.launcher.pure.checkpoint_tiers.flushed_whole`; 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 from clusterctl.launcher.pure.checkpoint_tiers import FlushedCheckpoint, flushed_whole
@@ -107,6 +108,10 @@ class TierHoldings:
         the inventory is written later (`record_due`, `record_pending`)."""
         changed = False
         for node, held in holdings.items():
+            if held.copies_refused is not None:
+                # What a node's copy server refused is for the agent's summary only: a stranger's connections
+                # must not rewrite the inventory on shared storage, nor take a resume plan's time.
+                held = replace(held, copies_refused=None)
             before = self.holdings.get(node)
             if before is held or before == held:
                 continue

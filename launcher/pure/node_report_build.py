@@ -102,18 +102,20 @@ def _evidence(findings: Iterable[StateFinding]) -> Iterable[str]:
 
 def reported_holdings(holdings: CheckpointHoldings | None) -> CheckpointHoldings | None:
     """What a report says of the node's holdings: its newest MAX_REPORTED_COPIES copies (by step, then
-    when each was complete), newest first, and its last resume (what the agent journals of a resumed
-    step), times to the millisecond (what the agent plans with; about 125 bytes a copy on the wire)."""
+    when each was complete), newest first, its last resume (what the agent journals of a resumed
+    step) and what its copy server refused, times to the millisecond (what the agent plans with; about
+    125 bytes a copy on the wire)."""
     if holdings is None:
         return None
     newest = sorted(holdings.copies, key=lambda c: (c.step, c.written_at, c.tier, c.of_node), reverse=True)
-    resumed = holdings.last_resume
+    resumed, refused = holdings.last_resume, holdings.copies_refused
     return CheckpointHoldings(holdings.node, tuple(replace(c, written_at=round(c.written_at, 3),
                                                            save_seconds=round(c.save_seconds, 3))
                                                    for c in newest[:MAX_REPORTED_COPIES]),
                               round(holdings.written_at, 3),
                               replace(resumed, seconds=round(resumed.seconds, 3), at=round(resumed.at, 3))
-                              if resumed is not None else None)
+                              if resumed is not None else None,
+                              replace(refused, since=round(refused.since, 3)) if refused is not None else None)
 
 
 def node_metrics(records: Iterable[RankProgress], gpu: str = "") -> NodeMetrics | None:
@@ -262,7 +264,9 @@ def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], pro
     was = {p.node for p in last.silent_peers} if last is not None else set()
     if {p.node for p in silent_peers} != was:
         changed += (f"neighbours silent: {' '.join(p.node for p in silent_peers) or 'none'}",)
-    if last is not None and held != memory.holdings:  # compared before `fitted` may drop the oldest copies
+    # A copy server's refusals ride the next heartbeat: under a flood of strangers they change every rewrite of
+    # the holdings, and the agent only summarizes them.
+    if last is not None and _kept(held) != _kept(memory.holdings):  # before `fitted` may drop the oldest copies
         resumed = held.last_resume if held is not None else None
         before = memory.holdings.last_resume if memory.holdings is not None else None
         changed += ("checkpoint holdings " + ("gone" if held is None else f"now {len(held.copies)} copies")
@@ -283,6 +287,11 @@ def next_report(identity: ReporterIdentity, records: Iterable[RankProgress], pro
     if monotonic - memory.last_sent_at >= due_after:
         return ReportDecision(fitted(report), "heartbeat" if memory.delivered else "again after a failed send", memory)
     return ReportDecision(None, "", memory)
+
+
+def _kept(holdings: CheckpointHoldings | None) -> CheckpointHoldings | None:
+    """The holdings without their copy server's refusals."""
+    return replace(holdings, copies_refused=None) if holdings is not None else None
 
 
 def datagram_size(report: NodeReport) -> int:

@@ -17,7 +17,7 @@ from clusterctl.launcher.shared.checkpoint_inventory import (
     step_dir,
 )
 from clusterctl.launcher.shared.checkpoints import find_checkpoints
-from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
+from clusterctl.records.checkpoint_holdings import CheckpointHoldings, CopyRefusals, HeldCopy
 from clusterctl.records.checkpoint_settings import CheckpointSettings
 from clusterctl.records.resume_failure import BadCopy, ResumeFailure, write_resume_failure
 from clusterctl.records.tier_index import read_tier_slot
@@ -234,6 +234,22 @@ def test_the_inventory_is_written_per_change_at_most_every_30_s_and_after_a_plan
     written = path.stat().st_mtime_ns
     tiers.record_pending()
     assert path.stat().st_mtime_ns == written
+
+
+def test_what_a_nodes_copy_server_refused_never_rewrites_the_inventory_on_shared_storage(tmp_path):
+    clock = Clock()
+    tiers = planner(tmp_path / "run", clock=clock)
+    path = tmp_path / "run" / "jobs" / "100" / INVENTORY_NAME
+    tiers.observe(holdings(10))
+    tiers.record_due()
+    written = path.stat().st_mtime_ns
+    for count in range(1, 5):  # a stranger keeps knocking on every node's copy port for minutes
+        clock.t += INVENTORY_EVERY
+        tiers.observe({node: replace(held, copies_refused=CopyRefusals(1.0, (("wrong key", count),)))
+                       for node, held in holdings(10).items()})
+        tiers.record_due()
+    tiers.record_pending()
+    assert path.stat().st_mtime_ns == written and read_inventory(path) == holdings(10)
 
 
 def test_the_inventory_re_encodes_only_the_nodes_whose_holdings_changed_and_reads_the_same(tmp_path):

@@ -5,13 +5,14 @@ understand is a RecordError naming where and what, never a traceback."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusterctl.records.checkpoint_holdings import (
-    CheckpointHoldings, HeldCopy, LastResume, read_holdings, write_holdings)
+    CheckpointHoldings, CopyRefusals, HeldCopy, LastResume, read_holdings, write_holdings)
 from clusterctl.records.checkpoint_settings import SETTINGS_ENV, CheckpointSettings
 from clusterctl.records.resume_failure import (
     BadCopy, ResumeFailure, read_resume_failures, write_resume_failure)
@@ -71,13 +72,13 @@ def test_a_nodes_last_resume_reads_back_with_its_holdings_and_a_version_1_file_i
     assert read_holdings(path) == holdings
     shared = CheckpointHoldings("node1", (), 1.7e9, LastResume(200, "shared", "node1", "", 9.5, 1.7e9))
     assert CheckpointHoldings.from_json(json.loads(json.dumps(shared.to_json())), "x") == shared
-    older = {k: v for k, v in CheckpointHoldings("node3").to_json().items() if k != "last_resume"}
+    older = {k: v for k, v in CheckpointHoldings("node3").to_json().items() if k not in ("last_resume", "copies_refused")}
     assert CheckpointHoldings.from_json({**older, "version": 1}, "x") == CheckpointHoldings("node3")
 
 
 @pytest.mark.parametrize(("change", "said"), [
-    ({"version": 1}, "unknown field `last_resume`"),
-    ({"version": 3}, "newer than this clusterctl understands"),
+    ({"version": 2}, "unknown field `copies_refused`"),
+    ({"version": 4}, "newer than this clusterctl understands"),
     ({"last_resume": {"step": 200, "tier": "tape", "of_node": "node2", "held_on": "node4", "seconds": 1, "at": 2}},
      "last_resume: field `tier` is 'tape'"),
     ({"last_resume": {"step": 200, "tier": "buddy", "of_node": "node2", "held_on": "", "seconds": 1, "at": 2}},
@@ -92,7 +93,39 @@ def test_a_last_resume_not_understood_is_refused_naming_the_key(change, said):
     with pytest.raises(RecordError, match=said):
         CheckpointHoldings.from_json(data, "holdings.json")
     with pytest.raises(RecordError, match="missing field `last_resume`"):
-        CheckpointHoldings.from_json({k: v for k, v in data.items() if k != "last_resume"} | {"version": 2}, "x")
+        CheckpointHoldings.from_json({k: v for k, v in data.items() if k not in ("last_resume", "copies_refused")}
+                                     | {"version": 2}, "x")
+
+
+def test_what_a_nodes_copy_server_refused_reads_back_and_older_holdings_are_read_as_none_refused(tmp_path):
+    refused = CopyRefusals.of(1.7e9, {"wrong key": 10, "per peer": 2})
+    assert refused == CopyRefusals(1.7e9, (("per peer", 2), ("wrong key", 10))) and refused.total == 12
+    holdings = CheckpointHoldings("node3", (HeldCopy(200, "node3", "local", 2, 4, 1.7e9, 0.5),), 1.7e9,
+                                  LastResume(200, "local", "node3", "node3", 1.0, 1.7e9), refused)
+    path = write_holdings(tmp_path / "holdings.json", holdings)
+    assert read_holdings(path) == holdings
+    assert json.loads(path.read_text())["copies_refused"] == {"since": 1.7e9, "counts": {"per peer": 2, "wrong key": 10}}
+    version_2 = {k: v for k, v in holdings.to_json().items() if k != "copies_refused"} | {"version": 2}
+    assert CheckpointHoldings.from_json(version_2, "x") == replace(holdings, copies_refused=None)
+    assert CopyRefusals.of(1.7e9, {}) is None and CopyRefusals.of(1.7e9, {"busy": 0}) is None
+    assert CopyRefusals.of(1.7e9, {"a reason from a newer server": 3}) == CopyRefusals(1.7e9, (("broken", 3),))
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    ({"counts": {}}, "field `counts` must count one or more of busy, handshakes"),
+    ({"counts": {"bored": 1}}, "field `counts` must count one or more of"),
+    ({"counts": {"busy": 0}}, "field `counts` lists a reason with no connection refused"),
+    ({"counts": {"busy": -1}}, "field `busy` is -1"),
+    ({"counts": {"busy": True}}, "field `busy` has the wrong type"),
+    ({"since": float("nan")}, "field `since` is nan"),
+    ({"colour": "red"}, "unknown field `colour`"),
+])
+def test_copy_refusals_not_understood_are_refused_naming_the_key(change, said):
+    data = CheckpointHoldings("node3", (), 1.0, None, CopyRefusals(1.0, (("busy", 1),))).to_json()
+    with pytest.raises(RecordError, match=f"copies_refused: (counts: )?{said}"):
+        CheckpointHoldings.from_json({**data, "copies_refused": {**data["copies_refused"], **change}}, "holdings.json")
+    with pytest.raises(RecordError, match="missing field `copies_refused`"):
+        CheckpointHoldings.from_json({k: v for k, v in data.items() if k != "copies_refused"}, "x")
 
 
 def test_each_node_reads_only_its_own_slots_line_of_the_tier_index(tmp_path):

@@ -26,7 +26,8 @@ from clusterctl.launcher.job.reporter import (
 from clusterctl.launcher.pure.node_report_build import (
     ReporterIdentity, ReporterMemory, next_report, node_health, node_metrics, process_state, reported_holdings,
 )
-from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy, LastResume, write_holdings
+from clusterctl.records.checkpoint_holdings import (
+    CheckpointHoldings, CopyRefusals, HeldCopy, LastResume, write_holdings)
 from clusterctl.node_dir import node_dir
 from clusterctl.progress import beat
 from clusterctl.records.actions import Action
@@ -459,24 +460,48 @@ def test_new_holdings_go_at_once_unchanged_ones_ride_the_heartbeat_and_only_the_
     assert look(5.75, None) and sent[-1].reason == "checkpoint holdings gone"
 
 
-def test_a_resume_the_node_recorded_goes_to_the_agent_at_once_with_its_read_time():
-    memory, sent = ReporterMemory(), []
+class HoldingsReporter:
+    """One node's report decisions for the holdings it reads at each moment (a heartbeat of 5 s); `sent` what went."""
 
-    def look(at: float, held: CheckpointHoldings) -> None:
-        nonlocal memory
-        decision = next_report(IDENTITY, [progress(0)], {}, NodeHealth(), memory, now=T0 + at, monotonic=at,
+    def __init__(self) -> None:
+        self.memory, self.sent = ReporterMemory(), []
+
+    def look(self, at: float, held: CheckpointHoldings) -> bool:
+        """Whether a report goes at `at` (s) with the node holding `held`."""
+        decision = next_report(IDENTITY, [progress(0)], {}, NodeHealth(), self.memory, now=T0 + at, monotonic=at,
                                heartbeat=5.0, checkpoints=held)
-        memory = decision.memory
+        self.memory = decision.memory
         if decision.report is not None:
-            sent.append(decision)
-            memory = memory.after_send(decision.report, at, delivered=True)
+            self.sent.append(decision)
+            self.memory = self.memory.after_send(decision.report, at, delivered=True)
+        return decision.report is not None
 
+
+def test_a_resume_the_node_recorded_goes_to_the_agent_at_once_with_its_read_time():
+    node = HoldingsReporter()
+    look, sent = node.look, node.sent
     look(0.0, held_copies(2))
     look(0.25, replace(held_copies(2), last_resume=LastResume(200, "buddy", "node3", "node1", 4.2504, T0 + 0.1234)))
     assert len(sent) == 2 and sent[-1].reason == "checkpoint holdings now 2 copies, resumed step 200"
     carried = decode(encode(sent[-1].report, KEY), KEY, "test").checkpoints
     assert carried is not None and carried.last_resume == LastResume(200, "buddy", "node3", "node1", 4.25,
                                                                      round(T0 + 0.1234, 3))
+
+
+def test_what_the_copy_server_refused_rides_the_next_heartbeat_not_a_report_of_its_own():
+    node = HoldingsReporter()
+    sent = node.sent
+
+    def look(at: float, refused: dict[str, int]) -> bool:
+        return node.look(at, replace(held_copies(2), copies_refused=CopyRefusals.of(T0 - 60.00042, refused)))
+
+    assert look(0.0, {})
+    # A stranger floods the copy port: each rewrite of the holdings counts more, none is a report of its own.
+    assert not any(look(0.25 * i, {"wrong key": 10 * i, "per peer": 2}) for i in range(1, 20))
+    assert look(5.0, {"wrong key": 200, "per peer": 2}) and sent[-1].reason == "heartbeat"
+    carried = decode(encode(sent[-1].report, KEY), KEY, "test").checkpoints
+    assert carried is not None and carried.copies_refused == CopyRefusals(round(T0 - 60.00042, 3),
+                                                                           (("per peer", 2), ("wrong key", 200)))
 
 
 def test_a_full_node_with_long_evidence_and_32_copies_drops_its_oldest_copies_before_any_rank():
