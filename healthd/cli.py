@@ -127,6 +127,8 @@ def status(config_path: Path | None, as_json: bool) -> None:
         parts.append(plain(f"node: {finding.what} ({finding.action.label}): {finding.detail or finding.reason}"))
     for alert in state.alerts:
         parts.append(Text.assemble(("alert", "red"), plain(f" {alert.at}: {alert.detail}")))
+    if state.return_note:
+        parts.append(plain(f"return to service: {state.return_note}"))
     if state.pending_actions:
         parts.append(plain(f"{state.pending_actions} Slurm action(s) pending (slurmctld unreachable?)"))
     show(terminal(), Group(*parts))

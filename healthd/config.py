@@ -15,6 +15,7 @@ from typing import Any
 
 from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.checks import CheckLimits
+from clusterctl.healthd.diagnostics import LEVELS, PARSERS, DiagnosticSpec, Diagnostics
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import PolicyConfig
 from clusterctl.job_metrics_file import NODE_CONFIG
@@ -113,8 +114,14 @@ class HealthdConfig:
     storage_paths: tuple[str, ...] = ()
     """Shared directories (Lustre, NFS: where checkpoints go) probed every check with a small file written,
     fsynced, read back and unlinked; root must be able to write there.  [] probes nothing."""
+    diagnostic_retry: float = 3600.0
+    """A before_return diagnostic that did not pass is run again after this long (or at once after a reboot)."""
     checks: CheckLimits = field(default_factory=CheckLimits)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
+    diagnostics: Diagnostics | None = None
+    """[diagnostics]: per level (preflight, after_failure, before_return) `{ argv = [...], timeout = s,
+    parser = "dcgmi" | "exit-code" }`.  None (no table): DCGM's r1/r2/r3 when dcgmi is on PATH, else none
+    (healthd/diagnostic_runner.py `diagnostics_in_force`).  An empty table turns them all off."""
 
     @property
     def watched_disk_paths(self) -> tuple[str, ...]:
@@ -184,7 +191,7 @@ _RULES: dict[str, _Rule] = {
     "hook_timeout": _Rule("float", 1.0, 3600.0),
     "tier_bases": _Rule("paths"), "tier_keep_hours": _Rule("float", 1.0, 24 * 366.0),
     "gpus_expected": _Rule("auto-bool"), "storage_paths": _Rule("paths"), "ib_root": _Rule("path"),
-    "ib_devices": _Rule("names"),
+    "ib_devices": _Rule("names"), "diagnostic_retry": _Rule("float", 60.0, 7 * 86400.0),
     # Each check family declares its own [checks] limits with their ranges (healthd/checks/).
     **{f"checks.{limit.name}": _Rule(str(limit.type), *limit.metadata["range"]) for limit in fields(CheckLimits)},
     "policy.app_xid_repeat": _Rule("int", 1, 1000), "policy.app_xid_window_h": _Rule("float", 0.0, 24 * 366.0),
@@ -359,21 +366,63 @@ class _Keys:
 
 def _build(data: dict[str, Any], keys: _Keys) -> HealthdConfig:
     place = keys.where
-    top = {f.name for f in fields(HealthdConfig)} - {"checks", "policy"}
+    tables = {"checks", "policy", "diagnostics"}
+    top = {f.name for f in fields(HealthdConfig)} - tables
     values: dict[str, Any] = {}
     for key, value in data.items():
-        if key in ("checks", "policy"):
+        if key in tables:
             continue
         if key not in top:
             keys.take(values, key, partial(_raise, place.error(
-                key, f"; known: {', '.join(sorted(top | {'checks', 'policy'}))}", unknown=True)))
+                key, f"; known: {', '.join(sorted(top | tables))}", unknown=True)))
             continue
         keys.take(values, key, partial(_checked, place, key, value))
     limits: dict[str, Any] = {}
     known = {f.name for f in fields(CheckLimits)}
     for key, value in _table(keys, data, "checks", known).items():
         keys.take(limits, key, partial(_checked, place, f"checks.{key}", value))
-    return HealthdConfig(**values, checks=CheckLimits(**limits), policy=_policy(keys, data))
+    return HealthdConfig(**values, checks=CheckLimits(**limits), policy=_policy(keys, data),
+                         diagnostics=_diagnostics(keys, data))
+
+
+MAX_ARGV = 64
+MAX_DIAGNOSTIC_TIMEOUT = 4 * 3600.0
+
+
+def _diagnostics(keys: _Keys, data: dict[str, Any]) -> Diagnostics | None:
+    """[diagnostics] (None when not written: the defaults then depend on dcgmi being installed)."""
+    if "diagnostics" not in data:
+        return None
+    table = _table(keys, data, "diagnostics", set(LEVELS))
+    specs: dict[str, Any] = {}
+    for level, value in table.items():
+        keys.take(specs, level, partial(_diagnostic_spec, keys.where, f"diagnostics.{level}", value))
+    return Diagnostics(**specs, source=f"[diagnostics] in {keys.where.path}")
+
+
+def _diagnostic_spec(place: _Where, dotted: str, value: Any) -> DiagnosticSpec:
+    example = " like { argv = [\"/usr/bin/dcgmi\", \"diag\", \"-r\", \"1\", \"-j\"], timeout = 60, parser = \"dcgmi\" }"
+    if not isinstance(value, dict):
+        raise place.error(dotted, f" must be a table{example}, found {_shown(value)}")
+    unknown = set(value) - {"argv", "timeout", "parser"}
+    if unknown:
+        raise place.error(dotted, f": unknown key {sorted(unknown)[0]!r} (known: argv, timeout, parser)")
+    argv = value.get("argv")
+    if isinstance(argv, str):
+        raise place.error(dotted, f".argv must be a list of strings (never a shell command line){example}, "
+                                  f"found {_shown(argv)}")
+    if not (isinstance(argv, list) and 0 < len(argv) <= MAX_ARGV and all(isinstance(a, str) for a in argv)) \
+            or any("\0" in a for a in argv):
+        raise place.error(dotted, f".argv must be a list of 1 to {MAX_ARGV} strings{example}, found {_shown(argv)}")
+    if not argv[0].startswith("/"):
+        raise place.error(dotted, f".argv[0] must be an absolute path (healthd and the prolog run with no PATH), "
+                                  f"found {_shown(argv[0])}")
+    timeout = _number(place, f"{dotted}.timeout", value.get("timeout", 600.0),
+                      _Rule("float", 1.0, MAX_DIAGNOSTIC_TIMEOUT))
+    parser = value.get("parser", "exit-code")
+    if parser not in PARSERS:
+        raise place.error(dotted, f".parser must be one of {', '.join(PARSERS)}, found {_shown(parser)}")
+    return DiagnosticSpec(tuple(argv), float(timeout), parser)
 
 
 def _raise(error: ConfigError) -> Any:

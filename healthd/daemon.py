@@ -7,6 +7,9 @@ Threads and what they move:
             only every node_refresh_interval (jittered), or every drained_refresh_interval while
             it decides something (drained, events waiting for the node to be back in service)
   applier   applies journaled actions one at a time (retrying while slurmctld is away) → inbox
+  diagnostics  runs the active diagnostics the engine asks for (after_failure, before_return), one at a
+            time with their timeouts (diagnostic_runner.py) → inbox; the engine resumes a node it drained
+            only on a before_return pass newer than the drain (return_to_service.py)
   main      this module's loop: hands each input to the engine's shell, which is the only owner
             of the engine state (steps it, journals planned actions before handing them to the
             applier); between batches checks the event wait, reloads, writes the state file and
@@ -50,6 +53,8 @@ from clusterctl.healthd import engine, sdnotify
 from clusterctl.healthd.applier import Applied, Applier
 from clusterctl.healthd.checks import HostSample
 from clusterctl.healthd.config import ConfigError, HealthdConfig, load_config
+from clusterctl.healthd.diagnostic_runner import DiagnosticDoor, DiagnosticWorker, diagnostics_in_force, run_diagnostic
+from clusterctl.healthd.diagnostics import Diagnostics
 from clusterctl.healthd.engine_shell import EngineShell, open_journal, restored_state
 from clusterctl.healthd.event_watch import EventWatch
 from clusterctl.healthd.journal import Journal, PlannedAction
@@ -62,6 +67,7 @@ from clusterctl.healthd.periodic import PeriodicCheck
 from clusterctl.healthd.policy import POLICY_VERSION
 from clusterctl.healthd.sampler import sample_host
 from clusterctl.healthd.state_writer import Heartbeats, StateWriter
+from clusterctl.records.healthd_diagnostic import DiagnosticResult
 from clusterctl.slurm.nodes import NodeSlurm, NodeState, SlurmNode
 
 __all__ = ["Applied", "Daemon", "Observed"]
@@ -81,25 +87,30 @@ class Daemon:
                  nvml: NvmlDoor | None = None, clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None,
                  host_sampler: Callable[[Sequence[str]], HostSample] = sample_host,
                  boot_time: Callable[[], float] = psutil.boot_time,
-                 jitter: Callable[[float, float], float] = random.uniform) -> None:
+                 jitter: Callable[[float, float], float] = random.uniform,
+                 diagnostic_door: DiagnosticDoor = run_diagnostic,
+                 diagnostics: Callable[[HealthdConfig], Diagnostics] = diagnostics_in_force) -> None:
         self.config, self.config_path, self.clock = config, config_path, clock
         node = config.node_name
         slurm = slurm or SlurmNode(node)
         self.metrics = metrics or Metrics()
         self.calls: NvmlCalls = nvml.call if nvml is not None else TimedCalls(config.nvml_timeout, self.metrics.observe_call)
         door: NvmlDoor = nvml or Nvml(self.calls)
-        self.inbox: queue.Queue[Observed | Applied] = queue.Queue()
+        self.inbox: queue.Queue[Observed | Applied | DiagnosticResult] = queue.Queue()
         journal = open_journal(config, clock)
-        settings = engine.EngineSettings.from_config(config, node)
+        self.diagnostics_in_force = diagnostics
+        settings = engine.EngineSettings.from_config(config, node, diagnostics(config))
         state = restored_state(config, clock)
         self.stop = threading.Event()
+        self.diagnostics = DiagnosticWorker(diagnostic_door, stop=self.stop, report=self.inbox.put)
         self.reload = threading.Event()
         self.beats = Heartbeats(clock)
         self.applier = Applier(config, settings, slurm=slurm, journal=journal, metrics=self.metrics,
                                clock=clock, jitter=jitter, stop=self.stop, beat=lambda: self.beats.beat("applier"),
                                report=self.inbox.put)
         self.shell = EngineShell(config, settings, state, journal=journal, applier=self.applier, slurm=slurm,
-                                 metrics=self.metrics, clock=clock, boot_time=boot_time)
+                                 metrics=self.metrics, clock=clock, boot_time=boot_time,
+                                 run_diagnostic=lambda level, spec: self.diagnostics.requests.put((level, spec)))
         self.periodic = PeriodicCheck(
             config, nvml=door, slurm=slurm, clock=clock, host_sampler=host_sampler, jitter=jitter,
             # a reference read: the main thread replaces the engine state, never mutates it
@@ -136,7 +147,7 @@ class Daemon:
         """Apply one planned action now, on the calling thread (Applier.apply)."""
         return self.applier.apply(action)
 
-    def handle(self, item: Observed | Applied) -> None:
+    def handle(self, item: Observed | Applied | DiagnosticResult) -> None:
         """Step the engine with one input and carry out its effects, on the calling thread (EngineShell.handle)."""
         self.shell.handle(item)
 
@@ -152,7 +163,8 @@ class Daemon:
             log.error("config reload failed, keeping the running config: %s", exc)
             return False
         self.config = fresh
-        self.shell.reconfigure(fresh)
+        self.shell.reconfigure(fresh, engine.EngineSettings.from_config(fresh, self.shell.settings.node,
+                                                                        self.diagnostics_in_force(fresh)))
         self.applier.reconfigure(fresh, self.shell.settings)
         self.periodic.config = self.events.config = self.kernel_log.config = self.status.config = fresh
         if isinstance(self.calls, TimedCalls):
@@ -174,10 +186,14 @@ class Daemon:
         self.periodic.connect_nvml()
         log.info("healthd on %s: %d GPUs, policy %s%s", self.shell.settings.node, len(self.periodic.nvml.identities),
                  POLICY_VERSION, " (dry run)" if self.config.dry_run else "")
+        for line in self.shell.settings.diagnostics.describe():
+            log.info("%s", line)
         for name, target in (("events", self.events.run), ("kmsg", self.kernel_log.run),
                              ("periodic", self.periodic.run), ("applier", self.applier.run)):
             self.beats.beat(name)
             threading.Thread(target=target, name=name, daemon=True).start()
+        # No heartbeat: a diagnostic run is bounded by its own timeout and may take a quarter of an hour.
+        threading.Thread(target=self.diagnostics.run, name="diagnostics", daemon=True).start()
         self.write_state()
         sdnotify.notify("READY=1")
         last_state = 0.0

@@ -19,10 +19,13 @@ from dataclasses import dataclass, field, replace
 
 from clusterctl.clock import parse_utc, utc
 from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.diagnostics import Diagnostics, DiagnosticSpec, Level
 from clusterctl.healthd.findings import Action, Finding, Verdict
 from clusterctl.healthd.policy import POLICY_VERSION, PolicyConfig, drain_reason, judge
+from clusterctl.healthd.return_to_service import DIAGNOSTIC_RETRY_S, ReturnFacts, return_decision
 from clusterctl.records.drain_reason import HEALTHD, parse_drain_reason
 from clusterctl.records.healthd_actions import PlannedAction
+from clusterctl.records.healthd_diagnostic import DiagnosticResult
 from clusterctl.records.healthd_job_start import JobStart
 from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding
 from clusterctl.records.healthd_xid_history import XidSighting
@@ -58,14 +61,19 @@ class EngineSettings:
     breaker_retry: float = 600.0
     """After the breaker refused a drain, the same fault is not tried again for this long (the daemon
     jitters it): a fault every node keeps seeing asks for the partition's share once, not every check."""
+    diagnostics: Diagnostics = field(default_factory=Diagnostics)
+    """The active diagnostics in force: before_return gates healthd's resume, after_failure runs after its drain."""
+    diagnostic_retry: float = DIAGNOSTIC_RETRY_S
 
     @classmethod
-    def from_config(cls, config: HealthdConfig, node: str) -> EngineSettings:
-        """The engine's settings from healthd.toml (`node`: this node's Slurm name)."""
+    def from_config(cls, config: HealthdConfig, node: str, diagnostics: Diagnostics | None = None) -> EngineSettings:
+        """The engine's settings from healthd.toml (`node`: this node's Slurm name; `diagnostics`: those in force,
+        healthd/diagnostic_runner.py `diagnostics_in_force`; default none)."""
         return cls(node=node, policy=config.policy, dedup_window=config.xid_dedup_window,
                    resume_when_clean=config.resume_when_clean, clean_checks=config.clean_checks,
                    breaker_max_share=config.breaker_max_share, partition=config.partition, dry_run=config.dry_run,
-                   breaker_retry=config.breaker_retry)
+                   breaker_retry=config.breaker_retry, diagnostics=diagnostics or Diagnostics(),
+                   diagnostic_retry=config.diagnostic_retry)
 
 
 @dataclass(frozen=True)
@@ -94,6 +102,12 @@ class EngineState:
     last_seen: Mapping[tuple[object, ...], float] = field(default_factory=dict)
     """De-duplication: when each (source, GPU, fault) was last let through."""
     next_id: int = 0
+    diagnostics: Mapping[str, DiagnosticResult] = field(default_factory=dict)
+    """The last result of each diagnostic level (from the diagnostic journal too, after a restart)."""
+    diagnostics_running: frozenset[str] = frozenset()
+    """Levels asked for and not yet reported: not asked again meanwhile."""
+    return_note: str = ""
+    """Why a node healthd drained has not returned yet (or which diagnostic let it), for the state file."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +146,15 @@ class Judged:
     verdict: Verdict
 
 
-Effect = Drain | Resume | Remember | RaiseAlert
+@dataclass(frozen=True)
+class RunDiagnostic:
+    """Run this diagnostic (on the diagnostic thread) and report its result (`diagnosed`)."""
+
+    level: Level
+    spec: DiagnosticSpec
+
+
+Effect = Drain | Resume | Remember | RaiseAlert | RunDiagnostic
 
 
 @dataclass(frozen=True)
@@ -311,14 +333,32 @@ def _maybe_resume(state: EngineState, settings: EngineSettings, now: float,
                   boot_time: float) -> tuple[EngineState, list[Effect]]:
     node = state.node
     if not (settings.resume_when_clean and node is not None and node.drained_by_us):
-        return replace(state, clean_checks=0), []
+        return replace(state, clean_checks=0, return_note=""), []
     if not resume_allowed(node.reason, boot_time):
         return state, []
     clean = state.clean_checks + 1
     if clean < settings.clean_checks:
         return replace(state, clean_checks=clean), []
+    drain = parse_drain_reason(node.reason)
+    spec = settings.diagnostics.before_return
+    decision = return_decision(ReturnFacts(
+        drain.at_seconds if drain is not None else now, spec, state.diagnostics.get("before_return"),
+        "before_return" in state.diagnostics_running, now, boot_time, settings.diagnostic_retry))
+    state = replace(state, return_note=decision.why)
+    if not decision.resume:
+        effects: list[Effect] = []
+        if decision.run_diagnostic and spec is not None:
+            state = replace(state, diagnostics_running=state.diagnostics_running | {"before_return"})
+            effects.append(RunDiagnostic("before_return", spec))
+        return replace(state, clean_checks=clean), effects
     state, planned = _plan(replace(state, clean_checks=0), settings, "resume", node.reason, now, None)
     return state, [Resume(planned)]
+
+
+def diagnosed(state: EngineState, result: DiagnosticResult) -> EngineState:
+    """Fold a diagnostic's result in (the shell has journaled it): the next clean check decides with it."""
+    return replace(state, diagnostics={**state.diagnostics, result.level: result},
+                   diagnostics_running=state.diagnostics_running - {result.level})
 
 
 def watching_node(state: EngineState) -> bool:
@@ -361,7 +401,8 @@ class ApplyDecision:
 
 
 def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, now: float,
-            retry_after: float = 0.0, node: NodeState | None = None) -> Step:
+            retry_after: float = 0.0, node: NodeState | None = None,
+            after_failure: DiagnosticSpec | None = None) -> Step:
     """Fold the outcome of an applied action back in.
 
     After a drain decision (whatever its outcome: drained, kept an admin's drain, breaker)
@@ -369,6 +410,7 @@ def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, 
     same fault is not tried again for `retry_after` seconds (settings.breaker_retry, jittered by
     the caller); another fault is.
     `node`: the node as the applied call left it (drained, resumed), so no new read is needed.
+    `after_failure`: the diagnostic to run once healthd's drain is in place (settings.diagnostics), if any.
     """
     alerts = state.alerts
     effects: tuple[Effect, ...] = ()
@@ -382,6 +424,10 @@ def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, 
     if action.op == "drain":
         events = tuple(replace(e, handled=True) if e.at_ts <= action.at + 1e-3 else e for e in state.events)
         state = replace(state, events=events, drain_in_flight=False, drain_outcome_at=now)
+        if decision.result == "drained" and after_failure is not None \
+                and "after_failure" not in state.diagnostics_running:
+            state = replace(state, diagnostics_running=state.diagnostics_running | {"after_failure"})
+            effects += (RunDiagnostic("after_failure", after_failure),)
         if decision.result == "breaker-open" and action.finding is not None:
             refused = {k: until for k, until in state.refused.items() if until > now}
             refused[fault_key(action.finding)] = now + retry_after
@@ -389,10 +435,11 @@ def applied(state: EngineState, action: PlannedAction, decision: ApplyDecision, 
     return Step(replace(state, alerts=alerts), effects)
 
 
-def restore(sightings: Sequence[XidSighting]) -> EngineState:
-    """The state a starting daemon begins with: its Xid history."""
+def restore(sightings: Sequence[XidSighting], diagnostics: Sequence[DiagnosticResult] = ()) -> EngineState:
+    """The state a starting daemon begins with: its Xid history and each diagnostic level's last result."""
     return EngineState(history=tuple(Finding("xid", s.source, s.at, gpu=s.gpu, uuid=s.uuid, xid=s.xid,
-                                             job_ids=s.job_ids, users=s.users) for s in sightings))
+                                             job_ids=s.job_ids, users=s.users) for s in sightings),
+                       diagnostics={result.level: result for result in diagnostics})
 
 
 # ---- what the state file shows ----------------------------------------------------------------
@@ -421,7 +468,7 @@ def state_view(state: EngineState, *, node: str, pid: int, started: float, now: 
     return HealthdState(node=node, pid=pid, policy_version=POLICY_VERSION, updated_at=now, started=utc(started),
                         nvml_ok=nvml_ok, gpus=tuple(gpus), node_findings=node_findings,
                         pending_actions=pending_actions, slurm=state.node, alerts=state.alerts,
-                        loop_age_s=dict(loop_age_s), dry_run=dry_run)
+                        loop_age_s=dict(loop_age_s), dry_run=dry_run, return_note=state.return_note)
 
 
 # ---- the hooks: the same policy at a job's edges ---------------------------------------------

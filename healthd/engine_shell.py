@@ -20,10 +20,14 @@ from clusterctl.errors import SlurmCommandError
 from clusterctl.healthd import engine
 from clusterctl.healthd.applier import Applied, Applier
 from clusterctl.healthd.config import HealthdConfig
+from clusterctl.healthd.diagnostics import DiagnosticSpec, Level
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.journal import Journal
 from clusterctl.healthd.metrics import Metrics
 from clusterctl.healthd.observed import Observed
+from clusterctl.records.healthd_diagnostic import (
+    DiagnosticResult, append_diagnostic, diagnostics_path, read_diagnostics,
+)
 from clusterctl.records.healthd_job_start import read_job_starts
 from clusterctl.records.healthd_xid_history import (
     XidSighting, append_xid_sighting, read_xid_history, rewrite_xid_history, xid_history_path,
@@ -46,8 +50,17 @@ def open_journal(config: HealthdConfig, clock: Clock) -> Journal:
 
 
 def restored_state(config: HealthdConfig, clock: Clock) -> engine.EngineState:
-    """The engine state a starting healthd begins with: the Xid history that can still count."""
-    return engine.restore(_xid_history(config, clock))
+    """The engine state a starting healthd begins with: the Xid history that can still count, and each
+    diagnostic level's last result (a pass newer than the drain still lets the node return)."""
+    return engine.restore(_xid_history(config, clock), _diagnostics(config, clock))
+
+
+def _diagnostics(config: HealthdConfig, clock: Clock) -> tuple[DiagnosticResult, ...]:
+    try:
+        return read_diagnostics(config.journal_dir)
+    except RecordError as exc:  # start without them: a drained node waits for a new pass, never less
+        _set_aside(diagnostics_path(config.journal_dir), exc, "drained nodes wait for a new diagnostic pass", clock)
+        return ()
 
 
 def _xid_history(config: HealthdConfig, clock: Clock) -> tuple[XidSighting, ...]:
@@ -75,27 +88,37 @@ class EngineShell:
 
     def __init__(self, config: HealthdConfig, settings: engine.EngineSettings, state: engine.EngineState, *,
                  journal: Journal, applier: Applier, slurm: NodeSlurm, metrics: Metrics, clock: Clock,
-                 boot_time: Callable[[], float]) -> None:
+                 boot_time: Callable[[], float],
+                 run_diagnostic: Callable[[Level, DiagnosticSpec], None] = lambda level, spec: None) -> None:
         self.config, self.settings = config, settings
         """Both replaced whole on reload (`reconfigure`)."""
         self.state = state
         """The engine's state: replaced (never changed in place) by the main thread, read by the others."""
         self.journal, self.applier, self.slurm, self.metrics = journal, applier, slurm, metrics
         self.clock, self.boot_time = clock, boot_time
+        self.run_diagnostic = run_diagnostic
+        """Hands a diagnostic to the diagnostic thread (its result comes back as an input)."""
         self.gpu_count = 0
         """The GPUs the last periodic check counted."""
 
-    def reconfigure(self, config: HealthdConfig) -> None:
+    def reconfigure(self, config: HealthdConfig, settings: engine.EngineSettings) -> None:
         """Decide with a reloaded configuration from the next input on."""
-        self.config = config
-        self.settings = engine.EngineSettings.from_config(config, self.settings.node)
+        self.config, self.settings = config, settings
 
-    def handle(self, item: Observed | Applied) -> None:
+    def handle(self, item: Observed | Applied | DiagnosticResult) -> None:
         """Step the engine with one input and carry out its effects (journal first, then hand over)."""
         now = self.clock.now()
+        if isinstance(item, DiagnosticResult):
+            try:
+                append_diagnostic(self.config.journal_dir, item)
+            except OSError as exc:
+                log.error("diagnostic result not journaled in %s: %s", self.config.journal_dir, exc)
+            self.state = engine.diagnosed(self.state, item)
+            return
         if isinstance(item, Applied):
             outcome = engine.applied(self.state, item.action, item.decision, now,
-                                     retry_after=self.applier.retry_after(item.decision), node=item.node)
+                                     retry_after=self.applier.retry_after(item.decision), node=item.node,
+                                     after_failure=self.settings.diagnostics.after_failure)
         else:
             if item.gpu_count is not None:
                 self.gpu_count = item.gpu_count
@@ -115,8 +138,12 @@ class EngineShell:
             if isinstance(effect, engine.Remember):
                 append_xid_sighting(self.config.journal_dir, effect.sighting)
             elif isinstance(effect, (engine.Drain, engine.Resume)):
+                if isinstance(effect, engine.Resume) and self.state.return_note:
+                    log.info("resuming %s: %s", self.settings.node, self.state.return_note)
                 self.journal.plan(effect.planned)  # durable before anything is attempted
                 self.applier.actions.put(effect.planned)
+            elif isinstance(effect, engine.RunDiagnostic):
+                self.run_diagnostic(effect.level, effect.spec)
             elif isinstance(effect, engine.RaiseAlert):
                 self.metrics.breaker_open.set(1)
                 log.error("breaker open: not draining %s: %s", self.settings.node, effect.alert.detail)

@@ -22,8 +22,9 @@ from clusterctl.errors import ClusterctlError, SlurmCommandError
 from clusterctl.files import owner_label
 from clusterctl.healthd.breaker import Breaker
 from clusterctl.healthd.config import DEFAULT_PATH, ConfigError, HealthdConfig, KeptConfig, load_config_keeping_valid
+from clusterctl.healthd.diagnostic_runner import DiagnosticDoor, diagnostics_in_force, run_diagnostic
 from clusterctl.healthd.drain_requests import drain_rules
-from clusterctl.healthd.engine import EngineSettings
+from clusterctl.healthd.engine import EngineSettings, gate_verdict
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import (
     HOOK_PATH, PCI_DEVICES, GateReport, Problem, check_node, from_state, gpus_expected, parse_job_gpus, read_state,
@@ -38,6 +39,7 @@ from clusterctl.records.drain_reason import DrainReason
 from clusterctl.records.healthd_job_start import (
     JobStart, job_start_path, read_job_start, read_job_starts, write_job_start,
 )
+from clusterctl.records.healthd_diagnostic import append_diagnostic
 from clusterctl.records.healthd_state import Alert, HealthdState
 from clusterctl.records.healthd_node_record import NodeRecordEntry, append_node_record
 from clusterctl.records.healthd_tier_reclaim import ReclaimedTree, TierReclaim, append_tier_reclaim
@@ -229,7 +231,8 @@ class _Refusal:
 def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm] | None = None,
                config: HealthdConfig | None = None, node_check: Callable[..., GateReport] = check_node, *,
                config_path: Path | None = None, runner: Runner = subprocess_runner,
-               clock: Callable[[], float] = time.monotonic, tiers: TierDoor | None = None) -> int:
+               clock: Callable[[], float] = time.monotonic, tiers: TierDoor | None = None,
+               diagnostic_door: DiagnosticDoor = run_diagnostic) -> int:
     """0 lets the job start; 1 refuses it (Slurm drains the node and requeues the job).
 
     A job is refused only when the node is (now) drained by the drain door: Slurm drains a node
@@ -239,6 +242,10 @@ def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm
     is logged.  The Slurm calls of the drain path (up to four: the release, the node, the partition's
     share, the drain) share what is left of `hook_timeout` (`runner`'s timeouts are cut to it), so
     they end before the deadline.
+
+    On a node with a `preflight` diagnostic ([diagnostics], or `dcgmi diag -r 1` where DCGM is installed),
+    a node the gate finds clean runs it (through `diagnostic_door`) within PREFLIGHT_SHARE of the budget;
+    one that fails refuses the job as any other blocking problem does (`preflight`).
 
     A job let in then gets the node's memory and disk back from checkpoint tiers nobody resumes from
     (`reclaim_stale_tiers`, through `tiers`: the node's own tier bases unless a test gives its own door).
@@ -250,7 +257,8 @@ def run_prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm
         slurm_factory = _budgeted(runner, start, config.hook_timeout, clock)
     with _bounded("prolog", config.hook_timeout, refusal.exit_code):
         try:
-            code = _prolog(environ, slurm_factory, config, node_check, refusal)
+            preflight = _Preflight(diagnostic_door, start + config.hook_timeout * PREFLIGHT_SHARE, clock)
+            code = _prolog(environ, slurm_factory, config, node_check, refusal, preflight)
         except Exception as exc:  # noqa: BLE001 - a bug must not drain the node around the breaker
             _say("prolog", f"job {environ.get('SLURM_JOB_ID', 'unknown')!r}: gave up: "
                            f"{exc.__class__.__name__}: {exc}; exit {refusal.exit_code()}")
@@ -353,12 +361,63 @@ def _say_reclaimed(job: str, config: HealthdConfig, done: list[ReclaimedTree], s
                    f"{seconds:.2f} s: " + "; ".join(said))
 
 
+PREFLIGHT_SHARE = 0.5
+"""The prolog's pre-flight diagnostic ends by this share of `hook_timeout` (counted from the prolog's start):
+what is left is room for the drain door's Slurm calls (they end by 1 - HOOK_RESERVE) and the notes."""
+MIN_PREFLIGHT_S = 1.0
+"""Less time than this left for the pre-flight: it is skipped (said), not started to be cut short."""
+
+
+@dataclass(frozen=True)
+class _Preflight:
+    """How the prolog runs its pre-flight diagnostic: the door, the deadline (on `clock`) it must end by."""
+
+    door: DiagnosticDoor
+    deadline: float
+    clock: Callable[[], float]
+
+
+def preflight(config: HealthdConfig, job: str, door: DiagnosticDoor, seconds_left: float) -> Problem | None:
+    """Run the `preflight` diagnostic if one is in force and `seconds_left` allows; a Problem when it failed.
+
+    Only a run that said "fail" refuses: one that could not start, whose output could not be read, or that
+    ran out of time (its own timeout, or the prolog's budget) lets the job in, said in slurmd's log: a
+    missing DCGM host engine, or a budget too small for the level, is the same on every node at once.
+    A result other than a pass is journaled (diagnostics.jsonl; passes are not: one per job start)."""
+    spec = diagnostics_in_force(config).preflight
+    if spec is None:
+        return None
+    if seconds_left < MIN_PREFLIGHT_S:
+        _say("prolog", f"job {job}: pre-flight {spec.name} skipped: {max(seconds_left, 0):.1f} s left of the "
+                       f"prolog's budget (hook_timeout {config.hook_timeout:g} s)")
+        return None
+    result = door(spec, "preflight", seconds_left)
+    if result.outcome != "pass":
+        try:
+            append_diagnostic(config.journal_dir, result)
+        except OSError as exc:
+            _say("prolog", f"job {job}: pre-flight result not journaled in {config.journal_dir}: {exc}")
+    if result.outcome == "fail":
+        finding = Finding("diagnostic-failed", "prolog", result.at, value=spec.name,
+                          detail=f"{result.describe()}; output: {result.excerpt}" if result.excerpt
+                          else result.describe())
+        return Problem(finding, gate_verdict(finding, config.policy))
+    if result.outcome != "pass":
+        _say("prolog", f"job {job}: pre-flight {result.describe()}: let in (says nothing about this node)")
+    return None
+
+
 def _prolog(environ: dict[str, str], slurm_factory: Callable[[str], NodeSlurm], config: HealthdConfig,
-            node_check: Callable[..., GateReport], refusal: _Refusal) -> int:
+            node_check: Callable[..., GateReport], refusal: _Refusal, preflight_run: _Preflight | None = None) -> int:
     job = _job_id(environ) or "unknown"
     node = _node_name(environ, config)
     gpus = parse_job_gpus(environ.get("SLURM_JOB_GPUS"))
     report = node_check(config, gpus)
+    # GPUs NVML cannot judge here cannot pass a diagnostic either: that is the same on every node at once.
+    if report.ok and preflight_run is not None and report.gpus_unchecked is None:
+        failed = preflight(config, job, preflight_run.door, preflight_run.deadline - preflight_run.clock())
+        if failed is not None:
+            report.problems.append(failed)
     for note in report.notes:
         _say("prolog", f"job {job}: {note}")
     if report.gpus_unchecked is not None:
@@ -699,6 +758,8 @@ def _health_check(environ: dict[str, str], slurm_factory: Callable[[str], NodeSl
 def _said_healthy(node: str, source: str, unchecked: str | None, config: HealthdConfig, pci_devices: Path) -> int:
     """The line of a node with no blocking problem, and its exit: a node whose GPUs could not be judged is
     not called healthy when it should have GPUs."""
+    for line in diagnostics_in_force(config).describe():
+        _say("healthcheck", f"{node} {line}")
     if unchecked is None:
         print(f"clusterctl-healthcheck: {node} healthy ({source})")
         return 0

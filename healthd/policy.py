@@ -22,7 +22,7 @@ from clusterctl.records.drain_reason import REASON_PREFIX, DrainReason, as_evide
 __all__ = ["CONDITION_TABLE", "POLICY_VERSION", "RECOVERY_ACTIONS", "REASON_PREFIX", "XID_TABLE", "PolicyConfig",
            "drain_reason", "judge", "policy_rows"]
 
-POLICY_VERSION = "2026.11.2"
+POLICY_VERSION = "2026.11.3"
 
 
 def _in_shown_order(conditions: Sequence[Condition]) -> tuple[tuple[str, Action, str], ...]:

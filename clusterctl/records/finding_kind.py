@@ -42,6 +42,7 @@ FindingKind = Literal[
     "nvlink-errors",  # NVLink CRC/replay/recovery error counters climbing faster than allowed
     "storage-hung",  # a shared path's write/fsync/read/unlink probe did not finish by its deadline
     "storage-error",  # that probe failed
+    "diagnostic-failed",  # an active diagnostic (dcgmi diag, the site's own command) said the node is bad
 ]
 FINDING_KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
 """Every kind, in the order above."""

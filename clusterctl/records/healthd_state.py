@@ -182,6 +182,9 @@ class HealthdState:
     alerts: tuple[Alert, ...] = ()
     loop_age_s: Mapping[str, float] = dataclass_field(default_factory=dict)
     dry_run: bool = False
+    return_note: str = ""
+    """Why a node healthd drained has not returned to service yet ("waiting for diagnostic ...",
+    "diagnostic ... failed: ..."), or which diagnostic let it return; "" when there is nothing to say."""
 
     @property
     def verdict(self) -> Action:
@@ -204,7 +207,7 @@ class HealthdState:
                 "node_findings": [f.to_json() for f in self.node_findings], "pending_actions": self.pending_actions,
                 "slurm": _node_to_json(self.slurm) if self.slurm else None,
                 "alerts": [a.to_json() for a in self.alerts], "loop_age_s": dict(self.loop_age_s),
-                "dry_run": self.dry_run}
+                "dry_run": self.dry_run, "return_note": self.return_note}
 
     @classmethod
     def from_json(cls, data: object, where: str) -> HealthdState:
@@ -229,7 +232,9 @@ class HealthdState:
                    slurm=_node_from_json(body.get("slurm"), where),
                    alerts=tuple(Alert.from_json(a, where) for a in field(body, "alerts", list, where)),
                    loop_age_s={str(k): float(v) for k, v in loop_age.items()},
-                   dry_run=field(body, "dry_run", bool, where))
+                   dry_run=field(body, "dry_run", bool, where),
+                   # `return_note` came later within version 1: optional, and older readers ignore it.
+                   return_note=field(body, "return_note", str, where) if "return_note" in body else "")
 
 
 def state_path(state_dir: Path) -> Path:

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from clusterctl.healthd.checks import (
-    clocks, ecc, gpu_count, host, network, nvlink, nvml_calls, pcie, recovery, remap, storage, thermal, xid,
+    clocks, diagnostic, ecc, gpu_count, host, network, nvlink, nvml_calls, pcie, recovery, remap, storage, thermal,
+    xid,
 )
 from clusterctl.healthd.checks.clocks import (
     CLOCK_EVENT_HW_POWER_BRAKE, CLOCK_EVENT_HW_SLOWDOWN, CLOCK_EVENT_HW_THERMAL, CLOCK_EVENT_SW_THERMAL,
@@ -36,7 +37,7 @@ __all__ = [
 
 FAMILIES: tuple[CheckFamily, ...] = (
     xid.FAMILY, gpu_count.FAMILY, ecc.FAMILY, remap.FAMILY, nvlink.FAMILY, recovery.FAMILY, thermal.FAMILY,
-    clocks.FAMILY, nvml_calls.FAMILY, host.FAMILY, pcie.FAMILY, network.FAMILY, storage.FAMILY,
+    clocks.FAMILY, nvml_calls.FAMILY, host.FAMILY, pcie.FAMILY, network.FAMILY, storage.FAMILY, diagnostic.FAMILY,
 )
 """Every family; a GPU sample is judged by theirs in this order (the order of its findings)."""
 

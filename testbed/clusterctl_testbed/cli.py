@@ -11,6 +11,7 @@ import click
 from clusterctl_testbed.cluster import Testbed
 from clusterctl_testbed.compose_cli import compose, inject_network_fault, network_fault
 from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
+from clusterctl_testbed.dcgmi_emu import DiagFault, inject_diag
 from clusterctl_testbed.ib_faults import IB_FAULT_KINDS
 from clusterctl_testbed.layout import Layout
 from clusterctl_testbed.rootfs import BUILD_MINUTES_HERE
@@ -194,6 +195,12 @@ Network faults (the node's emulated /sys/class/infiniband; --nic picks mlx5_<N>,
   ib-link-flap [N]     the link went down and back N times (link_downed, link_error_recovery)
   nic-pcie-degraded [W]  the NIC's PCIe link runs at xW (default 8) of its x16
   ib-clear             the port and link healthy again (counters keep their totals)
+
+\b
+Diagnostic faults (the node's emulated `dcgmi diag`, dcgmi_emu.py; --gpu picks the GPU):
+  dcgm-fail LEVEL [TEST]   TEST (default Diagnostic; words joined by _) fails from run level LEVEL up
+  dcgm-hang SECONDS        every run sleeps SECONDS first (a hung host engine)
+  dcgm-clear               the diagnostic passes again
 """
 
 
@@ -207,11 +214,15 @@ Network faults (the node's emulated /sys/class/infiniband; --nic picks mlx5_<N>,
 def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int, nic: int, port: int) -> None:
     tb = Testbed()
     network = network_fault(kind, args, nic, port) if kind in IB_FAULT_KINDS else None
-    fault = None if network else _parse_fault(kind, args, gpu)
+    fault = None if network or kind in DIAG_FAULT_KINDS else _parse_fault(kind, args, gpu)
     directory = tb.nvml_dir(node)
     if not directory.is_dir():
         raise click.ClickException(f"{node} has no emulated GPUs at {directory}: is the testbed up? "
                                    "(`clusterctl-testbed up`)")
+    if kind in DIAG_FAULT_KINDS:
+        inject_diag(directory, _diag_fault(kind, args, gpu))
+        click.echo(f"injected {kind} {' '.join(args)} on {node} gpu{gpu}".rstrip())
+        return
     if network is not None:
         inject_network_fault(directory / "sysroot", network)
         click.echo(f"injected {kind} {' '.join(args)} on {node} mlx5_{nic}/{port}".rstrip())
@@ -220,6 +231,22 @@ def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int, nic: int
     inject(directory, fault)
     click.echo(f"injected {kind} {' '.join(args)} on {node} gpu{gpu}".rstrip())
 
+
+
+DIAG_FAULT_KINDS = ("dcgm-fail", "dcgm-hang", "dcgm-clear")
+
+
+def _diag_fault(kind: str, args: tuple[str, ...], gpu: int) -> DiagFault:
+    try:
+        if kind == "dcgm-fail" and 1 <= len(args) <= 2:
+            return DiagFault("fail", int(args[0]), args[1].replace("_", " ") if len(args) == 2 else "Diagnostic", gpu)
+        if kind == "dcgm-hang" and len(args) == 1:
+            return DiagFault("hang", seconds=float(args[0]))
+        if kind == "dcgm-clear" and not args:
+            return DiagFault("clear")
+    except ValueError:
+        pass
+    raise click.BadParameter(f"{kind}: see the diagnostic faults in --help", param_hint="ARGS")
 
 
 def _parse_fault(kind: str, args: tuple[str, ...], gpu: int) -> Fault:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import clusterctl
 from clusterctl_testbed import rootfs, slurm_config, versions
+from clusterctl_testbed.dcgmi_emu import write_dcgmi
 from clusterctl_testbed.ib_faults import build_tree
 from clusterctl_testbed.layout import CONTROLLER, Layout
 from clusterctl_testbed.private_root import ensure_private_root
@@ -344,6 +345,7 @@ class Testbed:
             (node_dir / "events").touch()
             (node_dir / "kmsg").touch()
             build_tree(node_dir / "sysroot", layout.gpus_per_node)  # healthd's ib_root: one NIC per GPU
+            write_dcgmi(node_dir)  # the node's dcgmi, run by healthd's [diagnostics] (dcgmi_emu.py)
         files = {
             layout.etc / "slurm.conf": slurm_config.slurm_conf(layout, self.hooks, release.version),
             layout.etc / "topology.conf": slurm_config.topology_conf(layout),

@@ -221,6 +221,10 @@ def job_metrics_dir(layout: Layout) -> Path:
     return layout.root / "node-exporter-textfile"
 
 
+DIAGNOSTIC_LEVELS = (("preflight", 1, 5), ("after_failure", 2, 30), ("before_return", 3, 60))
+"""The testbed's diagnostic per level: (level, dcgmi run level, timeout in seconds)."""
+
+
 def healthd_toml(layout: Layout, node: str) -> str:
     """The node's /etc/clusterctl/healthd.toml: its kernel-log stand-in and durable dir."""
     return "\n".join([
@@ -246,5 +250,10 @@ def healthd_toml(layout: Layout, node: str) -> str:
         # machine, not the node, so their thresholds are set where they never fire on the testbed.
         "disk_min_free = 0.0",
         "memory_min_available = 0.0",
+        "",
+        # The node's emulated dcgmi (dcgmi_emu.py): DCGM's levels with the real argv, JSON and exit codes.
+        "[diagnostics]",
+        *(f'{level} = {{ argv = ["{layout.nvml_dir / node / "bin" / "dcgmi"}", "diag", "-r", "{run}", "-j"], timeout = {timeout}, '
+          f'parser = "dcgmi" }}' for level, run, timeout in DIAGNOSTIC_LEVELS),
         "",
     ])

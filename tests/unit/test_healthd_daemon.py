@@ -227,3 +227,38 @@ def test_a_journal_from_another_healthd_version_is_set_aside_not_half_applied(co
     [aside] = config.journal_dir.glob("actions.jsonl.unreadable-*")
     assert '"id": "a1"' in aside.read_text()
     assert "not a healthd-action record" in caplog.text and "not applied" in caplog.text
+
+
+def test_a_drained_node_waits_for_its_diagnostic_which_is_journaled_and_survives_a_restart(config):
+    from clusterctl.healthd.diagnostics import DiagnosticSpec, Diagnostics
+    from clusterctl.records.healthd_diagnostic import DiagnosticResult, read_diagnostics
+
+    r3 = DiagnosticSpec(("/usr/bin/dcgmi", "diag", "-r", "3", "-j"), 3600.0, "dcgmi")
+    ran: list[str] = []
+
+    def door(spec, level, timeout=None):
+        ran.append(level)
+        return DiagnosticResult(level, spec.name, "pass", T0 + 1, 900.0, 0, "120 results passed", "...")
+
+    config = replace(config, resume_when_clean=True, clean_checks=1)
+    slurm = FakePartition()
+
+    def start() -> Daemon:
+        return Daemon(config, slurm=slurm("node3"), clock=Clock(now=lambda: T0), boot_time=lambda: T0 - 3600,
+                      diagnostic_door=door, diagnostics=lambda c: Diagnostics(before_return=r3, source="test"))
+
+    first = start()
+    first.handle(Observed("nvml-event", (Finding("ecc-dbe", "nvml-event", T0, gpu=3, uuid="GPU-3"),)))
+    drain = first.actions.get_nowait()
+    first.handle(Applied(drain, first.apply(drain), first.applied_node))
+    first.handle(Observed("periodic", (), node=slurm("node3").state()))
+    assert first.actions.empty()  # clean, but not resumed: the diagnostic is asked for
+    level, spec = first.diagnostics.requests.get_nowait()
+    first.handle(door(spec, level))
+    assert [r.outcome for r in read_diagnostics(config.journal_dir)] == ["pass"]
+    second = start()  # healthd restarted before the next check: the pass on record still counts
+    second.handle(Observed("periodic", (), node=slurm("node3").state()))
+    assert second.actions.get_nowait().op == "resume" and second.diagnostics.requests.empty()
+    second.write_state()
+    state = read_healthd_state(config.state_dir)
+    assert state is not None and state.return_note.startswith("diagnostic /usr/bin/dcgmi diag -r 3 -j passed at ")
