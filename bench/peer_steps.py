@@ -27,7 +27,6 @@ class StepLogError(ValueError):
 
     def __init__(self, line_number: int, text: str) -> None:
         super().__init__(f"step log line {line_number}: {text!r} is not '<wall seconds> <step> <rank> <world size>'")
-        self.line_number = line_number
 
 
 @dataclass(frozen=True)
@@ -75,12 +74,27 @@ def parse_step_log(text: str) -> list[StepLine]:
 
 def first_complete_step_after(lines: Iterable[StepLine], after: float) -> StepLine | None:
     """The first step after `after` that every rank of its world finished after `after`: the line that
-    completed it (its wall time is when training was stepping again)."""
+    completed it (its wall time is when training was stepping again).
+
+    The step in flight at the fault (the one after the newest finished before it, in the same world) does
+    not count until a restart shows (a step no newer than one finished before the fault): its ranks may
+    all log it after the fault although its work was done before -- a stopped rank that its tool wakes
+    (SIGCONT) only to kill it logs the step it was stopped in.  A restart that resumes exactly at that
+    step is then seen one step late."""
+    ordered = sorted(lines, key=lambda line: line.wall)
+    before = [line for line in ordered if line.wall <= after]
+    in_flight = (max(line.step for line in before) + 1, before[-1].world) if before else None
+    restarted = False
     seen: dict[tuple[int, int], set[int]] = {}
-    for line in sorted(lines, key=lambda line: line.wall):
+    for line in ordered:
         if line.wall <= after:
             continue
-        ranks = seen.setdefault((line.step, line.world), set())
+        if in_flight is not None and line.step < in_flight[0]:
+            restarted = True
+        key = (line.step, line.world)
+        if key == in_flight and not restarted:
+            continue
+        ranks = seen.setdefault(key, set())
         ranks.add(line.rank)
         if len(ranks) == line.world:
             return line

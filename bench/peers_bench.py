@@ -96,21 +96,22 @@ class Plan:
 
 
 DETECTION = {
-    # ft_launcher: its in-job restarter moving to "handling", or torchelastic's failed worker group.
+    # ft_launcher: a rank monitor's missed heartbeat, its in-job restarter "handling", a failed worker group.
     "nvrx": re.compile(r"NestedRestarter\] name=\[InJob\] state=handling stage=starting|failed \(exitcode|"
-                       r"Worker group FAILED|Did not get (initial )?heartbeat"),
+                       r"Worker group FAILED|Did not get (initial )?heartbeat|FT timeout elapsed"),
     # torchft: a surviving group's manager reconfiguring for a new quorum without the lost group.
     "torchft": re.compile(r"reconfiguring for quorum_id"),
 }
 """Each tool's own words for "I saw the failure" (slurm-requeue has none: its first restart sign counts)."""
 
 NOT_HANDLED = {
-    ("nvrx", "straggler"): "not handled: ft_launcher restarts nothing for a slow rank (NVRx's straggler "
-                           "detector reports, it does not act)",
-    ("torchft", "straggler"): "not handled: a slow replica group slows every step's quorum; nothing is evicted",
-    ("slurm-requeue", "straggler"): "not handled: Slurm sees a running job",
-    ("slurm-requeue", "hang"): "not handled: Slurm requeues a job that ends; a silent rank ends it only when "
-                               "the program's own collective timeout (torch_trainer --timeout) fires",
+    ("nvrx", "straggler"): "not handled (its docs; not measured): ft_launcher acts on a rank that stops or dies; "
+                           "NVRx's straggler detection is a separate in-process API that reports scores",
+    ("torchft", "straggler"): "not handled (its docs; not measured): a slow replica group slows every step's "
+                              "quorum; nothing evicts it",
+    ("slurm-requeue", "straggler"): "not handled (not measured): Slurm sees a running job",
+    ("slurm-requeue", "hang"): "not handled by Slurm (not measured): it requeues a job that ends; a silent rank "
+                               "ends it only when the program's own collective timeout (torch_trainer --timeout) fires",
 }
 
 
@@ -342,6 +343,10 @@ def run_trial(nodes: Nodes, tool: str, which: str, fault: str, *, work: Path, bi
         lines = parse_step_log(steps.read_text())
         detected = first_match(nodes.stamped(), fault_at, DETECTION[tool]) if tool in DETECTION else None
         record.update(asdict(measure_trial(lines, fault_at, detected)))
+        # The raw lines around the recovery, relative to the fault, so a later reading can measure again.
+        end = fault_at + (record["stepping_again_s"] or timeout) + 1.0
+        record["step_lines"] = [[round(line.wall - fault_at, 3), line.step, line.rank, line.world]
+                                for line in lines if fault_at - 1.0 <= line.wall <= end]
         record["worlds_after"] = sorted({line.world for line in lines if line.wall > fault_at})
         if record["stepping_again_s"] is None:
             record["note"] = f"not stepping again within {timeout:.0f} s: " + _tail(nodes)
@@ -379,8 +384,8 @@ def cases(tools: Sequence[str], faults: Sequence[str], timeouts: Sequence[str], 
                 elif not note and local and fault == "xid":
                     note = "not run locally: an Xid needs the testbed's emulated NVML"
                 elif not note and local and fault == "power-off" and tool == "nvrx":
-                    note = ("not run locally: ft_launcher needs a spare node to come back (--nnodes=2:3 on the "
-                            "testbed); with two nodes it waits for the lost one")
+                    note = ("not run locally: ft_launcher comes back only with a spare node (an elastic --nnodes "
+                            "range), which the local run does not set up")
                 elif not note and local and (tool, which, fault) == ("nvrx", "defaults", "hang"):
                     note = "not run locally: at the defaults NVRx finds a hung rank after 2700 s"
                 rows.append((tool, which, fault, note))
@@ -392,13 +397,40 @@ def rotate(items: Sequence, by: int) -> list:
     return [items[(i + by) % len(items)] for i in range(len(items))] if items else []
 
 
+def merge(reports: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One report from several runs of this bench (each a subset of the cases): every row of the whole matrix,
+    with the trials some run measured, else its note; every run's command and versions."""
+    if not reports:
+        raise ValueError("nothing to merge")
+    local = all(report.get("mode") == "local" for report in reports)
+    rows: dict[tuple[str, str, str], dict[str, Any]] = {
+        (t, w, f): {"tool": t, "timeouts": w, "fault": f, "note": note, "trials": []}
+        for t, w, f, note in cases(TOOLS, FAULTS, TIMEOUTS, local)}
+    for report in reports:
+        for row in report["rows"]:
+            key = (row["tool"], row["timeouts"], row["fault"])
+            if row.get("trials") and key in rows:
+                rows[key]["trials"] += row["trials"]
+                rows[key]["note"] = ""
+    for row in rows.values():
+        if not row["trials"] and not row["note"]:
+            row["note"] = "not run in these runs"
+    merged = {k: v for k, v in reports[0].items() if k not in ("rows", "command", "versions", "trials")}
+    merged.update({"commands": [r.get("command") for r in reports], "versions": [r.get("versions") for r in reports],
+                   "rows": list(rows.values())})
+    return merged
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="JSON",
+                        help="write one report (--out) of earlier runs' JSON files, each a subset of the cases")
     parser.add_argument("--local", action="store_true", help="pretend nodes on this machine (no Slurm)")
     parser.add_argument("--trials", type=int, default=5)
     parser.add_argument("--tools", default=",".join(TOOLS))
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--timeouts", default=",".join(TIMEOUTS))
+    parser.add_argument("--cases", help="only these tool:timeouts:fault cases (e.g. nvrx:aggressive:kill,...)")
     parser.add_argument("--peers-python", type=Path, default=REPO / ".venv-peers" / "bin" / "python",
                         help="the interpreter with the peers (scripts/setup.sh with CLUSTERCTL_PEERS=1)")
     parser.add_argument("--trial-timeout", type=float, default=120.0, help="seconds a recovery may take")
@@ -406,6 +438,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a trial's processes stopped on the way out
+    if args.merge:
+        try:
+            merged = merge([json.loads(path.read_text()) for path in args.merge])
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(f"--merge: {exc}")
+        out = args.out or REPO / "bench" / "results" / "peers_local.json"
+        out.write_text(json.dumps(merged, indent=1) + "\n")
+        print("\n".join(table(merged["rows"])))
+        return 0
     for option, allowed in (("tools", TOOLS), ("faults", FAULTS), ("timeouts", TIMEOUTS)):
         chosen = [x for x in getattr(args, option).split(",") if x]
         if bad := [x for x in chosen if x not in allowed]:
@@ -422,6 +463,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[tuple[str, str, str], dict[str, Any]] = {
         (t, w, f): {"tool": t, "timeouts": w, "fault": f, "note": note, "trials": []} for t, w, f, note in all_cases}
     runnable = [(t, w, f) for t, w, f, note in all_cases if not note]
+    if args.cases:
+        wanted = {tuple(case.split(":")) for case in args.cases.split(",") if case}
+        if unknown := wanted - set(runnable):
+            parser.error(f"--cases: not runnable here: {', '.join(':'.join(c) for c in sorted(unknown))}")
+        runnable = [case for case in runnable if case in wanted]
+        results = {key: row for key, row in results.items() if key in wanted}
     port = 29700
     for number in range(args.trials):
         for tool, which, fault in rotate(runnable, number):

@@ -6,16 +6,18 @@ heartbeat to NVRx's rank monitor after every step.
         --max-restarts=3 --ft-rank-heartbeat-timeout=... examples/peers/nvrx_trainer.py \\
         --checkpoint-dir DIR --step-log FILE [torch_trainer options]
 
-Followed: NVRx's fault tolerance usage guide ("Fault Tolerance" > "Usage guide" and "Integration guide",
-https://nvidia.github.io/nvidia-resiliency-ext/fault_tolerance/usage_guide.html), which on a Slurm cluster
-runs one ft_launcher per node from `srun` with the c10d rendezvous on the first node, the training
-script sending `RankMonitorClient.send_heartbeat()` once per iteration, and a restarted rank resuming
+Followed: NVRx's fault tolerance usage guide and its heartbeats integration guide
+(https://nvidia.github.io/nvidia-resiliency-ext/fault_tolerance/usage_guide.html and
+.../fault_tolerance/integration/heartbeats.html): a single ft_launcher per node (on a Slurm cluster, one
+per node from `srun`), the launchers meeting through torchrun's rendezvous (c10d on the first node), the
+training script sending `RankMonitorClient.send_heartbeat()` every step, and a restarted rank resuming
 from its last checkpoint (here: torch_trainer's `--resume auto`, the newest DCP checkpoint with its
-`.metadata`).  Its default timeouts (nvidia_resiliency_ext/fault_tolerance/config.py,
+`.metadata`).  Spares come from an elastic `--nnodes MIN:MAX` range.  Its default timeouts (nvidia_resiliency_ext/fault_tolerance/config.py,
 FaultToleranceConfig): initial_rank_heartbeat_timeout 3600 s, rank_heartbeat_timeout 2700 s,
 workload_check_interval 5 s, node_health_check_interval 5 s, restart_check_interval 60 s; the guide
-says to set the heartbeat timeouts from observed intervals (`safety_factor` 5) — the most aggressive
-setting it allows is a few step times, which bench/peers_bench.py uses for its "aggressive" row.
+says rank_heartbeat_timeout must be at least the longest interval between steps, and that no heartbeat is
+sent while a checkpoint is saved or loaded: the most aggressive setting it allows is a few step times plus
+a save, which bench/peers_bench.py uses for its "aggressive" row (5 s; a step here takes about 0.15 s).
 
 Everything else (model, data, DDP over gloo, checkpoints, the step log) is torch_trainer's.
 """

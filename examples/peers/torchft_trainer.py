@@ -7,9 +7,9 @@ torchft's Manager, going on with fewer replica groups when one fails instead of 
         torchrun --nproc-per-node=2 --max-restarts=3 --master-port=PORT examples/peers/torchft_trainer.py \\
         --checkpoint-dir DIR --step-log FILE [torch_trainer options]    # once per node (replica group)
 
-Followed: torchft's README ("Running DDP": a lighthouse, then one torchrun per replica group with
-TORCHFT_LIGHTHOUSE, REPLICA_GROUP_ID and NUM_REPLICA_GROUPS; train_ddp.py's Manager + DistributedDataParallel +
-OptimizerWrapper loop) and its Slurm example (torchft/examples/slurm/README.md in the wheel: the lighthouse
+Followed: torchft's README (https://github.com/meta-pytorch/torchft: the lighthouse command above, then one
+torchrun per replica group with REPLICA_GROUP_ID, NUM_REPLICA_GROUPS and TORCHFT_LIGHTHOUSE for its
+train_ddp.py, whose loop is Manager + DistributedDataParallel + OptimizerWrapper over ProcessGroupGloo) and its Slurm example (torchft/examples/slurm/README.md in the wheel: the lighthouse
 on a node every replica reaches, `--min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000`; each
 replica group a torchx/Slurm job restarted on failure — here torchrun's `--max-restarts`).  Defaults
 (torchft_lighthouse --help, Manager.__init__): lighthouse heartbeat_timeout_ms 5000, join_timeout_ms 60000,
@@ -20,7 +20,7 @@ Within a replica group the ranks average their gradients over their own gloo gro
 groups torchft's DDP averages them through the Manager (its comm hook), over the groups in the step's quorum.
 A recovering group is healed by torchft from a live group's state (model, optimizer, data cursor); every
 --checkpoint-every steps each group also saves a DCP checkpoint of its own (torch_trainer.save, under
-DIR/replica-<id>) so the I/O per step matches the other tools.  The global rank in the step log is
+DIR/replica-<id>), from which a group (re)starting resumes first (the case every group was lost).  The global rank in the step log is
 replica_rank × group size + group rank, the world the step's participants × group size.
 Model, data, checkpoints and the step log are torch_trainer's; the result is not bit-identical to an
 unfaulted run (a step with fewer replicas averages fewer samples), which torchft does not promise.
@@ -67,8 +67,18 @@ def train(args) -> int:
     ddp = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)
     torch.manual_seed(args.seed + group_rank)
+    own = args.checkpoint_dir / f"replica-{replica_id}"
+    # A group (re)starting resumes from its own newest checkpoint, and torchft's Manager from that step (its
+    # docs: save and restore the Manager's state with periodic checkpoints); a live group newer than it
+    # then heals it.  Only rank 0 chooses, so a checkpoint appearing meanwhile changes nothing.
+    chosen = [str(tt.latest_checkpoint(own) or "") if group_rank == 0 else None]
+    dist.broadcast_object_list(chosen, src=0)
+    if chosen[0]:
+        step, progress["cursor"] = tt.load(Path(chosen[0]), model, inner, group_rank)
+        manager.load_state_dict({"step": step, "batches_committed": step})
     step_log = StepLog(args.step_log)
-    tt.log(f"replica group {replica_id}, rank {group_rank} of {group_size}: joining the quorum")
+    tt.log(f"replica group {replica_id}, rank {group_rank} of {group_size}: "
+           f"{'resumed from ' + chosen[0] if chosen[0] else 'fresh start'}; joining the quorum")
     while manager.current_step() < args.steps:
         optimizer.zero_grad()  # starts the step's quorum
         replica_rank = manager.participating_rank() or 0
@@ -90,8 +100,7 @@ def train(args) -> int:
             if step % args.log_every == 0:
                 tt.log(f"step {step} loss {loss.item():.6f}; world size {world}")
             if step % args.checkpoint_every == 0:
-                tt.save(args.checkpoint_dir / f"replica-{replica_id}", model, inner, step, progress["cursor"],
-                        group_rank, None)
+                tt.save(own, model, inner, step, progress["cursor"], group_rank, None)
     tt.log(f"done: step {manager.current_step()}")
     manager.shutdown(wait=False)
     dist.destroy_process_group()
@@ -103,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     args = tt.parse_args(argv)
     try:
         return train(args)
+    except ValueError as exc:
+        tt.log(f"cannot resume: {exc}")
+        return tt.EXIT_USAGE
     except (RuntimeError, dist.DistBackendError) as exc:
         tt.log(f"giving up ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
         return tt.EXIT_PEER_LOST

@@ -78,7 +78,9 @@ def test_a_restart_from_a_checkpoint_loses_the_steps_since_it_and_steps_again_wh
     fault = before[-1].wall + 0.05 if before else 1000.0
     after = run(world, checkpoint + 1, checkpoint + 20, fault + downtime)
     measured = steps.measure_trial(before + after, fault, None)
-    completed = max(line.wall for line in after if line.step == checkpoint + 1)
+    # A restart that resumes at the very step in flight at the fault shows no restart: seen one step late.
+    first = checkpoint + 1 if ahead or not before else checkpoint + 2
+    completed = max(line.wall for line in after if line.step == first)
     assert measured.stepping_again_s == pytest.approx(completed - fault, abs=1e-3)
     assert measured.steps_lost == (ahead if before else None)
     if ahead:  # no tool line given: the first step of the new attempt (one done before) is the detection
@@ -145,3 +147,13 @@ def test_the_table_gives_each_measured_row_its_ratio_and_each_other_row_its_reas
     assert text[3] == "| kill | torchft | defaults | 1 | 5 | 6 | 0 | 1 |"
     assert text[4] == "| kill | torchft | aggressive | 2 | 1 | 2 (1 of 2 never) | 0 | — |"
     assert text[5] == "| straggler | torchft | defaults | 0 | not handled: nothing is evicted | | | |"
+
+
+def test_the_step_a_stopped_rank_finishes_when_its_tool_wakes_it_to_kill_it_is_not_stepping_again() -> None:
+    before = run(4, 1, 25, 1000.0)
+    fault = before[-1].wall + 0.01
+    in_flight = [steps.StepLine(fault + 0.1, 26, rank, 4) for rank in range(3)] + [steps.StepLine(fault + 5, 26, 3, 4)]
+    restart = run(4, 21, 30, fault + 30)
+    measured = steps.measure_trial(before + in_flight + restart, fault, fault + 5)
+    assert measured.stepping_again_s == pytest.approx(max(x.wall for x in restart if x.step == 21) - fault, abs=1e-3)
+    assert measured.steps_lost == 5
