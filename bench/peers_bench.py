@@ -444,6 +444,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError, KeyError) as exc:
             parser.error(f"--merge: {exc}")
         out = args.out or REPO / "bench" / "results" / "peers_local.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(merged, indent=1) + "\n")
         print("\n".join(table(merged["rows"])))
         return 0
