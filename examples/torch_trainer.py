@@ -46,6 +46,7 @@ import socket
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # numpy is optional to torch
@@ -56,6 +57,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
+from step_log import StepLog  # noqa: E402  (next to this file)
 from toy_trainer import Gpu, GpuLost, beat  # noqa: E402  (next to this file)
 
 try:  # clusterctl's multi-level checkpoints (node memory, a buddy node, shared storage), when the job has them on
@@ -238,6 +240,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--step-time", type=float, default=0.0, help="Extra seconds per step (a slower job to fault).")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--timeout", type=float, default=60.0, help="Give up on a silent peer after this many seconds.")
+    p.add_argument("--step-log", type=Path, help="Append a line per step per rank (examples/step_log.py): "
+                   "the clock bench/peers_bench.py measures every tool by.")
     p.add_argument("--die-during-save", type=int, metavar="STEP",
                    help="Fault injection for tests: the last rank is killed while saving STEP's checkpoint "
                         "(in a run that started fresh; a resumed one goes on).")
@@ -256,7 +260,8 @@ def pick_resume(args: argparse.Namespace) -> Path | None:
     return Path(choice)
 
 
-def train(args: argparse.Namespace) -> int:
+def train(args: argparse.Namespace, on_step: Callable[[int], None] | None = None) -> int:
+    """The run; `on_step(step)` after each step (examples/peers/: a peer's heartbeat)."""
     rank, world = env_int("RANK"), env_int("WORLD_SIZE")
     gpu = Gpu(env_int("LOCAL_RANK", 0))
     torch.set_num_threads(1)  # same arithmetic on every host, and light on a shared machine
@@ -293,6 +298,7 @@ def train(args: argparse.Namespace) -> int:
         log(f"{'resumed from ' + chosen[0] if chosen[0] else 'fresh start'}; world size {world}; "
             f"steps {step}..{args.steps}; gpu checks {'on' if gpu.present else 'off (no NVML)'}")
     model.train()
+    step_log = StepLog(args.step_log)
     params = sum(p.numel() for p in model.parameters())
     logged = (time.monotonic(), step)  # rank 0's tokens/s: over each log interval
     while step < args.steps:
@@ -308,6 +314,9 @@ def train(args: argparse.Namespace) -> int:
         if args.step_time:
             time.sleep(args.step_time)
         beat(step, tokens=args.batch, flops=6.0 * params * args.batch, loss=loss, grad_norm=grad_norm)
+        step_log.step(step, rank, world)
+        if on_step is not None:
+            on_step(step)
         if step % args.log_every == 0 or step == args.steps:
             now = time.monotonic()
             tokens_per_s = world * args.batch * (step - logged[1]) / max(now - logged[0], 1e-9)
@@ -347,10 +356,10 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, on_step: Callable[[int], None] | None = None) -> int:
     args = parse_args(argv)
     try:
-        return train(args)
+        return train(args, on_step)
     except GpuLost as exc:
         log(f"CUDA error: {exc}")
         return EXIT_GPU_LOST

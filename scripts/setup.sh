@@ -5,7 +5,9 @@
 # and the testbed, a separate development-only package; with CLUSTERCTL_TORCH=1 also PyTorch
 # (CPU build) for the PyTorch example and its tests; with CLUSTERCTL_BROWSER=1 also Debian's
 # headless-capable Chromium, which the tests of `clusterctl report --html` render the page with
-# (skipped without it; scripts/test.sh asks for both). Idempotent.
+# (skipped without it; scripts/test.sh asks for both); with CLUSTERCTL_PEERS=1 also a separate virtualenv
+# .venv-peers with the tools bench/peers_bench.py compares clusterctl with (NVIDIA's ft_launcher, torchft),
+# kept out of .venv. Idempotent.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -44,4 +46,14 @@ fi
 extras="test"
 [[ ${CLUSTERCTL_TORCH:-0} == 1 ]] && extras="test,torch"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]" -e ./testbed
+# CLUSTERCTL_PEERS=1: the peers' extra in a venv of its own (never in .venv: their dependencies, pynvml
+# among them, must not shadow clusterctl's), with the `torch` extra's pins (PyTorch's CPU build, numpy for
+# DCP) read from pyproject.toml, so both venvs run the same PyTorch.
+if [[ ${CLUSTERCTL_PEERS:-0} == 1 ]]; then
+  [[ -x .venv-peers/bin/python ]] || python3.11 -m venv .venv-peers
+  pins=$(.venv/bin/python -c 'import tomllib; o = tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]; print(" ".join(o["torch"] + o["peers"]))')
+  # shellcheck disable=SC2086  # one word per pin
+  .venv-peers/bin/python -m pip install -q --disable-pip-version-check $pins
+  echo "setup: .venv-peers/bin has ft_launcher, torchft_lighthouse, torchrun (bench/peers_bench.py --peers-python)" >&2
+fi
 echo "setup: ready (.venv/bin has clusterctl, healthd, clusterctl-testbed)" >&2
