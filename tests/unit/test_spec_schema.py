@@ -20,17 +20,10 @@ from clusterctl.launcher.login.cli import cli
 from clusterctl.launcher.pure.spec import FIELDS, load_spec, parse_spec
 from tests.conftest import REPO
 from tests.golden import assert_golden
+from tests.unit.test_spec import MINIMAL
 
 jsonschema = pytest.importorskip("jsonschema")
 
-MINIMAL = """\
-[job]
-name = "llm"
-nodes = 2
-
-[launch]
-command = ["python3", "train.py"]
-"""
 SPECS = sorted([*REPO.glob("examples/*.toml"), *REPO.glob("tests/data/**/*.toml")])
 
 
