@@ -16,7 +16,7 @@ cp -r tests/data/runs/xid79-resubmit "$run"
 sandbox=()
 [[ $(id -u) -ne 0 ]] || sandbox=(--no-sandbox)
 chromium --headless=new "${sandbox[@]}" --disable-gpu --hide-scrollbars --no-first-run --force-device-scale-factor=1 \
-  --user-data-dir="$work/profile" --window-size=1040,1640 --screenshot="$work/report.png" \
+  --user-data-dir="$work/profile" --window-size=1040,1860 --screenshot="$work/report.png" \
   "file://$work/report.html" 2>/dev/null
 mkdir -p docs/img
 mv "$work/report.png" docs/img/report.png

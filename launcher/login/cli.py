@@ -36,6 +36,7 @@ from clusterctl.launcher.shared.runs import RunDir
 from clusterctl.launcher.shared.straggler_actions import srun_gpu_evidence
 from clusterctl.launcher.pure.supervisor_job import LOG_NAME as SUPERVISOR_LOG, SCRIPT_NAME as SUPERVISOR_SCRIPT
 from clusterctl.launcher.pure.supervisor_job import supervisor_job
+from clusterctl.launcher.pure.spec_schema import spec_json_schema
 from clusterctl.launcher.pure.spec import (
     MAX_NODES, MAX_RANKS, JobSpec, default_runs_dir, load_spec, parse_overrides, reference_rows,
 )
@@ -439,12 +440,20 @@ def cancel(target: str) -> None:
 @cli.command("spec")
 @click.argument("spec_file", required=False, metavar="[SPEC]", type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--markdown", is_flag=True, help="Print the reference as a Markdown table.")
-def spec_command(spec_file: Path | None, markdown: bool) -> None:
+@click.option("--json-schema", "json_schema", is_flag=True,
+              help="Print the spec's JSON Schema (draft 2020-12) for an editor: Taplo's `#:schema` (docs/spec.md).")
+def spec_command(spec_file: Path | None, markdown: bool, json_schema: bool) -> None:
     """Print the job-spec reference, or check SPEC and print it as clusterctl reads it."""
+    if markdown and json_schema:
+        raise click.UsageError("--markdown and --json-schema print the reference two ways: give one")
     if spec_file is not None:
-        if markdown:
-            raise click.UsageError("--markdown prints the reference, not a spec: drop SPEC or --markdown")
+        if markdown or json_schema:
+            flag = "--markdown" if markdown else "--json-schema"
+            raise click.UsageError(f"{flag} prints the reference, not a spec: drop SPEC or {flag}")
         click.echo(json.dumps(load_spec(spec_file).to_dict(), indent=2, sort_keys=True))
+        return
+    if json_schema:
+        click.echo(json.dumps(spec_json_schema(), indent=2, ensure_ascii=False))
         return
     rows = reference_rows()
     if markdown:

@@ -7,6 +7,7 @@ and renders it.  `RunReport.to_json()` is what `clusterctl report --json` prints
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ from clusterctl.records.training_series import TrainingPoint
 from clusterctl.records.run_journal import (
     BlamedNode, DecisionAction, OutcomeKind, RecoveredInAllocation, Resumed, RunEvent, StragglerFound,
 )
+from clusterctl.errors import HostlistError
+from clusterctl.slurm import hostlist
 from clusterctl.text import one_line
 
 
@@ -55,13 +58,44 @@ class AttemptReport:
     """Slurm's start time."""
     ended_at: float | None = None
     """Slurm's end time; for a job Slurm lost, when the supervisor decided."""
+    nodes: AttemptNodes | None = None
+    """The nodes its job ran on and its spares, as its rank map says (None: the job wrote none)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"attempt": self.attempt, "job_id": self.job_id, "state": self.state,
                 "outcome": str(self.outcome) if self.outcome is not None else None, "message": self.message,
                 "blame": [b.to_json() for b in self.blame], "checkpoint_step": self.checkpoint_step,
                 "action": str(self.action) if self.action is not None else None,
-                "submitted_at": self.submitted_at, "started_at": self.started_at, "ended_at": self.ended_at}
+                "submitted_at": self.submitted_at, "started_at": self.started_at, "ended_at": self.ended_at,
+                "nodes": self.nodes.to_json() if self.nodes is not None else None}
+
+
+def natural_order(name: str) -> list[Any]:
+    """A node name's sort key with its numbers as numbers: node2 before node10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def nodes_text(names: Sequence[str]) -> str:
+    """Node names as one compressed Slurm hostlist in natural order (`node[1-3,7]`); "" for none.  Names
+    read from a file that are not host names are listed as written, on one line, never as controls."""
+    ordered = sorted(set(names), key=natural_order)
+    try:
+        return hostlist.compress(ordered)
+    except HostlistError:
+        return one_line(",".join(ordered))
+
+
+@dataclass(frozen=True)
+class AttemptNodes:
+    """Where an attempt's job ran, from its rank map (`RUN/jobs/<job>/rankmap.json`; after restarts inside
+    the allocation, the last step's): the nodes holding its ranks and the allocated nodes left as spares."""
+
+    used: tuple[str, ...]
+    spares: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """As `report --json` shows it: compressed hostlists, "" for none."""
+        return {"used": nodes_text(self.used), "spares": nodes_text(self.spares)}
 
 
 NOT_RECORDED = "no experiment record (submitted by a clusterctl that did not write one)"
@@ -230,14 +264,15 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                max_restarts: int | None = None, journal_warnings: Sequence[str] = (), tiers: bool = False,
                experiment: Sequence[AttemptExperiment] = (),
                training: tuple[TrainingPoint, TrainingPoint] | None = None,
-               training_problems: Sequence[str] = ()) -> RunReport:
+               training_problems: Sequence[str] = (), nodes: Mapping[str, AttemptNodes] | None = None) -> RunReport:
     """The report of the run at `run_path` from its journal's `events`, the complete `checkpoints`
     (oldest first) and `skipped` ones found in its checkpoint directory, the seconds its jobs
     lost to slow nodes (their step-time tables), its spec's restart.max_restarts, and the warnings
     of the journal's damaged lines (shown first: every count below may be off by what they held).
     `tiers`: the spec has multi-level checkpoints on (the checkpoints' cost is the local save's).
     `experiment`: each attempt's experiment record, oldest first.  `training`: the first and the newest
-    point of the jobs' training series, and what could not be read of them."""
+    point of the jobs' training series, and what could not be read of them.  `nodes`: where each job ran, by
+    job id (from its rank map)."""
     state = replay(events)
     times = []
     attempts = []
@@ -249,7 +284,8 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                                       blame=d.blame if d else (), checkpoint_step=d.checkpoint_step if d else None,
                                       action=d.action if d else None, submitted_at=times[-1].submit or None,
                                       started_at=times[-1].start or None,
-                                      ended_at=(times[-1].end or d.at) if d is not None else None))
+                                      ended_at=(times[-1].end or d.at) if d is not None else None,
+                                      nodes=(nodes or {}).get(a.job_id or "")))
     recoveries = tuple(e for e in events if isinstance(e, RecoveredInAllocation))
     restarts = restarts_of(recoveries)
     goodput = account(times, list(checkpoints), now, restarts, slow_node_seconds, tiers)
@@ -264,18 +300,24 @@ def run_report(run_path: Path, events: Sequence[RunEvent], checkpoints: Sequence
                      excluded_when_ended=tuple(state.excluded(state.ended.at)) if state.ended else None)
 
 
+def attempt_cells(a: AttemptReport) -> tuple[object, ...]:
+    """An attempt's row in the report's table: number, job, Slurm's end, outcome, checkpoint, decision, its
+    nodes and spares (`-`: none, or no rank map)."""
+    return (a.attempt, a.job_id, a.state, a.outcome if a.outcome is not None else "-",
+            a.checkpoint_step if a.checkpoint_step is not None else "-", a.action if a.action is not None else "-",
+            (nodes_text(a.nodes.used) or "-") if a.nodes else "-", (nodes_text(a.nodes.spares) or "-") if a.nodes else "-")
+
+
 def report_renderables(report: RunReport) -> Group:
     """The report for a terminal."""
     g = report.goodput
     parts: list[RenderableType] = [Text.assemble(("run ", "bold"), plain(report.run), "  ", plain(report.state, "bold"),
                                                  plain(f"  {report.message}" if report.message else ""))]
     parts += [plain(f"warning: {warning}", "yellow") for warning in report.journal_warnings]
-    rows = tuple(tuple(str(cell) for cell in (a.attempt, a.job_id, a.state, a.outcome if a.outcome is not None else "-",
-                                              a.checkpoint_step if a.checkpoint_step is not None else "-",
-                                              a.action if a.action is not None else "-"))
-                 for a in report.attempts)
-    parts.append(TextTable(tuple(Column(header) for header in ("attempt", "job", "ended", "outcome", "checkpoint",
-                                                               "decision")), rows, boxed=False))
+    rows = tuple(tuple(str(cell) for cell in attempt_cells(a)) for a in report.attempts)
+    parts.append(TextTable((*(Column(header) for header in ("attempt", "job", "ended", "outcome", "checkpoint",
+                                                             "decision")),
+                            Column("nodes", max_width=24), Column("spares", max_width=16)), rows, boxed=False))
     parts += [plain(text, style) for text, style in experiment_lines(report.experiment)]
     if report.training is not None:
         parts.append(plain(training_line(*report.training)))

@@ -27,7 +27,9 @@ from datetime import datetime, UTC
 from typing import TypeVar
 
 from clusterctl import __version__
-from clusterctl.launcher.login.report import AttemptReport, RunReport, duration_text, experiment_lines
+from clusterctl.launcher.login.report import (
+    AttemptReport, RunReport, attempt_cells, duration_text, experiment_lines, natural_order,
+)
 from clusterctl.launcher.pure.goodput import LOST_QUEUE, LOST_REDONE, LOST_RESTART
 from clusterctl.launcher.pure.training_curves import TrainingCurves
 from clusterctl.records.node_step_times import NodeStepTime, NodeStepTimes
@@ -185,32 +187,67 @@ class _Axis:
 
 
 _STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800)
+"""Wall-clock tick steps (s): seconds, minutes and hours a clock face divides into, then days and a week."""
+TIME_TICKS = 10
+"""The most intervals the time axis is cut into (its labels stay apart at 1,000 px)."""
 
 
-def _elapsed(seconds: float, step: float) -> str:
-    seconds = round(seconds)
-    if step >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}" if seconds % 3600 else f"{seconds // 3600}h"
-    if step >= 60 or seconds >= 60:
-        return f"{seconds // 60}:{seconds % 60:02d}"
-    return f"{seconds} s"
+def time_ticks(start: float, end: float) -> tuple[float, list[float]]:
+    """The time axis' step and ticks: the smallest clock step (_STEPS, or whole weeks beyond) that cuts
+    [start, end] into at most TIME_TICKS intervals, and every multiple of it in UTC inside (round clock times:
+    04:28:40, 04:28:42...; at a day or more, UTC midnights)."""
+    span = max(end - start, 1e-9)
+    step = float(next((s for s in _STEPS if span / s <= TIME_TICKS),
+                      _STEPS[-1] * math.ceil(span / _STEPS[-1] / TIME_TICKS)))
+    first = math.ceil(start / step)
+    return step, [k * step for k in range(first, math.floor(end / step) + 1)]
 
 
-def _ticks(axis: _Axis) -> tuple[float, list[float]]:
-    span = axis.end - axis.start
-    step = next((s for s in _STEPS if span / s <= 10), _STEPS[-1] * math.ceil(span / _STEPS[-1] / 10))
-    return step, [axis.start + k * step for k in range(int(span // step) + 1)]
+def clock_label(t: float, step: float, previous: float | None) -> str:
+    """A tick's UTC time, as precise as the step needs: `04:28:42`, `04:30`, `Nov 26`; the date leads
+    when the day changed since the tick before."""
+    when = datetime.fromtimestamp(t, UTC)
+    if step >= 86400:
+        return when.strftime("%b %d")
+    clock = when.strftime("%H:%M:%S" if step < 60 else "%H:%M")
+    new_day = previous is not None and datetime.fromtimestamp(previous, UTC).date() != when.date()
+    return f"{when.strftime('%b %d')} {clock}" if new_day else clock
 
 
 def _axis_svg(axis: _Axis, y: float, height: float) -> list[str]:
-    """Gridlines over `height` from `y`, labelled with the time since the run's first submission."""
-    step, ticks = _ticks(axis)
+    """Gridlines over `height` from `y` at round UTC times, each labelled with its clock time."""
+    step, ticks = time_ticks(axis.start, axis.end)
     out = []
+    previous = None
     for t in ticks:
         x = axis.x(t)
+        # The last label stays on the page, the first clear of the value axis' labels.
+        anchor = "end" if x > WIDTH - RIGHT - 24 else "start" if x < LEFT + 24 else "middle"
         out.append(f'<line x1="{x:.1f}" y1="{y}" x2="{x:.1f}" y2="{y + height}" class="grid"/>')
-        out.append(f'<text x="{x:.1f}" y="{y - 4}" class="tick">{_elapsed(t - axis.start, step)}</text>')
+        out.append(f'<text x="{x:.1f}" y="{y - 4}" text-anchor="{anchor}" class="tick">'
+                   f"{clock_label(t, step, previous)}</text>")
+        previous = t
     return out
+
+
+def value_ticks(low: float, high: float, most: int = 5) -> list[float]:
+    """3 to `most` round values (steps of 1, 2 or 5 times a power of ten) whose first is at or below `low`
+    and last at or above `high`: a value axis' ticks, and so its range."""
+    if not (math.isfinite(low) and math.isfinite(high)) or high <= low:
+        raise ValueError(f"no axis from {low} to {high}")
+    power = 10.0 ** math.floor(math.log10((high - low) / most))
+    for step in (m * power * 10 ** e for e in (0, 1, 2) for m in (1, 2, 5)):
+        if not math.isfinite(low / step) or not math.isfinite(high / step) or not math.isfinite(step):
+            break
+        first, last = math.floor(low / step), math.ceil(high / step)
+        first -= first * step > low  # a quotient rounded (or underflowed) the wrong way
+        last += last * step < high
+        if last - first + 1 <= most:
+            ticks = [k * step for k in range(first, last + 1)]
+            if len(ticks) >= 3 and all(a < b for a, b in zip(ticks, ticks[1:])):
+                return ticks
+            break
+    return [low, low + (high - low) / 2, high]  # beyond a float's precision: no round step to be had
 
 
 def _time_domain(report: RunReport, now: float, extra: RunSeries = RunSeries()) -> _Axis | None:
@@ -317,6 +354,14 @@ def _label(x: float, y: float, text: str, cls: str = "label") -> str:
     return f'<text x="{x:.1f}" y="{y}" text-anchor="{anchor}" class="{cls}">{_text(text)}</text>'
 
 
+def _on_nodes(a: AttemptReport) -> str:
+    """` on node[1-3] (spares: node4)`: where the attempt ran, for its bar's tip ("" when not known)."""
+    if a.nodes is None:
+        return ""
+    _, _, _, _, _, _, nodes, spares = attempt_cells(a)
+    return f" on {nodes}" + (f" (spares: {spares})" if a.nodes.spares else "")
+
+
 def timeline_svg(report: RunReport, axis: _Axis) -> str:
     """Attempts (queued, then running, coloured by how they ended), the time lost under them, the
     faults and recoveries, and the checkpoints written, on one time axis."""
@@ -337,7 +382,7 @@ def timeline_svg(report: RunReport, axis: _Axis) -> str:
         x0, x1, x2 = axis.x(submitted), axis.x(began), axis.x(end)
         what = "running" if a.ended_at is None else f"{a.state}, {a.outcome}" if a.outcome else a.state
         tip = (f"attempt {a.attempt}, job {a.job_id}: {what}; queued {duration_text(max(0.0, began - submitted))}, "
-               f"ran {duration_text(end - began) if a.started_at else '-'}")
+               f"ran {duration_text(end - began) if a.started_at else '-'}{_on_nodes(a)}")
         if x1 > x0:
             out.append(f'<rect x="{x0:.1f}" y="{y - 11}" width="{x1 - x0:.1f}" height="22" fill="{QUEUE_COLOUR}">'
                        f"<title>{_text(tip)}</title></rect>")
@@ -499,6 +544,17 @@ def _lines(report: RunReport, axis: _Axis) -> _Lines:
     return _Lines(spread(("fault",)), spread(("resubmit", "restart")), tuple(sorted(breaks)))
 
 
+def tick_labels(ticks: Sequence[float]) -> list[str]:
+    """The value axis' labels: three significant digits and k/M/G/T (`_number`), more digits where that
+    would print two ticks alike (a curve that barely moves)."""
+    labels = [_number(v) for v in ticks]
+    digits = 4
+    while len(set(labels)) < len(labels) and digits <= 17:
+        labels = [f"{v:.{digits}g}" for v in ticks]
+        digits += 1
+    return labels
+
+
 def _curve_svg(series: Series, axis: _Axis, lines: _Lines, height: int = 120) -> str:
     points = thin_curve([(t, v) for t, v in series.points if axis.inside(t)]) or [(axis.start, 0.0)]
     top, bottom = 14, height - 18
@@ -510,18 +566,23 @@ def _curve_svg(series: Series, axis: _Axis, lines: _Lines, height: int = 120) ->
         for t, _ in marked:
             x = math.floor(axis.x(t)) + 0.5  # a pixel's middle: a 1-pixel line in its own colour, not two half-tones
             out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{bottom}" class="{kind}"/>')
-    low = min(v for _, v in points)
-    high = max(v for _, v in points)
-    if series.from_zero and low > 0:
-        low = 0.0
-    if high - low < 1e-12:
-        low, high = low - 1.0, high + 1.0
+    lowest = min(v for _, v in points)
+    highest = max(v for _, v in points)
+    low, high = (min(0.0, lowest) if series.from_zero else lowest), highest
+    if high - low < 1e-12 * max(1.0, abs(high)):
+        low, high = low - max(1.0, abs(low) / 10), high + max(1.0, abs(high) / 10)
+    ticks = value_ticks(low, high)
+    low, high = ticks[0], ticks[-1]
 
     def y(v: float) -> float:
         return bottom - (bottom - top) * (v - low) / (high - low)
 
-    out.append(f'<text x="{LEFT - 6}" y="{top + 4}" text-anchor="end" class="tick">{_number(high)}</text>')
-    out.append(f'<text x="{LEFT - 6}" y="{bottom}" text-anchor="end" class="tick">{_number(low)}</text>')
+    if series.points:
+        out[1] = out[1].replace("</text>", f"<title>{_text(series.label)}: {_number(lowest)} to {_number(highest)} "
+                                           "over the time shown</title></text>")
+    for v, label in zip(ticks, tick_labels(ticks)):
+        out.append(f'<line x1="{LEFT}" y1="{y(v):.1f}" x2="{LEFT + PLOT}" y2="{y(v):.1f}" class="grid"/>')
+        out.append(f'<text x="{LEFT - 6}" y="{y(v) + 3.5:.1f}" text-anchor="end" class="tick">{label}</text>')
     for piece in _pieces(points, lines.breaks) if series.points else []:
         path = " ".join(f"{axis.x(t):.1f},{y(v):.1f}" for t, v in piece)
         out.append(f'<polyline points="{path}" fill="none" stroke="{CURVE_COLOUR}" stroke-width="1.8"/>')
@@ -639,10 +700,6 @@ def _columns(tables: Sequence[NodeStepTimes]) -> tuple[list[_Column], bool]:
     return columns, True
 
 
-def _natural(name: str) -> list[object]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
 def _percentile(values: Sequence[float], q: int) -> float:
     ordered = sorted(values)
     return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
@@ -659,7 +716,7 @@ def heat_map_html(tables: Sequence[NodeStepTimes]) -> str:
                    "clusterctl.progress.beat)</p>")
         return "\n".join(out)
     columns, merged = _columns(tables)
-    nodes = sorted({name for c in columns for name in c.cells}, key=_natural)
+    nodes = sorted({name for c in columns for name in c.cells}, key=natural_order)
 
     def worst(name: str) -> tuple[float, int]:
         cells = [c.cells[name] for c in columns if name in c.cells]
@@ -758,13 +815,13 @@ def events_html(report: RunReport, start: float) -> str:
 
 def _attempts_table(report: RunReport) -> str:
     out = ['<table class="attempts"><tr><th>attempt</th><th>job</th><th>ended</th><th>outcome</th>'
-           "<th>queued</th><th>ran</th><th>checkpoint</th><th>decision</th></tr>"]
+           "<th>queued</th><th>ran</th><th>checkpoint</th><th>decision</th><th>nodes</th><th>spares</th></tr>"]
     for a in report.attempts:
         # Slurm's times are whole seconds, the journal's submission is not: a start may read as before it.
         queued = duration_text(max(0.0, a.started_at - a.submitted_at)) if a.started_at and a.submitted_at else "-"
         ran = duration_text(a.ended_at - a.started_at) if a.started_at and a.ended_at else "-"
-        cells = (a.attempt, a.job_id, a.state, a.outcome if a.outcome is not None else "-", queued, ran,
-                 a.checkpoint_step if a.checkpoint_step is not None else "-", a.action if a.action is not None else "-")
+        number, job, state, outcome, checkpoint, decision, nodes, spares = attempt_cells(a)
+        cells = (number, job, state, outcome, queued, ran, checkpoint, decision, nodes, spares)
         out.append("<tr>" + "".join(f"<td>{_text(cell)}</td>" for cell in cells) + "</tr>")
     out.append("</table>")
     out += [f'<p class="{_text(style) or "plain"}">{_text(text)}</p>' for text, style in experiment_lines(report.experiment)]
@@ -827,7 +884,7 @@ def report_html(report: RunReport, now: float, extra: RunSeries = RunSeries()) -
     if axis is None:
         out.append('<p class="missing">nothing to draw yet: no attempt has been submitted</p>')
     else:
-        out.append(f"<h2>Timeline</h2><p class=\"note\">time since the first submission ({_utc(axis.start)}); "
+        out.append(f"<h2>Timeline</h2><p class=\"note\">times in UTC; the first submission at {_utc(axis.start)}; "
                    f"hover a mark for its details</p>")
         out.append(timeline_svg(report, axis))
         out.append(_legend([(COMPLETED_COLOUR, "attempt completed"), (ENDED_COLOUR, "attempt ended otherwise"),

@@ -17,7 +17,7 @@ from clusterctl.errors import HostlistError, LayoutError, RunError, SlurmCommand
 from clusterctl.launcher.shared.checkpoints import find_checkpoints
 from clusterctl.launcher.pure.parallel import ParallelLayout, layout_from_mapping
 from clusterctl.launcher.pure.render import SlurmFacts, SubmitRequest
-from clusterctl.launcher.login.report import NOT_RECORDED, AttemptExperiment, RunReport, run_report
+from clusterctl.launcher.login.report import NOT_RECORDED, AttemptExperiment, AttemptNodes, RunReport, run_report
 from clusterctl.launcher.login.report_drawing import RunSeries, run_series
 from clusterctl.launcher.pure.training_curves import joined, thin_series
 from clusterctl.launcher.shared.runs import (
@@ -32,6 +32,7 @@ from clusterctl.launcher.login.code_version import GitDoor, run_git
 from clusterctl.launcher.login.submit import check_workdir, gather_facts, prepare, submit_attempt
 from clusterctl.records.agent_summary import read_agent_summary
 from clusterctl.records.experiment_record import experiment_record_path, read_experiment_record
+from clusterctl.records.rank_map import read_rank_map
 from clusterctl.records.node_step_times import NodeStepTimes, read_node_step_times
 from clusterctl.records.run_journal import (
     Decided, EventKind, RecoveredInAllocation, RunEnded, RunEvent, SlurmTimes,
@@ -299,7 +300,20 @@ def gather_report(run: RunDir, now: float) -> RunReport:
     return run_report(run.path, events, checkpoints, skipped, now, slow, spec.restart.max_restarts,
                       journal_warnings=journal.warnings, tiers=spec.checkpoint.tiers,
                       experiment=read_experiments(run, sorted({a.number for a in attempts_of(events)})),
-                      training=training, training_problems=problems)
+                      training=training, training_problems=problems, nodes=attempt_nodes(run, events))
+
+
+def attempt_nodes(run: RunDir, events: Sequence[RunEvent]) -> dict[str, AttemptNodes]:
+    """Where each of the run's jobs ran, by job id, from its rank map (a job that wrote none, or a damaged
+    one, is left out: `status` names a damaged map; the report shows `-`)."""
+    found = {}
+    for attempt in attempts_of(events):
+        try:
+            rank_map = read_rank_map(run.job_dir(attempt.job_id))
+        except (FileNotFoundError, RecordError):
+            continue
+        found[attempt.job_id] = AttemptNodes(tuple(rank_map.rank_map.slots), rank_map.unused_nodes)
+    return found
 
 
 def training_ends(run: RunDir, events: Sequence[RunEvent]) -> tuple[tuple[TrainingPoint, TrainingPoint] | None,

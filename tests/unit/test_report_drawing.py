@@ -111,7 +111,9 @@ def test_the_recorded_xid_79_run_is_drawn_with_its_fault_its_resubmission_and_th
     for cause, key in (("work redone after failures", "redone_seconds"), ("queue", "queue_seconds"),
                        ("restarts", "restart_overhead_seconds")):
         assert f"{cause} {duration_text(goodput[key])}" in shown
-    assert "no per-node step times recorded" in shown
+    # Each job's step-time table (made from its log: tests/data/runs/README.md): node2 in the first, node4 for it.
+    assert "node2 in job 2: 0.154 s/step, 0.99x, ok" in page.texts and "node4 in job 3: 0.1673 s/step, 1.00x, ok" in page.texts
+    assert "no per-node step times recorded" not in shown
     assert f"{run}/checkpoints/step-00000090: no manifest.json (written last): incomplete" in shown
 
 
@@ -163,7 +165,14 @@ def test_the_recorded_run_draws_its_loss_tokens_and_mfu_across_both_attempts_wit
     assert curve_panels(page) == ["loss over time", "tokens/s over time", "MFU (%) over time", "step over time"]
     assert ("loss, tokens/s, MFU (%): from the jobs' training series (RUN/jobs/<job>/training-series.jsonl, "
             "6 points)") in page.text
-    assert "7.66" in page.texts and "5.02" in page.texts  # the loss axis: step 10's loss to step 60's
+    # The loss axis: round ticks around step 10's loss (7.66) and step 60's (5.02), which its label's tip names.
+    assert "loss: 5.02 to 7.66 over the time shown" in page.texts
+    loss_panel = page.text.split("loss: 5.02 to 7.66 over the time shown", 1)[1].split("tokens/s", 1)[0].split()
+    # The time axis: UTC clock times at round 2-second ticks from the first submission (04:28:40.8).
+    assert loss_panel[:9] == ["04:28:42", "04:28:44", "04:28:46", "04:28:48", "04:28:50", "04:28:52",
+                              "04:28:54", "04:28:56", "04:28:58"]
+    assert loss_panel[9:13] == ["5", "6", "7", "8"]
+    assert "times in UTC; the first submission at 2026-11-26 04:28:40 UTC" in page.text
     lines = [attrs["class"] for tag, attrs in page.elements if tag == "line" and "-line" in (attrs.get("class") or "")]
     assert lines == ["fault-line", "recovery-line"] * 4  # the Xid 79 and the resubmission, on every curve
     polylines = [attrs for tag, attrs in page.elements if tag == "polyline"]

@@ -166,6 +166,8 @@ def test_the_recorded_xid_79_run_renders_its_fault_between_the_failed_and_the_re
     assert "node2: Xid 79 on gpu3" in dom.text and "resubmit from step 20" in dom.text
     assert "work redone after failures 1.2 s" in dom.text and "restarts 1.8 s" in dom.text
     assert "script" not in dom.tags
+    # Both time axes read as UTC clock times at round ticks; the loss axis as round values.
+    assert "04:28:42 04:28:44 04:28:46" in dom.text and "5 6 7 8" in dom.text
     # The training curves under it, on the same time axis: the loss (then tokens/s) of the failed attempt up
     # to the fault, nothing while the job was lost and queued again, the resubmitted attempt's after.
     assert "Training curves" in dom.text and "loss, tokens/s, MFU (%): from the jobs' training series" in dom.text

@@ -129,8 +129,8 @@ def a_run_with_every_kind_of_event(root: Path) -> Path:
         2, 209.5, "0.2.0", (*command, "--resume", str(checkpoints / "step-00000020")), "fineweb-edu [v3]",
         CodeVersion(workdir, "1a2b3c4d5e6f" * 3 + "7a8b", True), fewer_spares))
     write_rank_map(run.job_dir("4"), JobRankMap("4", "node[1-3]", RankMap(("node1", "node2", "node3"), 4), 20004))
-    write_rank_map(run.job_dir("5"), JobRankMap("5", "node[1-2,4]", RankMap(("node2", "node1", "node4"), 4), 20005,
-                                                ("node4",), PlanSummary("depth-first order", 0, 2, 1)))
+    write_rank_map(run.job_dir("5"), JobRankMap("5", "node[1-2,4-5]", RankMap(("node2", "node1", "node4"), 4), 20005,
+                                                ("node5",), PlanSummary("depth-first order", 0, 2, 1)))
     nodes = tuple(NodeStepTime(f"node{i}", (4 * i - 4, 4 * i - 3, 4 * i - 2, 4 * i - 1), 0.05 + 0.001 * i,
                                (0.05 + 0.001 * i) / 0.051, "ok", 0.0) for i in range(1, 11))
     nodes += (NodeStepTime("node11", (), None, None, "ok"),
