@@ -221,8 +221,10 @@ def job_metrics_dir(layout: Layout) -> Path:
     return layout.root / "node-exporter-textfile"
 
 
-DIAGNOSTIC_LEVELS = (("preflight", 1, 5), ("after_failure", 2, 30), ("before_return", 3, 60))
-"""The testbed's diagnostic per level: (level, dcgmi run level, timeout in seconds)."""
+DIAGNOSTIC_LEVELS = (("after_failure", 2, 30), ("before_return", 3, 60))
+"""The testbed's diagnostic per level: (level, dcgmi run level, timeout in seconds).  No `preflight`: it would
+add a Python start (~0.4 s, seconds under load) to every job's prolog on the testbed and move every hook and
+recovery figure measured here; bench/preflight_bench.py measures the pre-flight on its own."""
 
 
 def healthd_toml(layout: Layout, node: str) -> str:
