@@ -11,6 +11,7 @@ or shared storage.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
@@ -46,6 +47,9 @@ class SignalWatch:
         self.signals = NodeSignals.start(policy, job_id, launch, nodes, started_at)
         self.received = 0
         self.meter = TrainingMeter(window_seconds(policy.heartbeat))
+        self.quiet_until = -math.inf
+        """No node heard from is silent before this (NodeSignals.quiet_until), as of the last look."""
+        self.last_poll = -math.inf
 
     @property
     def policy(self) -> SignalPolicy:
@@ -56,10 +60,15 @@ class SignalWatch:
         """Take every report waiting now and judge what the step's nodes said."""
         reports = self.inbox.drain()
         now = self.clock()
+        if now < self.last_poll:
+            self.quiet_until = -math.inf  # the clock stepped back: reports taken now may be older than those held
+        self.last_poll = now
         if reports:
             self.received += len(reports)
             self.signals = self.signals.observe(reports, now)
-        return self.signals.judge(now)
+        if now >= self.quiet_until:
+            self.quiet_until = self.signals.quiet_until()
+        return self.signals.judge(now, self.quiet_until)
 
     def holdings(self) -> dict[str, CheckpointHoldings]:
         """Each node's newest checkpoint holdings (see NodeSignals.holdings)."""
