@@ -93,12 +93,17 @@ from clusterctl.launcher.job.agent_doors import collect_garbage_rarely  # noqa: 
 from clusterctl.launcher.job.agent_outputs import SUMMARY_MIN_SECONDS  # noqa: E402
 from clusterctl.launcher.job import step_watch  # noqa: E402
 from clusterctl.launcher.job.step_watch import STEP_POLL_SECONDS  # noqa: E402
+from clusterctl.launcher.job.node_probe import NodeProber  # noqa: E402
 from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender  # noqa: E402
+from clusterctl.launcher.job.reporter import TICK as REPORTER_TICK  # noqa: E402
 from clusterctl.launcher.job.signal_watch import SignalWatch  # noqa: E402
+from clusterctl.launcher.pure.classify import Blame  # noqa: E402
 from clusterctl.launcher.pure.hang_watch import HangPolicy, HangWatch  # noqa: E402
 from clusterctl.launcher.pure.node_signals import (  # noqa: E402
     SMALL_STEP_NODES, SignalPolicy, Signals, heartbeat_seconds, slurm_sweep_seconds,
 )
+from clusterctl.launcher.pure.peer_watch import PEER_BEAT_SECONDS, PeerWatch, neighbours  # noqa: E402
+from clusterctl.launcher.pure.reachability import PROBE_TIMEOUT_SECONDS, Probes, unreachable  # noqa: E402
 from clusterctl.launcher.pure.straggler_watch import StragglerPolicy, StragglerWatch  # noqa: E402
 from clusterctl.records.agent_summary import AgentSummary, write_agent_summary  # noqa: E402
 from clusterctl.records.node_report import NodeHealth, NodeMetrics, NodeReport, RankBeat, decode, encode  # noqa: E402
@@ -155,6 +160,10 @@ class SimNode:
     rate: float = COMPUTE_S
     anchor_step: int = FIRST_STEP
     anchor_compute: float = 0.0
+    cut: bool = False
+    """Its link is cut: it sends nothing (its reports and its beats to its neighbours stop)."""
+    watching: dict[str, PeerWatch] = field(default_factory=dict)
+    """Its watch of each neighbour that was cut (the real PeerWatch): named in its reports once silent."""
 
 
 @dataclass(frozen=True)
@@ -200,8 +209,19 @@ def build_report(node: SimNode, cfg: SenderConfig, now: float, metrics: bool = F
         tokens = RANKS_PER_NODE * TOKENS_PER_RANK_STEP * (step - FIRST_STEP)
         told = NodeMetrics(alive, RANKS_PER_NODE, node.index, step, step_at, tokens, tokens * FLOPS_PER_TOKEN,
                            2.0 + 8.0 / step, step, first, 0.5 + 1.0 / step, step, first, GPU)
+    peers = tuple(p for watch in node.watching.values() for p in watch.silent(now))
     return NodeReport(JOB_ID, LAUNCH, node.name, node.seq, now, ranks,
-                      NodeHealth(node.verdict, evidence, node.state_at), metrics=told)
+                      NodeHealth(node.verdict, evidence, node.state_at), metrics=told, silent_peers=peers)
+
+
+def witness_at(cut_at: float, rng: random.Random) -> tuple[PeerWatch, float]:
+    """A neighbour's watch of a node cut at `cut_at` and when its reporter first finds it silent: the last
+    beat came up to PEER_BEAT_SECONDS before the cut, the reporter looks every TICK (a random phase)."""
+    watch = PeerWatch(("cut",)).heard("cut", cut_at - rng.uniform(0.0, PEER_BEAT_SECONDS))
+    at = cut_at + rng.uniform(0.0, REPORTER_TICK)
+    while not watch.silent(at):
+        at += REPORTER_TICK
+    return watch, at
 
 
 def sender_main(cfg: SenderConfig, indexes: list[int], conn: Connection, sent: Any, failed: Any) -> None:
@@ -222,9 +242,22 @@ def sender_main(cfg: SenderConfig, indexes: list[int], conn: Connection, sent: A
         else:
             failed.value += 1
 
+    names = [node_name(i) for i in range(cfg.nodes)]
+    witnesses: list[tuple[float, str, str, PeerWatch]] = []
+    """(when, the witness, the cut node, the witness's watch of it): a neighbour finds a cut node silent."""
     cycle, at = 0, 0
     while order:
         due = cfg.t0 + cycle * cfg.heartbeat + order[at].offset
+        if witnesses and witnesses[0][0] <= due:
+            if conn.poll(max(0.0, witnesses[0][0] - time.time())):
+                due = witnesses[0][0]  # a command first
+            else:
+                _, witness, cut, watch = witnesses.pop(0)
+                holder = nodes[witness]
+                holder.watching[cut] = PeerWatch((cut,), {cut: watch.heard_at["cut"]})
+                if not holder.cut:
+                    send(holder, time.time())  # a silent neighbour: at once
+                continue
         if conn.poll(max(0.0, due - time.time())):
             command = conn.recv()
             kind = command[0]
@@ -232,6 +265,24 @@ def sender_main(cfg: SenderConfig, indexes: list[int], conn: Connection, sent: A
                 break
             if kind == "metrics":  # from the next report on, every node's carries its training metrics (or not)
                 with_metrics[0] = bool(command[2])
+                continue
+            if kind in ("cut", "heal"):  # to every sender: the node's neighbours may be another's
+                name, t = command[1], command[2]
+                if name in nodes:
+                    nodes[name].cut = kind == "cut"
+                for peer in neighbours(names, name):
+                    if peer not in nodes:
+                        continue
+                    if kind == "cut":
+                        watch, when = witness_at(t, rng)
+                        witnesses.append((when, peer, name, watch))
+                        witnesses.sort(key=lambda w: w[0])
+                    else:
+                        witnesses[:] = [w for w in witnesses if w[2] != name]
+                        if nodes[peer].watching.pop(name, None) is not None and not nodes[peer].cut:
+                            send(nodes[peer], time.time())  # its neighbour beats again: at once
+                if kind == "heal" and name in nodes:
+                    send(nodes[name], time.time())
                 continue
             node, t = nodes[command[1]], command[2]
             if kind == "drain":
@@ -254,7 +305,8 @@ def sender_main(cfg: SenderConfig, indexes: list[int], conn: Connection, sent: A
             continue
         now = time.time()
         while due <= now:
-            send(order[at], now)
+            if not order[at].cut:
+                send(order[at], now)
             at += 1
             if at == len(order):
                 at, cycle = 0, cycle + 1
@@ -274,6 +326,11 @@ class Senders:
 
     def command(self, kind: str, node: int, at: float) -> None:
         self.conns[node % self.count].send((kind, node_name(node), at))
+
+    def everyone(self, kind: str, node: int, at: float) -> None:
+        """A command for every sender (a cut node's neighbours may be another sender's)."""
+        for conn in self.conns:
+            conn.send((kind, node_name(node), at))
 
     def set_metrics(self, on: bool) -> None:
         """Every sender's reports carry training metrics from now on (or no more)."""
@@ -313,6 +370,31 @@ def start_senders(cfg: SenderConfig, count: int) -> Senders:
         conns.append(mine)
     return Senders(procs, conns, sent, failed, count)
 
+
+class GcMeter:
+    """The cyclic collector's passes in this (the agent's) process: how many, by generation, and their CPU
+    time (process time: on a loaded machine a niced process's wall time also counts the time it waits)."""
+
+    def __init__(self) -> None:
+        self.collections = [0, 0, 0]
+        self.pauses: list[float] = []
+        self.started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.process_time()
+        else:
+            self.pauses.append(time.process_time() - self.started)
+            self.collections[info["generation"]] += 1
+
+    def figures(self) -> dict[str, Any]:
+        """Collections by generation, CPU seconds in all, the longest pause (CPU ms)."""
+        return {"collections": list(self.collections), "seconds": sum(self.pauses),
+                "longest_ms": 1e3 * max(self.pauses, default=0.0)}
+
+
+GC = GcMeter()
 
 FEED_PARTS = ("records", "hang_observe", "straggler_observe", "hang_verdict")
 IN_PARTS = hasattr(HangWatch, "observing")
@@ -360,12 +442,44 @@ class Agent:
         """Compute the training metrics at each summary, as the new agent does (False: as the old one)."""
         self.training_s: list[float] = []
         self.training: Any = None
+        self.cut: set[str] = set()
+        """Nodes whose probe never answers (their link is cut): the probe's door says so."""
+        self.prober = NodeProber(6818, time.monotonic, self._probe)
+        self.probes = Probes()
+        self.gone: list[Blame] = []
+        """The nodes the agent's decision (StepWatch._unreachable) blames now: suspected and unanswered."""
+        self.batch_host = nodes[0]
+
+    def _probe(self, node: str, port: int) -> tuple[bool | None, str]:
+        """The probe's door (node_probe.probe_once's place): a cut node answers nothing within the timeout."""
+        if node in self.cut:
+            time.sleep(PROBE_TIMEOUT_SECONDS)
+            return False, f"no answer from {node}:{port} within {PROBE_TIMEOUT_SECONDS:g} s (bench: its link is cut)"
+        return True, f"port {port} answered (bench)"
+
+    def _unreachable(self) -> None:
+        """As StepWatch._unreachable: the suspected nodes (named by a neighbour, or silent), probed; those
+        whose probes went unanswered are blamed."""
+        signals, now = self.signals, time.monotonic()
+        suspected = dict(signals.witnessed)
+        for node in signals.silent:
+            suspected.setdefault(node, f"the agent has not heard its reports for {self.watch.policy.silent_after:g} s")
+        suspected.pop(self.batch_host, None)
+        self.probes = self.probes.forget(set(suspected))
+        for result in self.prober.finished():
+            if result.node in suspected:
+                self.probes = self.probes.took(result)
+        for node in suspected:
+            if self.probes.due(node, now):
+                self.prober.start(node)
+        self.gone = unreachable(suspected, self.probes)
 
     def tick(self) -> Signals:
         """One turn of the loop: the reports, the summary when due, and a feed's next part (or, in the old
         code, the whole feed) when one is due."""
         started = time.perf_counter()
         self.signals = self.watch.poll()
+        self._unreachable()
         self.poll_s.append(time.perf_counter() - started)
         now = time.monotonic()
         if now >= self.next_summary:
@@ -526,6 +640,15 @@ def found_since(agent: Agent, name: str, before: int) -> Callable[[Signals], boo
     return lambda _: any(n == name for _, n in agent.found[before:])
 
 
+def until_named(agent: Agent, injected: list[float], feeds: list[int], named: Callable[[Signals], bool],
+                timeout: float) -> tuple[float, bool]:
+    """Run the agent until the fault injected at `injected[0]` is `named`: the latency (inf: not within
+    `timeout`), and whether the feed running at the injection (the `feeds[0]`-th) had not ended yet."""
+    seen = agent.run(lambda s: bool(injected) and named(s), timeout)
+    latency = time.time() - injected[0] if seen and injected else math.inf
+    return latency, seen and len(agent.feed_wall_s) == feeds[0]
+
+
 def latency_trials(agent: Agent, senders: Senders, kind: str, trials: int, rng: random.Random, nodes: int,
                    timeout: float, gap: tuple[float, float], mid_feed: list[bool]) -> list[float]:
     """(a) `drain` or (b) `freeze`: inject on a random node as a heartbeat's feed of the watches starts (the
@@ -548,11 +671,8 @@ def latency_trials(agent: Agent, senders: Senders, kind: str, trials: int, rng: 
 
         agent.on_feed.append(inject)
         named = names_node(kind, name)
-        seen = agent.run(lambda s, injected=injected, named=named: bool(injected) and named(s),
-                         timeout + agent.heartbeat)
-        latency = time.time() - injected[0] if seen and injected else math.inf
+        latency, during = until_named(agent, injected, feeds, named, timeout + agent.heartbeat)
         latencies.append(latency)
-        during = seen and len(agent.feed_wall_s) == feeds[0]
         mid_feed.append(during)
         say(f"{kind} trial {trial + 1}/{trials}: {name} seen after {latency:.3f} s, injected as a feed started; "
             + ("seen while that feed ran" if during else f"seen after that feed ended ({agent.feed_wall_s[-1]:.2f} s)"))
@@ -560,6 +680,50 @@ def latency_trials(agent: Agent, senders: Senders, kind: str, trials: int, rng: 
         agent.run(negate(named), timeout)
         agent.on_feed.clear()
     return latencies
+
+
+def cut_trials(agent: Agent, senders: Senders, trials: int, rng: random.Random, nodes: int,
+               timeout: float) -> tuple[list[float], list[bool]]:
+    """(d) one node's link cut (not the batch host): its reports and beats stop, its two neighbours name
+    it in their reports, the agent probes it (the probe's door never answers for it) and blames it.  Every
+    other trial is injected as a heartbeat's feed starts, the others at a random moment; the latency
+    runs from the cut to the agent's verdict, and whether that feed was still running is kept."""
+    latencies: list[float] = []
+    mid_feed: list[bool] = []
+    used: set[int] = {0}  # the batch host is not cut here
+    for trial in range(trials):
+        index = rng.choice([i for i in range(nodes) if i not in used] or list(range(1, nodes)))
+        used.add(index)
+        name = node_name(index)
+        agent.run(lambda s: False, rng.uniform(1.0, 2.0))
+        injected: list[float] = []
+        feeds: list[int] = []
+
+        def cut(index: int = index, name: str = name, injected: list[float] = injected,
+                feeds: list[int] = feeds) -> None:
+            injected.append(time.time())
+            feeds.append(len(agent.feed_wall_s))
+            agent.cut.add(name)
+            senders.everyone("cut", index, injected[0])
+
+        on_feed = trial % 2 == 0
+        if on_feed:
+            agent.on_feed.append(cut)
+        else:
+            agent.at(rng.uniform(0.0, agent.heartbeat), cut)
+        blamed = lambda s, name=name: any(b.node == name for b in agent.gone)  # noqa: E731
+        latency, during = until_named(agent, injected, feeds, blamed, timeout + agent.heartbeat)
+        latencies.append(latency)
+        mid_feed.append(during)
+        say(f"cut trial {trial + 1}/{trials}: {name} blamed after {latency:.3f} s, cut "
+            + ("as a feed started; " + ("blamed while that feed ran" if during else "blamed after that feed ended")
+               if on_feed else "at a random moment"))
+        agent.cut.discard(name)
+        senders.everyone("heal", index, time.time())
+        agent.run(lambda s, name=name: name not in s.witnessed and not any(b.node == name for b in agent.gone),
+                  timeout)
+        agent.on_feed.clear()
+    return latencies, mid_feed
 
 
 def straggler_trials(agent: Agent, senders: Senders, trials: int, rng: random.Random, nodes: int,
@@ -815,6 +979,8 @@ def table(result: dict[str, Any]) -> str:
         f"{c['window_steps']} steps = {c['window_s']:g} s, fed every {result['heartbeat_s']:g} s: bound "
         f"{c['bound_s']:g} s | same watch fed by the file read every {interval:,.0f} s: 2-3 reads, up to "
         f"{3 * interval:,.0f} s (derived) |",
+        f"| (d) a node's link cut: s to the agent's verdict (neighbours' reports + 2 unanswered probes) | "
+        f"{fmt(lat['d_cut'])} | Slurm's NOT_RESPONDING + 30 s (SlurmdTimeout 300 s: minutes) |",
         f"| Slurm RPCs per second | 0 from reports; sweep {new['sweep_table_reads_per_s']:.4f} table reads/s "
         f"(derived, 1/{new['sweep_seconds']:g} s) | {old['derived']['slurm_rpcs_per_s']:.1f} single-node reads/s "
         f"(derived; {old['derived']['sinfo_subprocesses_per_read']:,} sinfo processes per read) |",
@@ -839,6 +1005,10 @@ def table(result: dict[str, Any]) -> str:
         f"| longest turn per steady window (ms) | {fmt(steady['longest_turn_ms'], digits=0)} | - |",
         f"| (a)/(b) trials injected as a feed started, seen while it ran | {fed['a_drain']} of "
         f"{len(lat['values']['a_drain'])} / {fed['b_frozen']} of {len(lat['values']['b_frozen'])} | - |",
+        f"| (d) cut trials seen while a feed ran (half are cut as a feed starts) | {fed['d_cut']} of "
+        f"{len(lat['values']['d_cut'])} | - |",
+        f"| the collector: collections (by generation), s in all, longest pause (ms) | "
+        f"{result['gc']['collections']}, {result['gc']['seconds']:.2f} s, {result['gc']['longest_ms']:.0f} ms | - |",
     ]
     return "\n".join(rows + ["", *(f"- {note}" for note in result["notes"])])
 
@@ -848,6 +1018,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--nodes", type=int, default=12_500)
     p.add_argument("--trials", type=int, default=20, help="trials of (a) and (b)")
     p.add_argument("--straggler-trials", type=int, default=5, help="trials of (c): each takes 2-4 heartbeats + 30 steps")
+    p.add_argument("--cut-trials", type=int, default=6, help="trials of (d): a node's link cut")
     p.add_argument("--steady-trials", type=int, default=5)
     p.add_argument("--steady-seconds", type=float, default=40.0, help="length of each steady-state window")
     p.add_argument("--old-trials", type=int, default=5, help="chunks of the old files' writes, and full reads")
@@ -861,12 +1032,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--metrics-cost", action="store_true",
                    help="measure what the training metrics add to the agent, old and new alternating (see above)")
     p.add_argument("--pairs", type=int, default=5, help="--metrics-cost: pairs of old/new steady windows")
+    p.add_argument("--cpu-replay", type=int, default=0, metavar="HEARTBEATS",
+                   help="only the agent's CPU per heartbeat, replayed in-process on a simulated clock for this many "
+                        "heartbeats (after two unmeasured): no sockets, no waiting; see cpu_replay")
     p.add_argument("--json", help="write every figure here")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes for the smoke test: 50 nodes, 2 trials, 1 s steady windows, 0.05 s steps")
     args = p.parse_args(argv)
     if args.quick:
-        args.nodes, args.trials, args.straggler_trials, args.pairs = 50, 2, 1, 1
+        args.nodes, args.trials, args.straggler_trials, args.pairs, args.cut_trials = 50, 2, 1, 1, 2
         args.steady_trials, args.steady_seconds, args.old_trials, args.step_seconds = 2, 1.0, 2, 0.05
     if args.nodes < 4 or args.trials < 1 or args.steady_trials < 1 or args.old_trials < 1 or args.step_seconds <= 0:
         p.error("need at least 4 nodes, 1 trial of each kind and a positive step time")
@@ -879,6 +1053,13 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     python_default_gc = gc.get_threshold()
     collect_garbage_rarely()  # as the agent's process does (launcher/job/__main__.py)
+    if args.cpu_replay:
+        replay = cpu_replay(args.nodes, args.cpu_replay, args.hang_watch)
+        print(f"cpu replay, {args.nodes:,} nodes: agent CPU {fmt(replay['cpu_share'], 100, 1)} % of a core; "
+              f"collector {replay['gc']}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(replay, indent=2) + "\n")
+        return 0
     nodes = [node_name(i) for i in range(args.nodes)]
     policy = SignalPolicy.for_nodes(args.nodes)
     heartbeat = heartbeat_seconds(args.nodes)
@@ -907,6 +1088,8 @@ def main(argv: list[str] | None = None) -> int:
         drain = latency_trials(agent, senders, "drain", args.trials, rng, args.nodes, timeout, gap, drain_fed)
         say(f"(b) a node's ranks frozen: {args.trials} trials")
         frozen = latency_trials(agent, senders, "freeze", args.trials, rng, args.nodes, timeout, gap, frozen_fed)
+        say(f"(d) a node's link cut: {args.cut_trials} trials")
+        cut, cut_fed = cut_trials(agent, senders, args.cut_trials, rng, args.nodes, timeout)
         say(f"steady state: {args.steady_trials} windows of {args.steady_seconds:g} s")
         steady = steady_state(agent, senders, args.steady_trials, args.steady_seconds)
         peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -947,8 +1130,10 @@ def main(argv: list[str] | None = None) -> int:
             "a_drain": spread(drain), "b_frozen": spread(frozen),
             "c_straggler": {"latency": spread(strag), "window_steps": sp.window_steps, "window_s": window_s,
                             "margin": sp.margin, "bound_s": bound_s, "steps_per_feed": steps_per_feed},
-            "values": {"a_drain": drain, "b_frozen": frozen, "c_straggler": strag},
-            "seen_while_the_feed_ran": {"a_drain": drain_fed, "b_frozen": frozen_fed}},
+            "d_cut": spread(cut),
+            "values": {"a_drain": drain, "b_frozen": frozen, "c_straggler": strag, "d_cut": cut},
+            "seen_while_the_feed_ran": {"a_drain": drain_fed, "b_frozen": frozen_fed, "d_cut": cut_fed}},
+        "gc": GC.figures(),
         "steady": steady,
         "peak_rss_mb": peak_rss_mb,
         "datagrams": {"sent": sent, "received": received, "dropped": sent - received, "socket_drops": drops,
@@ -1001,6 +1186,84 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         say(f"wrote {args.json}")
     return 0
+
+
+class _DatagramInbox:
+    """ReportInbox.drain without the socket: the datagrams put in `pending`, checked and parsed (`decode`)."""
+
+    port = 0
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+        self.pending: list[bytes] = []
+        self.refused: dict[str, int] = {}
+        self.received = 0
+
+    def drain(self, limit: int = 1 << 20) -> list[NodeReport]:
+        taken, self.pending = self.pending, []
+        self.received += len(taken)
+        return [decode(datagram, self.key, "report from the replay") for datagram in taken]
+
+
+def cpu_replay(nodes: int, heartbeats: int, hang_watch: bool) -> dict[str, Any]:
+    """The agent's CPU per heartbeat at `nodes` nodes, replayed in this process on a simulated clock: every
+    node's report of each heartbeat is made and signed beforehand (not measured), then taken as the agent
+    takes them, STEP_POLL_SECONDS of reports per poll (`decode` and `SignalWatch.poll`), one feed of the
+    watches and one summary per heartbeat; the CPU time of that over the heartbeat is the agent's share of a
+    core, whatever else runs on the machine (a loaded machine stretches the wall time, hardly the CPU time).
+    The first two heartbeats fill the watches and are not measured."""
+    key = os.urandom(32)
+    heartbeat, policy = heartbeat_seconds(nodes), SignalPolicy.for_nodes(nodes)
+    t0 = time.time()
+    cfg = SenderConfig(key, 0, nodes, heartbeat, 1.0, t0)
+    rng = random.Random(5)
+    sims = [SimNode(node_name(i), i, i / nodes * heartbeat, rng.uniform(0.98, 1.02)) for i in range(nodes)]
+    for sim in sims:
+        sim.anchor_compute, sim.state_at = FIRST_STEP * sim.rate * sim.speed, t0
+    clock = [t0]
+    inbox = _DatagramInbox(key)
+    names = [sim.name for sim in sims]
+    watch = SignalWatch(inbox, JOB_ID, LAUNCH, names, policy, t0 - 1.0, clock=lambda: clock[0])
+    stragglers = StragglerWatch.start(StragglerPolicy(), t0 - 1.0)
+    hangs = HangWatch.start(HangPolicy(), t0 - 1.0, {n * RANKS_PER_NODE + r: name for n, name in enumerate(names)
+                                                     for r in range(RANKS_PER_NODE)})
+    polls = round(heartbeat / STEP_POLL_SECONDS)
+    job_dir = Path(tempfile.mkdtemp(prefix="signals-bench-replay-"))
+    cpu: list[float] = []
+    try:
+        for beat in range(heartbeats + 2):
+            slots: list[list[bytes]] = [[] for _ in range(polls)]
+            for sim in sims:  # each node's report of this heartbeat, in the poll after its send time
+                slot = min(polls - 1, int(sim.offset / STEP_POLL_SECONDS))
+                sent = t0 + beat * heartbeat + sim.offset
+                slots[slot].append(encode(build_report(sim, cfg, sent), key))
+            started = time.process_time()
+            for slot, datagrams in enumerate(slots):
+                clock[0] = t0 + beat * heartbeat + (slot + 1) * STEP_POLL_SECONDS
+                inbox.pending = datagrams
+                signals = watch.poll()
+                if slot == 0:  # the heartbeat's feed (whole: its parts cost the same) and the summary
+                    records = watch.fresh_records()
+                    if hang_watch:
+                        hangs = hangs.observe(records)
+                    stragglers = stragglers.observe(records)
+                    if hang_watch and hangs.latest:
+                        hangs.verdict(clock[0])
+                    steps = [r.step for r in watch.records()]
+                    write_agent_summary(job_dir, AgentSummary(
+                        job_id=JOB_ID, launch=LAUNCH, at=clock[0], interval=max(SUMMARY_MIN_SECONDS, heartbeat),
+                        state="watching", nodes=nodes, reporting=signals.reporting, silent=signals.silent,
+                        stopped=(), drained=signals.drained, min_step=min(steps) if steps else None,
+                        max_step=max(steps) if steps else None, refused={}, training=None))
+            spent = time.process_time() - started
+            if beat >= 2:
+                cpu.append(spent / heartbeat)
+                say(f"cpu replay: heartbeat {beat - 1}/{heartbeats}: {spent:.2f} s of CPU = "
+                    f"{100 * cpu[-1]:.1f}% of a core; {signals.reporting:,} nodes reporting")
+    finally:
+        shutil.rmtree(job_dir, ignore_errors=True)
+    return {"nodes": nodes, "heartbeat_s": heartbeat, "polls_per_heartbeat": polls, "reports": inbox.received,
+            "cpu_share": spread(cpu), "values": cpu, "gc": GC.figures(), "hang_watch": hang_watch}
 
 
 def metrics_main(args: argparse.Namespace, agent: Agent, senders: Senders, heartbeat: float,

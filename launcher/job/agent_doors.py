@@ -42,6 +42,9 @@ def collect_garbage_rarely() -> None:
     cycles, and with Python's default threshold the collector's passes over that heap took more
     than half of each feed at 100,000 ranks (bench/signals_bench.py)."""
     gc.set_threshold(*GC_THRESHOLD)
+    # What is loaded by now (modules, classes, the spec) lives as long as the process: no collection
+    # need look at it again (bench/signals_bench.py measures the collector's pauses).
+    gc.freeze()
 
 
 def read_new_log_lines(path: Path, offset: int | None) -> tuple[list[str], int]:

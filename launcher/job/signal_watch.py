@@ -11,6 +11,7 @@ or shared storage.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
@@ -53,6 +54,9 @@ class SignalWatch:
         self.meter = TrainingMeter(window_seconds(policy.heartbeat))
         self._junk_seen = (sum(inbox.refused.values()), inbox.drains_cut_short)
         self._copy_refusals_seen: dict[str, CopyRefusals] = {}
+        self.quiet_until = -math.inf
+        """No node heard from is silent before this (NodeSignals.quiet_until), as of the last look."""
+        self.last_poll = -math.inf
 
     @property
     def policy(self) -> SignalPolicy:
@@ -63,10 +67,15 @@ class SignalWatch:
         """Take every report waiting now and judge what the step's nodes said."""
         reports = self.inbox.drain()
         now = self.clock()
+        if now < self.last_poll:
+            self.quiet_until = -math.inf  # the clock stepped back: reports taken now may be older than those held
+        self.last_poll = now
         if reports:
             self.received += len(reports)
             self.signals = self.signals.observe(reports, now)
-        return self.signals.judge(now)
+        if now >= self.quiet_until:
+            self.quiet_until = self.signals.quiet_until()
+        return self.signals.judge(now, self.quiet_until)
 
     def refusing(self) -> str:
         """What the inbox refused since the last call, for the agent's summary ("" when nothing was)."""

@@ -319,8 +319,8 @@ class HangWatch:
                 yield
             rank = record.rank
             before = latest.get(rank)
-            if record.at < started_at or before == record:
-                continue
+            if record.at < started_at or (before is not None and before.at == record.at and before == record):
+                continue  # (the times first: comparing whole records is most of this loop at 100,000 ranks)
             if record.phase == "step":
                 first_steps.setdefault(rank, record.step)
             sample = seconds_per_step(before, record, first_steps.get(rank, 0) + warmup)

@@ -22,6 +22,8 @@ whose clock is off cannot make another node look frozen.
 
 from __future__ import annotations
 
+import functools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -107,6 +109,12 @@ class Signals:
     first witness said: a suspicion the agent checks with its own probe (launcher/pure/reachability.py)."""
 
 
+@functools.lru_cache(maxsize=8)
+def _members(nodes: tuple[str, ...]) -> frozenset[str]:
+    """A step's nodes as a set: made once, not at each of its 12,500-node signals' five polls a second."""
+    return frozenset(nodes)
+
+
 @dataclass(frozen=True)
 class NodeSignals:
     """The newest report of each node of one launched step, carried from one poll to the next."""
@@ -143,7 +151,7 @@ class NodeSignals:
         return cls(policy, job_id, launch, tuple(nodes), started_at)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "members", frozenset(self.nodes))
+        object.__setattr__(self, "members", _members(self.nodes))
 
     def observe(self, reports: Iterable[NodeReport], at: float) -> NodeSignals:
         """Take the reports received at `at`: each node's newest (by `seq`, a restarted reporter's
@@ -192,19 +200,38 @@ class NodeSignals:
                         for beat in heard.report.ranks)
         return replace(self, fresh=frozenset()), records
 
-    def judge(self, at: float) -> Signals:
-        """What the reports held say at `at` (the agent's clock)."""
+    def quiet_until(self) -> float:
+        """Before this time no node heard from is silent: while no report is older than one taken then,
+        a caller may pass it to `judge` again and again (reports taken later only move it on)."""
+        return min((heard.at for heard in self.heard.values()), default=math.inf) + self.policy.silent_after
+
+    def judge(self, at: float, quiet_until: float = -math.inf) -> Signals:
+        """What the reports held say at `at` (the agent's clock); `quiet_until`: what `quiet_until()` said
+        since the last report older than the ones held was taken (the default: look at every node)."""
         policy = self.policy
         silent, reporting = [], 0
-        for node in self.nodes:
-            heard = self.heard.get(node)
-            if heard is None:
-                if at - self.started_at >= policy.startup_grace:
+        if at < quiet_until and len(self.nodes) == len(self.members) and (
+                len(self.heard) == len(self.nodes) or at - self.started_at < policy.startup_grace):
+            reporting = len(self.heard)  # every 0.2 s at 12,500 nodes: no look at each node while none can be silent
+        elif len(self.nodes) == len(self.members):
+            # Every 0.2 s over 12,500 nodes: one pass over the reports held, in C; the step's order only
+            # for the few silent ones.
+            after, heard = policy.silent_after, self.heard
+            late = {node for node, h in heard.items() if at - h.at >= after}
+            unheard = len(heard) < len(self.nodes) and at - self.started_at >= policy.startup_grace
+            if late or unheard:
+                silent = [node for node in self.nodes if node in late or (unheard and node not in heard)]
+            reporting = len(heard) - len(late)
+        else:
+            for node in self.nodes:
+                heard_from = self.heard.get(node)
+                if heard_from is None:
+                    if at - self.started_at >= policy.startup_grace:
+                        silent.append(node)
+                elif at - heard_from.at >= policy.silent_after:
                     silent.append(node)
-            elif at - heard.at >= policy.silent_after:
-                silent.append(node)
-            else:
-                reporting += 1
+                else:
+                    reporting += 1
         channel = len(silent) >= 2 and 2 * len(silent) > len(self.nodes)
         quiet = set(silent)
         drained = tuple(node for node in self.nodes if node in self.draining and node not in quiet) \

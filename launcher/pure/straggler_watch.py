@@ -167,16 +167,24 @@ class StragglerWatch:
         previous = dict(self.previous)
         samples: list[_Sample] = []
         policy = self.policy
+        started_at, warmup = self.started_at, policy.warmup_steps
+        # 100,000 records a heartbeat at 12,500 nodes: the sample is taken inline, not in a call per record.
         for count, record in enumerate(records, 1):
             if count % PART_RECORDS == 0:
                 yield
-            if record.at < self.started_at:
+            if record.at < started_at:
                 continue
-            before = previous.get(record.rank)
-            previous[record.rank] = record
-            sample = _sample(before, record, policy.warmup_steps)
-            if sample is not None:
-                samples.append(sample)
+            rank = record.rank
+            before = previous.get(rank)
+            previous[rank] = record
+            # The compute time per step since the rank's previous record, once it is past its warm-up; a
+            # new process (a restarted rank) starts its counters again.
+            if before is None or before.pid != record.pid or before.compute_steps < warmup:
+                continue
+            grown = record.compute_steps - before.compute_steps
+            seconds = record.compute_s - before.compute_s
+            if grown > 0 and seconds >= 0:
+                samples.append(_Sample(record.node, rank, seconds / grown, grown, record.step))
         if not samples or all(s.node == samples[0].node for s in samples):
             return replace(self, previous=previous, found=())  # nothing to compare with: judge nothing
         yield
@@ -187,15 +195,26 @@ class StragglerWatch:
         changed: dict[str, set[int]] = {}
         """The nodes whose numbers change (a rank sampled, or one that left for another node), and those ranks."""
         steps: dict[str, int] = {}
+        clear = policy.clear_margin
         for count, sample in enumerate(samples, 1):
             if count % PART_RECORDS == 0:
                 yield
-            held = ranks.get(sample.rank)
-            if held is not None and held.node != sample.node:
+            node, rank, seconds, taken = sample.node, sample.rank, sample.seconds, sample.steps
+            held = ranks.get(rank)
+            if held is not None and held.node != node:
                 changed.setdefault(held.node, set())
-            ranks[sample.rank] = _advance(held, sample, reference, policy)
-            changed.setdefault(sample.node, set()).add(sample.rank)
-            steps[sample.node] = max(steps.get(sample.node, 0), sample.steps)
+            ratio = seconds / reference
+            if held is not None and ratio < clear and not held.straggler:
+                # Most ranks, most of the time: back to (or still) normal; what _advance gives, without the call.
+                ranks[rank] = RankStats(rank, node, seconds, ratio, 0, None, None, (), held.clear_steps + taken, False)
+            else:
+                ranks[rank] = _advance(held, sample, reference, policy)
+            members = changed.get(node)
+            if members is None:
+                members = changed[node] = set()
+            members.add(rank)
+            if taken > steps.get(node, 0):
+                steps[node] = taken
         nodes, found = yield from self._nodes(ranks, samples, reference, changed, steps)
         return replace(self, previous=previous, ranks=ranks, nodes=nodes, reference=reference, found=found)
 
@@ -211,14 +230,18 @@ class StragglerWatch:
         for count, node in enumerate(sorted(changed), 1):
             if count % (PART_RECORDS // 8) == 0:
                 yield
-            before = self.nodes.get(node, NodeStats(node))
+            before = self.nodes.get(node) or NodeStats(node)
             members = sorted(changed[node].union(before.ranks))
             group = [stats for stats in (ranks[rank] for rank in members) if stats.node == node]
             if not group:
                 del nodes[node]  # every rank it had moved to another node
                 continue
-            worst = max(group, key=lambda r: r.ratio or 0.0)
-            slow = max(group, key=lambda r: r.slow_steps)
+            worst = slow = group[0]  # the first of the highest ratio, and of the longest streak (as max gives)
+            for r in group:
+                if (r.ratio or 0.0) > (worst.ratio or 0.0):
+                    worst = r
+                if r.slow_steps > slow.slow_steps:
+                    slow = r
             stats = NodeStats(node, tuple(r.rank for r in group), worst.seconds, worst.ratio,
                               before.steps + steps.get(node, 0), slow.slow_steps, any(r.straggler for r in group),
                               before.lost_s + lost.get(node, 0.0))
@@ -228,17 +251,6 @@ class StragglerWatch:
         if len(nodes) != len(self.nodes) or any(node not in self.nodes for node in changed):
             nodes = dict(sorted(nodes.items()))  # by name, as status shows them
         return nodes, tuple(found)
-
-
-def _sample(before: RankProgress | None, after: RankProgress, warmup_steps: int) -> _Sample | None:
-    """The compute time per step between two reads of one rank, once it is past its warm-up."""
-    if before is None or before.pid != after.pid or before.compute_steps < warmup_steps:
-        return None  # a new process (restarted rank) starts its counters again
-    steps = after.compute_steps - before.compute_steps
-    seconds = after.compute_s - before.compute_s
-    if steps <= 0 or seconds < 0:
-        return None
-    return _Sample(after.node, after.rank, seconds / steps, steps, after.step)
 
 
 def _advance(stats: RankStats | None, sample: _Sample, reference: float, policy: StragglerPolicy) -> RankStats:

@@ -175,3 +175,18 @@ def test_a_witness_that_is_itself_silent_suspects_nobody():
     signals = watching().observe(everyone(T0 + 10, node1=lost), T0 + 10)
     fresh = signals.observe([report(n, 3, T0 + 20) for n in ("node2", "node3", "node4")], T0 + 20)
     assert fresh.judge(T0 + 20).witnessed == {}  # node1 silent itself: its word is not taken
+
+
+def test_the_watch_polled_every_moment_names_a_node_silent_exactly_when_judging_afresh_would():
+    inbox, now = Inbox(), [T0 + 1]
+    watch = SignalWatch(inbox, "42", "0", NODES, POLICY, T0, clock=lambda: now[0])
+    inbox.waiting = everyone(T0 + 1)
+    for tick in range(1, 120):  # every 0.1 s; node4 stops reporting after the first second
+        now[0] = T0 + 1 + tick / 10
+        inbox.waiting = [report(n, tick + 1, now[0]) for n in NODES if n != "node4" or tick < 10]
+        seen = watch.poll()
+        assert seen == watch.signals.judge(now[0]), now[0] - T0
+    assert seen.silent == ("node4",) and seen.reporting == 3
+    now[0] -= 30.0  # the clock stepped back: the reports held look newer than now, and nobody is silent
+    inbox.waiting = [report(n, 500, now[0]) for n in NODES if n != "node4"]
+    assert watch.poll() == watch.signals.judge(now[0])

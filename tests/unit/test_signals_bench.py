@@ -1,4 +1,4 @@
-"""The signals benchmark at its smallest (`--quick`): it runs, the agent hears every report, and (a) and (b) are seen."""
+"""The signals benchmark at its smallest (`--quick`): it runs, the agent hears every report, and (a), (b) and (d) are seen."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ def test_the_quick_bench_sees_a_drain_and_a_freeze_and_reports_every_figure(tmp_
         assert latency[kind]["p99"] < 5.0
     assert latency["b_frozen"]["min"] >= result["policy"]["stopped_grace"] - 0.05  # the grace is in, by design
     assert {"latency", "window_steps", "window_s", "bound_s"} <= set(latency["c_straggler"])
+    # (d) a cut node: its neighbours name it, two probes go unanswered (0.5 s each, 0.25 s apart): blamed
+    assert latency["d_cut"]["missed"] == 0 and latency["d_cut"]["n"] == 2, latency["d_cut"]
+    assert 2.5 + 2 * 0.5 <= latency["d_cut"]["min"] and latency["d_cut"]["max"] < 10.0
     steady = result["steady"]
     for figure in ("cpu_share", "reports_per_s", "bytes_per_s", "summary_files_per_s"):
         assert steady[figure]["n"] == 2 and "median" in steady[figure], figure
