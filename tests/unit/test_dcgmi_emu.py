@@ -65,6 +65,7 @@ def test_the_testbed_s_healthd_toml_runs_each_node_s_own_dcgmi(tmp_path):
     layout = Layout(root=tmp_path)
     text = slurm_config.healthd_toml(layout, "node2")
     diagnostics = config_from_mapping(tomllib.loads(text)).diagnostics
-    assert diagnostics is not None and diagnostics.before_return is not None and diagnostics.preflight is not None
+    assert diagnostics is not None and diagnostics.before_return is not None and diagnostics.after_failure is not None
     assert diagnostics.before_return.argv == (str(layout.nvml_dir / "node2" / "bin" / "dcgmi"), "diag", "-r", "3", "-j")
-    assert diagnostics.preflight.parser == "dcgmi" and Path(diagnostics.preflight.argv[0]).name == "dcgmi"
+    assert diagnostics.after_failure.parser == "dcgmi" and Path(diagnostics.after_failure.argv[0]).name == "dcgmi"
+    assert diagnostics.preflight is None, "no pre-flight in every testbed prolog (it would move the hooks' figures)"
