@@ -3,7 +3,8 @@
 # Debian packages (Python, compiler, Slurm, munge, MariaDB, shellcheck) and a virtualenv
 # at .venv with clusterctl installed (editable) and its test extras (pytest, ruff, mypy, build),
 # and the testbed, a separate development-only package; with CLUSTERCTL_TORCH=1 also PyTorch
-# (CPU build) for the PyTorch example and its tests; with CLUSTERCTL_BROWSER=1 also Debian's
+# (CPU build) for the PyTorch example and its tests, and Lightning and transformers for the framework
+# callbacks' tests; with CLUSTERCTL_BROWSER=1 also Debian's
 # headless-capable Chromium, which the tests of `clusterctl report --html` render the page with
 # (skipped without it; scripts/test.sh asks for both); with CLUSTERCTL_PEERS=1 also a separate virtualenv
 # .venv-peers with the tools bench/peers_bench.py compares clusterctl with (NVIDIA's ft_launcher, torchft),
@@ -42,9 +43,11 @@ if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
 fi
 [[ -x .venv/bin/python ]] || python3 -m venv .venv
 # CLUSTERCTL_TORCH=1: also PyTorch's CPU build (the `torch` extra, ~750 MB, about 45 s) for
-# examples/torch_trainer.py and the tests that run it (skipped without it).
+# examples/torch_trainer.py and the tests that run it (skipped without it), and Lightning, transformers
+# and accelerate (the `frameworks` extra, ~210 MB installed, about 45 s more) for the framework callbacks'
+# tests in the real training loops (skipped without them).
 extras="test"
-[[ ${CLUSTERCTL_TORCH:-0} == 1 ]] && extras="test,torch"
+[[ ${CLUSTERCTL_TORCH:-0} == 1 ]] && extras="test,torch,frameworks"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]" -e ./testbed
 # CLUSTERCTL_PEERS=1: the peers' extra in a venv of its own (never in .venv: their dependencies, pynvml
 # among them, must not shadow clusterctl's), with the `torch` extra's pins (PyTorch's CPU build, numpy for

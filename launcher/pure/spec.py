@@ -152,8 +152,9 @@ FIELDS: tuple[Field, ...] = (
           "file, or '{run_dir}/...'); the supervisor resumes from its newest complete checkpoint."),
     Field("checkpoint", "validator", "choice", "How a complete checkpoint is recognised: manifest "
           "(clusterctl's manifest.json written last), dcp (PyTorch DCP .metadata), megatron "
-          "(latest_checkpointed_iteration.txt), auto (any of them).", "auto",
-          choices=("auto", "manifest", "dcp", "megatron")),
+          "(latest_checkpointed_iteration.txt), hf (Hugging Face Trainer's checkpoint-N/), lightning (*.ckpt), "
+          "deepspeed (the `latest` file), auto (any of them).", "auto",
+          choices=("auto", "manifest", "dcp", "megatron", "hf", "lightning", "deepspeed")),
     Field("checkpoint", "resume_args", "argv", "Arguments appended to the command when resuming; "
           "'{path}' becomes the checkpoint, e.g. ['--resume', '{path}'].", ()),
     Field("checkpoint", "resume_env", "str", "Environment variable that carries the checkpoint to resume "

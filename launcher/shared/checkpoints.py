@@ -8,6 +8,8 @@ A checkpoint is complete when the marker its writer puts down *last* is there an
   coordinator after all ranks saved their shards;
 - `megatron`: `latest_checkpointed_iteration.txt` (rewritten after an iteration is saved)
   naming an `iter_NNNNNNN/` directory that exists;
+- `hf`, `lightning`, `deepspeed`: the Hugging Face Trainer's `checkpoint-N/`, Lightning's `*.ckpt`
+  and DeepSpeed's `latest` (launcher/shared/framework_checkpoints.py);
 - `tiers` (multi-level checkpoints, never guessed by `auto`): `tiers/step-NNNNNNNNNNNN/complete.json`,
   written by the job's agent once every slot's part is flushed.
 
@@ -29,12 +31,18 @@ from pathlib import Path
 
 from clusterctl.launcher.pure.checkpoint import Checkpoint, Skipped
 from clusterctl.launcher.shared.checkpoint_inventory import COMPLETE_NAME, TIERS_DIR, read_complete
+from clusterctl.launcher.shared.framework_checkpoints import (
+    DEEPSPEED_LATEST,
+    deepspeed_checkpoints,
+    hf_checkpoints,
+    lightning_checkpoints,
+)
 from clusterctl.records.versioned import RecordError
 from clusterctl.text import one_line
 
 
 def _step_of(name: str) -> int | None:
-    found = re.search(r"(\d+)$", name)
+    found = re.search(r"(\d+)(?:\.ckpt)?$", name)
     return int(found.group(1)) if found else None
 
 
@@ -145,7 +153,8 @@ def _tiers(directory: Path) -> tuple[list[Checkpoint], list[Skipped]]:
 
 
 VALIDATORS: dict[str, Callable[[Path], tuple[list[Checkpoint], list[Skipped]]]] = {
-    "manifest": _manifest, "dcp": _dcp, "megatron": _megatron, "tiers": _tiers,
+    "manifest": _manifest, "dcp": _dcp, "megatron": _megatron, "hf": hf_checkpoints,
+    "lightning": lightning_checkpoints, "deepspeed": deepspeed_checkpoints, "tiers": _tiers,
 }
 
 
@@ -194,12 +203,14 @@ def markers(directory: Path, validator: str = "auto", above: int | None = None) 
     one: each path with its step (None for a path that is not one checkpoint's).  The folder the validator lists
     (a checkpoint renamed into place or a new candidate changes it: `tiers/` with tiers), every candidate in it
     of a step above `above` (its marker lands inside it: manifest.json, .metadata, complete.json; the newest
-    MAX_MARKED), and Megatron's tracker file.  One listing of that folder; nothing below it is read."""
+    MAX_MARKED), and Megatron's and DeepSpeed's tracker files.  One listing of that folder; nothing below it is read."""
     listed = directory / TIERS_DIR if validator == "tiers" else directory
     found: list[tuple[Path, int | None]] = [(listed, None)]
     if validator in ("auto", "megatron"):
         found.append((directory / "latest_checkpointed_iteration.txt", None))
-    if validator == "megatron":
+    if validator in ("auto", "deepspeed"):
+        found.append((directory / DEEPSPEED_LATEST, None))
+    if validator in ("megatron", "deepspeed"):
         return found
     try:
         entries = list(os.scandir(listed))

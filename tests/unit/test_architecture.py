@@ -57,6 +57,11 @@ NOT_PURE = {"subprocess", "socket", "threading", "multiprocessing", "signal", "f
 # only render.  status.py and report.py still keep their rendering next to the data they show.
 COMMAND_LINE_LIBRARIES = {"click", "rich"}
 VIEW_MODULES = {"clusterctl.launcher.login.status", "clusterctl.launcher.login.report"}
+# Training frameworks, which the base install does not bring (the `frameworks` extra): imported only by
+# the callbacks in clusterctl/integrations/ (in the ranks, by the training program), which nothing of
+# clusterctl imports in turn.
+FRAMEWORKS = {"lightning", "pytorch_lightning", "transformers", "accelerate", "deepspeed"}
+INTEGRATIONS = "clusterctl.integrations"
 # Names that exist only in a checkout (or in the development-only testbed), never in the wheel.
 NOT_IN_THE_WHEEL = {"launcher", "healthd", "prolog", "epilog", "sbatch_templates", "testbed", "clusterctl_testbed"}
 MODULE_NAME = re.compile(r"\bclusterctl(?:\.[a-z_][a-z0-9_]*)+")
@@ -204,6 +209,12 @@ def violations(root: Path) -> list[str]:
         for (lower, upper), why in ONE_WAY.items():
             if _within(imp.module, lower) and _within(imp.target, upper):
                 found.append(f"{where}: {imp.module} imports {imp.target}; {why}")
+        if top in FRAMEWORKS and not _within(imp.module, INTEGRATIONS):
+            found.append(f"{where}: {imp.module} imports {top}, a training framework the base install lacks; "
+                         f"only the callbacks in clusterctl/integrations/ import one")
+        if _within(imp.target, INTEGRATIONS) and not _within(imp.module, INTEGRATIONS):
+            found.append(f"{where}: {imp.module} imports {imp.target}; the framework callbacks are the training "
+                         f"program's to import, never clusterctl's (their frameworks are not in the base install)")
         if top == "clusterctl":
             target = part(imp.target)
             if target in ALLOWED[source]:
@@ -333,6 +344,7 @@ def _plant(root: Path, files: dict[str, str]) -> None:
         if (root / name).exists() and not (root / "clusterctl" / name).exists():
             (root / "clusterctl" / name).symlink_to(f"../{name}")
     for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(text)
 
 
@@ -415,3 +427,20 @@ def test_the_rules_catch_a_cycle(tmp_path):
 
     assert import_cycles(tmp_path, "clusterctl.launcher") == [
         ["clusterctl.launcher.job.agent", "clusterctl.launcher.job.steps", "clusterctl.launcher.job.agent"]]
+
+
+def test_the_rules_catch_a_framework_outside_the_integrations(tmp_path):
+    _plant(tmp_path, {
+        "clusterctl/progress.py": "import transformers\n",
+        "launcher/job/steps.py": "def f():\n    from clusterctl.integrations import lightning\n",
+        "clusterctl/integrations/__init__.py": "",
+        "clusterctl/integrations/lightning.py": "import lightning.pytorch\n",
+    })
+
+    assert sorted(violations(tmp_path)) == [
+        "clusterctl/launcher/job/steps.py:2: clusterctl.launcher.job.steps imports clusterctl.integrations.lightning; "
+        "the framework callbacks are the training program's to import, never clusterctl's (their frameworks are not "
+        "in the base install)",
+        "clusterctl/progress.py:1: clusterctl.progress imports transformers, a training framework the base install "
+        "lacks; only the callbacks in clusterctl/integrations/ import one",
+    ]
