@@ -122,7 +122,7 @@ def test_spec_on_a_terminal_cuts_no_word_and_shows_every_description_whole(width
 
 
 def test_spec_stacked_keeps_a_row_on_one_line_when_every_row_fits_and_labels_each_value_otherwise():
-    wide_enough = printed(["spec"], 80).splitlines()
+    wide_enough = printed(["spec"], 108).splitlines()  # the longest row: checkpoint.validator's seven choices
     narrow = printed(["spec"], 60).splitlines()
 
     assert "job.gpus_per_node  type: int  default: 8" in wide_enough
