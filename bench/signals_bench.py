@@ -92,7 +92,7 @@ from stats import percentile  # noqa: E402
 from clusterctl.launcher.job.agent_doors import collect_garbage_rarely  # noqa: E402
 from clusterctl.launcher.job.agent_outputs import SUMMARY_MIN_SECONDS  # noqa: E402
 from clusterctl.launcher.job import step_watch  # noqa: E402
-from clusterctl.launcher.job.step_watch import STEP_POLL_SECONDS  # noqa: E402
+from clusterctl.launcher.job.step_watch import STEP_POLL_SECONDS, probe_suspects  # noqa: E402
 from clusterctl.launcher.job.node_probe import NodeProber  # noqa: E402
 from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender  # noqa: E402
 from clusterctl.launcher.job.reporter import TICK as REPORTER_TICK  # noqa: E402
@@ -103,7 +103,7 @@ from clusterctl.launcher.pure.node_signals import (  # noqa: E402
     SMALL_STEP_NODES, SignalPolicy, Signals, heartbeat_seconds, slurm_sweep_seconds,
 )
 from clusterctl.launcher.pure.peer_watch import PEER_BEAT_SECONDS, PeerWatch, neighbours  # noqa: E402
-from clusterctl.launcher.pure.reachability import PROBE_TIMEOUT_SECONDS, Probes, unreachable  # noqa: E402
+from clusterctl.launcher.pure.reachability import PROBE_TIMEOUT_SECONDS, Probes  # noqa: E402
 from clusterctl.launcher.pure.straggler_watch import StragglerPolicy, StragglerWatch  # noqa: E402
 from clusterctl.records.agent_summary import AgentSummary, write_agent_summary  # noqa: E402
 from clusterctl.records.node_report import NodeHealth, NodeMetrics, NodeReport, RankBeat, decode, encode  # noqa: E402
@@ -458,21 +458,10 @@ class Agent:
         return True, f"port {port} answered (bench)"
 
     def _unreachable(self) -> None:
-        """As StepWatch._unreachable: the suspected nodes (named by a neighbour, or silent), probed; those
+        """StepWatch's own look (step_watch.probe_suspects): the suspected nodes (named by a neighbour, or silent), probed; those
         whose probes went unanswered are blamed."""
-        signals, now = self.signals, time.monotonic()
-        suspected = dict(signals.witnessed)
-        for node in signals.silent:
-            suspected.setdefault(node, f"the agent has not heard its reports for {self.watch.policy.silent_after:g} s")
-        suspected.pop(self.batch_host, None)
-        self.probes = self.probes.forget(set(suspected))
-        for result in self.prober.finished():
-            if result.node in suspected:
-                self.probes = self.probes.took(result)
-        for node in suspected:
-            if self.probes.due(node, now):
-                self.prober.start(node)
-        self.gone = unreachable(suspected, self.probes)
+        self.probes, self.gone = probe_suspects(self.signals, self.watch.policy.silent_after, self.batch_host,
+                                                self.probes, self.prober, time.monotonic())
 
     def tick(self) -> Signals:
         """One turn of the loop: the reports, the summary when due, and a feed's next part (or, in the old

@@ -202,19 +202,9 @@ class StepWatch:
         them) and unanswered by the agent's own probes (launcher/pure/reachability.py); probes those due."""
         if self.prober is None or watch is None:
             return []
-        signals = feed.signals
-        suspected = dict(signals.witnessed)
-        for node in signals.silent:
-            suspected.setdefault(node, f"the agent has not heard its reports for {watch.policy.silent_after:g} s or more")
-        suspected.pop(self.batch_host, None)  # the agent's own node: if it were gone, so would be the agent
-        feed.probes = feed.probes.forget(set(suspected))
-        for result in self.prober.finished():
-            if result.node in suspected:
-                feed.probes = feed.probes.took(result)
-        for node in suspected:
-            if feed.probes.due(node, now):
-                self.prober.start(node)
-        return unreachable(suspected, feed.probes)
+        feed.probes, gone = probe_suspects(feed.signals, watch.policy.silent_after, self.batch_host, feed.probes,
+                                           self.prober, now)
+        return gone
 
     def _ask_slurm(self, asking: SlurmAsking, hinted: Sequence[str], sweep: bool, now: float,
                    spares: int) -> tuple[list[Blame], float]:
@@ -314,3 +304,23 @@ class StepWatch:
                           safety_factor=r.hang_safety_factor, min_step_timeout=floor,
                           max_step_timeout=max(1800.0, floor), silence_gap=max(HangPolicy.silence_gap, lag),
                           liveness_gap=max(HangPolicy.liveness_gap, lag))
+
+
+def probe_suspects(signals: Signals, silent_after: float, batch_host: str, probes: Probes, prober: NodeProber,
+                   now: float) -> tuple[Probes, list[Blame]]:
+    """One look of the agent's second witness: the suspected nodes (named by a neighbour, or silent to the
+    agent), their finished probes taken, those due probed again; the probes kept and the nodes now blamed
+    `unreachable` (launcher/pure/reachability.py).  The agent's own node is never suspected: if it were
+    gone, so would be the agent."""
+    suspected = dict(signals.witnessed)
+    for node in signals.silent:
+        suspected.setdefault(node, f"the agent has not heard its reports for {silent_after:g} s or more")
+    suspected.pop(batch_host, None)
+    probes = probes.forget(set(suspected))
+    for result in prober.finished():
+        if result.node in suspected:
+            probes = probes.took(result)
+    for node in suspected:
+        if probes.due(node, now):
+            prober.start(node)
+    return probes, unreachable(suspected, probes)
