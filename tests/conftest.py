@@ -185,6 +185,7 @@ def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
         before = state.read_text() if state.exists() else ""
         inject(tb.nvml_dir(node), Fault("clear"))
         faulted = faulted or state.read_text() != before
+        faulted = _clear_network_and_diagnostic_faults(tb.nvml_dir(node)) or faulted
     # A job that ran on a node cut off or given back completes only once that node answers again, and its
     # epilog runs then (seen: during the next test, draining the node for what it found): wait for it here.
     deadline = time.monotonic() + 120
@@ -192,6 +193,27 @@ def cluster(testbed_session: Testbed) -> Iterator[Testbed]:
             time.monotonic() < deadline:
         time.sleep(0.5)
     tb.back_in_service(faulted=faulted)
+
+
+def _clear_network_and_diagnostic_faults(node_dir: Path) -> bool:
+    """Every NIC's port healthy again and the node's dcgmi passing; whether anything was faulted."""
+    from clusterctl_testbed.dcgmi_emu import FAULT_FILE, DiagFault, inject_diag
+    from clusterctl_testbed.ib_faults import HEALTHY_LINK, HEALTHY_PORT, SYSFS_IB, IbFault, inject_ib
+
+    faulted = False
+    diag = node_dir / FAULT_FILE
+    if diag.exists() and diag.read_text().strip():
+        inject_diag(node_dir, DiagFault("clear"))
+        faulted = True
+    ib = node_dir / "sysroot" / SYSFS_IB
+    for device in sorted(ib.iterdir()) if ib.is_dir() else []:
+        port = device / "ports" / "1"
+        healthy = all((port / name).read_text().strip() == text for name, text in HEALTHY_PORT.items()) and all(
+            (device / "device" / name).read_text().strip() == text for name, text in HEALTHY_LINK.items())
+        if not healthy:
+            inject_ib(node_dir / "sysroot", IbFault("ib-clear", nic=int(device.name.rsplit("_", 1)[1])))
+            faulted = True
+    return faulted
 
 
 def run_python_on(tb: Testbed, host: str, code: str, *, timeout: float = 60) -> subprocess.CompletedProcess:

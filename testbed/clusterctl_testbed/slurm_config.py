@@ -252,6 +252,9 @@ def healthd_toml(layout: Layout, node: str) -> str:
         # machine, not the node, so their thresholds are set where they never fire on the testbed.
         "disk_min_free = 0.0",
         "memory_min_available = 0.0",
+        # Error-counter rates over 10 s, not a real node's minute: a flap injected by one story has left the
+        # window by the time the next story starts (the testbed's timeouts are all short, for the same reason).
+        "counter_window_s = 10",
         "",
         # The node's emulated dcgmi (dcgmi_emu.py): DCGM's levels with the real argv, JSON and exit codes.
         "[diagnostics]",
