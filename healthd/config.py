@@ -112,8 +112,9 @@ class HealthdConfig:
     """The IB/RoCE devices (`mlx5_0`, ...) whose ports and PCIe links are judged; [] judges every one found.
     Name them when a node has a port that is down by design (an unused management port)."""
     storage_paths: tuple[str, ...] = ()
-    """Shared directories (Lustre, NFS: where checkpoints go) probed every check with a small file written,
-    fsynced, read back and unlinked; root must be able to write there.  [] probes nothing."""
+    """Shared directories (Lustre, NFS: where checkpoints go) probed once every `[checks] storage_interval_s`
+    (at this node's own time in it) with a small file written, fsynced, read back and unlinked; root must be
+    able to write there.  [] probes nothing."""
     diagnostic_retry: float = 3600.0
     """A before_return diagnostic that did not pass is run again after this long (or at once after a reboot)."""
     checks: CheckLimits = field(default_factory=CheckLimits)

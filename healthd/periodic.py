@@ -1,5 +1,6 @@
 """healthd's `periodic` thread: every check_interval, GPU and host samples (sampler.py), the IB/RoCE ports
-(checks/network.py) and the shared-storage probe (checks/storage.py) → findings.
+(checks/network.py) and the shared-storage probe (checks/storage.py: at this node's slot in every
+storage_interval_s, its last result in between) → findings.
 
 Slurm's view of the node is read only every node_refresh_interval (jittered), or every
 drained_refresh_interval while healthd decides something about it (drained, events waiting for
@@ -47,7 +48,7 @@ class PeriodicCheck:
         self.sustained = Sustained()
         self.nic_sampler = nic_sampler or (lambda config: read_nics(config.ib_root, config.ib_devices))
         self.network = NetworkMemory()
-        self.storage = storage or StorageProbe(clock.monotonic)
+        self.storage = storage or StorageProbe(clock.monotonic, node=config.node_name)
         self.node_due = clock.monotonic()  # the first periodic check reads the node
         """Monotonic time the node is read next (sooner while `watching_node`)."""
         self.node_read_at = clock.monotonic()

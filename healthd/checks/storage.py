@@ -11,15 +11,23 @@ how long it has been, until that probe returns.  At most one thread per configur
 
 Default deadline 5 s: a healthy mount answers a 4 KiB write+fsync in milliseconds, a busy metadata
 server in well under a second; a client that waits 5 s for it is a checkpoint that waits minutes.
+
+A probe is four metadata operations on the shared filesystem (create, write+fsync, read, unlink), so it
+runs every `storage_interval_s` (20 min), not on every periodic pass: 12,500 nodes then send ~10 probes a
+second to the metadata server, not ~830.  Each node has its own place in the interval (`probe_phase`, a hash
+of its name, fixed against the wall clock), so a fleet restarted at once never probes in step.  Between
+probes the last result stands: a path that failed is reported on every pass until a probe passes, and a
+path whose probe is stuck is reported hung on every pass, as soon as healthd knows it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from clusterctl.healthd.checks.family import CheckFamily, Condition, limit
 from clusterctl.healthd.findings import Action, Finding
@@ -32,6 +40,22 @@ class StorageLimits:
     """[checks] limits of this family."""
 
     storage_timeout_s: float = limit(5, 0.1, 600.0)
+    # 20 min: 12,500 nodes / 1,200 s = 10.4 probes (42 metadata operations) a second, fleet-wide.  Never below
+    # the default periodic pass (probing more often than healthd looks means nothing); at most a day.
+    storage_interval_s: float = limit(1200, 15.0, 86400.0)
+
+
+def probe_phase(node: str) -> float:
+    """Where in every storage interval node `node` probes, as a share of it (0 <= phase < 1).
+
+    A hash of the name (SHA-256, not Python's salted `hash`): the same on every start of healthd, and
+    spread evenly over a fleet's names, so nodes restarted together still probe at their own times."""
+    return int.from_bytes(hashlib.sha256(node.encode("utf-8", "surrogateescape")).digest()[:8], "big") / 2.0**64
+
+
+def seconds_to_slot(phase: float, interval: float, wall_now: float) -> float:
+    """Seconds from `wall_now` (epoch s) to the node's next probe: its slots are phase*interval + k*interval."""
+    return (phase * interval - wall_now) % interval
 
 
 def probe_once(path: str) -> None:
@@ -68,35 +92,62 @@ class _Probe:
 
 
 class StorageProbe:
-    """Probes each path on its own thread with a deadline; remembers a probe that has not come back."""
+    """Probes each path on its own thread with a deadline, at this node's times in every storage interval;
+    remembers a probe that has not come back and the last result of each path."""
 
-    def __init__(self, monotonic: Callable[[], float], run: Callable[[str], None] = probe_once) -> None:
+    def __init__(self, monotonic: Callable[[], float], run: Callable[[str], None] = probe_once, *,
+                 node: str = "") -> None:
         self.monotonic, self.run = monotonic, run
+        self.phase = probe_phase(node)
         self._stuck: dict[str, _Probe] = {}
+        self._standing: dict[str, Finding] = {}
+        self._due: float | None = None  # monotonic time of the next probe
+        self._interval = 0.0
 
     def check(self, paths: Sequence[str], limits: StorageLimits, now: float) -> list[Finding]:
-        """Probe every path (together: one deadline for all of them); a finding for each that hung or failed.
+        """A finding for each path that hung or failed: probed (together: one deadline for all of them) when
+        this node's slot has come, else its last result (re-dated `now`: it still holds).
 
-        A path whose earlier probe is still stuck is reported at once, without waiting again: a hung
-        mount costs the periodic pass its deadline once, not on every pass."""
+        A path whose earlier probe is still stuck is reported hung at once on every pass, without waiting
+        again: a hung mount costs the periodic pass its deadline once, not on every pass.  A path whose stuck
+        probe has come back is probed again at once (its result says whether the mount recovered)."""
         started = self.monotonic()
+        due = self._slot_come(limits.storage_interval_s, now, started)
+        self._standing = {path: finding for path, finding in self._standing.items() if path in paths}
         fresh, out = [], []
         for path in paths:
             stuck = self._stuck.get(path)
             if stuck is not None and not stuck.done.is_set():
                 out.append(self._hung(stuck, limits, now))
-                continue
-            self._stuck.pop(path, None)
-            fresh.append(_Probe(path, started, self.run))
+            elif self._stuck.pop(path, None) is not None or due:
+                fresh.append(_Probe(path, started, self.run))
+            elif path in self._standing:
+                out.append(replace(self._standing[path], at=now))
         deadline = started + limits.storage_timeout_s
         for probe in fresh:
+            self._standing.pop(probe.path, None)
             if not probe.done.wait(max(0.0, deadline - self.monotonic())):
                 self._stuck[probe.path] = probe
                 out.append(self._hung(probe, limits, now))
             elif probe.error:
-                out.append(Finding("storage-error", "storage", now, value=probe.path,
-                                   detail=f"{probe.path} probe failed: {probe.error}"))
+                self._standing[probe.path] = Finding("storage-error", "storage", now, value=probe.path,
+                                                     detail=f"{probe.path} probe failed: {probe.error}")
+                out.append(self._standing[probe.path])
         return sorted(out, key=lambda finding: paths.index(str(finding.value)))
+
+    def _slot_come(self, interval: float, wall_now: float, monotonic_now: float) -> bool:
+        """Whether this node's probe is due now; if so, the next one is set a whole interval on.
+
+        The slot is placed on the wall clock once (and again when the interval changes on a reload), then
+        kept on the monotonic clock: a wall-clock step never makes a node skip or repeat its probe."""
+        if self._due is None or interval != self._interval:
+            self._interval = interval
+            self._due = monotonic_now + seconds_to_slot(self.phase, interval, wall_now)
+        if monotonic_now < self._due:
+            return False
+        missed = (monotonic_now - self._due) // interval  # a pass held up (a hung NVML) skips slots, never bunches them
+        self._due += (missed + 1) * interval
+        return True
 
     def _hung(self, probe: _Probe, limits: StorageLimits, now: float) -> Finding:
         waited = self.monotonic() - probe.started

@@ -16,7 +16,7 @@ from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.checks.counter_rate import CounterRates
 from clusterctl.healthd.checks.network import NetworkMemory, check_network, read_nics
 from clusterctl.healthd.checks.pcie import check_nic_links
-from clusterctl.healthd.checks.storage import StorageLimits, StorageProbe
+from clusterctl.healthd.checks.storage import StorageLimits, StorageProbe, seconds_to_slot
 from clusterctl.healthd.config import ConfigError, config_from_mapping
 from clusterctl.healthd.findings import Finding
 from clusterctl.healthd.policy import drain_reason, judge
@@ -212,15 +212,21 @@ def test_reads_closer_than_half_a_window_give_no_rate_yet():
 # ---- the storage probe --------------------------------------------------------------------------------
 
 
+def slot_of(probe: StorageProbe) -> float:
+    """The first time from T0 on that `probe`'s node probes (its slot in the default storage interval)."""
+    return T0 + seconds_to_slot(probe.phase, StorageLimits().storage_interval_s, T0)
+
+
 def test_a_working_path_passes_and_leaves_nothing_behind(tmp_path):
     probe = StorageProbe(time.monotonic)
-    assert probe.check([str(tmp_path)], StorageLimits(), T0) == []
+    assert probe.check([str(tmp_path)], StorageLimits(), slot_of(probe)) == []
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_path_that_cannot_be_written_is_a_storage_error(tmp_path):
     missing = tmp_path / "unmounted"
-    (finding,) = StorageProbe(time.monotonic).check([str(missing)], StorageLimits(), T0)
+    probe = StorageProbe(time.monotonic)
+    (finding,) = probe.check([str(missing)], StorageLimits(), slot_of(probe))
     assert finding.kind == "storage-error" and finding.value == str(missing)
     assert finding.detail.startswith(f"{missing} probe failed: No such file or directory")
     assert judge(finding).action is Action.DRAIN_RESET
@@ -235,20 +241,20 @@ def test_a_hung_mount_is_found_within_its_deadline_and_never_gets_a_second_stuck
 
     probe = StorageProbe(time.monotonic, run=hangs)
     limits = StorageLimits(storage_timeout_s=0.2)
-    began = time.monotonic()
-    (first,) = probe.check(["/lustre/ckpt"], limits, T0)
+    began, slot = time.monotonic(), slot_of(probe)
+    (first,) = probe.check(["/lustre/ckpt"], limits, slot)
     assert time.monotonic() - began < 2
     assert first.kind == "storage-hung" and first.detail.startswith("/lustre/ckpt write/fsync/read/unlink not done")
     assert judge(first).action is Action.DRAIN_REBOOT
     began = time.monotonic()
-    (second,) = probe.check(["/lustre/ckpt"], limits, T0 + 15)
+    (second,) = probe.check(["/lustre/ckpt"], limits, slot + 15)
     assert second.kind == "storage-hung" and started == ["/lustre/ckpt"]  # still the one probe
     assert time.monotonic() - began < 0.1  # known hung: the pass does not wait for it again
-    reason = drain_reason(second, judge(second), T0 + 15).render()
+    reason = drain_reason(second, judge(second), slot + 15).render()
     assert reason.startswith("healthd: storage-hung [/lustre/ckpt write/fsync/read/unlink not done after")
     release.set()
     time.sleep(0.05)
-    assert probe.check(["/lustre/ckpt"], limits, T0 + 30) == []
+    assert probe.check(["/lustre/ckpt"], limits, slot + 30) == []  # back: probed again at once
 
 
 # ---- configuration ------------------------------------------------------------------------------------
