@@ -3,7 +3,7 @@
 Written by `clusterctl submit`, `cancel` and the supervisor; read by the supervisor's replay,
 `status`, `report`, and by anyone with jq.  Every line is a JSON object
 
-    {"kind": "run-event", "version": 1, "event": "submitted", "at": 1732287845.123, ...fields}
+    {"kind": "run-event", "version": 2, "event": "submitted", "at": 1732287845.123, ...fields}
 
 and each `event` has one frozen dataclass here with exactly its fields.  A reader refuses an
 event it does not know, or a newer version, with a RecordError naming the file and line: a
@@ -31,7 +31,10 @@ from clusterctl.records.versioned import RecordError, check_header, field, heade
 from clusterctl.slurm.names import job_id_problem, node_name_problem
 
 KIND = "run-event"
-VERSION = 1
+VERSION = 2
+READ_VERSIONS = (1, 2)
+"""Version 2 added `data_parallel_before`/`data_parallel_after` to `recovered-in-allocation` (a shrink); a
+version 1 line holds none and means the job ran at the spec's size."""
 
 
 class EventKind(enum.StrEnum):
@@ -339,6 +342,16 @@ class RecoveredInAllocation:
     """When the step hung: where its ranks' Python stacks were, in a few lines (which call the ranks wait
     in, which never arrived; clusterctl.launcher.pure.hang_stacks), read before the step was ended; the
     records are in the hung step's `stacks/` folder.  Absent from journals written before it was kept."""
+    data_parallel_before: int | None = None
+    """The data-parallel size of the step that ended; None: the spec's (journals before version 2 hold none)."""
+    data_parallel_after: int | None = None
+    """The next step's data-parallel size, below `data_parallel_before` when the job shrank; None: the spec's."""
+
+    @property
+    def shrank(self) -> bool:
+        """The job went on with fewer data-parallel replicas than before."""
+        return (self.data_parallel_before is not None and self.data_parallel_after is not None
+                and self.data_parallel_after < self.data_parallel_before)
 
     def fields(self) -> dict[str, Any]:
         """The event's own fields, as stored after the header, `event` and `at`."""
@@ -347,7 +360,10 @@ class RecoveredInAllocation:
                 "checkpoint_step": self.checkpoint_step, "checkpoint": self.checkpoint,
                 "phases": {name: seconds for name, seconds in self.phases}, "reason": self.reason,
                 "agent": self.agent, "took_over_from": self.took_over_from,
-                **({"stacks": list(self.stacks)} if self.stacks else {})}
+                **({"stacks": list(self.stacks)} if self.stacks else {}),
+                **{name: value for name, value in (("data_parallel_before", self.data_parallel_before),
+                                                   ("data_parallel_after", self.data_parallel_after))
+                   if value is not None}}
 
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> RecoveredInAllocation:
@@ -367,7 +383,17 @@ class RecoveredInAllocation:
                    reason=field(data, "reason", str, where) if "reason" in data else "",
                    agent=_node(data, "agent", where) if data.get("agent") else "",
                    took_over_from=_node(data, "took_over_from", where) if data.get("took_over_from") else "",
-                   stacks=_strings(data, "stacks", where) if "stacks" in data else ())
+                   stacks=_strings(data, "stacks", where) if "stacks" in data else (),
+                   data_parallel_before=_replicas(data, "data_parallel_before", where),
+                   data_parallel_after=_replicas(data, "data_parallel_after", where))
+
+
+def _replicas(data: Mapping[str, Any], key: str, where: str) -> int | None:
+    """A data-parallel size (a whole number of at least 1), None when absent."""
+    value = field(data, key, _OPTIONAL_INT, where) if key in data else None
+    if value is not None and value < 1:
+        raise RecordError(where, f"field `{key}` must be a data-parallel size of at least 1, found {value}")
+    return value
 
 
 RESUME_TIERS = ("local", "buddy", "shared")
@@ -593,7 +619,12 @@ _PARSERS = {cls.event: cls.parse for cls in (Created, Waiting, Submitting, Submi
 
 def event_to_json(event: RunEvent) -> dict[str, Any]:
     """The JSON object of one journal line."""
-    return {**header(KIND, VERSION), "event": event.event.value, "at": event.at, **event.fields()}
+    # Only a line that holds what version 2 added says 2: a journal of a run that never shrank stays readable
+    # by a clusterctl of before (a login node's install may lag the job's).
+    shrink = isinstance(event, RecoveredInAllocation) and (event.data_parallel_before, event.data_parallel_after) != (
+        None, None)
+    return {**header(KIND, VERSION if shrink else 1), "event": event.event.value, "at": event.at,
+            **event.fields()}
 
 
 def event_from_json(data: object, where: str) -> RunEvent:
@@ -601,7 +632,9 @@ def event_from_json(data: object, where: str) -> RunEvent:
     if isinstance(data, Mapping) and "kind" not in data and "version" not in data and "event" in data:
         body: Mapping[str, Any] = data  # written before journals were versioned: same fields as version 1
     else:
-        body = check_header(data, KIND, VERSION, where)
+        sent = data.get("version") if isinstance(data, Mapping) and data.get("kind") == KIND else None
+        version = sent if sent in READ_VERSIONS and type(sent) is int else VERSION
+        body = check_header(data, KIND, version, where)
     kind = _choice(EventKind, body, "event", where)
     at = _number(body, "at", where)
     if kind in END_KINDS:

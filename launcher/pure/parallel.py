@@ -11,12 +11,17 @@ tp·cp·dp / (tp·ep)), which `groups("ep")` follows.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
 from clusterctl.errors import LayoutError
 
 DIMS = ("tp", "cp", "ep", "dp", "pp")
+DP_SIZE_ENV = "CLUSTERCTL_DP_SIZE"
+"""Each rank's current data-parallel size: below the spec's after the job shrank (docs/users-guide.md)."""
+DP_SIZE_ORIGINAL_ENV = "CLUSTERCTL_DP_SIZE_ORIGINAL"
+"""Each rank's spec data-parallel size (parallel.dp), whatever the job shrank to."""
+DATA_PARALLEL_VARIABLES = (DP_SIZE_ENV, DP_SIZE_ORIGINAL_ENV)
 FRAMEWORK_ORDERS = {
     "megatron": "tp-cp-ep-dp-pp",
     "megatron-tp-pp-dp": "tp-pp-dp",
@@ -189,3 +194,35 @@ def validate_for_cluster(layout: ParallelLayout, *, nodes: int, gpus_per_node: i
     if pinned < gpus_per_node and gpus_per_node % pinned:
         raise LayoutError(f"{names} = {pinned} does not divide the {gpus_per_node} GPUs of a node, so some groups "
                           f"would straddle two nodes; use a divisor of {gpus_per_node}")
+
+
+def shrink_sizes(layout: ParallelLayout, gpus_per_node: int, minimum: int) -> tuple[int, ...]:
+    """The data-parallel sizes `layout` may shrink to, largest first: from below its dp down to `minimum`, each
+    dropping whole DP replicas (tp, cp and pp unchanged, so no TP or PP group is split) and leaving a world that
+    fills whole nodes and is still a valid layout (ep divides cp×dp, NVLink groups as before)."""
+    sizes = []
+    replica = layout.tp * layout.cp * layout.pp
+    for dp in range(layout.dp - 1, max(minimum, 1) - 1, -1):
+        if replica * dp % gpus_per_node:
+            continue
+        if layout.ep > 1 and (layout.cp * dp) % layout.ep:
+            continue
+        nodes = replica * dp // gpus_per_node
+        try:
+            validate_for_cluster(with_data_parallel(layout, dp), nodes=nodes, gpus_per_node=gpus_per_node,
+                                 nodes_per_nvlink_domain=nodes)
+        except LayoutError:
+            continue
+        sizes.append(dp)
+    return tuple(sizes)
+
+
+def with_data_parallel(layout: ParallelLayout, dp: int) -> ParallelLayout:
+    """`layout` with `dp` data-parallel replicas (every other dimension as it is)."""
+    return replace(layout, dp=dp)
+
+
+def data_parallel_environment(original: int, current: int) -> dict[str, str]:
+    """What a step's ranks are told about data parallelism: the spec's size and the one this step runs at (the
+    same until the job shrinks); CLUSTERCTL_DP follows the step's layout, as {dp} does."""
+    return {"CLUSTERCTL_DP": str(current), DP_SIZE_ENV: str(current), DP_SIZE_ORIGINAL_ENV: str(original)}

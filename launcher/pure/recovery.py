@@ -17,9 +17,10 @@ budget is the budget the live decisions saw.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from clusterctl.launcher.pure.classify import Blame, Outcome
+from clusterctl.launcher.pure.shrink import JobShape, NoShrink, plan_shrink
 from clusterctl.launcher.pure.spec import RestartSection
 from clusterctl.records.run_journal import DecisionAction, OutcomeKind
 
@@ -59,12 +60,14 @@ class RestartBudget:
 class Allocation:
     """Where the agent stands inside its job: the nodes its last step ran on (allocation order), how many
     the job needs, the batch host (where the agent runs: never given back), and how often this
-    allocation already started a step again on the same nodes after a hang."""
+    allocation already started a step again on the same nodes after a hang.  `shape`: what a shrink
+    re-plans with (the last step's layout, the topology); None: this agent cannot shrink the job."""
 
     nodes: tuple[str, ...]
     needed: int
     batch_host: str
     hang_restarts: int = 0
+    shape: JobShape | None = None
 
     @property
     def spares(self) -> int:
@@ -94,18 +97,20 @@ class Act(enum.StrEnum):
     RESUBMIT = "resubmit"
     RESTART_IN_PLACE = "restart-in-place"
     SWAP = "swap"
+    SHRINK = "shrink"
+    """Inside an allocation with no spare left: drop whole data-parallel replicas and go on on fewer nodes."""
     END_JOB = "end-job"
     """Inside an allocation: end the job and leave the decision to the supervisor (nothing is journaled)."""
 
     @property
     def recovers(self) -> bool:
         """A new step or attempt follows: one restart of the budget is used."""
-        return self in (Act.RESUBMIT, Act.RESTART_IN_PLACE, Act.SWAP)
+        return self in (Act.RESUBMIT, Act.RESTART_IN_PLACE, Act.SWAP, Act.SHRINK)
 
     @property
     def in_allocation(self) -> bool:
         """A new step in the same allocation."""
-        return self in (Act.RESTART_IN_PLACE, Act.SWAP)
+        return self in (Act.RESTART_IN_PLACE, Act.SWAP, Act.SHRINK)
 
     def decision(self) -> DecisionAction:
         """As the supervisor journals it (`decided`'s action)."""
@@ -117,9 +122,10 @@ class Act(enum.StrEnum):
 @dataclass(frozen=True)
 class Recovery:
     """The judge's answer: what to do and why; `blame`: the nodes to give back (a swap) or to exclude
-    (a resubmission, an ended job); `nodes`: the next step's nodes (in place or swapped); `delay`: the
+    (a resubmission, an ended job); `nodes`: the next step's nodes (in place, swapped or shrunk); `delay`: the
     wait before a resubmission; `budget`: the run's budget once this answer is journaled (what a replay
-    of the journal gives)."""
+    of the journal gives).  A shrink also says the next step's `data_parallel` size and the surviving nodes
+    it does not use, to `give_back` with the blamed ones."""
 
     act: Act
     message: str
@@ -127,6 +133,8 @@ class Recovery:
     blame: tuple[Blame, ...] = ()
     nodes: tuple[str, ...] = ()
     delay: float = 0.0
+    data_parallel: int | None = None
+    give_back: tuple[str, ...] = ()
 
 
 def judge(happened: Happened, budget: RestartBudget, policy: RestartSection) -> Recovery:
@@ -203,8 +211,14 @@ def _in_the_allocation(happened: Happened, where: Allocation, budget: RestartBud
     remaining = tuple(n for n in where.nodes if n not in blamed)
     names = ", ".join(sorted(blamed))
     if len(remaining) < where.needed:
-        return Recovery(Act.END_JOB, f"{names} failed and {len(remaining)} nodes remain for {where.needed}: no spare "
-                                     "left; ending the job for the supervisor to resubmit", budget, outcome.blame)
+        lost = f"{names} failed and {len(remaining)} nodes remain for {where.needed}: no spare left"
+        shrink = _shrink(where, remaining, policy)
+        if isinstance(shrink, str):
+            why = f", and {shrink}" if shrink else ""
+            return Recovery(Act.END_JOB, f"{lost}{why}; ending the job for the supervisor to resubmit", budget,
+                            outcome.blame)
+        return _restart_here(replace(shrink, message=f"{lost}: {shrink.message}", blame=outcome.blame), happened,
+                             budget, policy)
     return _restart_here(Recovery(Act.SWAP, f"{names} failed; {len(remaining) - where.needed} spare(s) left after "
                                             "this restart", budget, outcome.blame, remaining), happened, budget, policy)
 
@@ -216,4 +230,27 @@ def _restart_here(wanted: Recovery, happened: Happened, budget: RestartBudget, p
     if over:
         return Recovery(Act.END_JOB, f"{happened.outcome.message}; {over}: ending the job for the supervisor",
                         budget, wanted.blame)
-    return Recovery(wanted.act, wanted.message, spent, wanted.blame, wanted.nodes)
+    return replace(wanted, budget=spent)
+
+
+def _shrink(where: Allocation, remaining: tuple[str, ...], policy: RestartSection) -> Recovery | str:
+    """A shrink onto `remaining` (the budget not yet charged), or why the job may not or cannot shrink ('' when
+    the agent gave no shape to shrink: it does not shrink)."""
+    shape = where.shape
+    floor = policy.min_data_parallel
+    if shape is None:
+        return ""
+    if floor is None or floor >= shape.original_data_parallel:
+        return (f"the spec does not allow shrinking (restart.min_data_parallel = parallel.dp = "
+                f"{shape.original_data_parallel})")
+    planned = plan_shrink(shape, remaining, where.batch_host, floor)
+    if isinstance(planned, NoShrink):
+        return f"the job cannot shrink: {planned.reason}"
+    before = shape.layout.dp
+    given = f"; giving back {' '.join(planned.give_back)} (unused)" if planned.give_back else ""
+    idle = (f"; the batch host {where.batch_host} stays without ranks (the agent runs there)"
+            if planned.batch_host_idle else "")
+    return Recovery(Act.SHRINK, f"shrinking from {before} to {planned.data_parallel} data-parallel replicas on "
+                                f"{len(planned.nodes)} nodes{given}{idle}",
+                    RestartBudget(), nodes=planned.nodes, data_parallel=planned.data_parallel,
+                    give_back=planned.give_back)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from clusterctl import __version__
 from clusterctl.errors import SpecError
-from clusterctl.launcher.pure.parallel import DIMS
+from clusterctl.launcher.pure.parallel import DIMS, data_parallel_environment
 from clusterctl.launcher.pure.shell import comment, quote, words
 from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.slurm import hostlist
@@ -150,6 +150,8 @@ def _environment(spec: JobSpec, run_dir: str, resume_from: str | None) -> str:
         env.setdefault("CLUSTERCTL_CHECKPOINT_DIR", spec.checkpoint_dir(run_dir) or "")
     for dim in DIMS:
         env.setdefault(f"CLUSTERCTL_{dim.upper()}", str(spec.parallel.size(dim)))
+    for name, value in data_parallel_environment(spec.parallel.dp, spec.parallel.dp).items():
+        env.setdefault(name, value)
     lines = [f"export {name}={quote(value)}" for name, value in env.items()]
     return "\n".join(lines) if lines else "# (no environment from the spec)"
 

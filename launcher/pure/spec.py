@@ -21,7 +21,9 @@ from typing import Any
 from clusterctl.slurm import hostlist
 from clusterctl.launcher.pure.cost import DEFAULT_WEIGHTS
 from clusterctl.errors import HostlistError, LayoutError, SpecError
-from clusterctl.launcher.pure.parallel import DIMS, ParallelLayout, layout_from_mapping, validate_for_cluster
+from clusterctl.launcher.pure.parallel import (
+    DATA_PARALLEL_VARIABLES, DIMS, ParallelLayout, layout_from_mapping, shrink_sizes, validate_for_cluster,
+)
 from clusterctl.launcher.pure.preflight import RANK_VARIABLES
 from clusterctl.launcher.pure.straggler_watch import StragglerPolicy
 from clusterctl.records.checkpoint_settings import SETTINGS_ENV
@@ -222,6 +224,13 @@ FIELDS: tuple[Field, ...] = (
           "allocation when a node fails (--no-kill), gives the node back to Slurm and starts a new step on a "
           "spare from the last complete checkpoint, without queueing again; `resubmit`: always through the "
           "queue.", "in-allocation", choices=("in-allocation", "resubmit")),
+    Field("restart", "min_data_parallel", "int", "The smallest data-parallel size the job may shrink to inside "
+          "its allocation when a node fails and no spare is left: whole DP replicas are dropped (TP and PP groups "
+          "never split), the unused nodes given back, and the next step starts from the last complete "
+          "checkpoint on the smaller world with CLUSTERCTL_DP_SIZE and CLUSTERCTL_DP_SIZE_ORIGINAL set (the "
+          "program keeps its global batch by gradient accumulation, or rescales). Must be a size the layout can "
+          "shrink to (whole nodes, ep dividing cp×dp). Default: parallel.dp (never shrink).", None, minimum=1,
+          maximum=10**6),
     Field("restart", "webhook", "str", "URL that gets a JSON POST on blame, stop and completion."),
     Field("stragglers", "action", "choice", "Compare the ranks' compute time per step (clusterctl.progress.beat(step, "
           "compute_seconds=...)) across nodes: the in-allocation agent of a job with spares, the supervisor "
@@ -325,6 +334,8 @@ class RestartSection:
     hang_safety_factor: float = 5.0
     progress_pattern: str | None = None
     exit_actions: tuple[tuple[int, str], ...] = ()
+    min_data_parallel: int | None = None
+    """The smallest DP size a shrink may reach; None (a spec written before shrinking): never shrink."""
     webhook: str | None = None
 
 
@@ -729,7 +740,7 @@ def owned_variable(name: str, resume_env: str = DEFAULT_RESUME_ENV) -> str | Non
                 "or checkpoint tiers are): remove it")
     if name == "CLUSTERCTL_CHECKPOINT_DIR":
         return "is set by clusterctl from checkpoint.dir: set that key instead"
-    if name in {f"CLUSTERCTL_{dim.upper()}" for dim in DIMS}:
+    if name in {f"CLUSTERCTL_{dim.upper()}" for dim in DIMS} or name in DATA_PARALLEL_VARIABLES:
         return "is set by clusterctl from [parallel]: set the size there instead"
     if name == resume_env:
         return ("carries the checkpoint a resume starts from (checkpoint.resume_env) and is set by clusterctl on "
@@ -800,6 +811,7 @@ def parse_spec(text: str, path: str = "spec.toml", overrides: Overrides = Overri
     _resolve_paths(values, base_dir or Path(path).resolve().parent)
     layout = _parallel_layout(values, where, path)
     _check_restart_and_stragglers(values, where)
+    _check_shrink_floor(values, layout, where)
     return JobSpec(JobSection(**values["job"]), LaunchSection(**values["launch"]), layout, PlacementSection(**values["placement"]),
                    CheckpointSection(**values["checkpoint"]), RestartSection(**values["restart"]), path,
                    StragglerPolicy(**values["stragglers"]))
@@ -906,6 +918,32 @@ def _check_restart_and_stragglers(values: dict[str, dict[str, Any]], where: _Whe
     if values["stragglers"]["action"] == "swap" and not values["job"]["spare_nodes"]:
         raise where.error("`swap` needs spare nodes to swap in: set job.spare_nodes, or use `exclude` (avoid the "
                           "node from the next resubmission on) or `report`", "stragglers", "action")
+
+
+def _check_shrink_floor(values: dict[str, dict[str, Any]], layout: ParallelLayout, where: _Where) -> None:
+    """restart.min_data_parallel: parallel.dp when unset (never shrink), else a size the layout can shrink to."""
+    restart = values["restart"]
+    floor = restart["min_data_parallel"]
+    if floor is None:
+        restart["min_data_parallel"] = layout.dp
+        return
+    if floor > layout.dp:
+        raise where.error(f"is {floor}, above parallel.dp = {layout.dp}: a job shrinks, it never grows past its "
+                          f"spec; set at most {layout.dp} ({layout.dp}: never shrink)", "restart", "min_data_parallel")
+    if floor == layout.dp:
+        return
+    sizes = shrink_sizes(layout, values["job"]["gpus_per_node"], floor)
+    if floor not in sizes:
+        reachable = shrink_sizes(layout, values["job"]["gpus_per_node"], 1)
+        replica = layout.tp * layout.cp * layout.pp
+        why = (f"one DP replica is tp×cp×pp = {replica} GPUs, so dp = {floor} leaves {replica * floor} GPUs, not "
+               f"whole nodes of {values['job']['gpus_per_node']}" if replica * floor % values["job"]["gpus_per_node"]
+               else f"ep = {layout.ep} does not divide cp×dp = {layout.cp * floor}" if layout.ep > 1 and
+               layout.cp * floor % layout.ep else "that layout does not fit the nodes")
+        choose = (f"choose one of {', '.join(map(str, reachable))}" if reachable
+                  else "this layout cannot shrink at all")
+        raise where.error(f"the job cannot shrink to dp = {floor} ({why}); {choose}, or {layout.dp} (never shrink)",
+                          "restart", "min_data_parallel")
 
 
 OVERRIDDEN = ("nodes", "gpus_per_node", "time", "partition", "account", "qos", "name", "exclude")

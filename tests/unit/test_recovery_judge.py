@@ -10,6 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from clusterctl.launcher.pure.classify import Blame, Outcome, step_outcome
+from clusterctl.launcher.pure.parallel import ParallelLayout
+from clusterctl.launcher.pure.shrink import JobShape
+from clusterctl.slurm.topology import parse_topology_conf
 from clusterctl.launcher.pure.recovery import Act, Allocation, Happened, Recovery, RestartBudget, judge
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.pure.spec import RestartSection
@@ -27,7 +30,8 @@ def _blame(*nodes: str) -> tuple[Blame, ...]:
 
 
 policies = st.builds(RestartSection, max_restarts=st.integers(0, 6), max_program_failures=st.integers(0, 3),
-                     retry_budget=st.integers(1, 4), backoff_seconds=st.just(1.0), backoff_max_seconds=st.just(8.0))
+                     retry_budget=st.integers(1, 4), backoff_seconds=st.just(1.0), backoff_max_seconds=st.just(8.0),
+                     min_data_parallel=st.one_of(st.none(), st.integers(1, 4)))
 budgets = st.builds(RestartBudget, restarts=st.integers(0, 8), program_failures=st.integers(0, 4),
                     without_progress=st.integers(0, 5), best_step=st.one_of(st.none(), st.integers(0, 100)))
 steps = st.one_of(st.none(), st.integers(0, 100))
@@ -41,8 +45,11 @@ outcomes = st.one_of(
     st.just(Outcome(OutcomeKind.STORAGE_FULL, "No space left on device")),
     st.just(Outcome(OutcomeKind.PROGRAM_ASKED_STOP, "the program asked to stop")),
 )
-places = st.one_of(st.none(), st.builds(lambda spares, hangs: Allocation(NODES[:2 + spares], 2, BATCH_HOST, hangs),
-                                        st.integers(0, 3), st.integers(0, 1)))
+SHAPE = JobShape(ParallelLayout(tp=4, dp=4), 4, 8, parse_topology_conf("SwitchName=leaf Nodes=node[1-6]"))
+"""Two nodes of two replicas each: a job that may shrink to dp = 2 on one node."""
+places = st.one_of(st.none(), st.builds(lambda spares, hangs, shape: Allocation(NODES[:2 + spares], 2, BATCH_HOST,
+                                                                                hangs, shape),
+                                        st.integers(0, 3), st.integers(0, 1), st.sampled_from([None, SHAPE])))
 
 
 @dataclass
@@ -200,3 +207,60 @@ def test_a_failed_resume_restarts_from_the_next_plan_and_counts_against_the_budg
     if recovery.act == Act.RESTART_IN_PLACE:
         assert recovery.nodes == NODES[:3] and recovery.budget.restarts == budget.restarts + 1
     assert step_outcome(exit_code, [], None, "", ACTIONS).kind == OutcomeKind.PROGRAM_FAILURE  # no records: its own
+
+
+def _shrinking(min_data_parallel: int | None, *, max_restarts: int = 10, shape: bool = True,
+               lost: tuple[str, ...] = ("node3",)):
+    """Six nodes on one leaf, a replica a node (tp=8), no spare: `lost` fail."""
+    topology = parse_topology_conf("SwitchName=leaf Nodes=node[1-6]")
+    where = Allocation(NODES, 6, BATCH_HOST,
+                       shape=JobShape(ParallelLayout(tp=8, dp=6), 6, 8, topology) if shape else None)
+    outcome = Outcome(OutcomeKind.NODE_FAILURE, "node3 failed", _blame(*lost))
+    return judge(Happened(outcome, 40, where), RestartBudget(restarts=1, best_step=30),
+                 RestartSection(max_restarts=max_restarts, min_data_parallel=min_data_parallel))
+
+
+def test_with_no_spare_a_job_allowed_to_shrink_goes_on_with_fewer_replicas_charged_like_a_swap():
+    recovery = _shrinking(4)
+    assert recovery.act == Act.SHRINK and recovery.act.in_allocation and recovery.act.recovers
+    assert recovery.data_parallel == 5 and recovery.nodes == ("node1", "node2", "node4", "node5", "node6")
+    assert recovery.give_back == () and [b.node for b in recovery.blame] == ["node3"]
+    assert recovery.budget.restarts == 2
+    assert recovery.message == ("node3 failed and 5 nodes remain for 6: no spare left: shrinking from 6 to 5 "
+                                "data-parallel replicas on 5 nodes")
+
+
+def test_a_shrink_gives_back_the_survivors_its_smaller_world_does_not_use():
+    # A replica is two nodes (tp=8, pp=2): losing one of six leaves room for two replicas on four nodes.
+    shape = JobShape(ParallelLayout(tp=8, pp=2, dp=3), 3, 8, parse_topology_conf("SwitchName=leaf Nodes=node[1-6]"))
+    outcome = Outcome(OutcomeKind.NODE_FAILURE, "node3 failed", _blame("node3"))
+    recovery = judge(Happened(outcome, 40, Allocation(NODES, 6, BATCH_HOST, shape=shape)), RestartBudget(),
+                     RestartSection(min_data_parallel=1))
+    assert recovery.act == Act.SHRINK and recovery.data_parallel == 2 and len(recovery.nodes) == 4
+    assert BATCH_HOST in recovery.nodes and len(recovery.give_back) == 1
+    assert set(recovery.nodes) | set(recovery.give_back) == set(NODES) - {"node3"}
+    assert f"giving back {recovery.give_back[0]} (unused)" in recovery.message
+
+
+def test_a_job_whose_spec_forbids_shrinking_ends_for_the_supervisor_as_before():
+    for floor in (6, None):  # None: a spec written before shrinking
+        recovery = _shrinking(floor)
+        assert recovery.act == Act.END_JOB and recovery.budget == RestartBudget(restarts=1, best_step=30)
+        assert recovery.message.startswith("node3 failed and 5 nodes remain for 6: no spare left, and the spec "
+                                           "does not allow shrinking (restart.min_data_parallel = parallel.dp "
+                                           "= 6)")
+        assert recovery.message.endswith("ending the job for the supervisor to resubmit")
+
+
+def test_a_shrink_the_survivors_cannot_hold_or_the_budget_cannot_pay_ends_the_job():
+    too_few = _shrinking(5, lost=("node3", "node4"))
+    assert too_few.act == Act.END_JOB and too_few.message == (
+        "node3, node4 failed and 4 nodes remain for 6: no spare left, and the job cannot shrink: 4 nodes remain, "
+        "and the smallest data-parallel size allowed (dp = 5, restart.min_data_parallel = 5) needs 5; ending the "
+        "job for the supervisor to resubmit")
+    spent = _shrinking(4, max_restarts=1)
+    assert spent.act == Act.END_JOB and "restart.max_restarts = 1 reached" in spent.message
+    assert [b.node for b in spent.blame] == ["node3"]
+    blind = _shrinking(4, shape=False)  # an agent that does not shrink: the message as before shrinking
+    assert blind.act == Act.END_JOB and blind.message == ("node3 failed and 5 nodes remain for 6: no spare left; "
+                                                          "ending the job for the supervisor to resubmit")

@@ -71,7 +71,7 @@ def test_every_journal_event_reads_back_as_written(tmp_path):
 def test_a_journal_line_carries_kind_version_and_the_event_name(tmp_path):
     journal = tmp_path / "journal.jsonl"
     append_run_event(journal, Submitting(at=2.0, attempt=1, comment="c"))
-    assert json.loads(journal.read_text()) == {"kind": "run-event", "version": 1, "event": "submitting", "at": 2.0,
+    assert json.loads(journal.read_text()) == {"kind": "run-event", "version": 2, "event": "submitting", "at": 2.0,
                                                "attempt": 1, "comment": "c"}
 
 
@@ -105,10 +105,35 @@ def test_a_resumed_event_not_understood_is_refused_naming_the_field(tmp_path, ch
 
 
 def test_a_journal_from_a_newer_clusterctl_is_refused(tmp_path):
-    journal = _journal_with(tmp_path, {"kind": "run-event", "version": 2, "event": "submitted", "at": 2.0})
-    with pytest.raises(RecordError, match=r"journal.jsonl:2: run-event record version 2 is newer than this "
-                                          r"clusterctl understands \(1\); upgrade clusterctl"):
+    journal = _journal_with(tmp_path, {"kind": "run-event", "version": 3, "event": "submitted", "at": 2.0})
+    with pytest.raises(RecordError, match=r"journal.jsonl:2: run-event record version 3 is newer than this "
+                                          r"clusterctl understands \(2\); upgrade clusterctl"):
         read_run_journal(journal)
+
+
+def test_a_shrink_reads_back_with_its_data_parallel_sizes_and_a_version_1_recovery_still_reads(tmp_path):
+    shrank = RecoveredInAllocation(at=5.4, job_id="9", restart=3, blame=(BLAME,), nodes=("node1", "node3"),
+                                   given_back=("node2", "node4"), checkpoint_step=40, data_parallel_before=8,
+                                   data_parallel_after=4)
+    journal = tmp_path / "new" / "journal.jsonl"
+    journal.parent.mkdir()
+    append_run_event(journal, shrank)
+    line = json.loads(journal.read_text())
+    assert (line["version"], line["data_parallel_before"], line["data_parallel_after"]) == (2, 8, 4)
+    assert read_run_journal(journal).events == (shrank,) and shrank.shrank
+    old = {key: value for key, value in line.items() if not key.startswith("data_parallel")}
+    read = read_run_journal(_journal_with(tmp_path, {**old, "version": 1})).events[1]
+    assert isinstance(read, RecoveredInAllocation)
+    assert (read.data_parallel_before, read.data_parallel_after, read.shrank) == (None, None, False)
+
+
+@pytest.mark.parametrize("size", [0, -2, "8", 2.5, True])
+def test_a_recovery_with_a_data_parallel_size_not_understood_is_refused(tmp_path, size):
+    event = RecoveredInAllocation(at=5.4, job_id="9", restart=3, blame=(BLAME,), nodes=("node1",))
+    line = {"kind": "run-event", "version": 2, "event": "recovered-in-allocation", "at": 5.4, **event.fields(),
+            "data_parallel_after": size}
+    with pytest.raises(RecordError, match=r"journal.jsonl:2: field `data_parallel_after`"):
+        read_run_journal(_journal_with(tmp_path, line))
 
 
 def test_an_unknown_journal_event_is_refused_not_skipped(tmp_path):
