@@ -7,6 +7,7 @@ version, an unknown event) with one clear line instead of guessing.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,21 @@ def test_every_journal_event_reads_back_as_written(tmp_path):
 def test_a_journal_line_carries_kind_version_and_the_event_name(tmp_path):
     journal = tmp_path / "journal.jsonl"
     append_run_event(journal, Submitting(at=2.0, attempt=1, comment="c"))
-    assert json.loads(journal.read_text()) == {"kind": "run-event", "version": 2, "event": "submitting", "at": 2.0,
+    assert json.loads(journal.read_text()) == {"kind": "run-event", "version": 1, "event": "submitting", "at": 2.0,
                                                "attempt": 1, "comment": "c"}
+
+
+def test_only_a_shrink_s_line_says_version_2_so_older_readers_keep_reading_the_rest(tmp_path):
+    journal = tmp_path / "journal.jsonl"
+    plain = RecoveredInAllocation(at=3.0, job_id="7", restart=1, blame=(), nodes=("node1",), given_back=(),
+                                  checkpoint_step=None, checkpoint=None)
+    shrunk = replace(plain, data_parallel_before=4, data_parallel_after=3)
+    append_run_event(journal, plain)
+    append_run_event(journal, shrunk)
+    first, second = (json.loads(line) for line in journal.read_text().splitlines())
+    assert (first["version"], second["version"]) == (1, 2)
+    assert (second["data_parallel_before"], second["data_parallel_after"]) == (4, 3)
+    assert read_run_journal(journal).events == (plain, shrunk)
 
 
 def _journal_with(tmp_path: Path, line: dict) -> Path:
