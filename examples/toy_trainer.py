@@ -26,6 +26,13 @@ It behaves like a real data-parallel training job where that matters to clusterc
   node, every k-th to shared storage) and resumes from what `Checkpointer.resume()` staged.
 * State is integers modulo a prime, so the final state is bit-identical whether or
   not the run was interrupted and resumed; rank 0 writes it to final.json.
+* Resharding: a checkpoint resumes on fewer data-parallel replicas (clusterctl shrinks a job that has
+  lost a node and has no spare, and says so in CLUSTERCTL_DP_SIZE, the replicas now, and
+  CLUSTERCTL_DP_SIZE_ORIGINAL, the spec's; both default to the world size).  A step's work is
+  CLUSTERCTL_DP_SIZE_ORIGINAL slots, slot k a pure function of (seed, data cursor, k); rank r of a
+  smaller world computes slots r*m .. r*m+m-1 one after the other (m = original / now, "gradient
+  accumulation", m times --step-time and m times the tokens) and the sum is taken modulo a prime,
+  which does not depend on the order of its terms: a shrunk run ends bit-identical to an unshrunk one.
 * `--state-mb N` gives each node N MB more state (the bulk of a model's weights and optimizer
   state, for benchmarks): every rank carries N / LOCAL_WORLD_SIZE MB of fixed bytes, saves them with
   each checkpoint and reads them back (and compares them) on a resume.  The classic way, each rank
@@ -51,7 +58,9 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 try:  # clusterctl's progress channel: each rank's step, for the hang watch of a job with spares
     from clusterctl.progress import beat as _beat
@@ -79,6 +88,7 @@ PARAMS = 64
 EXIT_PEER_LOST, EXIT_USAGE, EXIT_GPU_LOST = 1, 2, 3
 MANIFEST = "manifest.json"
 RESUME_ENV = "CLUSTERCTL_RESUME_FROM"
+DP_SIZE_ENV, DP_SIZE_ORIGINAL_ENV = "CLUSTERCTL_DP_SIZE", "CLUSTERCTL_DP_SIZE_ORIGINAL"
 BULK_DIR = "bulk"
 BULK_CHUNK = 4 << 20
 BULK_KEPT = 2
@@ -86,6 +96,50 @@ BULK_KEPT = 2
 
 class PeerLost(Exception):
     """A peer stopped answering or closed its connection."""
+
+
+class BadUsage(Exception):
+    """The environment asks for a run this trainer cannot do (exit code 2); the message says why."""
+
+
+class DataParallel(NamedTuple):  # not a dataclass: tests and benches load this file without registering it
+    """The data-parallel replicas now (`size`) and the spec's (`original`): every step is `original` slots of
+    work (a slot: one replica's share of the global batch), each replica doing `micro_steps` of them."""
+
+    size: int
+    original: int
+
+    @property
+    def micro_steps(self) -> int:
+        return self.original // self.size
+
+    def slots(self, rank: int) -> range:
+        """The slots of the global batch rank `rank` computes, in order (each one a micro-step)."""
+        return range(rank * self.micro_steps, (rank + 1) * self.micro_steps)
+
+
+def data_parallel(world: int, environ: Mapping[str, str] = os.environ) -> DataParallel:
+    """CLUSTERCTL_DP_SIZE and CLUSTERCTL_DP_SIZE_ORIGINAL (each the world size when unset), checked:
+    BadUsage saying what is wrong.  Every rank of these trainers is a replica of its own, so the DP size
+    is the world size; a smaller world than the original keeps the global batch by accumulation."""
+    sizes = []
+    for name in (DP_SIZE_ENV, DP_SIZE_ORIGINAL_ENV):
+        value = environ.get(name, str(world))
+        try:
+            size = int(value)
+        except ValueError:
+            raise BadUsage(f"{name}={value!r} is not a whole number") from None
+        if size < 1:
+            raise BadUsage(f"{name}={value!r}: a data-parallel size is at least 1")
+        sizes.append(size)
+    size, original = sizes
+    if size != world:
+        raise BadUsage(f"{DP_SIZE_ENV}={size} but the world has {world} ranks: every rank of this trainer is a "
+                       f"data-parallel replica (no tensor or pipeline parallelism), so the two must be equal")
+    if original < size or original % size:
+        raise BadUsage(f"{DP_SIZE_ORIGINAL_ENV}={original} is not a whole multiple of {DP_SIZE_ENV}={size}: "
+                       f"the global batch of {original} replicas' shares cannot be split evenly over {size}")
+    return DataParallel(size, original)
 
 
 NVML_CLOCK_SM = 1  # nvmlClockType_t
@@ -102,11 +156,19 @@ def initial_state(seed: int) -> dict:
     return {"step": 0, "params": params, "rng": _rng_to_json(rng.getstate()), "data_cursor": 0}
 
 
-def gradient(params: list[int], rank: int, cursor: int, seed: int) -> list[int]:
-    """This rank's contribution for the sample at `cursor` (a stand-in for a backward pass)."""
-    digest = hashlib.sha256(f"{seed}:{cursor}:{rank}".encode()).digest()
+def gradient(params: list[int], slot: int, cursor: int, seed: int) -> list[int]:
+    """Slot `slot`'s contribution for the sample at `cursor` (a stand-in for a backward pass)."""
+    digest = hashlib.sha256(f"{seed}:{cursor}:{slot}".encode()).digest()
     base = int.from_bytes(digest[:8], "little")
-    return [(p * (rank + 3) + base + i) % MODULUS for i, p in enumerate(params)]
+    return [(p * (slot + 3) + base + i) % MODULUS for i, p in enumerate(params)]
+
+
+def accumulated(params: list[int], slots: range, cursor: int, seed: int) -> list[int]:
+    """A rank's slots' contributions summed (modulo the prime: in any order, the same sum)."""
+    total = [0] * len(params)
+    for slot in slots:
+        total = [(t + g) % MODULUS for t, g in zip(total, gradient(params, slot, cursor, seed), strict=True)]
+    return total
 
 
 def apply_update(params: list[int], summed: list[int], noise: int) -> list[int]:
@@ -547,6 +609,7 @@ def train(args: argparse.Namespace) -> int:
     addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
     port = env_int("MASTER_PORT", default=29500)
     local_ranks = max(1, env_int("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", default=1))
+    dp = data_parallel(world)
     gpu = Gpu(local_rank)
     if rank == 0 and not gpu.present:
         log("no NVML driver on this host: GPU checks are off")
@@ -556,11 +619,14 @@ def train(args: argparse.Namespace) -> int:
     state, how = tiered_state(ckpt, args, rank, bulk) if ckpt is not None else resume_state(args, rank, bulk, rate)
     if rank == 0:
         args.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        log(f"{how}; world size {world}; steps {state['step']}..{args.steps}")
+        shrunk = f" ({dp.micro_steps} micro-steps a step: {dp.original} replicas' work on {dp.size})" \
+            if dp.micro_steps > 1 else ""
+        log(f"{how}; world size {world}{shrunk}; steps {state['step']}..{args.steps}")
     group = Group(rank, world, addr, port, args.peer_timeout)
     rng = random.Random()
     rng.setstate(_rng_from_json(state["rng"]))
-    flops_per_step = 6.0 * args.model_params * args.tokens_per_step  # this rank's share of the step
+    tokens = args.tokens_per_step * dp.micro_steps  # this rank's share of the step
+    flops_per_step = 6.0 * args.model_params * tokens
     logged = (time.monotonic(), state["step"])  # rank 0's tokens/s: over each log interval
     try:
         factor = 1.0
@@ -574,8 +640,8 @@ def train(args: argparse.Namespace) -> int:
                     f"GPU {gpu.index} clocks at {1 / slower:.0%} (SM {clocks[0]}/{clocks[1]} MHz): steps compute "
                     f"{slower:.1f}x slower" if clocks else f"GPU {gpu.index} computes {slower:.1f}x slower")
                 factor = slower
-            time.sleep(args.step_time * factor)
-            contribution = gradient(state["params"], rank, state["data_cursor"], args.seed)
+            time.sleep(args.step_time * factor * dp.micro_steps)
+            contribution = accumulated(state["params"], dp.slots(rank), state["data_cursor"], args.seed)
             # This rank's own work ends here; from here on it waits for the slowest peer.
             compute = time.monotonic() - started
             summed = group.all_reduce(contribution)
@@ -585,11 +651,11 @@ def train(args: argparse.Namespace) -> int:
             loss = pretend_loss(state["step"])
             if state["step"] % args.log_every == 0 or state["step"] == args.steps:
                 now = time.monotonic()
-                tokens_per_s = world * args.tokens_per_step * (state["step"] - logged[1]) / max(now - logged[0], 1e-9)
+                tokens_per_s = world * tokens * (state["step"] - logged[1]) / max(now - logged[0], 1e-9)
                 log(f"step {state['step']} took {now - started:.3f} s; loss {loss:.4f}; {tokens_per_s:.0f} tokens/s "
                     f"(the job's, since step {logged[1]})")
                 logged = (now, state["step"])
-            beat(state["step"], compute_seconds=compute, tokens=args.tokens_per_step, flops=flops_per_step, loss=loss)
+            beat(state["step"], compute_seconds=compute, tokens=tokens, flops=flops_per_step, loss=loss)
             if ckpt is not None and state["step"] % args.checkpoint_every == 0:
                 beat(state["step"], "checkpoint-save")
                 save_tiered(ckpt, state, rank, bulk)
@@ -631,6 +697,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_GPU_LOST
     except ValueError as exc:
         log(f"cannot resume: {exc}")
+        return EXIT_USAGE
+    except BadUsage as exc:
+        log(f"toy_trainer: {exc}")
         return EXIT_USAGE
 
 

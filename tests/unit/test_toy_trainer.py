@@ -280,3 +280,49 @@ def test_bulk_state_that_does_not_read_back_as_saved_stops_the_resume(tmp_path, 
     shard.write_bytes(shard.read_bytes()[:-1])
     assert run(tmp_path, 12, "--state-mb", "1") == toy.EXIT_USAGE
     assert "rank-0.bin: the bulk state read back is not the one saved" in capsys.readouterr().out
+
+
+def test_a_checkpoint_of_two_ranks_resumed_on_one_learns_the_same(tmp_path, monkeypatch, capsys):
+    whole = tmp_path / "whole"
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29733",
+           "LD_LIBRARY_PATH": "/nonexistent"}
+    procs = [subprocess.Popen([sys.executable, str(TRAINER), "--checkpoint-dir", str(whole), "--steps", "20",
+                               "--step-time", "0", "--checkpoint-every", "5", "--peer-timeout", "20"],
+                              env={**env, "RANK": str(r)}, stdout=subprocess.PIPE, text=True) for r in range(2)]
+    outs = [p.communicate(timeout=60)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    # The job lost a node and clusterctl went on with one replica: the step-10 checkpoint on one rank.
+    monkeypatch.setenv(toy.RESUME_ENV, str(whole / "step-00000010"))
+    monkeypatch.setenv("CLUSTERCTL_DP_SIZE", "1")
+    monkeypatch.setenv("CLUSTERCTL_DP_SIZE_ORIGINAL", "2")
+    assert run(tmp_path / "shrunk", 20) == 0
+    assert "world size 1 (2 micro-steps a step: 2 replicas' work on 1); steps 10..20" in capsys.readouterr().out
+    shrunk = final(tmp_path / "shrunk")
+    assert (shrunk["step"], shrunk["digest"], shrunk["world_size"]) == (20, final(whole)["digest"], 1)
+
+
+@pytest.mark.parametrize(("size", "original", "says"), [
+    ("two", "2", "CLUSTERCTL_DP_SIZE='two' is not a whole number"),
+    ("1", "0", "CLUSTERCTL_DP_SIZE_ORIGINAL='0': a data-parallel size is at least 1"),
+    ("2", "4", "CLUSTERCTL_DP_SIZE=2 but the world has 1 ranks"),
+    ("1", "", "CLUSTERCTL_DP_SIZE_ORIGINAL='' is not a whole number"),
+])
+def test_data_parallel_sizes_that_make_no_sense_are_a_clear_error(tmp_path, monkeypatch, capsys, size, original,
+                                                                  says):
+    monkeypatch.setenv("CLUSTERCTL_DP_SIZE", size)
+    monkeypatch.setenv("CLUSTERCTL_DP_SIZE_ORIGINAL", original)
+    assert run(tmp_path, 5) == toy.EXIT_USAGE
+    out = capsys.readouterr().out
+    assert says in out and "Traceback" not in out
+    assert not (tmp_path / "final.json").exists()
+
+
+@given(size=st.integers(1, 64), original=st.integers(1, 64))
+def test_shrunk_replicas_cover_the_global_batch_once_in_order_or_are_refused(size, original):
+    environ = {"CLUSTERCTL_DP_SIZE": str(size), "CLUSTERCTL_DP_SIZE_ORIGINAL": str(original)}
+    if original % size:
+        with pytest.raises(toy.BadUsage, match="not a whole multiple"):
+            toy.data_parallel(size, environ)
+        return
+    dp = toy.data_parallel(size, environ)
+    assert [slot for rank in range(size) for slot in dp.slots(rank)] == list(range(original))
