@@ -29,10 +29,11 @@ It behaves like a real data-parallel training job where that matters to clusterc
 * Resharding: a checkpoint resumes on fewer data-parallel replicas (clusterctl shrinks a job that has
   lost a node and has no spare, and says so in CLUSTERCTL_DP_SIZE, the replicas now, and
   CLUSTERCTL_DP_SIZE_ORIGINAL, the spec's; both default to the world size).  A step's work is
-  CLUSTERCTL_DP_SIZE_ORIGINAL slots, slot k a pure function of (seed, data cursor, k); rank r of a
-  smaller world computes slots r*m .. r*m+m-1 one after the other (m = original / now, "gradient
-  accumulation", m times --step-time and m times the tokens) and the sum is taken modulo a prime,
-  which does not depend on the order of its terms: a shrunk run ends bit-identical to an unshrunk one.
+  the original world's slots (one a rank: CLUSTERCTL_DP_SIZE_ORIGINAL × the ranks of a replica), slot k
+  a pure function of (seed, data cursor, k); rank r of a smaller world computes slots r, r+W, r+2W ...
+  (W its world size) one after the other ("gradient accumulation": up to m = ceil(original world / W)
+  of them, m times --step-time and m times the tokens) and the sum is taken modulo a prime, which does
+  not depend on the order of its terms: a shrunk run ends bit-identical to an unshrunk one.
 * `--state-mb N` gives each node N MB more state (the bulk of a model's weights and optimizer
   state, for benchmarks): every rank carries N / LOCAL_WORLD_SIZE MB of fixed bytes, saves them with
   each checkpoint and reads them back (and compares them) on a resume.  The classic way, each rank
@@ -103,25 +104,34 @@ class BadUsage(Exception):
 
 
 class DataParallel(NamedTuple):  # not a dataclass: tests and benches load this file without registering it
-    """The data-parallel replicas now (`size`) and the spec's (`original`): every step is `original` slots of
-    work (a slot: one replica's share of the global batch), each replica doing `micro_steps` of them."""
+    """The data-parallel replicas now (`size`) and the spec's (`original`) of a world of `world` ranks: each
+    replica is world / size ranks (its tensor/pipeline-parallel part, which a shrink never changes).  This
+    trainer gives every rank a slot of work (a share of the global batch): a step is the original world's
+    slots, `original` × world / size of them, whatever the world is now."""
 
     size: int
     original: int
+    world: int
+
+    @property
+    def original_world(self) -> int:
+        return self.original * (self.world // self.size)
 
     @property
     def micro_steps(self) -> int:
-        return self.original // self.size
+        """The most slots one rank computes a step (1 until the job shrinks)."""
+        return -(-self.original_world // self.world)
 
     def slots(self, rank: int) -> range:
-        """The slots of the global batch rank `rank` computes, in order (each one a micro-step)."""
-        return range(rank * self.micro_steps, (rank + 1) * self.micro_steps)
+        """The slots of the global batch rank `rank` computes, in order (each one a micro-step): every
+        world-th slot from its own, so the original world's slots are each computed exactly once."""
+        return range(rank, self.original_world, self.world)
 
 
 def data_parallel(world: int, environ: Mapping[str, str] = os.environ) -> DataParallel:
     """CLUSTERCTL_DP_SIZE and CLUSTERCTL_DP_SIZE_ORIGINAL (each the world size when unset), checked:
-    BadUsage saying what is wrong.  Every rank of these trainers is a replica of its own, so the DP size
-    is the world size; a smaller world than the original keeps the global batch by accumulation."""
+    BadUsage saying what is wrong.  The DP size must divide the world (each replica the same number of
+    ranks), and a shrink never grows it past the original."""
     sizes = []
     for name in (DP_SIZE_ENV, DP_SIZE_ORIGINAL_ENV):
         value = environ.get(name, str(world))
@@ -133,13 +143,13 @@ def data_parallel(world: int, environ: Mapping[str, str] = os.environ) -> DataPa
             raise BadUsage(f"{name}={value!r}: a data-parallel size is at least 1")
         sizes.append(size)
     size, original = sizes
-    if size != world:
-        raise BadUsage(f"{DP_SIZE_ENV}={size} but the world has {world} ranks: every rank of this trainer is a "
-                       f"data-parallel replica (no tensor or pipeline parallelism), so the two must be equal")
-    if original < size or original % size:
-        raise BadUsage(f"{DP_SIZE_ORIGINAL_ENV}={original} is not a whole multiple of {DP_SIZE_ENV}={size}: "
-                       f"the global batch of {original} replicas' shares cannot be split evenly over {size}")
-    return DataParallel(size, original)
+    if world % size:
+        raise BadUsage(f"{DP_SIZE_ENV}={size} does not divide the world's {world} ranks: each data-parallel "
+                       "replica is the same number of ranks")
+    if original < size:
+        raise BadUsage(f"{DP_SIZE_ORIGINAL_ENV}={original} is below {DP_SIZE_ENV}={size}: a job grows back "
+                       "to its spec's size at most")
+    return DataParallel(size, original, world)
 
 
 NVML_CLOCK_SM = 1  # nvmlClockType_t

@@ -43,8 +43,10 @@ from clusterctl.launcher.job.step_launch import Launched, StepLauncher, open_rep
 from clusterctl.launcher.job.step_watch import StepWatch
 from clusterctl.launcher.pure.checkpoint import Checkpoint
 from clusterctl.launcher.pure.classify import NODE_FAILURE, Blame, Outcome, step_outcome
+from clusterctl.launcher.pure.parallel import ParallelLayout, with_data_parallel
 from clusterctl.launcher.pure.recovery import Act, Allocation, Happened, Recovery, RestartBudget, judge
 from clusterctl.launcher.pure.restart_policy import replay
+from clusterctl.launcher.pure.shrink import JobShape, nodes_for
 from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.launcher.pure.takeover import Takeover
 from clusterctl.launcher.shared.checkpoints import resume_point
@@ -79,6 +81,8 @@ class Agent:
         self.batch_host = environ.get("SLURMD_NODENAME") or self.allocated[0]
         self.lease = Leadership(run_dir, job_dir, doors, python=python, epoch=epoch, batch_host=self.batch_host)
         self.ended: tuple[Outcome, Recovery] | None = None
+        self.layout: ParallelLayout = spec.parallel
+        """The layout the job's steps run at: the spec's until the job shrinks (restart.min_data_parallel)."""
         """How the last step ended and what the judge said (for an agent that must end the job itself)."""
 
     @property
@@ -168,14 +172,15 @@ class Agent:
         outcome = Outcome(NODE_FAILURE, f"the batch host {taken.node} died", (blame,))
         checkpoint = self._checkpoint([n for n in in_use if n != taken.node])
         budget = self._budget(budget)
+        restart = self._next_restart()  # and the layout the old agent's steps ran at, before judging
         decision = judge(Happened(outcome, checkpoint.step if checkpoint else None,
-                                  Allocation(tuple(in_use), self._needed(in_use), self.batch_host)),
+                                  Allocation(tuple(in_use), self._needed(in_use), self.batch_host,
+                                             shape=self._shape(in_use))),
                          budget, self.spec.restart)
         self.ended = (outcome, decision)
         self.doors.say(decision.message)
         if not decision.act.in_allocation:
             return 1
-        restart = self._next_restart()
         try:
             launched = self._restart(decision, restart, checkpoint, resume_from, seen, ended)
             resume_from = checkpoint.path if checkpoint else resume_from
@@ -186,13 +191,16 @@ class Agent:
             return None
 
     def _next_restart(self) -> int:
-        """The number of the next restart inside this job (after the old agent's, which the journal holds)."""
+        """The number of the next restart inside this job (after the old agent's, which the journal holds); the
+        layout the old agent's last step ran at (a shrink it journaled) becomes this agent's."""
         try:
-            done = [e.restart for e in read_run_journal(self.run_dir / "journal.jsonl").events
+            done = [e for e in read_run_journal(self.run_dir / "journal.jsonl").events
                     if isinstance(e, RecoveredInAllocation) and e.job_id == self.job_id]
         except (OSError, RecordError):
             done = []
-        restart = max(done, default=0) + 1
+        if done and done[-1].data_parallel_after is not None:
+            self.layout = with_data_parallel(self.spec.parallel, done[-1].data_parallel_after)
+        restart = max((e.restart for e in done), default=0) + 1
         while (self.job_dir / f"restart-{restart}").exists():
             restart += 1
         return restart
@@ -246,7 +254,8 @@ class Agent:
                 if outcome.kind != OutcomeKind.COMPLETED else None
             budget = self._budget(budget)
             decision = judge(Happened(outcome, checkpoint.step if checkpoint else None,
-                                      Allocation(in_use, self._needed(in_use), self.batch_host, hang_restarts),
+                                      Allocation(in_use, self._needed(in_use), self.batch_host, hang_restarts,
+                                                 self._shape(in_use)),
                                       hung=watched.hang is not None), budget, self.spec.restart)
             self.ended = (outcome, decision)
             self.doors.say(decision.message)
@@ -295,8 +304,30 @@ class Agent:
 
     def _needed(self, in_use: Sequence[str]) -> int:
         """Nodes the job needs of `in_use`: all of them unless it recovers inside the allocation (a job
-        without spares, or one whose spec asks for recovery by resubmission, swaps nothing)."""
-        return self.spec.job.nodes if self.spec.recovers_in_allocation else len(in_use)
+        without spares that may not shrink, or one whose spec asks for recovery by resubmission, swaps
+        nothing); after a shrink, the nodes its smaller layout fills."""
+        if self.layout != self.spec.parallel:
+            return nodes_for(self.layout, self.spec.job.gpus_per_node, self.layout.dp)
+        return self.spec.job.nodes if self.spec.recovers_in_allocation or self._may_shrink else len(in_use)
+
+    @property
+    def _may_shrink(self) -> bool:
+        floor = self.spec.restart.min_data_parallel
+        return self.spec.restart.recover == "in-allocation" and floor is not None and floor < self.spec.parallel.dp
+
+    def _shape(self, in_use: Sequence[str]) -> JobShape | None:
+        """What the judge re-plans a shrink with (None: the job may not shrink, or Slurm's topology cannot be
+        read now, said; the judge then ends the job for the supervisor as without a shrink)."""
+        if not self._may_shrink:
+            return None
+        from clusterctl.launcher.job.steps import job_topology
+        try:
+            topology, _ = job_topology(self.spec.placement.topology, self.doors.slurm, in_use)
+        except (SlurmCommandError, OSError, ValueError) as exc:
+            self.doors.say(f"cannot read the topology to plan a smaller job ({exc}); not shrinking")
+            return None
+        return JobShape(self.layout, self.spec.parallel.dp, self.spec.job.gpus_per_node, topology,
+                        tuple(self.spec.placement.weight_map().items()))
 
     def _budget(self, counted: RestartBudget) -> RestartBudget:
         """The run's restart budget as its journal says (`counted`, what this agent last knew, when the
@@ -312,22 +343,27 @@ class Agent:
         """Act on a restart inside the allocation: give the blamed nodes back, start step `restart` on
         `decision.nodes` from `checkpoint`, and journal it (one restart of the run's budget)."""
         self.lease.check_in_charge()
-        blamed = [b.node for b in decision.blame]
+        blamed = [b.node for b in decision.blame] + list(decision.give_back)
         given_back: tuple[str, ...] = tuple(n for n in blamed if n in self.lease.out_of_job)
         if blamed and len(given_back) < len(blamed):
+            # The batch host stays in the job even when a shrink's map leaves it without ranks: the agent runs there.
+            keep = (*decision.nodes, *(() if self.batch_host in decision.nodes else (self.batch_host,)))
             try:
                 # scontrol writes slurm_job_<id>_resize.{sh,csh} into its working directory: ours, not the user's.
                 with contextlib.chdir(self.job_dir):
-                    self.doors.slurm.shrink_job(self.job_id, decision.nodes)
+                    self.doors.slurm.shrink_job(self.job_id, keep)
                 given_back = tuple(blamed)
             except SlurmCommandError as exc:  # recover all the same; the node stays in the job until it ends
                 self.doors.say(f"could not give {', '.join(blamed)} back to Slurm: {exc}")
+        before = self.layout
+        if decision.data_parallel is not None:
+            self.layout = with_data_parallel(self.layout, decision.data_parallel)
         shrunk = self.doors.monotonic()
         job_dir = self.job_dir / f"restart-{restart}"
         resume_from = checkpoint.path if checkpoint else resume_from
         slots: tuple[str, ...] = ()
         try:
-            launched = self.steps.launch(job_dir, decision.nodes, resume_from, restart)
+            launched = self.steps.launch(job_dir, decision.nodes, resume_from, restart, self.layout)
             slots = launched.slots
         finally:  # the blame is journaled even when the new step cannot start: a resubmission avoids it
             done = self.doors.monotonic()
@@ -341,13 +377,17 @@ class Agent:
                 phases=(("end_step", round(ended - seen, 3)), ("give_back", round(shrunk - ended, 3)),
                         ("plan_and_launch", round(done - shrunk, 3))),
                 reason=decision.message if not decision.blame else "", agent=self.batch_host,
-                took_over_from=self.lease.took_over_from, stacks=stacks))
+                took_over_from=self.lease.took_over_from, stacks=stacks,
+                **({} if before == self.layout == self.spec.parallel else
+                   {"data_parallel_before": before.dp, "data_parallel_after": self.layout.dp})))
             self.lease.took_over_from = ""
             if self.tiers is not None:  # the step has started (or could not): off the recovery's critical path
                 self.tiers.record_pending()
         # With tiers a step without a checkpoint starts afresh (StepLauncher.launch hands it no earlier path).
         began = checkpoint.where if checkpoint else "the start" if self.tiers is not None else resume_from or "the start"
-        self.doors.say(f"restart {restart}: a new step on {' '.join(slots)} from {began} (no queue wait)")
+        smaller = (f" with {self.layout.dp} of {self.spec.parallel.dp} data-parallel replicas"
+                   if self.layout != self.spec.parallel else "")
+        self.doors.say(f"restart {restart}: a new step on {' '.join(slots)}{smaller} from {began} (no queue wait)")
         return launched
 
     def _checkpoint(self, present: Sequence[str] = ()) -> Checkpoint | None:

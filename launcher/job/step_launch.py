@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from clusterctl.errors import PlacementError
@@ -19,6 +19,8 @@ from clusterctl.launcher.job.checkpoint_plan import TierPlanner
 from clusterctl.launcher.job.signal_watch import Inbox, SignalWatch
 from clusterctl.launcher.pure.checkpoint_tiers import nodes_for_map
 from clusterctl.launcher.pure.node_signals import SignalPolicy, slurm_sweep_seconds
+from clusterctl.launcher.pure.parallel import ParallelLayout, data_parallel_environment
+from clusterctl.launcher.pure.shrink import nodes_for
 from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.records.peer_beat import PEER_PORT_ENV, PEER_PORTS
 from clusterctl.records.node_report import REPORT_ADDR_ENV, REPORT_INTERVAL_ENV, REPORT_KEY_ENV, REPORT_LAUNCH_ENV
@@ -108,13 +110,24 @@ class StepLauncher:
         self.log_path = run_dir / "logs" / f"{self.job_id}.out"  # sbatch --output: the agent's own stdout
         self.launches = 0
 
-    def launch(self, job_dir: Path, nodes: Sequence[str], resume_from: str | None, restart: int = 0) -> Launched:
+    def step_spec(self, layout: ParallelLayout | None) -> JobSpec:
+        """The spec as a step at `layout` sees it: the spec's own, or (a job that shrank) its layout and the
+        nodes that layout fills, so the step's task count and the command's {dp} follow the step."""
+        if layout is None or layout == self.spec.parallel:
+            return self.spec
+        nodes = nodes_for(layout, self.spec.job.gpus_per_node, layout.dp)
+        return replace(self.spec, parallel=layout, job=replace(self.spec.job, nodes=nodes))
+
+    def launch(self, job_dir: Path, nodes: Sequence[str], resume_from: str | None, restart: int = 0,
+               layout: ParallelLayout | None = None) -> Launched:
         """Start step `restart` (0: the job's first) of the ranks on `nodes`, from `resume_from` (with
-        tiers: from the tiers' plan), its files in `job_dir`."""
+        tiers: from the tiers' plan), its files in `job_dir`; at `layout` (None: the spec's) after a shrink."""
         from clusterctl.launcher.job.steps import plan_for_job
         from clusterctl.launcher.pure.render import launch_command
+        spec = self.step_spec(layout)
         env = resized_environment(self.environ, nodes)
-        rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm)
+        env.update(data_parallel_environment(self.spec.parallel.dp, spec.parallel.dp))
+        rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm, layout=spec.parallel)
         if self.tiers is not None:
             holders = self.tiers.holders()
             chosen = nodes_for_map(nodes, rank_map.rank_map.slots, holders)
@@ -125,10 +138,11 @@ class StepLauncher:
                 self.doors.say(f"the map keeps {' '.join(sorted(holders & set(nodes)))} (they hold the copies the "
                                f"resume reads); spare: {' '.join(spare)}")
                 try:
-                    rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm, candidates=chosen)
+                    rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm, candidates=chosen,
+                                            layout=spec.parallel)
                 except (PlacementError, ValueError) as exc:  # the first map stands: a slower resume, not none
                     self.doors.say(f"cannot make the map of {' '.join(chosen)} ({exc}); keeping the first")
-                    rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm)
+                    rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm, layout=spec.parallel)
             if not holders <= set(rank_map.rank_map.slots):
                 self.tiers.resume_point(rank_map.rank_map.slots)  # a copy off the map cannot be fetched
             # The program resumes through clusterctl.checkpoint, which reads the step's tier index.
@@ -139,8 +153,8 @@ class StepLauncher:
             resume_from = None
         if resume_from:
             env[self.spec.checkpoint.resume_env] = resume_from
-        command = launch_command(self.spec, str(self.run_dir), resume_from)
-        argv, env["SLURM_HOSTFILE"] = step_argv(self.spec, self.python, job_dir, command)
+        command = launch_command(spec, str(self.run_dir), resume_from)
+        argv, env["SLURM_HOSTFILE"] = step_argv(spec, self.python, job_dir, command)
         launch = str(self.launches)
         self.launches += 1
         policy = SignalPolicy.for_nodes(len(rank_map.rank_map.slots))

@@ -40,6 +40,7 @@ from clusterctl.records.rank_map import JobRankMap, write_rank_map
 from clusterctl.records.rank_record import RankRecord, write_rank_record
 
 if TYPE_CHECKING:
+    from clusterctl.launcher.pure.parallel import ParallelLayout
     from clusterctl.slurm.commands import TopologySource
     from clusterctl.slurm.topology import Topology
 
@@ -78,9 +79,10 @@ def port_is_free(port: int) -> bool:
 
 
 def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm: TopologySource,
-                 candidates: Sequence[str] | None = None) -> JobRankMap:
+                 candidates: Sequence[str] | None = None, layout: ParallelLayout | None = None) -> JobRankMap:
     """Compute and write the job's rank map; returns it.  `candidates`: the nodes of the allocation the map
-    may take (default: all of them); the map records the whole allocation, the rest as its unused nodes."""
+    may take (default: all of them); the map records the whole allocation, the rest as its unused nodes.
+    `layout`: the step's parallel layout when it is not the spec's (a job that shrank)."""
     # Imported here, not at the top: every rank runs this module (the `rank` step), and on a
     # node starting 8 ranks the planner's imports (rich among them) cost more than the check.
     from clusterctl.slurm import hostlist
@@ -94,7 +96,7 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
     if warning:
         say(f"warning: {warning}")
     pool = [n for n in allocated if n in set(candidates)] if candidates is not None else allocated
-    result = make_plan(spec.parallel, spec.job.gpus_per_node, topology, pool, spec.placement.weight_map())
+    result = make_plan(layout or spec.parallel, spec.job.gpus_per_node, topology, pool, spec.placement.weight_map())
     summary = result.summary()
     in_map = set(result.rank_map.slots)
     rank_map = JobRankMap(job_id, environ["SLURM_JOB_NODELIST"], result.rank_map,

@@ -176,6 +176,43 @@ def test_with_no_spare_left_the_job_ends_with_the_node_still_in_it_for_the_super
     assert len(cluster.steps) == 2 and cluster.shrinks == [("42", ("node1", "node3"))]  # node3 stays: blamed by the supervisor
 
 
+SHRINKABLE = SPEC.replace("nodes = 2\nspare_nodes = 1", "nodes = 3").replace("pp = 2", "pp = 1\ndp = 3") + """
+[restart]
+min_data_parallel = 1
+"""
+
+
+def test_with_no_spare_a_job_that_may_shrink_goes_on_with_one_replica_fewer_in_the_same_allocation(tmp_path):
+    cluster = Cluster(fail=["node2"])
+    shell = agent(tmp_path, cluster, SHRINKABLE)
+    assert shell.run(None) == 0
+    first, second = cluster.steps
+    assert first.argv[2] == "--ntasks=24" and second.argv[2] == "--ntasks=16"
+    assert cluster.shrinks == [("42", ("node1", "node3"))]
+    assert (second.env["CLUSTERCTL_DP_SIZE"], second.env["CLUSTERCTL_DP_SIZE_ORIGINAL"]) == ("2", "3")
+    assert (first.env["CLUSTERCTL_DP_SIZE"], first.env["CLUSTERCTL_DP_SIZE_ORIGINAL"]) == ("3", "3")
+    assert second.argv[-2:] == ["--resume", str(shell.run_dir / "checkpoints" / "step-00000020")]
+    [event] = [e for e in read_run_journal(shell.run_dir / "journal.jsonl").events
+               if isinstance(e, RecoveredInAllocation)]
+    assert (event.data_parallel_before, event.data_parallel_after, event.given_back) == (3, 2, ("node2",))
+    assert event.shrank and sorted(event.nodes) == ["node1", "node3"]
+
+
+def test_a_shrunk_job_shrinks_again_and_ends_for_the_supervisor_below_its_floor(tmp_path):
+    cluster = Cluster(fail=["node2", "node3"])
+    shell = agent(tmp_path, cluster, SHRINKABLE.replace("min_data_parallel = 1", "min_data_parallel = 2"))
+    assert shell.run(None) == 143  # dp 3 -> 2 after node2; node3 then leaves too few for dp 2
+    assert len(cluster.steps) == 2 and cluster.shrinks == [("42", ("node1", "node3"))]
+    assert shell.ended is not None and "cannot shrink" in shell.ended[1].message
+
+
+def test_a_job_whose_spec_does_not_allow_shrinking_ends_for_the_supervisor_as_before(tmp_path):
+    cluster = Cluster(fail=["node2"])
+    shell = agent(tmp_path, cluster, SHRINKABLE.replace("min_data_parallel = 1", "min_data_parallel = 3"))
+    assert shell.run(None) == 143
+    assert len(cluster.steps) == 1 and cluster.shrinks == []
+
+
 def test_the_resized_environment_names_only_the_nodes_kept():
     env = resized_environment({"SLURM_JOB_NODELIST": "node[1-3]", "SLURM_NNODES": "3",
                                "SLURM_TASKS_PER_NODE": "8(x3)", "OTHER": "x"}, ["node1", "node3"])

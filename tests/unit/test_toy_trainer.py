@@ -304,7 +304,7 @@ def test_a_checkpoint_of_two_ranks_resumed_on_one_learns_the_same(tmp_path, monk
 @pytest.mark.parametrize(("size", "original", "says"), [
     ("two", "2", "CLUSTERCTL_DP_SIZE='two' is not a whole number"),
     ("1", "0", "CLUSTERCTL_DP_SIZE_ORIGINAL='0': a data-parallel size is at least 1"),
-    ("2", "4", "CLUSTERCTL_DP_SIZE=2 but the world has 1 ranks"),
+    ("2", "4", "CLUSTERCTL_DP_SIZE=2 does not divide the world's 1 ranks"),
     ("1", "", "CLUSTERCTL_DP_SIZE_ORIGINAL='' is not a whole number"),
 ])
 def test_data_parallel_sizes_that_make_no_sense_are_a_clear_error(tmp_path, monkeypatch, capsys, size, original,
@@ -317,12 +317,17 @@ def test_data_parallel_sizes_that_make_no_sense_are_a_clear_error(tmp_path, monk
     assert not (tmp_path / "final.json").exists()
 
 
-@given(size=st.integers(1, 64), original=st.integers(1, 64))
-def test_shrunk_replicas_cover_the_global_batch_once_in_order_or_are_refused(size, original):
+@given(size=st.integers(1, 16), ranks_per_replica=st.integers(1, 8), original=st.integers(1, 32))
+def test_shrunk_replicas_cover_the_original_world_s_slots_once_or_are_refused(size, ranks_per_replica, original):
+    world = size * ranks_per_replica
     environ = {"CLUSTERCTL_DP_SIZE": str(size), "CLUSTERCTL_DP_SIZE_ORIGINAL": str(original)}
-    if original % size:
-        with pytest.raises(toy.BadUsage, match="not a whole multiple"):
-            toy.data_parallel(size, environ)
+    if original < size:
+        with pytest.raises(toy.BadUsage, match="grows back to its spec's size at most"):
+            toy.data_parallel(world, environ)
         return
-    dp = toy.data_parallel(size, environ)
-    assert [slot for rank in range(size) for slot in dp.slots(rank)] == list(range(original))
+    dp = toy.data_parallel(world, environ)
+    computed = sorted(slot for rank in range(world) for slot in dp.slots(rank))
+    assert computed == list(range(original * ranks_per_replica))
+    assert max(len(dp.slots(rank)) for rank in range(world)) == dp.micro_steps
+    if original == size:  # no shrink: every rank its own slot, as before shrinking existed
+        assert [list(dp.slots(rank)) for rank in range(world)] == [[rank] for rank in range(world)]
