@@ -27,6 +27,8 @@ default runs both) the node running the agent and rank 0 is powered off instead:
 on the spare takes the job over once Slurm declares the node gone (SlurmdTimeout=5 on the testbed).
 `--faults cut-link` cuts the link of a node of the step that is not the batch host, `kill-node` powers
 it off (in-allocation only: a node the job's own witnesses find gone, launcher/pure/reachability.py).
+`--recover shrink,no-spare-resubmit` compares a job of 3 nodes without a spare (TP=8, DP=3) that
+goes on with one replica fewer inside its allocation (issue 43) against the same job resubmitted.
 `--timeouts fast,production` runs every case on the fast testbed and again under Slurm's default
 timeouts (300/10/30 s: what a real cluster runs), each in its own file
 (recovery_compare.<profile>.json).
@@ -87,6 +89,11 @@ REPO = Path(__file__).resolve().parent.parent
 LAYOUT = Layout(root=Path("/tmp/ctb-recovery"), namespace_prefix="ctbr-")
 FAULTS = ("xid", "kill-batch-host", "cut-link", "kill-node")
 RECOVERS = ("in-allocation", "resubmit")
+"""The ways `--compare` runs by default: a job of 2 nodes with a spare, recovered on it or through the queue."""
+NO_SPARE_RECOVERS = ("shrink", "no-spare-resubmit")
+"""Asked for by name (`--recover shrink,no-spare-resubmit`): a job of 3 nodes, no spare, TP=8 and DP=3, that
+goes on with one replica fewer inside its allocation (`restart.min_data_parallel = 2`, issue 43), or may not
+shrink and is resubmitted (`min_data_parallel = 3`): on a busy queue that waits for a node to be freed."""
 SLURM_NOTICES = 0.0
 """Extra seconds a recovery may wait for Slurm to declare a node DOWN (420 under the production timeouts)."""
 STAGES = ("detect", "job end", "submit", "start", "resume", "step")
@@ -232,8 +239,13 @@ def compare_spec(examples: Path, recover: str, checkpoint: str, *, state_mb: flo
     else:
         keys = 'validator = "manifest"\nresume_args = ["--resume", "{path}"]'
     # The trainer runs with this Python (clusterctl importable): its Checkpointer and beat() are clusterctl's.
-    return COMPARE_SPEC.format(examples=examples, recover=recover, peer_timeout=peer_timeout, state=state,
-                               checkpoint=keys, python=sys.executable)
+    text = COMPARE_SPEC.format(examples=examples, recover="in-allocation" if recover in NO_SPARE_RECOVERS else recover,
+                               peer_timeout=peer_timeout, state=state, checkpoint=keys, python=sys.executable)
+    if recover in NO_SPARE_RECOVERS:
+        floor = 2 if recover == "shrink" else 3
+        text = text.replace("nodes = 2\nspare_nodes = 1", "nodes = 3").replace("pp = 2", "pp = 1")
+        text += f"min_data_parallel = {floor}\n"
+    return text
 
 
 def replicated_step(holdings: Iterable[CheckpointHoldings], nodes: Sequence[str]) -> int | None:
@@ -339,10 +351,12 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
             injected = time.time()
             (tb.cut_link if fault == "cut-link" else tb.kill_node)(node)
         else:
-            node = rank_map.slots[1]
+            # Not the batch host (where the agent runs): its loss ends the job for the supervisor in every way.
+            batch_host = hostlist.expand(rank_map.nodelist)[0]
+            node = next(n for n in rank_map.slots[1:] if n != batch_host)
             injected = time.time()
             inject(tb.nvml_dir(node), Fault("xid", gpu=number % 8, value=79))
-        if recover == "in-allocation":
+        if recover in ("in-allocation", "shrink"):
             event = _wait(lambda: _events(run).get("recovered-in-allocation", [None])[-1], 120 + SLURM_NOTICES,
                           "the restart")
             job_dir = run / "jobs" / job / "restart-1"
@@ -363,7 +377,7 @@ def compare_trial(tb: Testbed, work: Path, label: str, recover: str, busy: bool,
         result: dict[str, float | str] = {"node": node, "resumed": round(resumed - injected, 3),
                                           "total": round(stepped - injected, 3)}
         result |= resume_reads(log.read_text(errors="replace")[before:])
-        if recover == "in-allocation":
+        if recover in ("in-allocation", "shrink"):
             phases = dict(event.phases)
             result |= {"step ended": round(event.at - sum(phases.values()) - injected + phases["end_step"], 3),
                        **{k: v for k, v in phases.items() if k != "end_step"}}
@@ -401,6 +415,9 @@ def compare_cases(faults: Sequence[str], queues: Sequence[str], checkpoints: Seq
     cases += [(f"{what}, in-allocation, {label}", "in-allocation", busy, fault)
               for fault, what in (("cut-link", "a node's link cut"), ("kill-node", "a node powered off"))
               for label, busy in (("busy queue", True), ("idle queue", False))]
+    cases += [(f"no spare, {how}, {label}", recover, busy, "xid")
+              for label, busy in (("busy queue", True), ("idle queue", False))
+              for how, recover in (("shrink", "shrink"), ("resubmission", "no-spare-resubmit"))]
     chosen = []
     for label, recover, busy, fault in cases:
         if fault not in faults or ("busy" if busy else "idle") not in queues or recover not in recovers:
@@ -488,7 +505,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "the agent and rank 0, powered off), or both, comma-separated")
     parser.add_argument("--queues", default="busy,idle", help="with --compare: busy, idle or both, comma-separated")
     parser.add_argument("--recover", default=",".join(RECOVERS),
-                        help="with --compare: in-allocation, resubmit or both, comma-separated (the ways compared)")
+                        help="with --compare: the ways compared, comma-separated: in-allocation, resubmit (a job "
+                             "with a spare; the default), shrink, no-spare-resubmit (a job of 3 nodes without one)")
     parser.add_argument("--checkpoint", default="shared",
                         help="with --compare: how the job saves, shared (today's: the shared checkpoint directory), "
                              "tiers ([checkpoint] tiers = true) or both, comma-separated (trials alternate)")
@@ -507,7 +525,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.timeouts = _choices(args.timeouts, tuple(TIMEOUTS), "--timeouts", parser)
     args.queues = _choices(args.queues, QUEUES, "--queues", parser)
     args.checkpoint = _choices(args.checkpoint, CHECKPOINTS, "--checkpoint", parser)
-    args.recover = _choices(args.recover, RECOVERS, "--recover", parser)
+    args.recover = _choices(args.recover, RECOVERS + NO_SPARE_RECOVERS, "--recover", parser)
     if args.trials < 1 or args.state_mb < 0 or args.shared_mb_per_s < 0 or args.flush_every_steps < 0:
         parser.error("--trials must be at least 1; --state-mb, --shared-mb-per-s and --flush-every-steps "
                      "must not be negative")

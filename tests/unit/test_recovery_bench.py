@@ -44,6 +44,18 @@ def held(node: str, *copies: tuple[int, str, str]) -> CheckpointHoldings:
     return CheckpointHoldings(node, tuple(HeldCopy(step, of, tier, 0, 2, 1.0, 0.1) for step, of, tier in copies))
 
 
+def test_the_no_spare_job_may_shrink_one_way_and_may_not_the_other_on_the_same_three_nodes() -> None:
+    shrinks = parse_spec(bench.compare_spec(EXAMPLES, "shrink", "shared"))
+    queues = parse_spec(bench.compare_spec(EXAMPLES, "no-spare-resubmit", "shared"))
+    for spec in (shrinks, queues):
+        assert (spec.job.nodes, spec.job.spare_nodes, spec.parallel.dp, spec.restart.recover) == \
+            (3, 0, 3, "in-allocation")
+    assert (shrinks.restart.min_data_parallel, queues.restart.min_data_parallel) == (2, 3)
+    cases = bench.compare_cases(["xid"], ["busy"], ["shared"], ("shrink", "no-spare-resubmit"))
+    assert [(label, recover) for label, recover, *_ in cases] == [
+        ("no spare, shrink, busy queue", "shrink"), ("no spare, resubmission, busy queue", "no-spare-resubmit")]
+
+
 def test_the_fault_comes_once_every_node_holds_a_step_and_has_it_on_its_buddy() -> None:
     node1 = held("node1", (30, "node1", "local"), (20, "node1", "local"), (20, "node2", "buddy"),
                  (10, "node1", "shared"))
