@@ -191,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
           f"recovery in the allocation {base.in_allocation_seconds:g} s, batch host {base.batch_host_recovery_seconds:g} s, "
           f"resubmission {base.resubmit_seconds:g} s + the queue; replicas of {base.replica_nodes} nodes, "
           f"repairs lognormal (median {args.repair_median_hours:g} h, sigma {base.repair_sigma:g})")
+    print("where each default comes from:")
+    for name, source in SOURCES.items():
+        print(f"  {name}: {source}")
     print(f"{days} simulated days in {took:.2f} s ({took / days * 1e3:.2f} ms a day)\n")
     print(table(cells))
     result: dict[str, Any] = {
