@@ -329,8 +329,11 @@ def report_renderables(report: RunReport) -> Group:
     for r in report.in_allocation:
         took = sum(dict(r.phases).values())
         step = r.checkpoint_step if r.checkpoint_step is not None else "the start"
+        smaller = (f", shrunk from {r.data_parallel_before} to {r.data_parallel_after} data-parallel replicas"
+                   if r.shrank else f" at {r.data_parallel_after} data-parallel replicas"
+                   if r.data_parallel_after is not None else "")
         parts.append(plain(f"job {r.job_id}: restart {r.restart} inside the allocation in {duration_text(took)}, "
-                          f"from step {step} on {' '.join(r.nodes)} (no queue wait)"))
+                          f"from step {step} on {' '.join(r.nodes)}{smaller} (no queue wait)"))
         if r.took_over_from:
             parts.append(plain(f"    the standby agent on {r.agent} took the job over from {r.took_over_from} "
                                "(the batch host, where the job's agent ran)"))
@@ -360,7 +363,9 @@ def report_renderables(report: RunReport) -> Group:
         f"goodput {share}: productive {duration_text(g.productive_seconds)} of {duration_text(g.wall_seconds)}; "
         f"lost: redone work {duration_text(g.redone_seconds)}, queue {duration_text(g.queue_seconds)}, "
         f"restart overhead {duration_text(g.restart_overhead_seconds)}, slow nodes {duration_text(g.slow_node_seconds)}; "
-        f"node failures {g.node_failures}"))
+        + (f"capacity lost running smaller {duration_text(g.reduced_capacity_seconds)}; "
+           if g.reduced_capacity_seconds > 0 else "")
+        + f"node failures {g.node_failures}"))
     if g.advised_interval_seconds is not None and g.checkpoint_cost_source == COST_LOCAL_SAVE:
         parts.append(Text(
             f"flushed to shared storage every {duration_text(g.checkpoint_interval_seconds)} now; Young/Daly advises "

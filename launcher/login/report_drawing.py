@@ -321,9 +321,11 @@ def _marks(report: RunReport) -> list[_Mark]:
                                f"job {r.job_id}: {b.node} blamed ({given}): {b.reason}", b.evidence))
         step = f"step {r.checkpoint_step}" if r.checkpoint_step is not None else "the start"
         why = "" if r.blame or not r.reason else f" ({r.reason})"
+        smaller = (f", shrunk from {r.data_parallel_before} to {r.data_parallel_after} data-parallel replicas"
+                   if r.shrank else "")
         marks.append(_Mark(r.at, "restart", f"restart {r.restart} in place",
                            f"job {r.job_id}: restart {r.restart} inside the allocation in {duration_text(took)}, "
-                           f"from {step} on {' '.join(r.nodes)}{why}", r.stacks))
+                           f"from {step} on {' '.join(r.nodes)}{smaller}{why}", r.stacks))
     for s in report.stragglers:
         marks.append(_Mark(s.at, "straggler", f"{s.node} slow {s.ratio:.2f}x",
                            f"job {s.job_id}: straggler {s.node} ({s.action}): {s.ratio:.2f}x the job's compute time "
@@ -446,12 +448,14 @@ def lost_time_html(report: RunReport) -> str:
              ("queue", g.queue_seconds, QUEUE_COLOUR),
              ("restarts", g.restart_overhead_seconds, RESTART_COLOUR),
              ("slow nodes", g.slow_node_seconds, SLOW_COLOUR)]
+    if g.reduced_capacity_seconds > 0:
+        parts.append(("capacity lost running smaller", g.reduced_capacity_seconds, SLOW_COLOUR))
     total = max(g.wall_seconds, sum(seconds for _, seconds, _ in parts))
     share = f"{g.goodput * 100:.1f}%" if g.goodput is not None else "-"
     out = ["<h2>Time lost, by cause</h2>",
            f'<p>goodput <b>{share}</b>: productive {duration_text(g.productive_seconds)} of '
            f"{duration_text(g.wall_seconds)} wall time; lost time "
-           f"{duration_text(g.redone_seconds + g.queue_seconds + g.restart_overhead_seconds + g.slow_node_seconds)}; "
+           f"{duration_text(g.redone_seconds + g.queue_seconds + g.restart_overhead_seconds + g.slow_node_seconds + g.reduced_capacity_seconds)}; "
            f"node failures {g.node_failures}</p>",
            f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="30" class="lost-bar" role="img" '
            'aria-label="the wall time by cause">']

@@ -378,7 +378,7 @@ def goodput_text(g: Goodput, *, so_far: bool = True, short: bool = False) -> str
         return text
     lost = [f"{what} {duration_text(seconds)}" for what, seconds in (
         ("queue", g.queue_seconds), ("work redone", g.redone_seconds), ("restarts", g.restart_overhead_seconds),
-        ("slow nodes", g.slow_node_seconds)) if seconds > 0]
+        ("slow nodes", g.slow_node_seconds), ("running smaller", g.reduced_capacity_seconds)) if seconds > 0]
     return (text + f" ({duration_text(g.productive_seconds)} training of {duration_text(g.wall_seconds)} since "
             "the first submission" + (f"; lost: {', '.join(lost)})" if lost else ")"))
 

@@ -7,7 +7,11 @@ gap between one attempt's end and the next one's submission, plus the time each 
 an allocation (on a spare, `recovered-in-allocation`) took.  Time lost to slow nodes is what the
 job's straggler watch summed: per step, the slowest node's compute time over the job's (the whole
 job waits for it in every collective).  Productive time is run time minus work redone and time lost
-to slow nodes, and goodput is productive time over the run's wall time.
+to slow nodes, and goodput is productive time over the run's wall time.  A job that shrank (no spare left,
+`restart.min_data_parallel`) trains on, but with fewer data-parallel replicas: the capacity it lost is its own
+cause, the time it ran smaller times the share of replicas missing (a step at 2 of 3 replicas does 2/3 of the
+work in the same time; clusterctl's programs keep the global batch by accumulating, so the step takes 3/2 as
+long: the same loss), apart from the time lost to restarts, queues and redone work.
 
 Advice: the Young/Daly interval sqrt(2 · C · MTBF), with C the measured time training stalls per
 checkpoint and MTBF the observed run time per node failure.  C is the median of the checkpoints' save
@@ -69,6 +73,8 @@ class Goodput:
     slow_node_seconds: float = 0.0
     checkpoint_cost_source: str = COST_SAVE
     """Which time `checkpoint_cost_seconds` is: COST_SAVE or COST_LOCAL_SAVE."""
+    reduced_capacity_seconds: float = 0.0
+    """Capacity lost running smaller after a shrink: seconds at fewer replicas × the share of replicas missing."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready, seconds rounded to the millisecond."""
@@ -82,10 +88,36 @@ def young_daly(checkpoint_cost: float, mtbf: float) -> float:
 
 @dataclass(frozen=True)
 class InAllocationRestart:
-    """A node failure recovered inside a job: when the new step started, and how long the restart took."""
+    """A node failure recovered inside a job: when the new step started, and how long the restart took; after a
+    shrink, the new step's data-parallel size and the spec's (None: it ran at the spec's size)."""
 
     at: float
     restart_seconds: float
+    data_parallel: int | None = None
+    original_data_parallel: int | None = None
+
+    @property
+    def missing_share(self) -> float:
+        """The share of the spec's data-parallel replicas the new step runs without (0 at full size)."""
+        if self.data_parallel is None or not self.original_data_parallel:
+            return 0.0
+        return max(0.0, 1.0 - self.data_parallel / self.original_data_parallel)
+
+
+def reduced_capacity(attempts: Sequence[AttemptTimes], in_allocation: Sequence[InAllocationRestart],
+                     now: float) -> float:
+    """Capacity lost running smaller: for each step a shrunk job started, the time until the next restart in the
+    same attempt (or the attempt's end) times the share of replicas it ran without."""
+    lost = 0.0
+    ordered = sorted(in_allocation, key=lambda r: r.at)
+    for i, r in enumerate(ordered):
+        if r.missing_share <= 0:
+            continue
+        attempt = next((a for a in attempts if a.start and a.start <= r.at <= (a.end or now)), None)
+        end = (attempt.end or now) if attempt is not None else now
+        later = [n.at - n.restart_seconds for n in ordered[i + 1:] if r.at < n.at - n.restart_seconds <= end]
+        lost += max(0.0, min([end, *later]) - r.at) * r.missing_share
+    return lost
 
 
 LOST_QUEUE = "queue"
@@ -170,7 +202,8 @@ def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint],
     wall = max(0.0, last - first)
     run = max(0.0, run)
     slow = min(max(0.0, slow_node_seconds), max(0.0, run - redone))
-    productive = max(0.0, run - redone - slow)
+    smaller = min(reduced_capacity(attempts, in_allocation, now), max(0.0, run - redone - slow))
+    productive = max(0.0, run - redone - slow - smaller)
     failures = sum(1 for a in attempts if a.node_failure) + len(in_allocation)
     mtbf = run / failures if failures else None
     costs = [c.save_seconds for c in checkpoints if c.save_seconds is not None]
@@ -179,7 +212,7 @@ def account(attempts: Sequence[AttemptTimes], checkpoints: Sequence[Checkpoint],
     interval = statistics.median(gaps) if gaps else None
     advice = young_daly(cost, mtbf) if cost is not None and mtbf is not None else None
     return Goodput(wall, productive, redone, queue, overhead, productive / wall if wall > 0 else None, failures,
-                   mtbf, cost, interval, advice, slow, COST_LOCAL_SAVE if tiers else COST_SAVE)
+                   mtbf, cost, interval, advice, slow, COST_LOCAL_SAVE if tiers else COST_SAVE, smaller)
 
 
 def attempt_times(attempt: AttemptState, slurm: SlurmTimes | None = None) -> AttemptTimes:
@@ -198,7 +231,10 @@ def attempt_times(attempt: AttemptState, slurm: SlurmTimes | None = None) -> Att
 def restarts_of(recoveries: Sequence[RecoveredInAllocation]) -> list[InAllocationRestart]:
     """The restarts inside allocations as `account` counts them: when each new step started, and how long the
     restart took (the sum of its phases)."""
-    return [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases)) for e in recoveries]
+    # The spec's size: the largest a shrunk job's journal names (its first shrink's `before`).
+    original = max((e.data_parallel_before for e in recoveries if e.data_parallel_before is not None), default=None)
+    return [InAllocationRestart(e.at, sum(seconds for _, seconds in e.phases), e.data_parallel_after, original)
+            for e in recoveries]
 
 
 def run_goodput(events: Sequence[RunEvent], checkpoints: Sequence[Checkpoint], now: float,

@@ -82,6 +82,9 @@ def test_with_no_spare_a_lost_node_leaves_the_job_one_replica_smaller_in_the_sam
     log = (run_dir / "logs" / f"{job}.out").read_text()  # the agent's own lines
     assert "no spare left: shrinking from 3 to 2 data-parallel replicas on 2 nodes" in log, log
     assert "with 2 of 3 data-parallel replicas" in log, log
+    report = clusterctl_on(cluster, "report", str(run_dir)).stdout
+    assert "shrunk from 3 to 2 data-parallel replicas" in report, report
+    assert "capacity lost running smaller" in report, report
 
 
 

@@ -311,6 +311,22 @@ def test_the_lost_time_is_placed_span_by_span_where_goodput_counts_it():
     assert (g.queue_seconds, g.redone_seconds, g.restart_overhead_seconds) == (20.0, 200.0, 30.0)
 
 
+def test_a_job_that_shrank_loses_capacity_as_its_own_cause_until_it_grows_or_ends():
+    attempts = [AttemptTimes(1, 100.0, 110.0, 1110.0, failed=False, node_failure=False)]
+    # At 410 the job went on at 2 of 3 replicas (a 10 s restart), at 710 at 1 of 3 (another node, 10 s).
+    shrinks = [InAllocationRestart(at=410.0, restart_seconds=10.0, data_parallel=2, original_data_parallel=3),
+               InAllocationRestart(at=710.0, restart_seconds=10.0, data_parallel=1, original_data_parallel=3)]
+
+    g = account(attempts, [], now=2000.0, in_allocation=shrinks)
+    full = account(attempts, [], now=2000.0, in_allocation=[InAllocationRestart(410.0, 10.0),
+                                                            InAllocationRestart(710.0, 10.0)])
+
+    assert g.reduced_capacity_seconds == pytest.approx(290.0 / 3 + 400.0 * 2 / 3)
+    assert g.productive_seconds == pytest.approx(full.productive_seconds - g.reduced_capacity_seconds)
+    assert (g.restart_overhead_seconds, g.node_failures) == (full.restart_overhead_seconds, 2)
+    assert full.reduced_capacity_seconds == 0.0
+
+
 @given(st.lists(st.tuples(st.floats(0, 50), st.floats(0, 50), st.floats(0, 500), st.booleans()), min_size=1,
                 max_size=6),
        st.lists(st.floats(0, 3000), max_size=8))
