@@ -79,7 +79,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -570,7 +570,7 @@ class Agent:
         watch, signals = self.watch, self.signals
         steps = [r.step for r in watch.records()]
         stopped = tuple(sorted({h.report.node for h in watch.signals.heard.values()
-                                for b in h.report.ranks if b.process in ("stopped", "gone")}))
+                                for process in _processes(h.report) if process in ("stopped", "gone")}))
         training = None
         if self.metrics:
             started = time.perf_counter()
@@ -609,6 +609,12 @@ class Agent:
 
 
 # ---- the trials ------------------------------------------------------------------------------------
+def _processes(report: NodeReport) -> Sequence[str]:
+    """The report's ranks' processes: read from its columns where the code measured has them (the old: its beats)."""
+    columns = getattr(report, "columns", None)
+    return columns.process if columns is not None else [b.process for b in report.ranks]
+
+
 def frozen_names(signals: Signals) -> set[str]:
     return {s.node for s in signals.frozen.suspects} if signals.frozen is not None else set()
 
@@ -1187,6 +1193,7 @@ class _DatagramInbox:
         self.pending: list[bytes] = []
         self.refused: dict[str, int] = {}
         self.received = 0
+        self.drains_cut_short = 0
 
     def drain(self, limit: int = 1 << 20) -> list[NodeReport]:
         taken, self.pending = self.pending, []

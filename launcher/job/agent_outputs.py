@@ -141,8 +141,8 @@ class AgentOutputs:
         if self.tiers is not None:
             self.tiers.observe(watch.holdings())
         steps = [r.step for r in watch.records()]
-        stopped = tuple(sorted({h.report.node for h in watch.signals.heard.values()
-                                for b in h.report.ranks if b.process in ("stopped", "gone")}))
+        stopped = tuple(sorted(h.report.node for h in watch.signals.heard.values()
+                               if "stopped" in h.report.columns.process or "gone" in h.report.columns.process))
         refused = dict(watch.inbox.refused)
         training = watch.training(launched.rank_map.world_size, self.spec.job.gpu_peak_tflops)
         summary = AgentSummary(

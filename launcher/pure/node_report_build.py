@@ -15,7 +15,6 @@ Nothing here runs: the reader of each fact is the reporter's, passed in as data.
 
 from __future__ import annotations
 
-import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping
@@ -24,9 +23,10 @@ from dataclasses import dataclass, field, replace
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
 from clusterctl.records.healthd_state import HealthdState, StateFinding
 from clusterctl.records.node_report import (
-    DIGEST_BYTES, MAGIC, MAX_DATAGRAM, MAX_EVIDENCE, MAX_GPU_NAME, MAX_RANKS, MAX_REPORTED_COPIES, MAX_TEXT,
+    MAX_DATAGRAM, MAX_EVIDENCE, MAX_GPU_NAME, MAX_RANKS, MAX_REPORTED_COPIES, MAX_TEXT,
     NodeHealth, NodeMetrics, NodeReport, RankBeat, SilentPeer,
 )
+from clusterctl.records.node_report import datagram_size as encoded_size
 from clusterctl.records.rank_progress import MAX_TOTAL, RankProgress
 from clusterctl.text import one_line
 
@@ -296,8 +296,7 @@ def _kept(holdings: CheckpointHoldings | None) -> CheckpointHoldings | None:
 
 def datagram_size(report: NodeReport) -> int:
     """The bytes `report` takes on the wire (clusterctl.records.node_report.encode), whatever the key."""
-    body = json.dumps(report.to_json(), separators=(",", ":"), allow_nan=False)
-    return len(MAGIC) + DIGEST_BYTES + len(body.encode())
+    return encoded_size(report)
 
 
 def fitted(report: NodeReport) -> NodeReport:

@@ -173,21 +173,18 @@ class NodeSignals:
             if told is not None and (holdings or self.holdings).get(node) != told:
                 holdings = dict(self.holdings) if holdings is None else holdings
                 holdings[node] = told
-            processes = {beat.process for beat in report.ranks}
-            for marked, now_true in ((stopping, "stopped" in processes), (idle, "running" not in processes),
-                                     (draining, report.health.verdict == "drain"),
-                                     (witnessing, bool(report.silent_peers))):
-                if now_true:
-                    marked.add(node)
-                else:
-                    marked.discard(node)
+            processes = report.columns.process  # a node's few ranks: no set made (625 reports a second)
+            (stopping.add if "stopped" in processes else stopping.discard)(node)
+            (idle.discard if "running" in processes else idle.add)(node)
+            (draining.add if report.health.verdict == "drain" else draining.discard)(node)
+            (witnessing.add if report.silent_peers else witnessing.discard)(node)
         return replace(self, heard=heard, ignored=ignored, stopping=frozenset(stopping), idle=frozenset(idle),
                        draining=frozenset(draining), witnessing=frozenset(witnessing), fresh=frozenset(fresh),
                        holdings=self.holdings if holdings is None else holdings)
 
     def records(self) -> tuple[RankProgress, ...]:
         """Every rank's newest progress record, as the hang and straggler watches take them."""
-        return tuple(beat.progress for heard in self.heard.values() for beat in heard.report.ranks)
+        return tuple(progress for heard in self.heard.values() for progress in heard.report.columns.progress())
 
     def take_fresh(self) -> tuple[NodeSignals, tuple[RankProgress, ...]]:
         """The ranks' records of the nodes heard from since the last take (in `records()`'s order), and
@@ -196,8 +193,8 @@ class NodeSignals:
         fresh = self.fresh
         if not fresh:
             return self, ()
-        records = tuple(beat.progress for node, heard in self.heard.items() if node in fresh
-                        for beat in heard.report.ranks)
+        records = tuple(progress for node, heard in self.heard.items() if node in fresh
+                        for progress in heard.report.columns.progress())
         return replace(self, fresh=frozenset()), records
 
     def quiet_until(self) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 import time
 from dataclasses import replace
 
@@ -15,8 +16,9 @@ from clusterctl.launcher.job.report_channel import ReportInbox, ReportSender
 from clusterctl.records.checkpoint_holdings import (
     COPY_REFUSALS, CheckpointHoldings, CopyRefusals, HeldCopy, LastResume)
 from clusterctl.records.node_report import (
-    MAGIC, MAX_DATAGRAM, MAX_GPU_NAME, MAX_RANKS, MAX_REPORTED_COPIES, NodeHealth, NodeMetrics, NodeReport, RankBeat,
-    ReportRefused, SilentPeer, decode, encode, parse_key,
+    MAGIC, MAGIC_COLUMNS, MAX_DATAGRAM, MAX_GPU_NAME, MAX_RANKS, MAX_REPORTED_COPIES, PROCESS_STATES, RANK_COLUMNS,
+    WIRE_PHASES, WIRE_PROCESS_STATES, NodeHealth, NodeMetrics, NodeReport, RankBeat, ReportRefused, SilentPeer, decode,
+    encode, parse_key,
 )
 from clusterctl.records.rank_progress import PHASES, RankProgress
 from clusterctl.records.versioned import RecordError
@@ -95,14 +97,23 @@ def test_a_datagram_from_outside_the_job_is_refused_before_its_body_is_read(data
 
 @pytest.mark.parametrize("change, said", [
     ({"sent_at": float("nan")}, "unreadable"), ({"version": 9}, "version"), ({"node": "-rf"}, "node"),
-    ({"ranks": [{}] * (MAX_RANKS + 1)}, "at most"), ({"health": {"verdict": "fine", "evidence": [], "state_at": 0}},
-                                                      "verdict"),
+    ({"ranks": {name: [0] * (MAX_RANKS + 1) for name in RANK_COLUMNS}}, "at most"),
+    ({"ranks": [{}] * (MAX_RANKS + 1), "version": 4}, "at most"), ({"ranks": []}, "columns"),
+    ({"health": {"verdict": "fine", "evidence": [], "state_at": 0}}, "verdict"),
 ])
 def test_a_signed_but_malformed_report_is_refused_saying_what_is_wrong(change: dict[str, object], said: str) -> None:
     datagram = forged_body(change)
     with pytest.raises(ReportRefused) as caught:
         decode(datagram, KEY, "report")
     assert said in str(caught.value) or said == caught.value.kind
+
+
+def as_version_4(body: dict[str, object]) -> dict[str, object]:
+    """A version-5 report's JSON as a version-4 reporter sent it: one object per rank."""
+    columns = body["ranks"]
+    assert isinstance(columns, dict)
+    entries = [dict(zip(RANK_COLUMNS, values)) for values in zip(*(columns[name] for name in RANK_COLUMNS))]
+    return {**body, "version": 4, "ranks": entries}
 
 
 RANK_FIELDS = ("rank", "step", "pid", "compute_steps", "at", "compute_s", "alive_at", "stopped_since", "phase",
@@ -115,7 +126,7 @@ HOSTILE = st.one_of(st.just(-1), st.just(-0.5), st.just(True), st.just(False), s
 @given(st.integers(min_value=0, max_value=7), st.sampled_from(RANK_FIELDS), HOSTILE, st.booleans())
 def test_a_rank_entry_with_any_field_wrong_or_missing_is_refused_naming_the_rank_and_the_field(
         index: int, key: str, value: object, missing: bool) -> None:
-    body = sample().to_json()
+    body = as_version_4(sample().to_json())
     entry = dict(body["ranks"][index])
     if missing:
         del entry[key]
@@ -258,7 +269,7 @@ def test_a_report_carries_its_nodes_training_metrics_in_a_few_hundred_bytes() ->
 
 def test_a_report_of_the_previous_version_is_read_without_training_metrics() -> None:
     report = sample()
-    body = report.to_json()
+    body = as_version_4(report.to_json())
     del body["metrics"]
     assert NodeReport.from_json({**body, "version": 2}, "report") == report
 
@@ -302,7 +313,7 @@ def test_metrics_with_any_field_wrong_or_missing_are_refused_naming_the_field(ke
 
 def test_a_report_of_version_3_is_read_with_no_silent_neighbours() -> None:
     report = replace(sample(), silent_peers=())
-    body = report.to_json()
+    body = as_version_4(report.to_json())
     del body["silent_peers"]
     assert NodeReport.from_json({**body, "version": 3}, "report") == report
 
@@ -316,3 +327,169 @@ def test_a_report_of_version_3_is_read_with_no_silent_neighbours() -> None:
 def test_silent_neighbours_not_exactly_understood_refuse_the_report(peers: list[object], said: str) -> None:
     with pytest.raises(RecordError, match=said):
         NodeReport.from_json({**sample().to_json(), "silent_peers": peers}, "report")
+
+
+def signed(body: dict[str, object]) -> bytes:
+    import hashlib
+    import hmac
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    return MAGIC + hmac.digest(KEY, raw, hashlib.sha256) + raw
+
+
+@given(reports())
+def test_a_version_4_report_is_still_read_as_the_same_report(report: NodeReport) -> None:
+    body = as_version_4(report.to_json())
+    assert decode(signed(body), KEY, "test") == report
+
+
+@given(reports())
+def test_a_report_sends_its_ranks_as_columns_and_the_agent_reads_them_without_a_rank_object(
+        report: NodeReport) -> None:
+    body = report.to_json()
+    assert body["version"] == 5 and set(body["ranks"]) == set(RANK_COLUMNS)
+    got = decode(encode(report, KEY), KEY, "test")
+    columns = got.columns
+    assert columns.process == tuple(b.process for b in report.ranks)
+    assert columns.step == tuple(b.progress.step for b in report.ranks)
+    assert columns.progress() == tuple(b.progress for b in report.ranks)
+    assert tuple(got.ranks) == tuple(report.ranks) and len(got.ranks) == len(report.ranks)
+
+
+@given(reports(), st.data())
+def test_a_tampered_or_truncated_datagram_is_refused_before_it_is_read(report: NodeReport, data: st.DataObject) -> None:
+    datagram = encode(report, KEY)
+    cut = data.draw(st.integers(0, len(datagram) - 1))
+    with pytest.raises(ReportRefused) as caught:
+        decode(datagram[:cut], KEY, "report")
+    assert caught.value.kind in ("foreign", "unsigned")
+    at = data.draw(st.integers(0, len(datagram) - 1))
+    flipped = datagram[:at] + bytes([datagram[at] ^ data.draw(st.integers(1, 255))]) + datagram[at + 1:]
+    with pytest.raises(ReportRefused) as caught:
+        decode(flipped, KEY, "report")
+    assert caught.value.kind in ("foreign", "unsigned")
+
+
+def test_a_report_of_a_version_this_agent_does_not_know_is_refused_saying_so() -> None:
+    with pytest.raises(ReportRefused) as caught:
+        decode(signed({**sample().to_json(), "version": 6}), KEY, "report from 10.0.0.9:4000")
+    assert "version 6 is newer than this clusterctl understands" in str(caught.value)
+    assert caught.value.kind == "malformed"
+
+
+@given(st.integers(min_value=0, max_value=7), st.sampled_from(RANK_FIELDS), HOSTILE, st.booleans())
+def test_a_rank_column_with_any_value_wrong_or_missing_is_refused_naming_the_rank_and_the_field(
+        index: int, key: str, value: object, missing: bool) -> None:
+    body = sample().to_json()
+    columns = {name: list(values) for name, values in body["ranks"].items()}
+    if missing:
+        del columns[key][index]
+    else:
+        columns[key][index] = value
+    if not missing and key in ("at", "compute_s", "alive_at", "stopped_since") and type(value) is float \
+            and value == value and 0 <= value < float("inf"):
+        return  # a finite, non-negative float is a valid number of seconds
+    with pytest.raises(ReportRefused) as caught:
+        decode(signed({**body, "ranks": columns}), KEY, "report")
+    said = str(caught.value)
+    assert caught.value.kind in ("malformed", "unreadable")
+    assert caught.value.kind == "unreadable" or key in said and (missing or f"ranks[{index}]" in said)
+
+
+def test_ranks_with_a_column_missing_or_unknown_are_refused_naming_it() -> None:
+    body = sample().to_json()
+    columns = dict(body["ranks"])
+    del columns["pid"]
+    with pytest.raises(ReportRefused, match="missing pid"):
+        decode(signed({**body, "ranks": columns}), KEY, "report")
+    with pytest.raises(ReportRefused, match="unknown color"):
+        decode(signed({**body, "ranks": {**body["ranks"], "color": [1] * 8}}), KEY, "report")
+
+
+# ---- version 5's compact framing: the ranks' columns packed after the JSON head ----------------------------
+
+def packed(head: dict[str, object], block: bytes, magic: bytes = MAGIC_COLUMNS) -> bytes:
+    import hashlib
+    import hmac
+    raw = json.dumps(head, separators=(",", ":")).encode()
+    body = struct.pack(">H", len(raw)) + raw + block
+    return magic + hmac.digest(KEY, magic + body, hashlib.sha256) + body
+
+
+def sample_block(report: NodeReport) -> tuple[dict[str, object], list[object]]:
+    """The head and the block's values (in their packed order) of `report`'s datagram."""
+    datagram = encode(report, KEY)
+    body = datagram[len(MAGIC_COLUMNS) + 32:]
+    length = struct.unpack_from(">H", body)[0]
+    head = json.loads(body[2:2 + length])
+    n = head["ranks"]
+    return head, list(struct.unpack(f"<{4 * n}Q{4 * n}d{2 * n}B", body[2 + length:]))
+
+
+def test_the_wire_numbers_of_phases_and_process_states_are_every_one_the_records_know() -> None:
+    # Appending is safe; renumbering would make old reporters say the wrong phase: the wire lists are pinned.
+    assert set(WIRE_PHASES) == set(PHASES) and set(WIRE_PROCESS_STATES) == set(PROCESS_STATES)
+
+
+def test_a_report_is_sent_framed_compactly_and_is_smaller_than_its_json() -> None:
+    report = sample()
+    datagram = encode(report, KEY)
+    assert datagram.startswith(MAGIC_COLUMNS)
+    assert len(datagram) < len(json.dumps(report.to_json()))
+    assert decode(datagram, KEY, "test") == report
+
+
+def test_an_all_json_report_of_version_5_is_read_too() -> None:
+    report = sample()
+    assert decode(signed(report.to_json()), KEY, "test") == report
+
+
+@given(st.integers(0, 7), st.sampled_from(["at", "compute_s", "alive_at", "stopped_since", "phase", "process"]),
+       st.sampled_from([math.nan, math.inf, -1.0, -math.inf, 4, 200]))
+def test_a_packed_rank_with_a_value_out_of_its_range_is_refused_naming_the_rank_and_the_field(
+        index: int, name: str, value: float) -> None:
+    head, values = sample_block(sample())
+    n = 8
+    if name in ("phase", "process"):
+        if isinstance(value, float):
+            return
+        values[8 * n + (0 if name == "phase" else n) + index] = value
+    else:
+        if not isinstance(value, float):
+            return
+        values[4 * n + ("at", "compute_s", "alive_at", "stopped_since").index(name) * n + index] = value
+    block = struct.pack(f"<{4 * n}Q{4 * n}d{2 * n}B", *values)
+    with pytest.raises(ReportRefused) as caught:
+        decode(packed(head, block), KEY, "report")
+    assert caught.value.kind == "malformed" and f"ranks[{index}]" in str(caught.value) and name in str(caught.value)
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"ranks": 9}, "bytes of rank columns for 9 ranks"), ({"ranks": MAX_RANKS + 1}, "at most"),
+    ({"ranks": "8"}, "counts its ranks"), ({"version": 4}, "version 5 or later, not 4"),
+    ({"version": 6}, "newer than this clusterctl understands"), ({"node": "-rf"}, "node"),
+])
+def test_a_signed_compact_report_whose_head_and_columns_disagree_is_refused_saying_what_is_wrong(
+        change: dict[str, object], said: str) -> None:
+    head, values = sample_block(sample())
+    block = struct.pack("<32Q32d16B", *values)
+    with pytest.raises(ReportRefused, match=said) as caught:
+        decode(packed({**head, **change}, block), KEY, "report")
+    assert caught.value.kind == "malformed"
+
+
+def test_a_signed_report_in_a_framing_this_clusterctl_does_not_know_is_refused_saying_to_upgrade() -> None:
+    head, values = sample_block(sample())
+    with pytest.raises(ReportRefused, match="does not understand.*upgrade clusterctl") as caught:
+        decode(packed(head, struct.pack("<32Q32d16B", *values), magic=b"CCN3"), KEY, "report")
+    assert caught.value.kind == "malformed"
+    unsigned = packed(head, b"", magic=b"CCN3")[:-1]
+    with pytest.raises(ReportRefused) as caught:
+        decode(unsigned, KEY, "report")
+    assert caught.value.kind == "unsigned"
+
+
+def test_a_value_that_does_not_pack_is_an_error_for_the_sender_not_a_bad_datagram() -> None:
+    report = sample()
+    beats = tuple(RankBeat(replace(b.progress, pid=2**64)) for b in report.ranks)
+    with pytest.raises(ValueError, match="does not fit"):
+        encode(replace(report, ranks=beats), KEY)
