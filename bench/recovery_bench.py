@@ -177,15 +177,9 @@ def trial(tb: Testbed, work: Path, number: int, records: str) -> dict[str, float
         supervisor.wait(timeout=60)
         if "node" in locals():
             inject(tb.nvml_dir(node), Fault("clear"))
-        # healthd resumes a node it drained once its GPUs read clean a few times in a row
-        # (resume_when_clean); forcing it earlier meets a prolog that still trusts the fault.
-        deadline = time.time() + 60
-        while not all(n.state == "idle" and n.responding for n in tb.nodes()):
-            if time.time() > deadline - 30:
-                tb.run_on("ctl", ["scontrol", "update", "NodeName=ALL", "State=RESUME"], check=False)
-            if time.time() > deadline:
-                raise RuntimeError(f"nodes not back: {tb.nodes()}")
-            time.sleep(0.5)
+        # Every node in service, and healthd must have seen the healed GPU: otherwise it drains the node again
+        # as the next trial's job starts there (seen: a trial whose first attempt was cancelled at once).
+        tb.back_in_service(faulted="node" in locals())
 
 
 COMPARE_SPEC = """\
