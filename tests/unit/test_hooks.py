@@ -361,7 +361,10 @@ sys.exit(code)
 ''')
     assert code == 0, err
     assert "could not drain" in err and "let in after all" in err and "gave up" not in err
-    assert took < 2.0 + 1.5  # the interpreter's start, then well inside hook_timeout
+    # What the Slurm calls were given, summed, stays inside hook_timeout (2 s): wall time is not asserted, a loaded
+    # machine stretches it (seen: 6 s at a load average of 20).
+    asked = float(err.rsplit("asked ", 1)[1].split()[0])
+    assert asked <= 2.0, err
 
 
 def test_a_hook_on_a_config_it_cannot_read_runs_with_the_defaults_and_says_so(tmp_path):
@@ -497,16 +500,22 @@ def test_the_epilogs_drain_path_fits_its_budget_under_a_controller_that_does_not
     """The epilog's counterpart of the prolog's: each call gets what is left, so slurmd's deadline never comes."""
     code, err, took = _hook_in_a_process(tmp_path, _CONFIG + _LEFTOVER + f'''
 from clusterctl.errors import SlurmCommandError
+asked = []
 def slow_controller(argv, timeout):
+    asked.append(timeout)
     time.sleep(timeout)
     raise SlurmCommandError(list(argv), None, f"no answer within {{timeout:g}} s")
 code = run_epilog({EPILOG_ENV!r}, None, config, node_check=lost_gpu, runner=slow_controller,
                   kill_leftovers=leftovers)
+print(f"asked {{sum(asked):.2f}}", file=sys.stderr)
 sys.exit(code + 10 * (killed != [101]))
 ''')
     assert code == 0, err
     assert "could not drain" in err and "gave up" not in err
-    assert took < 2.0 + 1.5  # the interpreter's start, then well inside hook_timeout
+    # What the Slurm calls were given, summed, stays inside hook_timeout (2 s): wall time is not asserted, a loaded
+    # machine stretches it (seen: 6 s at a load average of 20).
+    asked = float(err.rsplit("asked ", 1)[1].split()[0])
+    assert asked <= 2.0, err
     assert job_health_path(tmp_path / "records", "47", "node3").exists()
 
 
@@ -522,7 +531,6 @@ run_epilog({EPILOG_ENV!r}, None, config, node_check=lost_gpu, runner=stuck, kill
 ''')
     assert code == 0, err
     assert "leftovers killed before Slurm was asked" in err and "gave up after 2 s" in err
-    assert took < 2.0 + 1.5
     assert read_job_health(job_health_path(tmp_path / "records", "47", "node3")).hardware_fault
     assert read_job_start(tmp_path / "lib", "47") is None
 
