@@ -43,6 +43,7 @@ FindingKind = Literal[
     "storage-hung",  # a shared path's write/fsync/read/unlink probe did not finish by its deadline
     "storage-error",  # that probe failed
     "diagnostic-failed",  # an active diagnostic (dcgmi diag, the site's own command) said the node is bad
+    "roce-retransmits",  # a RoCE port's hw_counters: packets lost on the path (ACK timeouts, NAK-sequence, ICRC)
 ]
 FINDING_KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
 """Every kind, in the order above."""

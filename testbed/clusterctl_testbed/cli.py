@@ -58,9 +58,13 @@ def install() -> None:
               help="Slurm's node and kill timeouts: fast (SlurmdTimeout=5, MessageTimeout=2, KillWait=5: a dead "
                    "node is DOWN in ~10 s, for quick tests) or production (Slurm's defaults 300/10/30, what a real "
                    "cluster runs: a dead node is DOWN only after ~5 minutes).")
-def up(timeout: float, slurm: str, slurm_source: str | None, topology: str, timeouts: str) -> None:
+@click.option("--nics", type=click.Choice(["infiniband", "roce"]), default="infiniband", show_default=True,
+              help="Each node's emulated NICs: InfiniBand ports, or RoCE ports (link_layer Ethernet, with mlx5's "
+                   "hw_counters and a netdev's statistics: what the roce-* faults change).")
+def up(timeout: float, slurm: str, slurm_source: str | None, topology: str, timeouts: str, nics: str) -> None:
     """Start the cluster (fresh state, job ids from 1); no-op if it is already up."""
-    Testbed(Layout(topology=topology, timeouts=timeouts)).up(timeout=timeout, slurm=slurm, slurm_source=slurm_source)
+    layout = Layout(topology=topology, timeouts=timeouts, nic_link_layer="Ethernet" if nics == "roce" else "InfiniBand")
+    Testbed(layout).up(timeout=timeout, slurm=slurm, slurm_source=slurm_source)
 
 
 @cli.command()
@@ -194,6 +198,9 @@ Network faults (the node's emulated /sys/class/infiniband; --nic picks mlx5_<N>,
   ib-symbol-errors [N] N more symbol errors (default 1000)
   ib-link-flap [N]     the link went down and back N times (link_downed, link_error_recovery)
   nic-pcie-degraded [W]  the NIC's PCIe link runs at xW (default 8) of its x16
+  roce-retransmits [N] a RoCE port loses packets: N ACK timeouts (default 10), 30N NAK-sequence errors
+  roce-fcs-errors [N]  N frames with a bad FCS on a RoCE port's netdev (rx_crc_errors, default 1000)
+  roce-congestion [N]  N ECN marks and CNPs (default 100000): a busy fabric, never a finding
   ib-clear             the port and link healthy again (counters keep their totals)
 
 \b

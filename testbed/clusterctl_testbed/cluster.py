@@ -344,7 +344,7 @@ class Testbed:
             node_dir.mkdir(parents=True, exist_ok=True)
             (node_dir / "events").touch()
             (node_dir / "kmsg").touch()
-            build_tree(node_dir / "sysroot", layout.gpus_per_node)  # healthd's ib_root: one NIC per GPU
+            build_tree(node_dir / "sysroot", layout.gpus_per_node, layout.nic_link_layer)  # ib_root: a NIC per GPU
             write_dcgmi(node_dir)  # the node's dcgmi, run by healthd's [diagnostics] (dcgmi_emu.py)
         files = {
             layout.etc / "slurm.conf": slurm_config.slurm_conf(layout, self.hooks, release.version),

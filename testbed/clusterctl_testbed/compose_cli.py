@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -10,7 +11,7 @@ from typing import Any, cast
 
 import click
 
-from clusterctl_testbed.compose import DEFAULT_RELEASE, ComposeTestbed
+from clusterctl_testbed.compose import DEFAULT_RELEASE, ComposeTestbed, compose_layout
 from clusterctl_testbed.gpu_faults import FAULT_KINDS, Fault, inject
 from clusterctl_testbed.ib_faults import IB_FAULT_KINDS, IbFault, inject_ib
 from clusterctl_testbed.versions import RELEASES
@@ -36,9 +37,12 @@ def compose() -> None:
 @click.option("--slurm", type=click.Choice([r for r, release in RELEASES.items() if release.suite is not None
                                             and not release.built_from_source]), default=DEFAULT_RELEASE,
               show_default=True, help="Which Slurm: 22.05 / 24.11 / 26.05 (Debian bookworm / trixie / sid).")
-def up(timeout: float, slurm: str) -> None:
+@click.option("--nics", type=click.Choice(["infiniband", "roce"]), default="infiniband", show_default=True,
+              help="Each node's emulated NICs: InfiniBand ports, or RoCE ports (what the roce-* faults change).")
+def up(timeout: float, slurm: str, nics: str) -> None:
     """Build the images if needed, start the services and wait until every node is idle."""
-    ComposeTestbed().up(timeout=timeout, slurm=slurm)
+    layout = dataclasses.replace(compose_layout(), nic_link_layer="Ethernet" if nics == "roce" else "InfiniBand")
+    ComposeTestbed(layout).up(timeout=timeout, slurm=slurm)
 
 
 @compose.command()
@@ -167,7 +171,8 @@ def inject_network_fault(root: Path, fault: IbFault) -> None:
 @click.option("--nic", default=0, show_default=True, help="NIC (mlx5_<N>) of a network fault.")
 @click.option("--port", default=1, show_default=True, help="Port of that NIC.")
 def inject_fault(node: str, kind: str, args: tuple[str, ...], gpu: int, nic: int, port: int) -> None:
-    """Inject a GPU or network fault on NODE (the kinds of `clusterctl-testbed inject --help`)."""
+    """Inject a GPU or network fault on NODE (the kinds of `clusterctl-testbed inject --help`; the roce-* ones
+    need RoCE ports: `up --nics roce`)."""
     if kind in IB_FAULT_KINDS:
         inject_network_fault(ComposeTestbed().nvml_dir(node) / "sysroot", network_fault(kind, args, nic, port))
         click.echo(f"injected {kind} {' '.join(args)} on {node} mlx5_{nic}/{port}".rstrip())

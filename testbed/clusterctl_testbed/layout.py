@@ -40,6 +40,9 @@ class Layout:
     topology: str = "tree"
     """Slurm's topology plugin: "tree" (the leaves as switches under the spine) or "block" (each
     leaf a block, as in an NVLink-domain cluster; topology/block needs Slurm 23.11 or newer)."""
+    nic_link_layer: str = "InfiniBand"
+    """Each node's emulated NICs (ib_faults.py): "InfiniBand" ports, or "Ethernet" for RoCE ports with their
+    `hw_counters` and netdev statistics (the `roce-*` faults need these)."""
     timeouts: str = "fast"
     """Slurm's node and kill timeouts (clusterctl_testbed.slurm_config.TIMEOUTS): "fast" (5/2/5 s, the
     suite's) or "production" (Slurm's defaults, 300/10/30 s, what a real cluster runs)."""

@@ -29,7 +29,7 @@ WRITTEN_BEFORE = {
 """Every kind a producer wrote (grep of healthd/ at the time the vocabulary was closed)."""
 ADDED_SINCE = (
     "ib-port-down", "ib-port-slow", "ib-errors", "ib-link-flap", "pcie-degraded", "nvlink-errors", "storage-hung",
-    "storage-error", "diagnostic-failed",
+    "storage-error", "diagnostic-failed", "roce-retransmits",
 )
 """Kinds added since, in the order added (a kind is only ever added, at the end)."""
 
