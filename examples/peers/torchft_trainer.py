@@ -57,7 +57,7 @@ def train(args) -> int:
     group_rank, group_size = tt.env_int("RANK"), tt.env_int("WORLD_SIZE")
     replica_id = os.environ.get("REPLICA_GROUP_ID", "0")
     torch.set_num_threads(1)
-    init_group(group_rank, group_size, datetime.timedelta(seconds=args.timeout))
+    init_group(group_rank, group_size, in_group_timeout(args.timeout))
     model = tt.make_model(args.seed)
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
     progress = {"cursor": 0}
@@ -113,6 +113,16 @@ def train(args) -> int:
     return 0
 
 
+def in_group_timeout(seconds: float) -> datetime.timedelta:
+    """How long a rank waits on its own group's partner: --timeout, or the Manager's collective timeout
+    (TORCHFT_TIMEOUT_SEC) when that is shorter.  A hung rank leaves its group's ManagerServer (in group rank
+    0) heartbeating, so the lighthouse holds every quorum for that group ("need at least half of 2 healthy
+    workers") until the group fails itself — its live rank giving up on this collective; later than the
+    survivors' quorum timeout (60 s) and they fail in the quorum too (TimeoutError) and are restarted."""
+    manager_timeout = float(os.environ.get("TORCHFT_TIMEOUT_SEC", seconds))
+    return datetime.timedelta(seconds=min(seconds, manager_timeout))
+
+
 def init_group(rank: int, size: int, timeout: datetime.timedelta) -> None:
     """The replica group's own gloo group, its rendezvous keys under this torchrun attempt's name: torchrun's
     static rendezvous (--master-port, as torchft's torchx component launches each group) keeps one store for
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         tt.log(f"cannot resume: {exc}")
         return tt.EXIT_USAGE
-    except (RuntimeError, dist.DistBackendError) as exc:
+    except (RuntimeError, TimeoutError, dist.DistBackendError) as exc:  # TimeoutError: torchft's quorum
         tt.log(f"giving up ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
         return tt.EXIT_PEER_LOST
 
