@@ -476,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             port += 10
             print(f"trial {number + 1}/{args.trials}: {tool} ({which}), {fault}", file=sys.stderr, flush=True)
             try:
-                record = run_trial(LocalNodes(), tool, which, fault, work=args.work / f"{tool}-{which}-{fault}",
+                record = run_trial(LocalNodes(), tool, which, fault, work=args.work / f"{tool}-{which}-{fault}-{number + 1}",
                                    bindir=bindir, address="127.0.0.1", port=port, node_count=2,
                                    timeout=args.trial_timeout)
             except (RuntimeError, NotAvailable, OSError) as exc:
