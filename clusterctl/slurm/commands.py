@@ -153,6 +153,69 @@ class AllocationSlurm(TopologySource, Protocol):
     def shrink_job(self, job_id: str, keep: Sequence[str]) -> None: ...
 
 
+_GRANTED = re.compile(r"^salloc: Granted job allocation (\d{1,10})\s*$", re.MULTILINE)
+
+NOT_NOW = ("Requested nodes are busy", "Immediate execution impossible", "Connection timed out")
+"""salloc --immediate's refusals that only mean "not now" (src/salloc/salloc.c: ESLURM_NODES_BUSY,
+ESLURM_NOT_TOP_PRIORITY, ETIMEDOUT); every other refusal is an error the caller must see."""
+
+
+def allocate_now_argv(partition: str, nodes: Sequence[str], gpus_per_node: int, *, wait_seconds: int,
+                      expand_job: str | None = None, minutes: int | None = None, qos: str | None = None,
+                      job_name: str = "clusterctl-grow") -> list[str]:
+    """The salloc that asks for exactly `nodes` in `partition`, now or not at all (`--immediate`), holding
+    them with no shell and no step (`--no-shell`).
+
+    With `expand_job` it is an expander of that running job (`--dependency=expand:JOB`: Slurm gives it the
+    job's end time and whole-node setting, and wants the same partition and QOS); without, a second
+    allocation of its own, exclusive, for `minutes` (what is left of the job's time: it must not outlive
+    it).  Names and ids are checked before argv."""
+    for name in nodes:
+        problem = node_name_problem(name)
+        if problem:
+            raise SlurmCommandError(["salloc", "..."], None, f"refusing to pass {name!r}: {problem}")
+    if not nodes:
+        raise SlurmCommandError(["salloc", "..."], 2, "not run: no nodes to ask for")
+    argv = ["salloc", "--no-shell", f"--immediate={max(1, wait_seconds)}", f"--partition={partition}",
+            f"--nodelist={compress(list(nodes))}", f"--nodes={len(nodes)}", f"--gres=gpu:{gpus_per_node}",
+            f"--job-name={job_name}"]
+    if qos:
+        argv.append(f"--qos={qos}")
+    if expand_job is not None:
+        argv.append(f"--dependency=expand:{checked_job_ids(['salloc'], [expand_job])[0]}")
+    else:
+        if minutes is None or minutes < 1:
+            raise SlurmCommandError(["salloc", "..."], 2, "not run: a second allocation needs a time limit of "
+                                                          "at least a minute (what is left of the job's)")
+        argv += ["--exclusive", f"--time={minutes}"]
+    return argv
+
+
+def parse_granted(argv: list[str], result: Completed) -> str | None:
+    """The job id salloc was granted (`salloc: Granted job allocation 123` on stderr); None when it was
+    refused only because the nodes cannot be had now; SlurmCommandError for any other refusal."""
+    granted = _GRANTED.search(result.stderr) or _GRANTED.search(result.stdout)
+    if result.returncode == 0 and granted:
+        return granted[1]
+    text = result.stderr or result.stdout
+    if result.returncode != 0 and "Unable to allocate resources:" in text and any(m in text for m in NOT_NOW):
+        return None
+    raise SlurmCommandError(argv, result.returncode, text or "salloc said nothing of a granted allocation")
+
+
+class GrowSlurm(Protocol):
+    """What a grow asks of Slurm (`Slurm`, or a test's fake): the site settings that choose the route, the
+    nodes asked for now or not at all, an expander merged into the job, a second allocation given back."""
+
+    def config_value(self, key: str) -> str | None: ...
+
+    def allocate_now(self, argv: list[str]) -> str | None: ...
+
+    def merge_into_job(self, expander_job_id: str) -> None: ...
+
+    def cancel(self, job_ids: list[str]) -> None: ...
+
+
 class Slurm:
     """The Slurm commands clusterctl uses, each returning parsed data."""
 
@@ -299,6 +362,19 @@ class Slurm:
             if problem:
                 raise SlurmCommandError(["scontrol", "update"], None, f"refusing to pass {name!r}: {problem}")
         self._run(["scontrol", "update", f"JobId={job_id}", f"NodeList={compress(list(keep))}"])
+
+    def allocate_now(self, argv: list[str]) -> str | None:
+        """Run an allocate_now_argv salloc; the granted job id, or None when the nodes cannot be had now.
+        The timeout covers salloc's own `--immediate` wait."""
+        wait = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--immediate=")), 0)
+        return parse_granted(argv, self.runner(argv, self.timeout + wait))
+
+    def merge_into_job(self, expander_job_id: str) -> None:
+        """Move every node of running expander job `expander_job_id` (salloc'd with `--dependency=expand:JOB`)
+        into JOB, ending the expander: `scontrol update JobId=EXPANDER NumNodes=0`.  Slurm refuses while the
+        expander has a step (`Job step already exists`, e.g. the extern step of PrologFlags=Contain)."""
+        checked_job_ids(["scontrol"], [expander_job_id])
+        self._run(["scontrol", "update", f"JobId={expander_job_id}", "NumNodes=0"])
 
     def job_steps(self, job_id: str, name: str | None = None) -> list[str]:
         """The numbered steps of running job `job_id` (`12.0`, `12.3`; not `batch`, `extern` or

@@ -200,21 +200,30 @@ def shrink_sizes(layout: ParallelLayout, gpus_per_node: int, minimum: int) -> tu
     """The data-parallel sizes `layout` may shrink to, largest first: from below its dp down to `minimum`, each
     dropping whole DP replicas (tp, cp and pp unchanged, so no TP or PP group is split) and leaving a world that
     fills whole nodes and is still a valid layout (ep divides cp×dp, NVLink groups as before)."""
-    sizes = []
+    return tuple(dp for dp in range(layout.dp - 1, max(minimum, 1) - 1, -1)
+                 if _whole_replicas_fit(layout, gpus_per_node, dp))
+
+
+def grow_sizes(layout: ParallelLayout, gpus_per_node: int, maximum: int) -> tuple[int, ...]:
+    """The data-parallel sizes `layout` may grow back to, largest first: from `maximum` (the spec's dp) down to
+    above its dp, under the same rules as shrink_sizes (whole replicas, whole nodes, a valid layout)."""
+    return tuple(dp for dp in range(maximum, layout.dp, -1) if _whole_replicas_fit(layout, gpus_per_node, dp))
+
+
+def _whole_replicas_fit(layout: ParallelLayout, gpus_per_node: int, dp: int) -> bool:
+    """`layout` at `dp` replicas fills whole nodes and is a valid layout."""
     replica = layout.tp * layout.cp * layout.pp
-    for dp in range(layout.dp - 1, max(minimum, 1) - 1, -1):
-        if replica * dp % gpus_per_node:
-            continue
-        if layout.ep > 1 and (layout.cp * dp) % layout.ep:
-            continue
-        nodes = replica * dp // gpus_per_node
-        try:
-            validate_for_cluster(with_data_parallel(layout, dp), nodes=nodes, gpus_per_node=gpus_per_node,
-                                 nodes_per_nvlink_domain=nodes)
-        except LayoutError:
-            continue
-        sizes.append(dp)
-    return tuple(sizes)
+    if replica * dp % gpus_per_node:
+        return False
+    if layout.ep > 1 and (layout.cp * dp) % layout.ep:
+        return False
+    nodes = replica * dp // gpus_per_node
+    try:
+        validate_for_cluster(with_data_parallel(layout, dp), nodes=nodes, gpus_per_node=gpus_per_node,
+                             nodes_per_nvlink_domain=nodes)
+    except LayoutError:
+        return False
+    return True
 
 
 def with_data_parallel(layout: ParallelLayout, dp: int) -> ParallelLayout:

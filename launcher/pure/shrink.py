@@ -62,6 +62,16 @@ def nodes_for(layout: ParallelLayout, gpus_per_node: int, data_parallel: int) ->
     return layout.tp * layout.cp * layout.pp * data_parallel // gpus_per_node
 
 
+def sizes_on(shape: JobShape, sizes: Sequence[int], node_count: int) -> list[int]:
+    """The DP sizes of `sizes` (whole nodes each) whose world fits on `node_count` nodes, in their order."""
+    return [dp for dp in sizes if nodes_for(shape.layout, shape.gpus_per_node, dp) <= node_count]
+
+
+def placement_weights(shape: JobShape) -> dict[str, float]:
+    """The planner's weights for `shape`: the defaults, with the spec's own over them."""
+    return {**DEFAULT_WEIGHTS, **dict(shape.weights)}
+
+
 def plan_shrink(shape: JobShape, survivors: Sequence[str], batch_host: str, min_data_parallel: int) -> Shrink | NoShrink:
     """The largest DP size from below the shape's down to `min_data_parallel` that the `survivors` (allocation
     order, the lost nodes already left out) can run, with its nodes and the ones to give back; or why none."""
@@ -74,13 +84,13 @@ def plan_shrink(shape: JobShape, survivors: Sequence[str], batch_host: str, min_
         return NoShrink(f"no data-parallel size from {layout.dp - 1} down to {min_data_parallel} "
                         f"(restart.min_data_parallel) fills whole nodes of {gpus} GPUs with tp×cp×pp = "
                         f"{layout.tp * layout.cp * layout.pp} GPUs a replica")
-    fitting = [dp for dp in sizes if nodes_for(layout, gpus, dp) <= len(survivors)]
+    fitting = sizes_on(shape, sizes, len(survivors))
     if not fitting:
         smallest = sizes[-1]
         return NoShrink(f"{len(survivors)} nodes remain, and the smallest data-parallel size allowed (dp = "
                         f"{smallest}, restart.min_data_parallel = {min_data_parallel}) needs "
                         f"{nodes_for(layout, gpus, smallest)}")
-    weights = {**DEFAULT_WEIGHTS, **dict(shape.weights)}
+    weights = placement_weights(shape)
     problems = []
     for dp in fitting:
         smaller = with_data_parallel(layout, dp)
