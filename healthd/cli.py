@@ -25,6 +25,8 @@ from clusterctl.text import one_line
 EXIT_CONFIG = ConfigError.exit_code  # 78, EX_CONFIG
 EXIT_NO_STATE = 3
 EXIT_NO_NVML = 4
+EXIT_PROOF_FAILED = 1
+EXIT_NOT_PROVEN = 6
 
 
 class _JsonFormatter(logging.Formatter):
@@ -45,6 +47,7 @@ def cli() -> None:
     healthd breaker   who holds the breaker's drain slots (with breaker_dir)
     healthd evidence  what the GPUs say now: clocks, slowdown reasons, temperature, ECC
     healthd install   print or write the systemd unit and the example config (docs/install.md)
+    healthd prove     prove a repaired node with a known-good neighbour (a 2-node Slurm job)
     Config: /etc/clusterctl/healthd.toml (see healthd/healthd.example.toml).
     Exit codes: 78 a bad config (EX_CONFIG); 3 no fresh state (status) or no breaker_dir (breaker);
     4 NVML unusable (evidence); 5 GPUs expected here but not checked, NVML unusable (check);
@@ -326,6 +329,98 @@ def install(config_path: Path | None, print_unit: bool, print_config: bool, pref
         click.echo(f"wrote {path}")
     click.echo("next: edit the config, `healthd run --dry-run` once by hand, then "
                "`systemctl daemon-reload && systemctl enable --now healthd` (docs/install.md#admins)")
+
+
+@cli.command()
+@click.argument("node")
+@click.option("--with", "neighbour", default="", metavar="GOOD",
+              help="The known-good neighbour (default: the first idle node of the partition).")
+@click.option("--partition", default="", help="Run the test job in this partition (default: [prove] partition).")
+@click.option("--reservation", default="", help="... or in this reservation (default: [prove] reservation).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path, dir_okay=False))
+@click.option("--history", "history_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="The proof journal (default: <journal_dir>/proofs.jsonl): its passing lines are the fleet's median.")
+@click.option("--no-record", is_flag=True, help="Judge, but do not append the result to the journal.")
+@click.option("--dry-run", is_flag=True, help="Print the srun argv and run nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the healthd-proof record as one line of JSON.")
+def prove(node: str, neighbour: str, partition: str, reservation: str, config_path: Path | None,
+          history_path: Path | None, no_record: bool, dry_run: bool, as_json: bool) -> None:
+    """Prove NODE with a known-good neighbour: a bandwidth/latency test between the two, as one Slurm job.
+
+    \b
+    The test is [prove] argv in healthd.toml (e.g. nccl-tests' all_reduce_perf, parser "nccl-tests"), else
+    the built-in TCP link test (no GPU needed).  It passes at >= bandwidth_share of the fleet's median
+    bandwidth and <= latency_factor of its median latency (the journal's passing proofs of the same test);
+    absolute floors until min_history proofs passed.  A drained node takes no job: run it in a
+    reservation holding both nodes (docs/admins-guide.md, "Proving a node with a neighbour").
+    Exit 0 proven; 1 measured and below the thresholds; 6 not proven (the job did not start, the test
+    gave no measurement); 2 bad input; 10 an unreadable journal; 78 a bad config.
+    """
+    from clusterctl.healthd.prove import ProofRequest, choose_neighbour, describe, proof_argv, run_proof
+    from clusterctl.records.healthd_proof import append_proof, proofs_path, read_proofs
+    from clusterctl.slurm.commands import Slurm
+    from clusterctl.slurm.names import node_name_problem
+
+    config = _config(config_path)
+    settings = config.prove
+    partition = partition or (settings.partition if not reservation else "")
+    reservation = reservation or (settings.reservation if not partition else "")
+    for what, name in (("NODE", node), ("--with", neighbour), ("--partition", partition),
+                       ("--reservation", reservation)):
+        problem = node_name_problem(name) if name else None
+        if problem:
+            click.echo(f"healthd: error: {what}: {one_line(problem)}", err=True)
+            sys.exit(2)
+    if neighbour == node:
+        click.echo("healthd: error: --with must name another node than NODE", err=True)
+        sys.exit(2)
+    slurm = Slurm()
+    try:
+        history = read_proofs(history_path or proofs_path(config.journal_dir))
+        if not neighbour:
+            neighbour = choose_neighbour(node, slurm.idle_nodes(partition or None)) or ""
+    except ClusterctlError as exc:
+        click.echo(f"healthd: error: {one_line(str(exc))}", err=True)
+        sys.exit(getattr(exc, "exit_code", EXIT_NOT_PROVEN))
+    if not neighbour:
+        click.echo(f"healthd: error: no idle node{f' in {partition}' if partition else ''} to be the neighbour: "
+                   "give --with GOOD", err=True)
+        sys.exit(EXIT_NOT_PROVEN)
+    request = ProofRequest(node, neighbour, partition, reservation)
+    if dry_run:
+        click.echo(json.dumps(proof_argv(request, settings)) if as_json else
+                   " ".join(proof_argv(request, settings)))
+        return
+    result = run_proof(request, settings, slurm.runner, history, time.time)
+    if not no_record:
+        try:
+            append_proof(history_path or proofs_path(config.journal_dir), result)
+        except OSError as exc:
+            click.echo(f"healthd: warning: the result is not journaled: {one_line(str(exc))}", err=True)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), sort_keys=True))
+    else:
+        for line in describe(result):
+            click.echo(one_line(line))
+    sys.exit({"pass": 0, "fail": EXIT_PROOF_FAILED}.get(result.outcome, EXIT_NOT_PROVEN))
+
+
+@cli.command("link-test", hidden=True)
+@click.option("--bytes", "size", type=click.IntRange(1, 16 << 30), default=256 << 20)
+@click.option("--pings", type=click.IntRange(1, 100_000), default=1000)
+@click.option("--port", type=click.IntRange(0, 65535), default=0)
+@click.option("--timeout", type=click.FloatRange(1.0, 4 * 3600.0), default=600.0)
+def link_test(size: int, pings: int, port: int, timeout: float) -> None:
+    """One task of `healthd prove`'s built-in TCP test (run by srun on both nodes; task 0 prints the result)."""
+    from clusterctl.healthd.proof_link import LinkTestError, run_link_test
+
+    try:
+        result = run_link_test(os.environ, port=port, size=size, pings=pings, timeout=timeout)
+    except LinkTestError as exc:
+        click.echo(f"healthd link-test: error: {one_line(str(exc))}", err=True)
+        sys.exit(1)
+    if result is not None:
+        click.echo(result.line())
 
 
 def _installed_healthd() -> Path | None:

@@ -16,6 +16,8 @@ from typing import Any
 from clusterctl.errors import ClusterctlError
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.diagnostics import LEVELS, PARSERS, DiagnosticSpec, Diagnostics
+from clusterctl.healthd.proof_verdict import ProofLimits
+from clusterctl.healthd.prove import PROOF_PARSERS, ProveSettings
 from clusterctl.healthd.findings import Action
 from clusterctl.healthd.policy import PolicyConfig
 from clusterctl.job_metrics_file import NODE_CONFIG
@@ -123,6 +125,8 @@ class HealthdConfig:
     """[diagnostics]: per level (preflight, after_failure, before_return) `{ argv = [...], timeout = s,
     parser = "dcgmi" | "exit-code" }`.  None (no table): DCGM's r1/r2/r3 when dcgmi is on PATH, else none
     (healthd/diagnostic_runner.py `diagnostics_in_force`).  An empty table turns them all off."""
+    prove: ProveSettings = field(default_factory=ProveSettings)
+    """[prove]: how `healthd prove NODE` proves a node with a neighbour (healthd/prove.py)."""
 
     @property
     def watched_disk_paths(self) -> tuple[str, ...]:
@@ -196,6 +200,13 @@ _RULES: dict[str, _Rule] = {
     # Each check family declares its own [checks] limits with their ranges (healthd/checks/).
     **{f"checks.{limit.name}": _Rule(str(limit.type), *limit.metadata["range"]) for limit in fields(CheckLimits)},
     "policy.app_xid_repeat": _Rule("int", 1, 1000), "policy.app_xid_window_h": _Rule("float", 0.0, 24 * 366.0),
+    "prove.tasks_per_node": _Rule("int", 1, 64), "prove.partition": _Rule("partition"),
+    "prove.reservation": _Rule("partition"), "prove.timeout": _Rule("float", 5.0, 4 * 3600.0),
+    "prove.start_within": _Rule("float", 1.0, 3600.0), "prove.link_bytes": _Rule("int", 1 << 20, 16 << 30),
+    "prove.link_pings": _Rule("int", 1, 100_000), "prove.port": _Rule("int", 0, 65535),
+    "prove.bandwidth_share": _Rule("float", 0.0, 1.0), "prove.latency_factor": _Rule("float", 1.0, 100.0),
+    "prove.min_history": _Rule("int", 1, 1000), "prove.history_kept": _Rule("int", 1, 10_000),
+    "prove.floor_bandwidth_gbs": _Rule("float", 0.0, 10_000.0), "prove.ceiling_latency_us": _Rule("float", 1.0, 1e7),
 }
 MAX_XID = 9999
 MAX_PATHS = 64
@@ -367,7 +378,7 @@ class _Keys:
 
 def _build(data: dict[str, Any], keys: _Keys) -> HealthdConfig:
     place = keys.where
-    tables = {"checks", "policy", "diagnostics"}
+    tables = {"checks", "policy", "diagnostics", "prove"}
     top = {f.name for f in fields(HealthdConfig)} - tables
     values: dict[str, Any] = {}
     for key, value in data.items():
@@ -383,7 +394,51 @@ def _build(data: dict[str, Any], keys: _Keys) -> HealthdConfig:
     for key, value in _table(keys, data, "checks", known).items():
         keys.take(limits, key, partial(_checked, place, f"checks.{key}", value))
     return HealthdConfig(**values, checks=CheckLimits(**limits), policy=_policy(keys, data),
-                         diagnostics=_diagnostics(keys, data))
+                         diagnostics=_diagnostics(keys, data), prove=_prove(keys, data))
+
+
+_PROVE_LISTS = {"argv", "srun_options"}
+
+
+def _prove(keys: _Keys, data: dict[str, Any]) -> ProveSettings:
+    """[prove]: the test's argv and parser, where it runs, and the thresholds' settings."""
+    place = keys.where
+    limit_keys = {f.name for f in fields(ProofLimits)}
+    known = {f.name for f in fields(ProveSettings)} - {"limits"} | limit_keys
+    values: dict[str, Any] = {}
+    for key, value in _table(keys, data, "prove", known).items():
+        dotted = f"prove.{key}"
+        if key in _PROVE_LISTS:
+            keys.take(values, key, partial(_argv_list, place, dotted, value, key == "argv"))
+        elif key == "parser":
+            keys.take(values, key, partial(_one_of, place, dotted, value, PROOF_PARSERS))
+        elif key == "python":
+            keys.take(values, key, partial(_optional_path, place, dotted, value))
+        else:
+            keys.take(values, key, partial(_checked, place, dotted, value))
+    limits = ProofLimits(**{k: values.pop(k) for k in list(values) if k in limit_keys})
+    return ProveSettings(**values, limits=limits)
+
+
+def _argv_list(place: _Where, dotted: str, value: Any, command: bool) -> tuple[str, ...]:
+    example = " like [\"/opt/nccl-tests/build/all_reduce_perf\", \"-b\", \"8\", \"-e\", \"1G\", \"-f\", \"2\"]"
+    if not (isinstance(value, list) and len(value) <= MAX_ARGV and all(isinstance(a, str) for a in value)) \
+            or any("\0" in a for a in value):
+        raise place.error(dotted, f" must be a list of at most {MAX_ARGV} strings (never a shell command line)"
+                                  f"{example if command else ''}, found {_shown(value)}")
+    if command and value and not value[0].startswith("/"):
+        raise place.error(dotted, f"[0] must be an absolute path (it runs on the compute nodes), found {_shown(value[0])}")
+    return tuple(value)
+
+
+def _optional_path(place: _Where, dotted: str, value: Any) -> str:
+    return "" if value == "" else str(_path(place, dotted, value))
+
+
+def _one_of(place: _Where, dotted: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise place.error(dotted, f" must be one of {', '.join(choices)}, found {_shown(value)}")
+    return str(value)
 
 
 MAX_ARGV = 64

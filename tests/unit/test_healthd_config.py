@@ -20,7 +20,7 @@ from clusterctl.healthd.config import (
     ConfigError, HealthdConfig, config_from_mapping, config_keeping_valid, load_config, load_config_keeping_valid,
 )
 
-TOP = [f.name for f in dataclasses.fields(HealthdConfig) if f.name not in ("checks", "policy")]
+TOP = [f.name for f in dataclasses.fields(HealthdConfig) if f.name not in ("checks", "policy", "prove")]
 CHECKS = [f"checks.{f.name}" for f in dataclasses.fields(CheckLimits)]
 POLICY = ["policy.promote_xids", "policy.app_xid_repeat", "policy.app_xid_window_h", "policy.app_xid_count"]
 KEYS = TOP + CHECKS + POLICY
@@ -123,6 +123,9 @@ def test_the_defaults_pass_their_own_rules():
     written = {name: getattr(defaults, name) for name in TOP if getattr(defaults, name) is not None}
     written = {k: (str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v) for k, v in written.items()}
     written["checks"] = dataclasses.asdict(defaults.checks)
+    prove = dataclasses.asdict(defaults.prove)
+    written["prove"] = {**{k: (list(v) if isinstance(v, tuple) else v) for k, v in prove.items() if k != "limits"},
+                        **prove["limits"]}
     assert config_from_mapping(written) == defaults
 
 
