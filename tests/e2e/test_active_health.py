@@ -3,6 +3,8 @@ tree (ib_faults.py) and `dcgmi diag` (dcgmi_emu.py), real healthd, real Slurm dr
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from clusterctl_testbed.dcgmi_emu import DiagFault, inject_diag
@@ -49,3 +51,19 @@ def test_a_repaired_node_whose_diagnostic_fails_stays_drained_and_says_why(clust
     assert "Memory Bandwidth" in note and "gpu2" in note and "next try after" in note, note
     assert node_row(cluster, "node3").state.startswith("drain")
     assert journal_results(cluster, "node3")[-1] != "resumed"
+
+
+def test_a_repaired_node_proven_with_a_neighbour_passes_and_the_proof_is_journaled(cluster, tmp_path):
+    """`healthd prove`: one real Slurm job on the node and its neighbour running the built-in TCP link test."""
+    history = tmp_path / "proofs.jsonl"
+    argv = [f"{cluster.bindir}/healthd", "prove", "node2", "--with", "node1", "--partition", "gpu",
+            "--history", str(history)]
+    done = cluster.run_on("ctl", [*argv, "--json"], timeout=240, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    record = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (record["node"], record["neighbour"], record["outcome"]) == ("node2", "node1", "pass"), record
+    assert record["bandwidth_gbs"] > 0 and record["latency_us"] > 0, record
+    assert "absolute floors" in record["basis"], record  # no history yet: the floors judge
+    assert len(history.read_text().splitlines()) == 1
+    words = cluster.run_on("ctl", [*argv, "--no-record"], timeout=240, check=False)
+    assert words.returncode == 0 and "node2" in words.stdout and "Traceback" not in words.stderr, words
