@@ -494,13 +494,16 @@ class Agent:
     def _feeding(self) -> Generator[None, None, None]:
         """As StepWatch._feeding: the fresh nodes' records, each watch fed in parts, the verdict."""
         self.phase = "records"
-        records = self.watch.fresh_records()  # type: ignore[attr-defined]  # not in the old code
+        records, columns = fresh_feed(self.watch)
         yield
         self.phase = "hang_observe"
         if self.hang_watch:
-            self.hangs = yield from self.hangs.observing(records)  # type: ignore[attr-defined]
+            self.hangs = yield from self.hangs.observing(records())  # type: ignore[attr-defined]
         self.phase = "straggler_observe"
-        self.stragglers = yield from self.stragglers.observing(records)  # type: ignore[attr-defined]
+        if columns is not None:
+            self.stragglers = yield from self.stragglers.observing_nodes(columns)  # type: ignore[attr-defined]
+        else:
+            self.stragglers = yield from self.stragglers.observing(records())  # type: ignore[attr-defined]
         self.found += [(time.time(), s.node) for s in self.stragglers.found]
         yield
         self.phase = "hang_verdict"
@@ -1201,6 +1204,22 @@ class _DatagramInbox:
         return [decode(datagram, self.key, "report from the replay") for datagram in taken]
 
 
+def fresh_feed(watch: SignalWatch) -> tuple[Callable[[], Sequence[Any]], Sequence[Any] | None]:
+    """As StepWatch._feeding takes the fresh nodes: the ranks' records (made when first asked for, once) and,
+    where the tree has them (h-decode2 on), the nodes' rank columns the straggler watch reads instead."""
+    if not hasattr(watch, "fresh_columns"):
+        records = watch.fresh_records()  # type: ignore[attr-defined]  # not in the oldest code
+        return lambda: records, None
+    columns = watch.fresh_columns()
+    made: list[Sequence[Any]] = []
+
+    def records_of() -> Sequence[Any]:
+        if not made:
+            made.append(tuple(progress for ranks in columns for progress in ranks.progress()))
+        return made[0]
+    return records_of, columns
+
+
 def cpu_replay(nodes: int, heartbeats: int, hang_watch: bool) -> dict[str, Any]:
     """The agent's CPU per heartbeat at `nodes` nodes, replayed in this process on a simulated clock: every
     node's report of each heartbeat is made and signed beforehand (not measured), then taken as the agent
@@ -1239,18 +1258,21 @@ def cpu_replay(nodes: int, heartbeats: int, hang_watch: bool) -> dict[str, Any]:
                 inbox.pending = datagrams
                 signals = watch.poll()
                 if slot == 0:  # the heartbeat's feed (whole: its parts cost the same) and the summary
-                    records = watch.fresh_records()
+                    records, columns = fresh_feed(watch)
                     if hang_watch:
-                        hangs = hangs.observe(records)
-                    stragglers = stragglers.observe(records)
+                        hangs = hangs.observe(records())
+                    stragglers = stragglers.observe_nodes(columns) if columns is not None \
+                        else stragglers.observe(records())  # type: ignore[attr-defined]
                     if hang_watch and hangs.latest:
                         hangs.verdict(clock[0])
-                    steps = [r.step for r in watch.records()]
+                    steps = watch.signals.step_range() if hasattr(watch.signals, "step_range") \
+                        else (lambda all_steps: (min(all_steps), max(all_steps)) if all_steps else None)(
+                            [r.step for r in watch.records()])
                     write_agent_summary(job_dir, AgentSummary(
                         job_id=JOB_ID, launch=LAUNCH, at=clock[0], interval=max(SUMMARY_MIN_SECONDS, heartbeat),
                         state="watching", nodes=nodes, reporting=signals.reporting, silent=signals.silent,
-                        stopped=(), drained=signals.drained, min_step=min(steps) if steps else None,
-                        max_step=max(steps) if steps else None, refused={}, training=None))
+                        stopped=(), drained=signals.drained, min_step=steps[0] if steps else None,
+                        max_step=steps[1] if steps else None, refused={}, training=None))
             spent = time.process_time() - started
             if beat >= 2:
                 cpu.append(spent / heartbeat)

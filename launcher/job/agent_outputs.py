@@ -140,7 +140,7 @@ class AgentOutputs:
         write the job's metrics file."""
         if self.tiers is not None:
             self.tiers.observe(watch.holdings())
-        steps = [r.step for r in watch.records()]
+        steps = watch.signals.step_range()
         stopped = tuple(sorted(h.report.node for h in watch.signals.heard.values()
                                if "stopped" in h.report.columns.process or "gone" in h.report.columns.process))
         refused = dict(watch.inbox.refused)
@@ -149,8 +149,8 @@ class AgentOutputs:
             job_id=self.job_id, launch=launched.launch, at=self.doors.now(),
             interval=max(SUMMARY_MIN_SECONDS, watch.policy.heartbeat), state=state,
             nodes=len(launched.slots), reporting=signals.reporting, silent=signals.silent, stopped=stopped,
-            drained=signals.drained, min_step=min(steps) if steps else None,
-            max_step=max(steps) if steps else None, refused=refused,
+            drained=signals.drained, min_step=steps[0] if steps else None,
+            max_step=steps[1] if steps else None, refused=refused,
             message="; ".join(m for m in (
                 f"{signals.channel_silent} nodes silent at once: the report channel, not the nodes"
                 if signals.channel_silent else "", watch.refusing(), watch.copies_refusing()) if m),

@@ -21,7 +21,7 @@ from clusterctl.launcher.pure.training_metrics import TrainingMeter, job_peak, w
 from clusterctl.records.agent_summary import TrainingMetrics
 from clusterctl.clock import utc
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, CopyRefusals
-from clusterctl.records.node_report import NodeReport
+from clusterctl.records.node_report import NodeReport, RankColumns
 from clusterctl.records.rank_progress import RankProgress
 
 
@@ -108,6 +108,11 @@ class SignalWatch:
         """The progress records of the nodes heard from since the last call (NodeSignals.take_fresh)."""
         self.signals, records = self.signals.take_fresh()
         return records
+
+    def fresh_columns(self) -> tuple[RankColumns, ...]:
+        """`fresh_records` as the nodes' rank columns, no record made per rank (NodeSignals.take_fresh_columns)."""
+        self.signals, columns = self.signals.take_fresh_columns()
+        return columns
 
     def training(self, gpus: int, peak_tflops: float | None) -> TrainingMetrics | None:
         """The job's training metrics now, from each node's newest report (None: the program reports none).

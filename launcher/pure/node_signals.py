@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from clusterctl.launcher.pure.hang_watch import HangVerdict, StuckNode, ranks_text
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings
-from clusterctl.records.node_report import NodeReport
+from clusterctl.records.node_report import NodeReport, RankColumns
 from clusterctl.records.rank_progress import RankProgress
 
 NODES_PER_HEARTBEAT_SECOND = 625
@@ -186,16 +186,29 @@ class NodeSignals:
         """Every rank's newest progress record, as the hang and straggler watches take them."""
         return tuple(progress for heard in self.heard.values() for progress in heard.report.columns.progress())
 
+    def step_range(self) -> tuple[int, int] | None:
+        """The lowest and highest step among the ranks' newest reports (None: no rank reported), read from the
+        reports' step columns (no record made per rank)."""
+        columns = [steps for steps in (heard.report.columns.step for heard in self.heard.values()) if steps]
+        if not columns:
+            return None
+        return min(map(min, columns)), max(map(max, columns))
+
     def take_fresh(self) -> tuple[NodeSignals, tuple[RankProgress, ...]]:
         """The ranks' records of the nodes heard from since the last take (in `records()`'s order), and
         these signals with none fresh: fed to the hang and straggler watches, they give what feeding
         every record gives, at the cost of the nodes that reported."""
+        signals, columns = self.take_fresh_columns()
+        return signals, tuple(progress for ranks in columns for progress in ranks.progress())
+
+    def take_fresh_columns(self) -> tuple[NodeSignals, tuple[RankColumns, ...]]:
+        """`take_fresh` as each fresh node's rank columns (no record made per rank: the straggler watch reads
+        them as they are, StragglerWatch.observe_nodes)."""
         fresh = self.fresh
         if not fresh:
             return self, ()
-        records = tuple(progress for node, heard in self.heard.items() if node in fresh
-                        for progress in heard.report.columns.progress())
-        return replace(self, fresh=frozenset()), records
+        columns = tuple(heard.report.columns for node, heard in self.heard.items() if node in fresh)
+        return replace(self, fresh=frozenset()), columns
 
     def quiet_until(self) -> float:
         """Before this time no node heard from is silent: while no report is older than one taken then,

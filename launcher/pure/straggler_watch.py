@@ -21,15 +21,21 @@ judged; checkpoint saves are not compute, so they never count.
 The job waits for its slowest rank in every collective: each sample, when that rank is at or above
 the margin, its excess over the reference times the steps is time lost, put on its node (`lost_s`),
 from the first slow sample on, detected or not.  Nothing here reads a clock or a
-file: the caller passes the progress records in, each poll.
+file: the caller passes the progress records in, each poll, or (the agent, 100,000 ranks a heartbeat at
+12,500 nodes) each node's ranks as the columns its compact report carries (`observe_nodes`): the watch takes
+them a few hundred nodes at a time in C-level passes over the columns, and keeps what it knows of each rank
+in one dict per field, so that no object is made per rank and read.
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from bisect import bisect_right
+from itertools import accumulate, chain, repeat
+from operator import add, sub, truediv
+from typing import NamedTuple, Protocol
 
 from clusterctl.launcher.pure.hang_watch import ranks_text
 from clusterctl.launcher.pure.in_parts import PART_RECORDS, Parts, to_the_end
@@ -84,9 +90,9 @@ class RankStats(NamedTuple):
     straggler: bool = False
 
 
-@dataclass(frozen=True)
-class NodeStats:
-    """What the watch knows of one node: its slowest rank's latest numbers, its streak, the time it cost."""
+class NodeStats(NamedTuple):
+    """What the watch knows of one node: its slowest rank's latest numbers, its streak, the time it cost.  A
+    tuple, not a dataclass: a read at 12,500 nodes makes one per node."""
 
     node: str
     ranks: tuple[int, ...] = ()
@@ -104,28 +110,82 @@ class NodeStats:
     rank was the job's slowest and at or above the margin."""
 
 
-class _Sample(NamedTuple):
-    """One rank's compute time per step between two reads (a tuple: 100,000 are made per read)."""
+class NodeRead(Protocol):
+    """One node's ranks as columns, one tuple per field (a compact report's RankColumns is one): what the
+    watch reads of each rank, without an object per rank."""
+
+    @property
+    def node(self) -> str: ...
+    @property
+    def rank(self) -> tuple[int, ...]: ...
+    @property
+    def step(self) -> tuple[int, ...]: ...
+    @property
+    def at(self) -> tuple[float, ...]: ...
+    @property
+    def pid(self) -> tuple[int, ...]: ...
+    @property
+    def compute_s(self) -> tuple[float, ...]: ...
+    @property
+    def compute_steps(self) -> tuple[int, ...]: ...
+
+
+class _Read(NamedTuple):
+    """A run of progress records of one node, as columns (`observe` of records)."""
 
     node: str
-    rank: int
-    seconds: float
-    steps: int
-    at_step: int
+    rank: tuple[int, ...]
+    step: tuple[int, ...]
+    at: tuple[float, ...]
+    pid: tuple[int, ...]
+    compute_s: tuple[float, ...]
+    compute_steps: tuple[int, ...]
+
+
+class _Samples(NamedTuple):
+    """The samples of a run of nodes in one read, flat: node i's are at [bounds[i], bounds[i + 1])."""
+
+    nodes: list[str]
+    bounds: list[int]
+    rank: list[int]
+    seconds: list[float]
+    steps: list[int]
+    at_step: list[int]
+
+
+def _normal(stats: RankStats) -> bool:
+    """Whether a rank's streak fields are all at rest (no streak, not a straggler): most ranks, most of the time."""
+    return not stats.slow_steps and stats.slow_since_step is None and stats.slow_until_step is None \
+        and not stats.slow_ratios and not stats.straggler
 
 
 @dataclass(frozen=True)
 class StragglerWatch:
     """The straggler watch of one launched step, carried from one poll to the next.
 
-    Each poll: `watch = watch.observe(read_progress(job_dir)[0])`, then `watch.found` are the nodes
-    that became stragglers in that poll and `watch.nodes` every node's numbers (for status).
+    Each poll: `watch = watch.observe(read_progress(job_dir)[0])` (or `observe_nodes` of the nodes' rank
+    columns), then `watch.found` are the nodes that became stragglers in that poll and `watch.nodes` every
+    node's numbers (for status).
+
+    At 12,500 nodes a read has 100,000 ranks: what the watch keeps of each rank is held as one dict per field
+    (rank → value), filled a node at a time from columns, and a RankStats is kept only for a rank with a
+    streak (`streaks`): no object is made per rank and read.
     """
 
     policy: StragglerPolicy
     started_at: float = 0.0
-    previous: Mapping[int, RankProgress] = field(default_factory=dict)
-    ranks: Mapping[int, RankStats] = field(default_factory=dict)
+    previous_pid: Mapping[int, int] = field(default_factory=dict)
+    previous_compute_s: Mapping[int, float] = field(default_factory=dict)
+    previous_compute_steps: Mapping[int, int] = field(default_factory=dict)
+    previous_step: Mapping[int, int] = field(default_factory=dict)
+    """Each rank's latest record read (since the launch): its process, counters and step."""
+    rank_node: Mapping[int, str] = field(default_factory=dict)
+    rank_seconds: Mapping[int, float] = field(default_factory=dict)
+    rank_ratio: Mapping[int, float] = field(default_factory=dict)
+    rank_clear_steps: Mapping[int, int] = field(default_factory=dict)
+    """Each sampled rank's node, latest time per step and ratio, and steps back to normal (RankStats' fields)."""
+    streaks: Mapping[int, RankStats] = field(default_factory=dict)
+    """The ranks in a streak or stragglers, whole (their RankStats)."""
     nodes: Mapping[str, NodeStats] = field(default_factory=dict)
     reference: float | None = None
     """The job's reference compute time per step in the latest sample (lower median over its ranks)."""
@@ -138,6 +198,19 @@ class StragglerWatch:
     def start(cls, policy: StragglerPolicy, started_at: float = 0.0) -> StragglerWatch:
         """A watch for a step launched at `started_at` (epoch s): earlier reports belong to an earlier launch."""
         return cls(policy, started_at)
+
+    @property
+    def ranks(self) -> dict[int, RankStats]:
+        """Every sampled rank's streaks (made on each call: for tests and tools, not for each read)."""
+        streaks = self.streaks
+        return {rank: streaks.get(rank) or RankStats(rank, node, self.rank_seconds[rank], self.rank_ratio[rank],
+                                                     clear_steps=self.rank_clear_steps[rank])
+                for rank, node in self.rank_node.items()}
+
+    @property
+    def step(self) -> int:
+        """The highest step among the ranks' latest records (0: none read)."""
+        return max(self.previous_step.values(), default=0)
 
     @property
     def stragglers(self) -> tuple[NodeStats, ...]:
@@ -164,117 +237,282 @@ class StragglerWatch:
 
     def observing(self, records: Iterable[RankProgress]) -> Parts[StragglerWatch]:
         """`observe` in parts of PART_RECORDS ranks (launcher/pure/in_parts.py); returns the same watch."""
-        previous = dict(self.previous)
-        samples: list[_Sample] = []
-        policy = self.policy
-        started_at, warmup = self.started_at, policy.warmup_steps
-        # 100,000 records a heartbeat at 12,500 nodes: the sample is taken inline, not in a call per record.
-        for count, record in enumerate(records, 1):
-            if count % PART_RECORDS == 0:
-                yield
-            if record.at < started_at:
-                continue
-            rank = record.rank
-            before = previous.get(rank)
-            previous[rank] = record
-            # The compute time per step since the rank's previous record, once it is past its warm-up; a
-            # new process (a restarted rank) starts its counters again.
-            if before is None or before.pid != record.pid or before.compute_steps < warmup:
-                continue
-            grown = record.compute_steps - before.compute_steps
-            seconds = record.compute_s - before.compute_s
-            if grown > 0 and seconds >= 0:
-                samples.append(_Sample(record.node, rank, seconds / grown, grown, record.step))
-        if not samples or all(s.node == samples[0].node for s in samples):
-            return replace(self, previous=previous, found=())  # nothing to compare with: judge nothing
+        return self.observing_nodes(_runs(records))
+
+    def observe_nodes(self, reads: Iterable[NodeRead]) -> StragglerWatch:
+        """`observe` of the same ranks given a node at a time as columns (a compact report's RankColumns), in
+        the records' order: the same watch, without a record per rank."""
+        return to_the_end(self.observing_nodes(reads))
+
+    def observing_nodes(self, reads: Iterable[NodeRead]) -> Parts[StragglerWatch]:
+        """`observe_nodes` in parts of about PART_RECORDS ranks; returns the same watch."""
+        pids, spent, counted, steps_of = (dict(self.previous_pid), dict(self.previous_compute_s),
+                                          dict(self.previous_compute_steps), dict(self.previous_step))
+        sampled: list[_Samples] = []
+        for group in _groups(reads):
+            yield
+            sampled += _sampled(group, self.started_at, self.policy.warmup_steps, pids, spent, counted, steps_of)
+        unchanged = replace(self, previous_pid=pids, previous_compute_s=spent, previous_compute_steps=counted,
+                            previous_step=steps_of, found=())
+        first = sampled[0].nodes[0] if sampled else None
+        if not sampled or all(node == first for s in sampled for node in s.nodes):
+            return unchanged  # nothing to compare with: judge nothing
         yield
-        reference = statistics.median_low(s.seconds for s in samples)
+        reference = statistics.median_low([seconds for s in sampled for seconds in s.seconds])
         if reference <= 0:
-            return replace(self, previous=previous, found=())
-        ranks = dict(self.ranks)
-        changed: dict[str, set[int]] = {}
+            return unchanged
+        return (yield from unchanged._judged(sampled, reference))
+
+    def _judged(self, sampled: list[_Samples], reference: float) -> Parts[StragglerWatch]:
+        """The watch after one read's samples, against the job's `reference`."""
+        policy = self.policy
+        clear = policy.clear_margin
+        rank_node, rank_seconds, rank_ratio = dict(self.rank_node), dict(self.rank_seconds), dict(self.rank_ratio)
+        rank_clear, streaks = dict(self.rank_clear_steps), dict(self.streaks)
+        changed: dict[str, list[int]] = {}
         """The nodes whose numbers change (a rank sampled, or one that left for another node), and those ranks."""
         steps: dict[str, int] = {}
-        clear = policy.clear_margin
-        for count, sample in enumerate(samples, 1):
-            if count % PART_RECORDS == 0:
-                yield
-            node, rank, seconds, taken = sample.node, sample.rank, sample.seconds, sample.steps
-            held = ranks.get(rank)
-            if held is not None and held.node != node:
-                changed.setdefault(held.node, set())
-            ratio = seconds / reference
-            if held is not None and ratio < clear and not held.straggler:
-                # Most ranks, most of the time: back to (or still) normal; what _advance gives, without the call.
-                ranks[rank] = RankStats(rank, node, seconds, ratio, 0, None, None, (), held.clear_steps + taken, False)
+        moved = False
+        for s in sampled:
+            yield
+            ranks, steps_taken = s.rank, s.steps
+            ratios = list(map(truediv, s.seconds, repeat(reference)))
+            on = list(chain.from_iterable(map(repeat, s.nodes, map(sub, s.bounds[1:], s.bounds))))
+            held_on = list(map(rank_node.get, ranks))
+            if held_on != on:
+                for held_node, node in zip(held_on, on):
+                    if held_node is not None and held_node != node:
+                        moved = True
+                        changed.setdefault(held_node, [])
+            if max(ratios) < clear and (not streaks or streaks.keys().isdisjoint(ranks)):
+                # Most reads: every rank back to (or still) normal, in a few passes over the columns.
+                rank_clear.update(zip(ranks, map(add, map(rank_clear.get, ranks, repeat(0)), steps_taken)))
             else:
-                ranks[rank] = _advance(held, sample, reference, policy)
-            members = changed.get(node)
-            if members is None:
-                members = changed[node] = set()
-            members.add(rank)
-            if taken > steps.get(node, 0):
-                steps[node] = taken
-        nodes, found = yield from self._nodes(ranks, samples, reference, changed, steps)
-        return replace(self, previous=previous, ranks=ranks, nodes=nodes, reference=reference, found=found)
+                for rank, node, seconds, ratio, taken, at_step in zip(ranks, on, s.seconds, ratios, steps_taken,
+                                                                      s.at_step):
+                    held = streaks.get(rank)
+                    if ratio < clear and (held is None or not held.straggler):
+                        rank_clear[rank] = (held.clear_steps if held is not None else rank_clear.get(rank, 0)) + taken
+                        if held is not None:
+                            del streaks[rank]
+                        continue
+                    if held is None and rank in rank_node:
+                        held = RankStats(rank, rank_node[rank], rank_seconds[rank], rank_ratio[rank],
+                                         clear_steps=rank_clear[rank])
+                    stats = _advance(held, rank, node, seconds, taken, at_step, reference, policy)
+                    if _normal(stats):
+                        rank_clear[rank] = stats.clear_steps
+                        streaks.pop(rank, None)
+                    else:
+                        streaks[rank] = stats
+            rank_node.update(zip(ranks, on))
+            rank_seconds.update(zip(ranks, s.seconds))
+            rank_ratio.update(zip(ranks, ratios))
+            bounds = s.bounds
+            for index, node in enumerate(s.nodes):
+                start, end = bounds[index], bounds[index + 1]
+                members = changed.get(node)
+                if members is None:
+                    changed[node] = ranks[start:end]
+                else:
+                    members.extend(ranks[start:end])
+                most = max(steps_taken[start:end])
+                if most > steps.get(node, 0):
+                    steps[node] = most
+        watch = replace(self, rank_node=rank_node, rank_seconds=rank_seconds, rank_ratio=rank_ratio,
+                        rank_clear_steps=rank_clear, streaks=streaks, reference=reference)
+        nodes, found = yield from watch._nodes(sampled, reference, changed, steps, moved)
+        return replace(watch, nodes=nodes, found=found)
 
-    def _nodes(self, ranks: Mapping[int, RankStats], samples: list[_Sample], reference: float,
-               changed: dict[str, set[int]],
-               steps: Mapping[str, int]) -> Parts[tuple[dict[str, NodeStats], tuple[StragglerFound, ...]]]:
-        # The job waits for its slowest rank in every collective: that rank's excess is the time lost.
-        slowest = max(samples, key=lambda s: s.seconds)
-        lost = {slowest.node: slowest.steps * (slowest.seconds - reference)} \
-            if slowest.seconds >= self.policy.margin * reference else {}
-        nodes = dict(self.nodes)
+    def _nodes(self, sampled: list[_Samples], reference: float, changed: dict[str, list[int]],
+               steps: Mapping[str, int], moved: bool) -> Parts[tuple[dict[str, NodeStats], tuple[StragglerFound, ...]]]:
+        # The job waits for its slowest rank in every collective: that rank's excess is the time lost (the
+        # first of the slowest, in the read's order).
+        slowest, slowest_s = sampled[0], max(sampled[0].seconds)
+        for s in sampled:
+            most = max(s.seconds)
+            if most > slowest_s:
+                slowest, slowest_s = s, most
+        at = slowest.seconds.index(slowest_s)
+        node_at = bisect_right(slowest.bounds, at) - 1
+        lost = {slowest.nodes[node_at]: slowest.steps[at] * (slowest_s - reference)} \
+            if slowest_s >= self.policy.margin * reference else {}
+        rank_node, rank_ratio, streaks = self.rank_node, self.rank_ratio, self.streaks
+        before_nodes = self.nodes
+        nodes = dict(before_nodes)
         found = []
         for count, node in enumerate(sorted(changed), 1):
             if count % (PART_RECORDS // 8) == 0:
                 yield
-            before = self.nodes.get(node) or NodeStats(node)
-            members = sorted(changed[node].union(before.ranks))
-            group = [stats for stats in (ranks[rank] for rank in members) if stats.node == node]
+            before = before_nodes.get(node) or NodeStats(node)
+            members = changed[node]
+            group: Sequence[int] = before.ranks if tuple(members) == before.ranks \
+                else sorted(set(members).union(before.ranks))
+            if moved:
+                group = [rank for rank in group if rank_node.get(rank) == node]
             if not group:
-                del nodes[node]  # every rank it had moved to another node
+                nodes.pop(node, None)  # every rank it had moved to another node (or it had none yet)
                 continue
-            worst = slow = group[0]  # the first of the highest ratio, and of the longest streak (as max gives)
-            for r in group:
-                if (r.ratio or 0.0) > (worst.ratio or 0.0):
-                    worst = r
-                if r.slow_steps > slow.slow_steps:
-                    slow = r
-            stats = NodeStats(node, tuple(r.rank for r in group), worst.seconds, worst.ratio,
-                              before.steps + steps.get(node, 0), slow.slow_steps, any(r.straggler for r in group),
+            # The first of the highest ratio, and of the longest streak (as max gives).
+            worst = max(group, key=rank_ratio.__getitem__)
+            held = [streaks[rank] for rank in group if rank in streaks] if streaks else []
+            slow = max(held, key=lambda r: r.slow_steps, default=None)
+            slow_steps = slow.slow_steps if slow is not None else 0
+            slow_ranks = [r for r in held if r.straggler]
+            stats = NodeStats(node, tuple(group), self.rank_seconds[worst], rank_ratio[worst],
+                              before.steps + steps.get(node, 0), slow_steps, bool(slow_ranks),
                               before.lost_s + lost.get(node, 0.0))
             if stats.straggler and not before.straggler:
-                found.append(_straggler(stats, [r for r in group if r.straggler], reference, self.policy))
+                found.append(_straggler(stats, slow_ranks, reference, self.policy))
             nodes[node] = stats
-        if len(nodes) != len(self.nodes) or any(node not in self.nodes for node in changed):
+        if len(nodes) != len(before_nodes) or any(node not in before_nodes for node in changed):
             nodes = dict(sorted(nodes.items()))  # by name, as status shows them
         return nodes, tuple(found)
 
 
-def _advance(stats: RankStats | None, sample: _Sample, reference: float, policy: StragglerPolicy) -> RankStats:
+def _runs(records: Iterable[RankProgress]) -> Iterator[_Read]:
+    """The records as runs of one node's ranks, in their order (a rank twice in a row starts a new run)."""
+    run: list[RankProgress] = []
+    seen: set[int] = set()
+    for record in records:
+        if run and (record.node != run[0].node or record.rank in seen):
+            yield _as_read(run)
+            run, seen = [], set()
+        run.append(record)
+        seen.add(record.rank)
+    if run:
+        yield _as_read(run)
+
+
+def _unique_runs(read: NodeRead) -> Iterator[_Read]:
+    """A node's columns that name a rank twice, as runs that name each rank once (read one after the other)."""
+    start, seen = 0, set[int]()
+    for index, rank in enumerate(read.rank):
+        if rank in seen:
+            yield _slice(read, start, index)
+            start, seen = index, set()
+        seen.add(rank)
+    yield _slice(read, start, len(read.rank))
+
+
+def _slice(read: NodeRead, start: int, end: int) -> _Read:
+    return _Read(read.node, read.rank[start:end], read.step[start:end], read.at[start:end], read.pid[start:end],
+                 read.compute_s[start:end], read.compute_steps[start:end])
+
+
+def _as_read(run: list[RankProgress]) -> _Read:
+    return _Read(run[0].node, tuple(r.rank for r in run), tuple(r.step for r in run), tuple(r.at for r in run),
+                 tuple(r.pid for r in run), tuple(r.compute_s for r in run), tuple(r.compute_steps for r in run))
+
+
+def _groups(reads: Iterable[NodeRead]) -> Iterator[list[NodeRead]]:
+    """The reads in groups of about PART_RECORDS ranks (a part of the work each), a rank named once in each."""
+    group: list[NodeRead] = []
+    count = 0
+    for read in reads:
+        parts: Iterable[NodeRead] = (read,) if len(set(read.rank)) == len(read.rank) else _unique_runs(read)
+        for part in parts:
+            group.append(part)
+            count += len(part.rank)
+        if count >= PART_RECORDS:
+            yield group
+            group, count = [], 0
+    if group:
+        yield group
+
+
+def _sampled(reads: list[NodeRead], started_at: float, warmup: int, pids: dict[int, int], spent: dict[int, float],
+             counted: dict[int, int], steps_of: dict[int, int]) -> list[_Samples]:
+    """The samples of a group of node reads, their ranks' latest counters kept in the dicts (see `_sample`): one
+    run of samples, or several when a rank was sampled on two nodes."""
+    ranks = list(chain.from_iterable(read.rank for read in reads))
+    pid = list(chain.from_iterable(read.pid for read in reads))
+    if ranks and len(set(ranks)) == len(ranks) and list(map(pids.get, ranks)) == pid \
+            and min(chain.from_iterable(read.at for read in reads)) >= started_at:
+        # Most reads: the same processes as before, every rank read after the launch, each rank once: a few
+        # passes over the columns.
+        before = list(map(counted.__getitem__, ranks))
+        compute_s = list(chain.from_iterable(read.compute_s for read in reads))
+        compute_steps = list(chain.from_iterable(read.compute_steps for read in reads))
+        grown = list(map(sub, compute_steps, before))
+        seconds = list(map(sub, compute_s, map(spent.__getitem__, ranks)))
+        if min(before) >= warmup and min(grown) > 0 and min(seconds) >= 0:
+            step = list(chain.from_iterable(read.step for read in reads))
+            pids.update(zip(ranks, pid))
+            spent.update(zip(ranks, compute_s))
+            counted.update(zip(ranks, compute_steps))
+            steps_of.update(zip(ranks, step))
+            return [_Samples([read.node for read in reads], [0, *accumulate(len(read.rank) for read in reads)], ranks,
+                             list(map(truediv, seconds, grown)), grown, step)]
+    # Rank by rank; a rank sampled twice (on two nodes) starts a new run of samples, so that each run names a
+    # rank once and runs are judged one after the other, as the records came.
+    runs = [_Samples([], [0], [], [], [], [])]
+    named: set[int] = set()
+    for read in reads:
+        node = _sample(read, started_at, warmup, pids, spent, counted, steps_of)
+        if node is None:
+            continue
+        if not named.isdisjoint(node[0]):
+            runs.append(_Samples([], [0], [], [], [], []))
+            named = set()
+        named.update(node[0])
+        run = runs[-1]
+        run.nodes.append(read.node)
+        run.bounds.append(run.bounds[-1] + len(node[0]))
+        run.rank.extend(node[0])
+        run.seconds.extend(node[1])
+        run.steps.extend(node[2])
+        run.at_step.extend(node[3])
+    return [run for run in runs if run.rank]
+
+
+def _sample(read: NodeRead, started_at: float, warmup: int, pids: dict[int, int], spent: dict[int, float],
+            counted: dict[int, int], steps_of: dict[int, int]) -> tuple[list[int], list[float], list[int], list[int]] | None:
+    """One node's samples of a read, rank by rank (None: no rank gave one), its ranks' latest counters kept
+    in the dicts.
+
+    A rank's sample is its compute time per step since its previous record, once it is past its warm-up;
+    a new process (a restarted rank) starts its counters again; a record from before the launch is skipped."""
+    picked: tuple[list[int], list[float], list[int], list[int]] = ([], [], [], [])
+    for rank, step, at, process, seconds_now, steps_now in zip(read.rank, read.step, read.at, read.pid,
+                                                              read.compute_s, read.compute_steps):
+        if at < started_at:
+            continue
+        before_pid, before_s, before_steps = pids.get(rank), spent.get(rank), counted.get(rank)
+        pids[rank], spent[rank], counted[rank], steps_of[rank] = process, seconds_now, steps_now, step
+        if before_pid != process or before_steps is None or before_s is None or before_steps < warmup:
+            continue
+        grown, seconds = steps_now - before_steps, seconds_now - before_s
+        if grown > 0 and seconds >= 0:
+            picked[0].append(rank)
+            picked[1].append(seconds / grown)
+            picked[2].append(grown)
+            picked[3].append(step)
+    return picked if picked[0] else None
+
+
+def _advance(stats: RankStats | None, rank: int, node: str, seconds: float, steps: int, at_step: int,
+             reference: float, policy: StragglerPolicy) -> RankStats:
     """One rank's streaks after one sample (None: its first).  One RankStats made per call, never a
-    `replace` chain: at 100,000 ranks a read's cost is mostly this."""
-    ratio = sample.seconds / reference
-    steps = sample.steps
+    `replace` chain."""
+    ratio = seconds / reference
     if stats is None:
-        stats = RankStats(sample.rank, sample.node)
+        stats = RankStats(rank, node)
     if ratio >= policy.margin:
         # The first slow read of a streak may cover steps from before the slowdown began (a blip
         # starting mid-read reads as slow for the whole read): its steps do not count towards the window.
         streak = stats.slow_since_step is not None
-        since = stats.slow_since_step if streak else max(0, sample.at_step - steps + 1)
+        since = stats.slow_since_step if streak else max(0, at_step - steps + 1)
         slow_steps = stats.slow_steps + steps if streak else 0
-        return RankStats(sample.rank, sample.node, sample.seconds, ratio, slow_steps, since, sample.at_step,
+        return RankStats(rank, node, seconds, ratio, slow_steps, since, at_step,
                          (*stats.slow_ratios, ratio)[-64:], 0,
                          stats.straggler or slow_steps >= policy.window_steps)
     if ratio < policy.clear_margin:
         clear_steps = stats.clear_steps + steps
-        return RankStats(sample.rank, sample.node, sample.seconds, ratio, 0, None, None, (), clear_steps,
+        return RankStats(rank, node, seconds, ratio, 0, None, None, (), clear_steps,
                          stats.straggler and clear_steps < policy.window_steps)
     # Between the two margins: neither extends a streak nor ends one.
-    return RankStats(sample.rank, sample.node, sample.seconds, ratio, stats.slow_steps, stats.slow_since_step,
+    return RankStats(rank, node, seconds, ratio, stats.slow_steps, stats.slow_since_step,
                      stats.slow_until_step, stats.slow_ratios, stats.clear_steps, stats.straggler)
 
 

@@ -126,7 +126,7 @@ class StragglerActions:
         lines = tuple(NodeStepTime(n.node, n.ranks, rounded(n.seconds), rounded(n.ratio),
                                    "straggler" if n.straggler else "slow" if n.slow_steps else "ok", round(n.lost_s, 3))
                       for n in sorted(watch.nodes.values(), key=lambda n: n.node))
-        step = max((r.step for r in watch.previous.values()), default=0)
+        step = watch.step
         record = NodeStepTimes(self.job_id, self.doors.now(), step, rounded(watch.reference),
                                round(self.lost_before + watch.lost_s, 3), lines)
         try:
