@@ -27,7 +27,7 @@ DRAIN_SECONDS = 0.05
 """About the most CPU time one drain spends (s, this thread's: time.thread_time).  The agent's loop sleeps
 STEP_POLL_SECONDS (0.2 s) between turns, so a flood costs it at most a fifth of a core (50 ms of every 250; the
 datagram bound makes it ~5% at ~5 µs a refusal) and the watches, summaries and Slurm questions go on.  Honest
-reports cost ~70 µs each on an idle core: 50 ms takes ~700 a turn, ~2,800 a second, 4.5 times the 625 a second
+reports cost ~65 µs each (the compact format, on a loaded core): 50 ms takes ~770 a turn, ~3,000 a second, nearly 5 times the 625 a second
 of 12,500 nodes on a 20 s heartbeat.  CPU time, not the wall clock: on a node busy with training, other
 processes' time would eat a wall-clock budget and cut what the agent reads of honest reports (measured:
 bench/abuse_bench.py, docs/measured.md), while what a flood takes from the agent is its own CPU."""

@@ -4,7 +4,7 @@ One `SignalWatch` per launched step: `poll()` drains the inbox (clusterctl.launc
 report_channel: UDP, signed per job) and returns what the reports say now (launcher/pure/
 node_signals.py); `fresh_records()` are the ranks' progress records that changed since the last
 take, for the hang and straggler watches; `holdings()` the nodes' newest checkpoint holdings (multi-level checkpoints); `training()`
-the job's training metrics (launcher/pure/training_metrics.py), taken once per summary interval.  What it costs: one recvfrom and ~70 µs of checking and parsing per report; at 12,500
+the job's training metrics (launcher/pure/training_metrics.py), taken once per summary interval.  What it costs: one recvfrom and ~65 µs of checking and parsing per report (the compact format); at 12,500
 nodes and a 20 s heartbeat, 625 reports a second (docs/measured.md).  Nothing here touches Slurm
 or shared storage.
 """
