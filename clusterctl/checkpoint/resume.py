@@ -65,7 +65,7 @@ class Resumer:
         tier = self._hold.tier
         if tier is None:
             resumed, bad = self._resume_in_place(step, [])
-            return self._resumed_or_exit(step, self._timed(resumed, began), bad, first=True)
+            return self._resumed_or_exit(step, self._timed(resumed, began), bad, failure_said=False)
         note = tier.root / f".tmp-resume-{self._place.attempt}"
         with flocked(tier.stage_lock):
             if note.exists():
@@ -76,17 +76,21 @@ class Resumer:
                                           staged.get("tier", ""), staged.get("of_node", ""),
                                           staged.get("held_on", ""))
                     return self.resumed
-                return self._resumed_or_exit(step, None, [], first=False)
+                return self._resumed_or_exit(step, None, [], failure_said=True)
             resumed, bad = self._stage(step)
             resumed = self._timed(resumed, began)
             if resumed is not None:
                 self._drop_abandoned(step)
                 self._record_resume(resumed)
+            else:
+                # Before the note: the node's other ranks exit at once on "failed", and the launcher (torchrun)
+                # may then end this rank before it could write why (the agent would see a program failure).
+                self._say_failure(step, bad)
             note.write_text("ok " + json.dumps({"directory": str(resumed.directory), "source": resumed.source,
                                                 "seconds": resumed.seconds, "tier": resumed.tier,
                                                 "of_node": resumed.of_node, "held_on": resumed.held_on})
                             if resumed else "failed")
-        return self._resumed_or_exit(step, resumed, bad, first=True)
+        return self._resumed_or_exit(step, resumed, bad, failure_said=True)
 
     def _record_resume(self, resumed: Resume) -> None:
         """Put the resume in the node's holdings (its reporter carries it to the agent, which journals one
@@ -120,7 +124,7 @@ class Resumer:
                         f"{resumed.source} in {resumed.seconds:.2f} s")
         return resumed
 
-    def _resumed_or_exit(self, step: int, resumed: Resume | None, bad: list[BadCopy], *, first: bool) -> Resume:
+    def _resumed_or_exit(self, step: int, resumed: Resume | None, bad: list[BadCopy], *, failure_said: bool) -> Resume:
         self.bad_copies = tuple(bad)
         if resumed is not None:
             for copy in bad:
@@ -129,17 +133,20 @@ class Resumer:
                                 f"the copy {copy.problem}")
             self.resumed = resumed
             return resumed
-        if not first:  # the node's stager said why and wrote the record; its other ranks just leave
-            raise SystemExit(EXIT_RESUME_FAILED)
+        if not failure_said:  # else the node's stager said why and wrote the record before it told the others
+            self._say_failure(step, bad)
+        raise SystemExit(EXIT_RESUME_FAILED)
+
+    def _say_failure(self, step: int, bad: list[BadCopy]) -> None:
+        """Say why no copy of this slot's files of `step` verifies and write the node's failure record."""
         problems = "; ".join(f"the {b.tier} copy {b.problem}" for b in bad) or "no copy was found"
         why = f"no copy of slot {self._place.slot}'s files of step {step} verifies ({problems})"
         where = ""
-        if first and self._place.settings.tier_index:
+        if self._place.settings.tier_index:
             path = write_resume_failure(Path(self._place.settings.tier_index).parent,
                                         ResumeFailure(node=self._place.node, step=step, why=why, bad_copies=tuple(bad)))
             where = f"; wrote {path}"
         self._voice.say(f"cannot resume on {self._place.node}: {why}{where}; exiting with {EXIT_RESUME_FAILED}")
-        raise SystemExit(EXIT_RESUME_FAILED)
 
     def _stage(self, step: int) -> tuple[Resume | None, list[BadCopy]]:
         tier = self._hold.tier

@@ -123,6 +123,11 @@ def _log(run_dir: Path) -> str:
     return "\n".join(p.read_text() for p in sorted((run_dir / "logs").glob("*.out")))
 
 
+def _agent_lines(run_dir: Path) -> str:
+    """What the agent and the checkpoint library said in the job's log: why a step ended, how it recovered."""
+    return "\n".join(line for line in _log(run_dir).splitlines() if line.startswith(("clusterctl", "srun")))
+
+
 @pytest.fixture(scope="module")
 def reference(testbed_session, tmp_path_factory) -> dict:
     """The same training uninterrupted (srun style, world size 4)."""
@@ -227,7 +232,7 @@ def test_torchrun_with_a_spare_goes_on_on_it_when_the_rendezvous_host_fails_bit_
     assert code == 0, out
     log = _log(run_dir)
     assert _final(run_dir) == reference, out + log
-    assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
+    assert len(_events(run_dir, "submitted")) == 1, out + _agent_lines(run_dir)  # never back through the queue
     recovered = _events(run_dir, "recovered-in-allocation")
     assert len(recovered) == 1 and [b.node for b in recovered[0].blame] == [rendezvous], out
     assert recovered[0].given_back == (rendezvous,) and 10 <= recovered[0].checkpoint_step < STEPS, out
@@ -257,7 +262,7 @@ def test_torchrun_whose_batch_host_dies_goes_on_on_the_spare_bit_identical_witho
     assert code == 0, out
     log = _log(run_dir)
     assert _final(run_dir) == reference, out + log
-    assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
+    assert len(_events(run_dir, "submitted")) == 1, out + _agent_lines(run_dir)  # never back through the queue
     (recovered,) = _events(run_dir, "recovered-in-allocation")
     assert recovered.took_over_from == batch_host and recovered.agent not in ("", batch_host), out
     assert [b.node for b in recovered.blame] == [batch_host] and 10 <= recovered.checkpoint_step < STEPS, out
@@ -320,7 +325,7 @@ def test_torchrun_with_multi_level_checkpoints_a_node_lost_before_the_flush_resu
     assert code == 0, out
     log = _log(run_dir)
     assert _final(run_dir) == reference, out + log
-    assert len(_events(run_dir, "submitted")) == 1, out  # never back through the queue
+    assert len(_events(run_dir, "submitted")) == 1, out + _agent_lines(run_dir)  # never back through the queue
     recovered = _events(run_dir, "recovered-in-allocation")
     assert [b.node for b in recovered[0].blame] == [victim], out + log
     if not corrupt:
