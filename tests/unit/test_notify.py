@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-import tracemalloc
 from http.server import BaseHTTPRequestHandler, HTTPServer, ThreadingHTTPServer
 from typing import Any
 
@@ -109,15 +107,15 @@ def test_a_hanging_endpoint_never_holds_up_the_caller():
     release = threading.Event()
 
     def post(url: str, **kwargs: Any) -> Any:
-        release.wait(10)
+        release.wait(30)
         raise requests.Timeout("read timed out for https://example.invalid/hook/SECRET")
 
     said: list[str] = []
     notify = webhook_notifier("https://example.invalid/hook/SECRET", said.append, post=post)
-    start = time.monotonic()
-    for _ in range(3):
-        notify("blame", {})
-    assert time.monotonic() - start < 0.5 and not notify.drain(0.1)
+    caller = threading.Thread(target=lambda: [notify("blame", {}) for _ in range(3)])
+    caller.start()
+    caller.join(5.0)  # the endpoint answers nothing until released: a caller held up by it is still in there
+    assert not caller.is_alive() and not notify.drain(0.1)
     release.set()
     assert notify.drain(5.0)
     assert said == ["webhook https://example.invalid/… failed for blame: Timeout"] * 3
@@ -191,17 +189,11 @@ def test_a_huge_answer_is_never_read():
 
     try:
         notify = webhook_notifier(f"http://127.0.0.1:{server.server_port}/hook", said.append, post=post)
-        tracemalloc.start()
-        started = time.monotonic()
         notify("done", {"run": "/runs/r1"})
         assert notify.drain(5.0)
-        took = time.monotonic() - started
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
         assert finished.wait(10)
     finally:
         server.shutdown()
-    assert took < 2.0 and not [line for line in said if "failed" in line or "answered" in line]
+    assert not [line for line in said if "failed" in line or "answered" in line]
     assert sum(read) == 0, "the answer's body is never read"
-    assert peak < 8 << 20, f"the notifier held {peak} bytes"
     assert sent[0] < body, "the connection was closed long before 300 MB went through it"
