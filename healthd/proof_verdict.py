@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from clusterctl.records.healthd_proof import ProofResult
+from clusterctl.text import one_line
 
 LINK_TEST = "tcp"
 """The built-in test's name in the proof journal (healthd/proof_link.py)."""
@@ -102,31 +104,84 @@ class UnreadableOutput(ValueError):
     """A test's output this reader cannot take a measurement from."""
 
 
-def read_nccl_tests(text: str) -> Measurement:
-    """nccl-tests' table (`all_reduce_perf -b 8 -e 1G -f 2`): bus bandwidth at the largest size, the time of the
-    smallest size as latency (out-of-place columns), and any row with wrong results as a problem.
+# srun --label ("0: ") and mpirun --tag-output ("[1,0]<stdout>:") put a prefix before each line.
+_LINE_PREFIX = re.compile(r"^\s*(?:\d+:|\[\d+,\d+\]<std(?:out|err)>:)\s?")
+_FAILURE_MARKS = ("Test NCCL failure", "Test CUDA failure", "Test failure", "NCCL WARN", "NCCL failure")
 
-    A row: `size count type redop [root] time algbw busbw #wrong time algbw busbw #wrong` (root since 2.10).
-    UnreadableOutput when no row is found."""
-    rows: list[tuple[int, float, float, str]] = []
-    problems = []
-    for line in text.splitlines():
-        words = line.split()
-        if not words or words[0].startswith("#") or len(words) not in (12, 13) or not words[0].isdigit():
+
+def read_nccl_tests(text: str) -> Measurement:
+    """nccl-tests' table (`all_reduce_perf -b 8 -e 1G -f 2`): the out-of-place bus bandwidth at the largest size, the
+    out-of-place time at the smallest size as latency, and wrong results as problems.
+
+    The columns are read from the table's own header line, so every layout nccl-tests has printed is read
+    (tests/data/nccl-tests/README.md): `size count type redop time algbw busbw error ...` (v2.0-2.11, `error` a
+    maximum deviation, not a count), `size count type redop root time algbw busbw #wrong ...` (v2.13 on), with
+    per-iteration columns (`-I 1`, v2.19.2 on) or a trailing timestamp (v2.17.6 on).  A size printed more than once
+    (several tables, `-N` repeats) counts at its worst.  Wrong results are a nonzero `#wrong` in either half or a
+    nonzero `Out of bounds values` summary.  UnreadableOutput, naming what is missing and quoting any failure line
+    the test printed, when there is no header, no result row, or no `# Avg bus bandwidth` summary (the run did not
+    finish: a measurement from part of a run is not a proof)."""
+    columns: list[str] = []
+    rows: dict[int, tuple[float, float]] = {}
+    problems: list[str] = []
+    failures: list[str] = []
+    finished = False
+    for raw in text.splitlines():
+        line = _LINE_PREFIX.sub("", raw, count=1).strip()
+        if any(mark in line for mark in _FAILURE_MARKS):
+            failures.append(line)
+        if line.startswith("#"):
+            words = line.lstrip("#").split()
+            if len(words) > 4 and words[0] == "size" and "busbw" in words:
+                columns = words
+            elif line.lstrip("#").split(":")[0].strip() == "Out of bounds values":
+                count = line.split(":", 1)[1].split()
+                if count and count[0] != "0":
+                    problems.append(f"nccl-tests found {count[0]} out-of-bounds values (wrong results)")
+            elif line.lstrip("#").split(":")[0].strip() == "Avg bus bandwidth":
+                finished = True
+                if "FAILED" in line:
+                    problems.append("nccl-tests' own average bus bandwidth check FAILED")
             continue
-        out_of_place = words[-8:-4]
-        try:
-            size, time_us, busbw = int(words[0]), float(out_of_place[0]), float(out_of_place[2])
-        except ValueError:
+        read = _nccl_tests_row(line.split(), columns) if columns else None
+        if read is None:
             continue
-        wrong = [w for w in (out_of_place[3], words[-1]) if w not in ("0", "N/A")]
+        size, time_us, busbw, wrong = read
         if wrong:
             problems.append(f"wrong results at {size} bytes ({'/'.join(wrong)} elements)")
-        rows.append((size, time_us, busbw, line))
+        seen = rows.get(size)
+        rows[size] = (time_us, busbw) if seen is None else (max(seen[0], time_us), min(seen[1], busbw))
+    said = f"; it said: {one_line(failures[0])[:200]}" if failures else ""
+    if not columns:
+        raise UnreadableOutput(f"no nccl-tests table: no column header line (# size count type ... busbw){said}")
     if not rows:
-        raise UnreadableOutput("no result rows of nccl-tests (size count type redop ... time algbw busbw #wrong)")
-    rows.sort()
-    return Measurement(rows[-1][2], rows[0][1], tuple(problems))
+        raise UnreadableOutput(f"no result rows under nccl-tests' column header ({' '.join(columns)}){said}")
+    if not finished:
+        raise UnreadableOutput(f"nccl-tests did not finish: no '# Avg bus bandwidth' line after {len(rows)} result "
+                               f"rows (the last at {max(rows)} bytes){said}")
+    return Measurement(rows[max(rows)][1], rows[min(rows)][0], tuple(problems))
+
+
+def _nccl_tests_row(words: list[str], columns: list[str]) -> tuple[int, float, float, tuple[str, ...]] | None:
+    """One result row read by the header's columns: (size, out-of-place time, out-of-place busbw, wrong counts);
+    None for any other line (NCCL's own lines, a row garbled by another rank's output)."""
+    expected = len(columns) + (1 if columns[-1] == "timestamp" else 0)  # the timestamp is two words, date and time
+    if len(words) != expected or not words[0].isdigit():
+        return None
+    times = [i for i, name in enumerate(columns) if name in ("time", "cputime")]
+    busbws = [i for i, name in enumerate(columns) if name == "busbw"]
+    if not times or not busbws:
+        return None
+    try:
+        time_us, busbw = float(words[times[0]]), float(words[busbws[0]])
+        # v2.0-2.11's `error` column is the largest deviation (`2e-07` is fine): only a count (#wrong) is judged.
+        wrong = tuple(words[i] for i, name in enumerate(columns)
+                      if name == "#wrong" and words[i] != "N/A" and float(words[i]) != 0)
+    except ValueError:
+        return None
+    if not (math.isfinite(time_us) and math.isfinite(busbw)):
+        return None
+    return int(words[0]), time_us, busbw, wrong
 
 
 def read_link_test(text: str) -> Measurement:
