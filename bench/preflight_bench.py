@@ -27,7 +27,7 @@ from stats import percentile  # noqa: E402
 from clusterctl.healthd.config import HealthdConfig  # noqa: E402
 from clusterctl.healthd.diagnostic_runner import run_diagnostic  # noqa: E402
 from clusterctl.healthd.diagnostics import DiagnosticSpec, Diagnostics  # noqa: E402
-from clusterctl.healthd.hooks import PREFLIGHT_SHARE, preflight  # noqa: E402
+from clusterctl.prolog.run import PREFLIGHT_SHARE, preflight  # noqa: E402
 from clusterctl_testbed.dcgmi_emu import write_dcgmi  # noqa: E402
 
 

@@ -5,7 +5,7 @@ the job's health record for this node (<job_records_dir>/<job>/<node>.json: ever
 error, lost GPU... during the job, with the policy's verdict) so the supervisor learns which
 node broke a job; then drains the node for a hardware fault, its Slurm calls within what is
 left of hook_timeout.  Always exits 0 (a failing epilog would drain the node with a reason
-nobody can act on).
+nobody can act on).  What it does: epilog/run.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 
 def main() -> None:
     from clusterctl.healthd.hook_command import hook_main
-    from clusterctl.healthd.hooks import run_epilog
+    from clusterctl.epilog.run import run_epilog
 
     sys.exit(hook_main("epilog", "Epilog={path}",
                        "Slurm's Epilog: kill the job's leftover tasks, record what broke on this node during the job, drain for a hardware fault. Always exit 0 inside a job.",

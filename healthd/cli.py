@@ -151,7 +151,7 @@ def check(config_path: Path | None) -> None:
     NVML cannot judge them (library not found, init error): not called healthy. A node without GPUs is
     healthy without NVML. 78: a bad --config.
     """
-    from clusterctl.healthd.hooks import run_health_check
+    from clusterctl.healthd.healthcheck import run_health_check
 
     if config_path is not None:
         _config(config_path)  # a bad file named on the command line is an error here, not the hooks' defaults

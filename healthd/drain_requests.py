@@ -1,6 +1,6 @@
 """healthd at the drain door (clusterctl/slurm/drains.py): its rules, its requests, the door's verdict as
 healthd journals it.  Used by the applier (healthd/applier.py) and by the prolog, epilog and
-HealthCheckProgram (healthd/hooks.py), which drain with the daemon's own rules.
+HealthCheckProgram (through healthd/hook_common.py `drain_node`), which drain with the daemon's own rules.
 
 A hook drains for a `DrainReason` it holds.  The daemon's applier drains for a planned action, which
 was journaled before it is applied and may be one a restarted healthd found pending: its reason is

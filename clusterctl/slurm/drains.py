@@ -1,7 +1,7 @@
 """The one drain door: every drain clusterctl makes is decided by `decide` (pure) and made by `apply`.
 
 Three drainers use it: healthd's daemon (its applier), healthd's prolog, epilog and
-HealthCheckProgram (`healthd/hooks.py`; both through `healthd/drain_requests.py`), and a job's
+HealthCheckProgram (`prolog/run.py`, `epilog/run.py`, `healthd/healthcheck.py`; all through `healthd/drain_requests.py`), and a job's
 straggler verdicts (`launcher/shared/straggler_actions.py`, through `SlurmDrains`).  Each drains as
 an *owner* (`slurm/drain_owners.py`: `healthd:` for hardware faults, `clusterctl straggler:` for
 straggler verdicts) with the rules of its owner (`DrainRules`).  A drain request carries its reason

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,11 @@ ONE_WAY = {
     ("clusterctl.slurm", "clusterctl.records"): "the Slurm door imports no record: records are written in the door's "
                                                 "terms (node names, NodeState, drain owners), never the other way",
 }
+# Each Slurm hook keeps its own flow in its folder: its console entry point (pyproject's [project.scripts]) is
+# the folder's hook.py, which runs the folder's run.py.  What the hooks share with each other and with the
+# HealthCheckProgram is healthd's (clusterctl.healthd.hook_common), since healthd imports neither hook.
+HOOKS = {"prolog": ("clusterctl-prolog", "clusterctl.prolog.run"),
+         "epilog": ("clusterctl-epilog", "clusterctl.epilog.run")}
 # What the sbatch templates may run inside a job.
 TEMPLATES_RUN = {"launcher.job"}
 PARTS_WITH_FOLDERS = ("launcher", "healthd", "prolog", "epilog", "sbatch_templates")
@@ -240,6 +246,23 @@ def violations(root: Path) -> list[str]:
     return found
 
 
+def hook_room_violations(root: Path) -> list[str]:
+    """Each hook's console entry point is its folder's hook.py, and that module runs its folder's flow (`HOOKS`)."""
+    scripts = tomllib.loads((root / "pyproject.toml").read_text())["project"]["scripts"]
+    known = modules(root)
+    imported = {(imp.module, imp.target) for imp in imports(root) if not imp.started}
+    found = []
+    for hook, (script, flow) in HOOKS.items():
+        entry = f"clusterctl.{hook}.hook"
+        if scripts.get(script) != f"{entry}:main":
+            found.append(f"pyproject.toml: {script} runs {scripts.get(script)}, not {entry}:main")
+        if flow not in known:
+            found.append(f"{hook}/: no {flow}, the module of the {hook}'s own flow")
+        elif (entry, flow) not in imported:
+            found.append(f"{entry} does not run {flow}: the {hook}'s flow belongs in its own folder")
+    return found
+
+
 def _within(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
@@ -329,6 +352,12 @@ def test_launcher_and_healthd_never_reach_each_other_even_indirectly():
 
 def test_in_job_code_never_reaches_the_login_node_code():
     assert reachable(REPO, "launcher.job", "launcher.login") is None
+
+
+def test_each_hook_runs_its_own_flow_from_its_own_folder():
+    assert hook_room_violations(REPO) == []
+    assert reachable(REPO, "prolog", "epilog") is None
+    assert reachable(REPO, "epilog", "prolog") is None
 
 
 def test_the_launcher_has_no_import_cycles():

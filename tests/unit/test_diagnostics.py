@@ -15,7 +15,7 @@ from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.config import ConfigError, HealthdConfig, config_from_mapping
 from clusterctl.healthd.diagnostic_runner import diagnostics_in_force, run_diagnostic
 from clusterctl.healthd.diagnostics import EXCERPT_CHARS, DiagnosticSpec, Diagnostics, read_dcgmi, read_exit_code
-from clusterctl.healthd.hooks import run_prolog
+from clusterctl.prolog.run import run_prolog
 from clusterctl.records.healthd_diagnostic import DiagnosticResult, read_diagnostics
 from clusterctl.records.healthd_node_record import read_node_record
 from tests.fakes import FakePartition

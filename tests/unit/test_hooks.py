@@ -15,14 +15,18 @@ from pathlib import Path
 import pytest
 
 from clusterctl.clock import utc
+from clusterctl.epilog.run import run_epilog
+from clusterctl.epilog.strays import kill_strays
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.engine import gate_verdict
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import GateReport, Problem, from_state, parse_job_gpus
-from clusterctl.healthd.hooks import HOOK_RESERVE, kill_strays, run_epilog, run_health_check, run_prolog
+from clusterctl.healthd.healthcheck import run_health_check
+from clusterctl.healthd.hook_common import HOOK_RESERVE
 from clusterctl.healthd.policy import PolicyConfig
 from clusterctl.healthd.stale_tiers import NodeTiers
+from clusterctl.prolog.run import run_prolog
 from clusterctl.records.healthd_job_start import JobStart, read_job_start, write_job_start
 from clusterctl.records.healthd_node_record import read_node_record
 from clusterctl.records.healthd_state import Alert, GpuState, HealthdState, StateFinding, write_healthd_state
@@ -275,7 +279,7 @@ def fake_proc(tmp_path, processes: dict[int, tuple[str, int]]) -> Path:
 
 
 def test_stray_cleanup_kills_only_the_jobs_own_tasks_by_cgroup_and_user(tmp_path):
-    from clusterctl.healthd.hooks import kill_strays
+    from clusterctl.epilog.strays import kill_strays
 
     proc = fake_proc(tmp_path, {
         101: ("/system.slice/slurmstepd.scope/job_4711/step_0/user/task_0", 1000),  # the job's task (v2 layout)
@@ -322,9 +326,10 @@ def _hook_in_a_process(tmp_path: Path, body: str, timeout: float = 60) -> tuple[
 
 
 _CONFIG = '''
+from clusterctl.epilog.run import run_epilog
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.config import HealthdConfig
-from clusterctl.healthd.hooks import run_epilog, run_prolog
+from clusterctl.prolog.run import run_prolog
 from tests.unit.test_hooks import fake_proc, lost_gpu
 root = Path(sys.argv[0]).parent
 config = HealthdConfig(node="node3", state_dir=root / "run", journal_dir=root / "lib", kmsg=root / "kmsg",
@@ -372,7 +377,8 @@ def test_a_hook_on_a_config_it_cannot_read_runs_with_the_defaults_and_says_so(tm
     fifo = tmp_path / "healthd.toml"
     os.mkfifo(fifo)
     code, err, _ = _hook_in_a_process(tmp_path, f'''
-from clusterctl.healthd.hooks import run_epilog, run_prolog
+from clusterctl.epilog.run import run_epilog
+from clusterctl.prolog.run import run_prolog
 from tests.unit.test_hooks import lost_gpu
 def healthy(*args, **kwargs):
     from clusterctl.healthd.gate import GateReport
@@ -487,7 +493,7 @@ def test_health_checks_drain_under_a_slow_controller_gives_up_at_its_budget_not_
 
 _LEFTOVER = f'''
 from functools import partial
-from clusterctl.healthd.hooks import kill_strays
+from clusterctl.epilog.strays import kill_strays
 from clusterctl.records.healthd_job_start import JobStart, write_job_start
 write_job_start(config.journal_dir, JobStart("47", time.time() - 30))
 killed = []

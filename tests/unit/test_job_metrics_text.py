@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from clusterctl.epilog.run import run_epilog
 from clusterctl.healthd.checks import CheckLimits
 from clusterctl.healthd.config import HealthdConfig, load_config
 from clusterctl.healthd.gate import GateReport
-from clusterctl.healthd.hooks import run_epilog
 from clusterctl.job_metrics_file import (
     TEXTFILE_DIR_ENV, AdminSetting, Destination, destination, is_job_file, read_admin_setting, remove_textfile,
     textfile_name,
@@ -378,7 +378,7 @@ def test_another_user_who_creates_a_jobs_metrics_file_first_cannot_export_forged
     with its figures, and nobody can neither replace nor remove it again."""
     import tempfile
 
-    from clusterctl.healthd.hooks import run_prolog
+    from clusterctl.prolog.run import run_prolog
     from clusterctl.job_metrics_file import write_textfile
     from tests.as_user import as_user
 

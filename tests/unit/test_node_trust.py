@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 
 from clusterctl.clock import Clock
+from clusterctl.epilog.run import run_epilog
 from clusterctl.files import UnsafePathError
 from clusterctl.healthd import engine
 from clusterctl.healthd.checks import CheckLimits, HostSample, check_host
@@ -22,9 +23,10 @@ from clusterctl.healthd.daemon import Daemon, Observed
 from clusterctl.healthd.engine import EngineSettings, EngineState, gate_verdict, step
 from clusterctl.healthd.findings import Action, Finding
 from clusterctl.healthd.gate import GateReport, Problem
-from clusterctl.healthd.hooks import run_epilog, run_health_check, run_prolog
+from clusterctl.healthd.healthcheck import run_health_check
 from clusterctl.healthd.kmsg import KernelLog, parse_gpu_event, parse_record
 from clusterctl.healthd.policy import PolicyConfig, judge
+from clusterctl.prolog.run import run_prolog
 from clusterctl.records.healthd_job_start import JobStart, write_job_start
 from clusterctl.records.healthd_state import GpuState, HealthdState, StateFinding, write_healthd_state
 from clusterctl.records.healthd_xid_history import XidSighting, append_xid_sighting, read_xid_history

@@ -24,13 +24,13 @@ from clusterctl.healthd.config import HealthdConfig
 from clusterctl.healthd.engine import gate_verdict
 from clusterctl.healthd.findings import Finding
 from clusterctl.healthd.gate import GateReport, Problem
-from clusterctl.healthd.hooks import run_prolog
 from clusterctl.healthd.node_tiers import LocalTiers
 from clusterctl.healthd.policy import PolicyConfig
 from clusterctl.healthd.stale_tiers import (
     DIRECTORY, OTHER, PLANTED, RUN_TRASH, RUN_TREE, SYMLINK, USER_DIR, USER_TRASH, Entry, NodeTiers, ReclaimSettings,
     UserDir, stale_tiers,
 )
+from clusterctl.prolog.run import run_prolog
 from clusterctl.checkpoint import Checkpointer
 from clusterctl.healthd.node_tiers import JobCgroups
 from clusterctl.records.checkpoint_settings import CheckpointSettings

@@ -161,7 +161,7 @@ def test_healthds_error_lines_show_a_planted_config_path_as_written(tmp_path, na
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=hostile_name)
 def test_the_hooks_log_lines_in_slurmds_log_are_one_line_each_whatever_a_path_holds(tmp_path, capsys, name):
-    from clusterctl.healthd.hooks import run_epilog
+    from clusterctl.epilog.run import run_epilog
 
     config = tmp_path / f"{name}.toml"
     config.write_text("hook_timeout = [unclosed\n")
