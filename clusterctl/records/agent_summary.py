@@ -23,6 +23,7 @@ from typing import Any
 from clusterctl.files import atomic_write
 from clusterctl.records.versioned import (
     RecordError, check_header, choice_field, field, header, measured_field, measured_to_json, read_json_record,
+    seconds_field, whole_field,
 )
 from clusterctl.slurm.names import node_name_problem
 
@@ -94,8 +95,8 @@ class TrainingMetrics:
         for key, text in texts.items():
             if len(text) > MAX_TEXT:
                 raise RecordError(where, f"field `{key}` is longer than {MAX_TEXT} characters")
-        return cls(window_s=_seconds(body, "window_s", where), nodes=_count(body, "nodes", where),
-                   nodes_reporting=_count(body, "nodes_reporting", where), gpus=_count(body, "gpus", where),
+        return cls(window_s=seconds_field(body, "window_s", where), nodes=whole_field(body, "nodes", where),
+                   nodes_reporting=whole_field(body, "nodes_reporting", where), gpus=whole_field(body, "gpus", where),
                    steps_per_s=_optional_rate(body, "steps_per_s", where),
                    tokens_per_s=_optional_rate(body, "tokens_per_s", where),
                    flops_per_s=_optional_rate(body, "flops_per_s", where), mfu=_optional_rate(body, "mfu", where),
@@ -161,8 +162,8 @@ class AgentSummary:
                    for k, v in refused.items()):
             raise RecordError(where, "field `refused` must map kinds to counts")
         return cls(job_id=field(body, "job_id", str, where), launch=field(body, "launch", str, where),
-                   at=_seconds(body, "at", where), interval=_seconds(body, "interval", where), state=state,
-                   nodes=_count(body, "nodes", where), reporting=_count(body, "reporting", where),
+                   at=seconds_field(body, "at", where), interval=seconds_field(body, "interval", where), state=state,
+                   nodes=whole_field(body, "nodes", where), reporting=whole_field(body, "reporting", where),
                    silent=_names(body, "silent", where), stopped=_names(body, "stopped", where),
                    drained=_names(body, "drained", where), min_step=_optional_count(body, "min_step", where),
                    max_step=_optional_count(body, "max_step", where), refused=refused,
@@ -174,22 +175,8 @@ class AgentSummary:
         return now - self.at > 3 * self.interval + 30.0
 
 
-def _seconds(body: Mapping[str, Any], key: str, where: str) -> float:
-    value = field(body, key, (int, float), where)
-    if isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise RecordError(where, f"field `{key}` is {value!r}: it must be a finite number of seconds, not negative")
-    return float(value)
-
-
-def _count(body: Mapping[str, Any], key: str, where: str) -> int:
-    value = field(body, key, int, where)
-    if isinstance(value, bool) or value < 0:
-        raise RecordError(where, f"field `{key}` is {value!r}: it must be a whole number, not negative")
-    return int(value)
-
-
 def _optional_count(body: Mapping[str, Any], key: str, where: str) -> int | None:
-    return None if body.get(key) is None else _count(body, key, where)
+    return None if body.get(key) is None else whole_field(body, key, where)
 
 
 def _optional_rate(body: Mapping[str, Any], key: str, where: str) -> float | None:

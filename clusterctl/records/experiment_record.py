@@ -21,7 +21,8 @@ from typing import Any
 
 from clusterctl.files import atomic_write
 from clusterctl.records.versioned import (
-    RecordError, check_header, field, header, read_json_record, refuse_unknown, seconds_field, whole_field,
+    RecordError, check_header, field, header, read_json_record, refuse_unknown, seconds_field, strings_field,
+    text_field, text_or_none_field, whole_field,
 )
 from clusterctl.text import one_line
 
@@ -70,8 +71,8 @@ class CodeVersion:
         if commit is not None and not _COMMIT.fullmatch(commit):
             raise RecordError(where, "field `commit` is not a git object name (40 or 64 hexadecimal digits)")
         dirty = field(data, "dirty", (bool, type(None)), where)
-        return cls(workdir=_text(data, "workdir", where, MAX_PATH), commit=commit, dirty=dirty,
-                   unknown=_optional_text(data, "unknown", where, MAX_TEXT))
+        return cls(workdir=text_field(data, "workdir", where, limit=MAX_PATH), commit=commit, dirty=dirty,
+                   unknown=text_or_none_field(data, "unknown", where, limit=MAX_TEXT))
 
     @property
     def known(self) -> bool:
@@ -107,27 +108,12 @@ class ExperimentRecord:
         (a newer version is refused: upgrade clusterctl to read it)."""
         body = check_header(data, KIND, VERSION, where)
         refuse_unknown(body, _FIELDS, where)
-        command = field(body, "command", list, where)
-        if not all(isinstance(arg, str) for arg in command):
-            raise RecordError(where, "field `command` must be a list of strings")
-        data_version = _optional_text(body, "data_version", where, MAX_DATA_VERSION)
         return cls(attempt=whole_field(body, "attempt", where), recorded_at=seconds_field(body, "recorded_at", where),
-                   clusterctl_version=_text(body, "clusterctl_version", where, MAX_TEXT), command=tuple(command),
-                   data_version=data_version, code=CodeVersion.from_json(field(body, "code", dict, where), f"{where}: code"),
+                   clusterctl_version=text_field(body, "clusterctl_version", where, limit=MAX_TEXT),
+                   command=strings_field(body, "command", where),
+                   data_version=text_or_none_field(body, "data_version", where, limit=MAX_DATA_VERSION),
+                   code=CodeVersion.from_json(field(body, "code", dict, where), f"{where}: code"),
                    spec=field(body, "spec", dict, where))
-
-
-def _text(body: Mapping[str, Any], key: str, where: str, limit: int) -> str:
-    value = field(body, key, str, where)
-    if len(value) > limit:
-        raise RecordError(where, f"field `{key}` is longer than {limit} characters")
-    return str(value)
-
-
-def _optional_text(body: Mapping[str, Any], key: str, where: str, limit: int) -> str | None:
-    if body.get(key, "") is None:
-        return None
-    return _text(body, key, where, limit)
 
 
 def experiment_record_path(attempt_dir: Path) -> Path:

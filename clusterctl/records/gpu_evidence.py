@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import RecordError, check_header, field, header, number_field, strings_field
 
 KIND = "gpu-evidence"
 VERSION = 2
@@ -125,9 +125,6 @@ class GpuReading:
         """Parse one GPU's reading; RecordError naming the field that is wrong."""
         if not isinstance(data, Mapping):
             raise RecordError(where, "a GPU reading is not a JSON object")
-        findings = field(data, "findings", list, where)
-        if not all(isinstance(f, str) for f in findings):
-            raise RecordError(where, "field `findings` must be a list of strings")
         return cls(index=field(data, "index", int, where), uuid=field(data, "uuid", str, where),
                    clock_event_reasons=field(data, "clock_event_reasons", int, where),
                    sm_clock_mhz=field(data, "sm_clock_mhz", _OPTIONAL_INT, where),
@@ -135,7 +132,8 @@ class GpuReading:
                    temperature_c=field(data, "temperature_c", _OPTIONAL_INT, where),
                    ecc_corrected_volatile=field(data, "ecc_corrected_volatile", int, where),
                    ecc_uncorrected_volatile=field(data, "ecc_uncorrected_volatile", int, where),
-                   remapped_pending=field(data, "remapped_pending", bool, where), findings=tuple(findings))
+                   remapped_pending=field(data, "remapped_pending", bool, where),
+                   findings=strings_field(data, "findings", where))
 
 
 @dataclass(frozen=True)
@@ -182,10 +180,7 @@ class GpuEvidence:
     def from_json(cls, data: object, where: str) -> GpuEvidence:
         """Parse a record; RecordError for anything not understood (a newer version included)."""
         body = check_header(data, KIND, VERSION, where)
-        problems = field(body, "problems", list, where)
-        if not all(isinstance(p, str) for p in problems):
-            raise RecordError(where, "field `problems` must be a list of strings")
-        return cls(node=field(body, "node", str, where), at=float(field(body, "at", (int, float), where)),
+        return cls(node=field(body, "node", str, where), at=number_field(body, "at", where),
                    gpus=tuple(GpuReading.from_json(g, f"{where}: gpus[{i}]")
                               for i, g in enumerate(field(body, "gpus", list, where))),
-                   problems=tuple(problems), scope=field(body, "scope", str, where))
+                   problems=strings_field(body, "problems", where), scope=field(body, "scope", str, where))

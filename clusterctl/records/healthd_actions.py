@@ -15,7 +15,7 @@ from typing import Any
 
 from clusterctl.files import append_json_line, read_json_lines
 from clusterctl.records.healthd_state import StateFinding
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import RecordError, check_header, field, header, number_field
 
 KIND = "healthd-action"
 VERSION = 1
@@ -47,7 +47,7 @@ class PlannedAction:
             raise RecordError(where, f"unknown op {op!r} (known: {', '.join(OPS)})")
         finding = field(data, "finding", (dict, type(None)), where)
         return cls(field(data, "id", str, where), op, field(data, "reason", str, where),
-                   float(field(data, "at", (int, float), where)),
+                   number_field(data, "at", where),
                    StateFinding.from_json(finding, where) if finding is not None else None)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from clusterctl.records.versioned import check_header, field, header
+from clusterctl.records.versioned import check_header, field, header, number_field
 
 KIND = "healthd-breaker-slot"
 VERSION = 1
@@ -42,7 +42,7 @@ class BreakerSlot:
         body = check_header(data, KIND, VERSION, where)
         return cls(field(body, "node", str, where), field(body, "partition", str, where),
                    field(body, "slot", int, where), field(body, "reason", str, where),
-                   float(field(body, "at", (int, float), where)))
+                   number_field(body, "at", where))
 
 
 def slot_name(index: int) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from clusterctl.clock import utc
 from clusterctl.files import append_json_line, read_json_lines
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import RecordError, check_header, field, header, number_field
 
 KIND = "healthd-diagnostic"
 VERSION = 1
@@ -72,7 +72,7 @@ class DiagnosticResult:
         if known_outcome is None:
             raise RecordError(where, f"unknown diagnostic outcome {outcome!r} (known: {', '.join(OUTCOMES)})")
         return cls(known_level, field(body, "name", str, where), known_outcome,
-                   float(field(body, "at", (int, float), where)), float(field(body, "seconds", (int, float), where)),
+                   number_field(body, "at", where), number_field(body, "seconds", where),
                    field(body, "exit_code", (int, type(None)), where), field(body, "summary", str, where),
                    field(body, "excerpt", str, where))
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
+from clusterctl.records.versioned import RecordError, check_header, field, header, number_field, read_json_record
 
 KIND = "healthd-job-start"
 VERSION = 1
@@ -41,8 +41,8 @@ class JobStart:
         if gpus is not None and not all(isinstance(g, int) and not isinstance(g, bool) for g in gpus):
             raise RecordError(where, "field `gpus` must list GPU indices")
         # `uid` came later within version 1: optional, and older readers ignore it.
-        uid = field(body, "uid", (int, type(None)), where) if "uid" in body else None
-        return cls(field(body, "job", str, where), float(field(body, "start", (int, float), where)),
+        uid = field(body, "uid", (int, type(None)), where, default=None)
+        return cls(field(body, "job", str, where), number_field(body, "start", where),
                    tuple(gpus) if gpus is not None else None, uid)
 
 

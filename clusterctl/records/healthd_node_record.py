@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import append_json_line, read_json_lines
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import check_header, field, header, strings_field
 
 KIND = "healthd-node-record"
 VERSION = 1
@@ -38,11 +38,9 @@ class NodeRecordEntry:
     def from_json(cls, data: object, where: str) -> NodeRecordEntry:
         """Parse one line; RecordError for anything not understood."""
         body = check_header(data, KIND, VERSION, where)
-        problems = field(body, "problems", list, where)
-        if not all(isinstance(p, str) for p in problems):
-            raise RecordError(where, "field `problems` must be a list of strings")
         return cls(field(body, "at", str, where), field(body, "hook", str, where), field(body, "job", str, where),
-                   field(body, "node", str, where), tuple(problems), field(body, "outcome", str, where))
+                   field(body, "node", str, where), strings_field(body, "problems", where),
+                   field(body, "outcome", str, where))
 
 
 def node_record_path(journal_dir: Path) -> Path:

@@ -14,7 +14,9 @@ from typing import Any, Literal
 
 from clusterctl.clock import utc
 from clusterctl.files import append_json_line, read_json_lines
-from clusterctl.records.versioned import RecordError, check_header, field
+from clusterctl.records.versioned import (
+    RecordError, check_header, field, number_field, number_or_none_field, strings_field,
+)
 
 KIND = "healthd-proof"
 VERSION = 1
@@ -71,18 +73,13 @@ class ProofResult:
         known = next((o for o in PROOF_OUTCOMES if o == outcome), None)
         if known is None:
             raise RecordError(where, f"unknown proof outcome {outcome!r} (known: {', '.join(PROOF_OUTCOMES)})")
-        reasons = field(body, "reasons", list, where)
-        if not all(isinstance(r, str) for r in reasons):
-            raise RecordError(where, "field `reasons` must be a list of strings")
-
-        def number(key: str) -> float | None:
-            value = field(body, key, (int, float, type(None)), where)
-            return None if value is None else float(value)
-
         return cls(field(body, "node", str, where), field(body, "neighbour", str, where), field(body, "test", str, where),
-                   known, float(field(body, "at", (int, float), where)), float(field(body, "seconds", (int, float), where)),
-                   number("bandwidth_gbs"), number("latency_us"), number("min_bandwidth_gbs"), number("max_latency_us"),
-                   field(body, "basis", str, where), tuple(reasons), field(body, "excerpt", str, where))
+                   known, number_field(body, "at", where), number_field(body, "seconds", where),
+                   number_or_none_field(body, "bandwidth_gbs", where), number_or_none_field(body, "latency_us", where),
+                   number_or_none_field(body, "min_bandwidth_gbs", where),
+                   number_or_none_field(body, "max_latency_us", where),
+                   field(body, "basis", str, where), strings_field(body, "reasons", where),
+                   field(body, "excerpt", str, where))
 
 
 def proofs_path(journal_dir: Path) -> Path:

@@ -17,7 +17,9 @@ from clusterctl.clock import utc
 from clusterctl.files import atomic_write
 from clusterctl.records.actions import Action
 from clusterctl.records.finding_kind import FindingKind, finding_kind
-from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
+from clusterctl.records.versioned import (
+    RecordError, check_header, field, header, number_field, read_json_record, strings_field,
+)
 from clusterctl.slurm.nodes import NodeState
 
 KIND = "healthd-state"
@@ -32,17 +34,6 @@ def _action(data: Mapping[str, Any], key: str, where: str) -> Action:
         return Action.from_label(field(data, key, str, where))
     except ValueError as exc:
         raise RecordError(where, f"field `{key}`: {exc}") from None
-
-
-def _number(data: Mapping[str, Any], key: str, where: str) -> float:
-    return float(field(data, key, (int, float), where))
-
-
-def _strings(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-    values = field(data, key, list, where)
-    if not all(isinstance(v, str) for v in values):
-        raise RecordError(where, f"field `{key}` must be a list of strings")
-    return tuple(values)
 
 
 @dataclass(frozen=True)
@@ -93,9 +84,9 @@ class StateFinding:
             raise RecordError(where, "a finding is not a JSON object")
         return cls(kind=finding_kind(field(data, "kind", str, where), where), action=_action(data, "action", where),
                    reason=field(data, "reason", str, where), source=field(data, "source", str, where),
-                   at_ts=_number(data, "at_ts", where), xid=field(data, "xid", _OPTIONAL_INT, where),
+                   at_ts=number_field(data, "at_ts", where), xid=field(data, "xid", _OPTIONAL_INT, where),
                    gpu=field(data, "gpu", _OPTIONAL_INT, where), uuid=field(data, "uuid", str, where),
-                   detail=field(data, "detail", str, where), jobs=_strings(data, "jobs", where),
+                   detail=field(data, "detail", str, where), jobs=strings_field(data, "jobs", where),
                    current=field(data, "current", bool, where), handled=field(data, "handled", bool, where),
                    acknowledged=field(data, "acknowledged", bool, where))
 
@@ -161,8 +152,9 @@ def _node_from_json(data: object, where: str) -> NodeState | None:
         return None
     if not isinstance(data, Mapping):
         raise RecordError(where, "field `slurm` must be an object or null")
-    return NodeState(field(data, "name", str, where), field(data, "state", str, where), _strings(data, "flags", where),
-                     field(data, "reason", str, where), _strings(data, "partitions", where))
+    return NodeState(field(data, "name", str, where), field(data, "state", str, where),
+                     strings_field(data, "flags", where), field(data, "reason", str, where),
+                     strings_field(data, "partitions", where))
 
 
 @dataclass(frozen=True)
@@ -222,7 +214,7 @@ class HealthdState:
             raise RecordError(where, f"field `nvml` must be ok or unavailable, found {nvml!r}")
         return cls(node=field(body, "node", str, where), pid=field(body, "pid", int, where),
                    policy_version=field(body, "policy_version", str, where),
-                   updated_at=_number(body, "updated_at", where), started=field(body, "started", str, where),
+                   updated_at=number_field(body, "updated_at", where), started=field(body, "started", str, where),
                    nvml_ok=nvml == "ok",
                    gpus=tuple(sorted((GpuState.from_json(i, g, where) for i, g in gpus.items()),
                                      key=lambda g: g.index)),
@@ -234,7 +226,7 @@ class HealthdState:
                    loop_age_s={str(k): float(v) for k, v in loop_age.items()},
                    dry_run=field(body, "dry_run", bool, where),
                    # `return_note` came later within version 1: optional, and older readers ignore it.
-                   return_note=field(body, "return_note", str, where) if "return_note" in body else "")
+                   return_note=field(body, "return_note", str, where, default=""))
 
 
 def state_path(state_dir: Path) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import append_json_line, atomic_write, read_json_lines
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import check_header, field, header, number_field, strings_field
 
 KIND = "healthd-xid"
 VERSION = 1
@@ -45,16 +45,11 @@ class XidSighting:
     def from_json(cls, data: object, where: str) -> XidSighting:
         """Parse one line; RecordError for anything not understood."""
         body = check_header(data, KIND, VERSION, where)
-        jobs = field(body, "job_ids", list, where)
-        if not all(isinstance(j, str) for j in jobs):
-            raise RecordError(where, "field `job_ids` must be a list of strings")
-        # `users` came later within version 1: optional, and older readers ignore it.
-        users = field(body, "users", list, where) if "users" in body else []
-        if not all(isinstance(u, str) for u in users):
-            raise RecordError(where, "field `users` must be a list of strings")
-        return cls(float(field(body, "at", (int, float), where)), field(body, "xid", int, where),
+        return cls(number_field(body, "at", where), field(body, "xid", int, where),
                    field(body, "source", str, where), field(body, "gpu", _OPTIONAL_INT, where),
-                   field(body, "uuid", str, where), tuple(jobs), tuple(users))
+                   field(body, "uuid", str, where), strings_field(body, "job_ids", where),
+                   # `users` came later within version 1: optional, and older readers ignore it.
+                   strings_field(body, "users", where, default=()))
 
 
 def xid_history_path(journal_dir: Path) -> Path:

@@ -60,7 +60,8 @@ from clusterctl.records.checkpoint_holdings import VERSION as HOLDINGS_VERSION
 from clusterctl.records.checkpoint_holdings import CheckpointHoldings, HeldCopy
 from clusterctl.records.rank_progress import MAX_TOTAL, PHASES, RankProgress
 from clusterctl.records.versioned import (
-    RecordError, check_header, checked, field, header, measured_field, measured_to_json,
+    RecordError, check_header, checked, count_field, dated_field, field, header, measured_field, measured_to_json,
+    seconds_field, text_field,
 )
 from clusterctl.slurm.names import node_name_problem
 
@@ -292,19 +293,18 @@ class NodeMetrics:
                            norm_rank, gpu)
         if not isinstance(body, dict):
             raise RecordError(where, "must be an object")
-        gpu = field(body, "gpu", str, where)
-        if len(gpu) > MAX_GPU_NAME or not gpu.isprintable():
-            raise RecordError(where, f"field `gpu` must be printable text of at most {MAX_GPU_NAME} characters")
+        gpu = text_field(body, "gpu", where, limit=MAX_GPU_NAME, printable=True)
         loss, grad_norm = measured_field(body, "loss", where), measured_field(body, "grad_norm", where)
         if grad_norm is not None and grad_norm < 0:
             raise RecordError(where, f"field `grad_norm` is {grad_norm!r}: a norm is not negative")
-        return cls(at=_seconds(body, "at", where), ranks=_count(body, "ranks", where),
-                   epoch=_count(body, "epoch", where), step=_count(body, "step", where),
-                   step_at=_seconds(body, "step_at", where), tokens=_total(body, "tokens", where),
+        return cls(at=seconds_field(body, "at", where), ranks=count_field(body, "ranks", where),
+                   epoch=count_field(body, "epoch", where), step=count_field(body, "step", where),
+                   step_at=seconds_field(body, "step_at", where), tokens=_total(body, "tokens", where),
                    flops=_total(body, "flops", where), loss=loss,
-                   loss_step=_dated(body, "loss_step", loss, where), loss_rank=_dated(body, "loss_rank", loss, where),
-                   grad_norm=grad_norm, grad_norm_step=_dated(body, "grad_norm_step", grad_norm, where),
-                   grad_norm_rank=_dated(body, "grad_norm_rank", grad_norm, where), gpu=gpu)
+                   loss_step=dated_field(body, "loss_step", loss, where),
+                   loss_rank=dated_field(body, "loss_rank", loss, where),
+                   grad_norm=grad_norm, grad_norm_step=dated_field(body, "grad_norm_step", grad_norm, where),
+                   grad_norm_rank=dated_field(body, "grad_norm_rank", grad_norm, where), gpu=gpu)
 
 
 _METRICS_KEYS = NodeMetrics(0.0, 0, 0, 0, 0.0).to_json().keys()
@@ -313,19 +313,10 @@ _MAX_SUM = MAX_RANKS * MAX_TOTAL
 
 
 def _total(body: Mapping[str, Any], key: str, where: str) -> float:
-    value = _seconds(body, key, where)
+    value = seconds_field(body, key, where)
     if value > MAX_RANKS * MAX_TOTAL:
         raise RecordError(where, f"field `{key}` is {value!r}: more than {MAX_RANKS} ranks can count")
     return value
-
-
-def _dated(body: Mapping[str, Any], key: str, value: float | None, where: str) -> int | None:
-    """The step or rank beside a measured value: a whole number with one, null without."""
-    if value is None:
-        if body.get(key) is not None:
-            raise RecordError(where, f"field `{key}` is set without the value it goes with")
-        return None
-    return _count(body, key, where)
 
 
 @dataclass(frozen=True)
@@ -348,7 +339,7 @@ class SilentPeer:
         problem = node_name_problem(node)
         if problem:
             raise RecordError(where, f"silent peer `node`: {problem}")
-        return cls(node, _seconds(entry, "silent_s", where))
+        return cls(node, seconds_field(entry, "silent_s", where))
 
 
 @dataclass(frozen=True)
@@ -433,8 +424,9 @@ class NodeReport:
         if len(peers) > MAX_SILENT_PEERS:
             raise RecordError(where, f"{len(peers)} silent peers: a node watches at most {MAX_SILENT_PEERS}")
         return checked(cls, {
-            "job_id": _text(body, "job_id", where), "launch": _text(body, "launch", where), "node": node,
-            "seq": _count(body, "seq", where), "sent_at": _seconds(body, "sent_at", where),
+            "job_id": text_field(body, "job_id", where, limit=MAX_TEXT, printable=True),
+            "launch": text_field(body, "launch", where, limit=MAX_TEXT, printable=True), "node": node,
+            "seq": count_field(body, "seq", where), "sent_at": seconds_field(body, "sent_at", where),
             "ranks": ranks if isinstance(ranks, RankColumns) else _rank_columns(ranks, node, where) if version >= 5 else
             tuple([_rank(entry, node, where, i) for i, entry in enumerate(ranks)]),
             "health": _health(health, f"{where}: health"),
@@ -511,9 +503,9 @@ def _columns_problem(columns: Mapping[str, Any]) -> str:
                     return f"ranks[{index}]: {name} {value!r} is not one of {', '.join(allowed)}"
             elif name in ("rank", "step", "pid", "compute_steps"):
                 if type(value) is not int or value < 0:
-                    return f"ranks[{index}]: field `{name}` is {value!r}: it must be a whole number, not negative"
+                    return f"ranks[{index}]: field `{name}` is {value!r}: a whole number, not negative"
             elif type(value) not in _NUMBER_TYPES or not 0 <= value < math.inf:
-                return (f"ranks[{index}]: field `{name}` is {value!r}: it must be a finite number of seconds, "
+                return (f"ranks[{index}]: field `{name}` is {value!r}: a finite number of seconds, "
                         "not negative")
     return "`ranks` is not a node's rank columns"  # not reached: the one-pass check accepts the rest
 
@@ -552,12 +544,13 @@ def _checked_rank(entry: object, node: str, where: str) -> RankBeat:
     process = field(entry, "process", str, where)
     if process not in PROCESS_STATES:
         raise RecordError(where, f"process {process!r} is not one of {', '.join(PROCESS_STATES)}")
-    progress = RankProgress(rank=_count(entry, "rank", where), node=node, step=_count(entry, "step", where),
-                            phase=phase, at=_seconds(entry, "at", where), pid=_count(entry, "pid", where),
-                            compute_s=_seconds(entry, "compute_s", where),
-                            compute_steps=_count(entry, "compute_steps", where),
-                            alive_at=_seconds(entry, "alive_at", where))
-    return RankBeat(progress, process, _seconds(entry, "stopped_since", where))
+    progress = RankProgress(rank=count_field(entry, "rank", where), node=node,
+                            step=count_field(entry, "step", where), phase=phase,
+                            at=seconds_field(entry, "at", where), pid=count_field(entry, "pid", where),
+                            compute_s=seconds_field(entry, "compute_s", where),
+                            compute_steps=count_field(entry, "compute_steps", where),
+                            alive_at=seconds_field(entry, "alive_at", where))
+    return RankBeat(progress, process, seconds_field(entry, "stopped_since", where))
 
 
 _last_holdings: dict[str, CheckpointHoldings] = {}
@@ -601,28 +594,7 @@ def _health(body: Mapping[str, Any], where: str) -> NodeHealth:
     evidence = field(body, "evidence", list, where)
     if len(evidence) > MAX_EVIDENCE or not all(isinstance(e, str) and len(e) <= MAX_TEXT for e in evidence):
         raise RecordError(where, f"evidence must be at most {MAX_EVIDENCE} strings of {MAX_TEXT} characters")
-    return NodeHealth(verdict, tuple(evidence), _seconds(body, "state_at", where))
-
-
-def _text(body: Mapping[str, Any], key: str, where: str) -> str:
-    value: str = field(body, key, str, where)
-    if len(value) > MAX_TEXT or not value.isprintable():
-        raise RecordError(where, f"field `{key}` must be printable text of at most {MAX_TEXT} characters")
-    return value
-
-
-def _seconds(body: Mapping[str, Any], key: str, where: str) -> float:
-    value = field(body, key, (int, float), where)
-    if isinstance(value, bool) or not math.isfinite(value) or value < 0:
-        raise RecordError(where, f"field `{key}` is {value!r}: it must be a finite number of seconds, not negative")
-    return float(value)
-
-
-def _count(body: Mapping[str, Any], key: str, where: str) -> int:
-    value = field(body, key, int, where)
-    if isinstance(value, bool) or value < 0:
-        raise RecordError(where, f"field `{key}` is {value!r}: it must be a whole number, not negative")
-    return int(value)
+    return NodeHealth(verdict, tuple(evidence), seconds_field(body, "state_at", where))
 
 
 def _refuse_constant(name: str) -> float:

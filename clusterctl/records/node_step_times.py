@@ -14,21 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import RecordError, check_header, field, header, read_json_record
+from clusterctl.records.versioned import (
+    RecordError, check_header, field, header, number_field, number_or_none_field, read_json_record,
+)
 
 KIND = "node-step-times"
 VERSION = 1
 NAME = "step_times.json"
 STATES = ("ok", "slow", "straggler")
-
-
-def _number(data: Mapping[str, Any], key: str, where: str) -> float:
-    return float(field(data, key, (int, float), where))
-
-
-def _optional_number(data: Mapping[str, Any], key: str, where: str) -> float | None:
-    value = field(data, key, (int, float, type(None)), where)
-    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
@@ -59,8 +52,9 @@ class NodeStepTime:
         if state not in STATES:
             raise RecordError(where, f"field `state` is {state!r}, not one of {', '.join(STATES)}")
         return cls(node=field(data, "node", str, where), ranks=tuple(ranks),
-                   seconds=_optional_number(data, "seconds", where), ratio=_optional_number(data, "ratio", where),
-                   state=state, lost_s=_number(data, "lost_s", where))
+                   seconds=number_or_none_field(data, "seconds", where),
+                   ratio=number_or_none_field(data, "ratio", where),
+                   state=state, lost_s=number_field(data, "lost_s", where))
 
 
 @dataclass(frozen=True)
@@ -84,9 +78,9 @@ class NodeStepTimes:
     def from_json(cls, data: object, where: str) -> NodeStepTimes:
         """Parse a stored record; RecordError for anything not understood."""
         body = check_header(data, KIND, VERSION, where)
-        return cls(job_id=field(body, "job_id", str, where), at=_number(body, "at", where),
-                   step=field(body, "step", int, where), reference=_optional_number(body, "reference", where),
-                   lost_s=_number(body, "lost_s", where),
+        return cls(job_id=field(body, "job_id", str, where), at=number_field(body, "at", where),
+                   step=field(body, "step", int, where), reference=number_or_none_field(body, "reference", where),
+                   lost_s=number_field(body, "lost_s", where),
                    nodes=tuple(NodeStepTime.from_json(n, where) for n in field(body, "nodes", list, where)))
 
 

@@ -21,7 +21,6 @@ they lack.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,7 +28,8 @@ from typing import Any
 
 from clusterctl.files import atomic_write
 from clusterctl.records.versioned import (
-    RecordError, check_header, field, header, measured_field, measured_to_json, read_json_record,
+    RecordError, check_header, count_field, dated_field, field, finite_field, header, measured_field,
+    measured_to_json, read_json_record, seconds_field,
 )
 from clusterctl.slurm.names import node_name_problem
 
@@ -95,11 +95,12 @@ class RankProgress:
             raise RecordError(where, f"field `node`: {problem}")
         compute_s, compute_steps, alive_at = 0.0, 0, 0.0
         if older != 1:
-            compute_s = _seconds(body, "compute_s", where)
-            compute_steps = _count(body, "compute_steps", where)
-            alive_at = _seconds(body, "alive_at", where)
-        record = cls(rank=_count(body, "rank", where), node=node, step=_count(body, "step", where), phase=phase,
-                     at=_seconds(body, "at", where), pid=_count(body, "pid", where),
+            compute_s = seconds_field(body, "compute_s", where)
+            compute_steps = count_field(body, "compute_steps", where)
+            alive_at = seconds_field(body, "alive_at", where)
+        record = cls(rank=count_field(body, "rank", where), node=node, step=count_field(body, "step", where),
+                     phase=phase,
+                     at=seconds_field(body, "at", where), pid=count_field(body, "pid", where),
                      compute_s=compute_s, compute_steps=compute_steps, alive_at=alive_at)
         if older is not None:
             return record
@@ -107,17 +108,8 @@ class RankProgress:
         if grad_norm is not None and grad_norm < 0:
             raise RecordError(where, f"field `grad_norm` is {grad_norm!r}: a norm is not negative")
         return replace(record, tokens=_total(body, "tokens", where), flops=_total(body, "flops", where),
-                       loss=loss, loss_step=_step_of(body, "loss_step", loss, where),
-                       grad_norm=grad_norm, grad_norm_step=_step_of(body, "grad_norm_step", grad_norm, where))
-
-
-def _seconds(body: Mapping[str, Any], key: str, where: str, what: str = "a finite number of seconds") -> float:
-    # JSON as Python reads it admits NaN and Infinity: a NaN time compares false with everything
-    # and an infinite one outlasts every other rank's, so either would steer the watches.
-    value = float(field(body, key, (int, float), where))
-    if not math.isfinite(value) or value < 0:
-        raise RecordError(where, f"field `{key}` is {value!r}: it must be {what}, not negative")
-    return value
+                       loss=loss, loss_step=dated_field(body, "loss_step", loss, where),
+                       grad_norm=grad_norm, grad_norm_step=dated_field(body, "grad_norm_step", grad_norm, where))
 
 
 MAX_TOTAL = 1e35
@@ -126,25 +118,9 @@ so a node's sum of 64 ranks stays a finite number whatever a rank's file says.""
 
 
 def _total(body: Mapping[str, Any], key: str, where: str) -> float:
-    value = _seconds(body, key, where, "a finite count")
+    value = finite_field(body, key, where, what="a finite count")
     if value > MAX_TOTAL:
         raise RecordError(where, f"field `{key}` is {value!r}: more than any training run counts ({MAX_TOTAL:g})")
-    return value
-
-
-def _step_of(body: Mapping[str, Any], key: str, value: float | None, where: str) -> int | None:
-    """The step a measured value is of: a whole number beside a value, null without one."""
-    if value is None:
-        if body.get(key) is not None:
-            raise RecordError(where, f"field `{key}` is set without the value it dates")
-        return None
-    return _count(body, key, where)
-
-
-def _count(body: Mapping[str, Any], key: str, where: str) -> int:
-    value: int = field(body, key, int, where)
-    if value < 0:
-        raise RecordError(where, f"field `{key}` is {value}: it must not be negative")
     return value
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import check_header, field, header, read_json_record
+from clusterctl.records.versioned import check_header, field, header, number_field, read_json_record
 
 KIND = "rank-record"
 VERSION = 1
@@ -50,7 +50,7 @@ class RankRecord:
         return cls(rank=field(body, "rank", int, where), node=field(body, "node", str, where),
                    hostname=field(body, "hostname", str, where), pid=field(body, "pid", int, where),
                    local_rank=field(body, "local_rank", int, where),
-                   started=float(field(body, "started", (int, float), where)),
+                   started=number_field(body, "started", where),
                    slurm_procid=field(body, "slurm_procid", _OPTIONAL_STR, where),
                    slurm_localid=field(body, "slurm_localid", _OPTIONAL_STR, where),
                    slurm_nodeid=field(body, "slurm_nodeid", _OPTIONAL_STR, where),

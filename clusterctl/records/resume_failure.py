@@ -18,7 +18,7 @@ from typing import Any
 from clusterctl.files import atomic_write
 from clusterctl.records.checkpoint_manifest import TIERS
 from clusterctl.records.versioned import (
-    RecordError, check_header, choice_field, field, header, node_field, read_json_record, refuse_unknown,
+    RecordError, check_header, choice_field, field, header, node_field, read_json_record, refuse_unknown, text_field,
     whole_field,
 )
 from clusterctl.slurm.names import node_name_problem
@@ -82,15 +82,8 @@ class ResumeFailure:
         if len(entries) > MAX_BAD:
             raise RecordError(where, f"field `bad_copies` lists {len(entries)}: at most {MAX_BAD}")
         return cls(node=node_field(body, "node", where), step=whole_field(body, "step", where),
-                   why=_text(body, "why", where),
+                   why=text_field(body, "why", where, limit=MAX_TEXT),
                    bad_copies=tuple(_bad(e, f"{where}: bad_copies[{i}]") for i, e in enumerate(entries)))
-
-
-def _text(body: Any, key: str, where: str) -> str:
-    value = field(body, key, str, where)
-    if len(value) > MAX_TEXT:
-        raise RecordError(where, f"field `{key}` is longer than {MAX_TEXT} characters")
-    return str(value)
 
 
 def _bad(data: object, where: str) -> BadCopy:
@@ -102,7 +95,7 @@ def _bad(data: object, where: str) -> BadCopy:
         raise RecordError(where, f"field `held_on`: {problem}")
     return BadCopy(step=whole_field(data, "step", where), of_node=node_field(data, "of_node", where),
                    tier=choice_field(data, "tier", TIERS, where), held_on=held_on,
-                   problem=_text(data, "problem", where))
+                   problem=text_field(data, "problem", where, limit=MAX_TEXT))
 
 
 def write_resume_failure(launch_dir: Path, failure: ResumeFailure) -> Path:

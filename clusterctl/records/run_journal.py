@@ -27,8 +27,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from clusterctl.files import UnreadableFileError, append_json_line, read_json_lines
-from clusterctl.records.versioned import RecordError, check_header, field, header
-from clusterctl.slurm.names import job_id_problem, node_name_problem
+from clusterctl.records.versioned import (
+    RecordError, check_header, field, header, node_field, nodes_field, number_field, number_or_none_field,
+    strings_field,
+)
+from clusterctl.slurm.names import job_id_problem
 
 KIND = "run-event"
 VERSION = 2
@@ -82,26 +85,8 @@ class DecisionAction(enum.StrEnum):
 
 
 # ---- reading helpers ------------------------------------------------------------------
-_NUMBER = (int, float)
-_OPTIONAL_NUMBER = (int, float, type(None))
 _OPTIONAL_STR = (str, type(None))
 _OPTIONAL_INT = (int, type(None))
-
-
-def _number(data: Mapping[str, Any], key: str, where: str) -> float:
-    return float(field(data, key, _NUMBER, where))
-
-
-def _optional_number(data: Mapping[str, Any], key: str, where: str) -> float | None:
-    value = field(data, key, _OPTIONAL_NUMBER, where)
-    return None if value is None else float(value)
-
-
-def _strings(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-    values = field(data, key, list, where)
-    if not all(isinstance(v, str) for v in values):
-        raise RecordError(where, f"field `{key}` must be a list of strings")
-    return tuple(values)
 
 
 def _job_id(data: Mapping[str, Any], key: str, where: str) -> str:
@@ -111,23 +96,6 @@ def _job_id(data: Mapping[str, Any], key: str, where: str) -> str:
     if problem:
         raise RecordError(where, f"field `{key}`: {problem}")
     return value
-
-
-def _node(data: Mapping[str, Any], key: str, where: str) -> str:
-    value: str = field(data, key, str, where)
-    problem = node_name_problem(value)
-    if problem:
-        raise RecordError(where, f"field `{key}`: {problem}")
-    return value
-
-
-def _nodes(data: Mapping[str, Any], key: str, where: str) -> tuple[str, ...]:
-    names = _strings(data, key, where)
-    for name in names:
-        problem = node_name_problem(name)
-        if problem:
-            raise RecordError(where, f"field `{key}`: {problem}")
-    return names
 
 
 def _choice(enum_type: type[enum.StrEnum], data: Mapping[str, Any], key: str, where: str) -> Any:
@@ -162,9 +130,9 @@ class BlamedNode:
         """Parse one blamed node; RecordError naming the field that is wrong."""
         if not isinstance(data, Mapping):
             raise RecordError(where, "a blamed node is not a JSON object")
-        return cls(node=_node(data, "node", where), reason=field(data, "reason", str, where),
-                   evidence=_strings(data, "evidence", where) if "evidence" in data else (),
-                   until=_optional_number(data, "until", where) if "until" in data else None)
+        return cls(node=node_field(data, "node", where), reason=field(data, "reason", str, where),
+                   evidence=strings_field(data, "evidence", where, default=()),
+                   until=number_or_none_field(data, "until", where, default=None))
 
 
 @dataclass(frozen=True)
@@ -184,7 +152,7 @@ class SlurmTimes:
         """Parse the times; an empty object (a lost job) has none."""
         if not isinstance(data, Mapping):
             raise RecordError(where, "field `times` is not a JSON object")
-        return cls(*(_optional_number(data, key, where) if key in data else None for key in ("submit", "start", "end")))
+        return cls(*(number_or_none_field(data, key, where, default=None) for key in ("submit", "start", "end")))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -204,7 +172,7 @@ class Created:
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Created:
         """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         return cls(at=at, name=field(data, "name", str, where),
-                   source=field(data, "source", _OPTIONAL_STR, where) if "source" in data else None)
+                   source=field(data, "source", _OPTIONAL_STR, where, default=None))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -267,10 +235,10 @@ class Submitted:
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> Submitted:
         """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         return cls(at=at, attempt=field(data, "attempt", int, where), job_id=_job_id(data, "job_id", where),
-                   argv=_strings(data, "argv", where) if "argv" in data else (),
-                   resume_from=field(data, "resume_from", _OPTIONAL_STR, where) if "resume_from" in data else None,
-                   exclude=field(data, "exclude", _OPTIONAL_STR, where) if "exclude" in data else None,
-                   reconciled=field(data, "reconciled", bool, where) if "reconciled" in data else False)
+                   argv=strings_field(data, "argv", where, default=()),
+                   resume_from=field(data, "resume_from", _OPTIONAL_STR, where, default=None),
+                   exclude=field(data, "exclude", _OPTIONAL_STR, where, default=None),
+                   reconciled=field(data, "reconciled", bool, where, default=False))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -290,7 +258,7 @@ class SubmitLost:
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> SubmitLost:
         """Read the event\'s own fields (the header, `event` and `at` are already read)."""
         return cls(at=at, attempt=field(data, "attempt", int, where),
-                   comment=field(data, "comment", str, where) if "comment" in data else "")
+                   comment=field(data, "comment", str, where, default=""))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -368,29 +336,28 @@ class RecoveredInAllocation:
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> RecoveredInAllocation:
         """Read the event's own fields (the header, `event` and `at` are already read)."""
-        phases = field(data, "phases", Mapping, where) if "phases" in data else {}
+        phases = field(data, "phases", Mapping, where, default={})
         if not all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
                    for k, v in phases.items()):
             raise RecordError(where, "field `phases` must map names to seconds")
         return cls(at=at, job_id=_job_id(data, "job_id", where), restart=field(data, "restart", int, where),
                    blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)),
-                   nodes=_nodes(data, "nodes", where),
-                   given_back=_nodes(data, "given_back", where) if "given_back" in data else (),
-                   checkpoint_step=field(data, "checkpoint_step", _OPTIONAL_INT, where)
-                   if "checkpoint_step" in data else None,
-                   checkpoint=field(data, "checkpoint", _OPTIONAL_STR, where) if "checkpoint" in data else None,
+                   nodes=nodes_field(data, "nodes", where),
+                   given_back=nodes_field(data, "given_back", where, default=()),
+                   checkpoint_step=field(data, "checkpoint_step", _OPTIONAL_INT, where, default=None),
+                   checkpoint=field(data, "checkpoint", _OPTIONAL_STR, where, default=None),
                    phases=tuple((k, float(v)) for k, v in phases.items()),
-                   reason=field(data, "reason", str, where) if "reason" in data else "",
-                   agent=_node(data, "agent", where) if data.get("agent") else "",
-                   took_over_from=_node(data, "took_over_from", where) if data.get("took_over_from") else "",
-                   stacks=_strings(data, "stacks", where) if "stacks" in data else (),
+                   reason=field(data, "reason", str, where, default=""),
+                   agent=node_field(data, "agent", where) if data.get("agent") else "",
+                   took_over_from=node_field(data, "took_over_from", where) if data.get("took_over_from") else "",
+                   stacks=strings_field(data, "stacks", where, default=()),
                    data_parallel_before=_replicas(data, "data_parallel_before", where),
                    data_parallel_after=_replicas(data, "data_parallel_after", where))
 
 
 def _replicas(data: Mapping[str, Any], key: str, where: str) -> int | None:
     """A data-parallel size (a whole number of at least 1), None when absent."""
-    value = field(data, key, _OPTIONAL_INT, where) if key in data else None
+    value: int | None = field(data, key, _OPTIONAL_INT, where, default=None)
     if value is not None and value < 1:
         raise RecordError(where, f"field `{key}` must be a data-parallel size of at least 1, found {value}")
     return value
@@ -444,11 +411,11 @@ class Resumed:
         return cls(at=at, job_id=_job_id(data, "job_id", where), restart=field(data, "restart", int, where),
                    step=field(data, "step", int, where), nodes=field(data, "nodes", int, where),
                    tiers=tuple((t, tiers[t]) for t in RESUME_TIERS if t in tiers),
-                   buddy_copies=_strings(data, "buddy_copies", where),
+                   buddy_copies=strings_field(data, "buddy_copies", where),
                    more_buddy_copies=field(data, "more_buddy_copies", int, where),
                    reported=field(data, "reported", int, where),
-                   read_seconds=_optional_number(data, "read_seconds", where),
-                   slowest_node=_node(data, "slowest_node", where) if data.get("slowest_node") else "")
+                   read_seconds=number_or_none_field(data, "read_seconds", where),
+                   slowest_node=node_field(data, "slowest_node", where) if data.get("slowest_node") else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -475,7 +442,7 @@ class AgentEnded:
     @classmethod
     def parse(cls, at: float, data: Mapping[str, Any], where: str) -> AgentEnded:
         """Read the event\'s own fields (the header, `event` and `at` are already read)."""
-        return cls(at=at, job_id=_job_id(data, "job_id", where), agent=_node(data, "agent", where),
+        return cls(at=at, job_id=_job_id(data, "job_id", where), agent=node_field(data, "agent", where),
                    epoch=field(data, "epoch", int, where), exit_code=field(data, "exit_code", int, where),
                    outcome=_choice(OutcomeKind, data, "outcome", where), message=field(data, "message", str, where),
                    blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)))
@@ -528,11 +495,12 @@ class StragglerFound:
         if action not in STRAGGLER_ACTIONS:
             raise RecordError(where, f"field `action` is {action!r}, which this clusterctl does not know "
                                      f"(known: {', '.join(STRAGGLER_ACTIONS)}); upgrade clusterctl on this host")
-        return cls(at=at, job_id=_job_id(data, "job_id", where), node=_node(data, "node", where), ranks=tuple(ranks),
-                   ratio=_number(data, "ratio", where), seconds=_number(data, "seconds", where),
-                   reference=_number(data, "reference", where), steps=field(data, "steps", int, where),
-                   since_step=field(data, "since_step", int, where), lost_s=_number(data, "lost_s", where),
-                   evidence=_strings(data, "evidence", where), hardware=_strings(data, "hardware", where),
+        return cls(at=at, job_id=_job_id(data, "job_id", where), node=node_field(data, "node", where),
+                   ranks=tuple(ranks),
+                   ratio=number_field(data, "ratio", where), seconds=number_field(data, "seconds", where),
+                   reference=number_field(data, "reference", where), steps=field(data, "steps", int, where),
+                   since_step=field(data, "since_step", int, where), lost_s=number_field(data, "lost_s", where),
+                   evidence=strings_field(data, "evidence", where), hardware=strings_field(data, "hardware", where),
                    action=action, blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)),
                    drain=field(data, "drain", str, where))
 
@@ -573,9 +541,9 @@ class Decided:
                    outcome=_choice(OutcomeKind, data, "outcome", where), message=field(data, "message", str, where),
                    blame=tuple(BlamedNode.from_json(b, where) for b in field(data, "blame", list, where)),
                    checkpoint_step=field(data, "checkpoint_step", _OPTIONAL_INT, where),
-                   checkpoint=field(data, "checkpoint", _OPTIONAL_STR, where) if "checkpoint" in data else None,
+                   checkpoint=field(data, "checkpoint", _OPTIONAL_STR, where, default=None),
                    action=_choice(DecisionAction, data, "action", where),
-                   delay=_number(data, "delay", where) if "delay" in data else 0.0,
+                   delay=number_field(data, "delay", where, default=0.0),
                    times=SlurmTimes.from_json(times, where) if times is not None else None)
 
 
@@ -605,8 +573,8 @@ class RunEnded:
     @classmethod
     def parse(cls, kind: EventKind, at: float, data: Mapping[str, Any], where: str) -> RunEnded:
         """Read the event\'s own fields (the header, `event` and `at` are already read)."""
-        return cls(kind=kind, at=at, message=field(data, "message", str, where) if "message" in data else "",
-                   jobs=_strings(data, "jobs", where) if "jobs" in data else ())
+        return cls(kind=kind, at=at, message=field(data, "message", str, where, default=""),
+                   jobs=strings_field(data, "jobs", where, default=()))
 
 
 RunEvent = (Created | Waiting | Submitting | Submitted | SubmitLost | Ending | RecoveredInAllocation
@@ -636,7 +604,7 @@ def event_from_json(data: object, where: str) -> RunEvent:
         version = sent if sent in READ_VERSIONS and type(sent) is int else VERSION
         body = check_header(data, KIND, version, where)
     kind = _choice(EventKind, body, "event", where)
-    at = _number(body, "at", where)
+    at = number_field(body, "at", where)
     if kind in END_KINDS:
         return RunEnded.parse(kind, at, body, where)
     return _PARSERS[kind](at, body, where)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.files import atomic_write
-from clusterctl.records.versioned import RecordError, check_header, field, header
+from clusterctl.records.versioned import RecordError, check_header, field, header, number_field
 
 KIND = "slurm-cache"
 VERSION = 1
@@ -41,7 +41,7 @@ class CachedAnswer:
     def from_json(cls, data: object, where: str) -> CachedAnswer:
         """Parse a cache entry; RecordError for anything not understood."""
         body = check_header(data, KIND, VERSION, where)
-        return cls(command=field(body, "command", str, where), at=float(field(body, "at", (int, float), where)),
+        return cls(command=field(body, "command", str, where), at=number_field(body, "at", where),
                    pid=field(body, "pid", int, where), text=field(body, "text", str, where))
 
 

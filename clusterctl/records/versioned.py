@@ -62,9 +62,23 @@ def checked(cls: type[T], values: dict[str, Any]) -> T:
     return made
 
 
-def field(data: Mapping[str, Any], key: str, types: type | tuple[type, ...], where: str) -> Any:
-    """One required field of the expected type (bool is never accepted as int)."""
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+"""The `default` of a field reader that has none: the field must be present."""
+
+
+def field(data: Mapping[str, Any], key: str, types: type | tuple[type, ...], where: str, *,
+          default: Any = REQUIRED) -> Any:
+    """One field of the expected type (bool is never accepted as int).  It is required unless a `default`
+    is given: then an absent field reads as `default` (a field a later release added within a version).
+    The readers below that take a `default` take it the same way."""
     if key not in data:
+        if default is not REQUIRED:
+            return default
         raise RecordError(where, f"missing field `{key}`")
     value = data[key]
     wanted = types if isinstance(types, tuple) else (types,)
@@ -73,6 +87,49 @@ def field(data: Mapping[str, Any], key: str, types: type | tuple[type, ...], whe
     if not isinstance(value, wanted):
         raise RecordError(where, f"field `{key}` has the wrong type ({type(value).__name__})")
     return value
+
+
+def _float(value: int | float, key: str, where: str) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # a whole number too large for a float
+        raise RecordError(where, f"field `{key}` is too large a number") from None
+
+
+def number_field(body: Mapping[str, Any], key: str, where: str, *, default: float = REQUIRED) -> float:
+    """A number of any sign, as a float."""
+    return _float(field(body, key, (int, float), where, default=default), key, where)
+
+
+def number_or_none_field(body: Mapping[str, Any], key: str, where: str, *,
+                         default: float | None = REQUIRED) -> float | None:
+    """A number of any sign as a float, or null (None)."""
+    value = field(body, key, (int, float, type(None)), where, default=default)
+    return None if value is None else _float(value, key, where)
+
+
+def text_field(body: Mapping[str, Any], key: str, where: str, *, limit: int, printable: bool = False) -> str:
+    """A text field of at most `limit` characters (`printable`: no control characters either)."""
+    value: str = field(body, key, str, where)
+    if printable and (len(value) > limit or not value.isprintable()):
+        raise RecordError(where, f"field `{key}` must be printable text of at most {limit} characters")
+    if len(value) > limit:
+        raise RecordError(where, f"field `{key}` is longer than {limit} characters")
+    return value
+
+
+def text_or_none_field(body: Mapping[str, Any], key: str, where: str, *, limit: int) -> str | None:
+    """A text field of at most `limit` characters, or null (None); present either way."""
+    return None if body.get(key, "") is None else text_field(body, key, where, limit=limit)
+
+
+def strings_field(body: Mapping[str, Any], key: str, where: str, *,
+                  default: tuple[str, ...] = REQUIRED) -> tuple[str, ...]:
+    """A list of strings, as a tuple."""
+    values = field(body, key, list, where, default=default)
+    if not all(isinstance(v, str) for v in values):
+        raise RecordError(where, f"field `{key}` must be a list of strings")
+    return tuple(values)
 
 
 def indented_json(document: Any) -> str:
@@ -127,31 +184,68 @@ def refuse_unknown(body: Mapping[str, Any], known: frozenset[str], where: str) -
 
 
 def whole_field(body: Mapping[str, Any], key: str, where: str, *, maximum: int = MAX_WHOLE) -> int:
-    """A required whole-number field from 0 to `maximum` (bool refused)."""
+    """A whole-number field from 0 to `maximum` (bool refused)."""
     value = field(body, key, int, where)
     if not 0 <= value <= maximum:
         raise RecordError(where, f"field `{key}` is {value}: a whole number from 0 to {maximum}")
     return int(value)
 
 
-def seconds_field(body: Mapping[str, Any], key: str, where: str) -> float:
-    """A required field of seconds (or an epoch time): a finite number, not negative."""
+def count_field(body: Mapping[str, Any], key: str, where: str) -> int:
+    """A whole number, not negative, with no bound above: for the records whose one-pass readers take any
+    such `int` (a node's report, a rank's progress), so that this accepts exactly what they do."""
+    value: int = field(body, key, int, where)
+    if value < 0:
+        raise RecordError(where, f"field `{key}` is {value}: a whole number, not negative")
+    return value
+
+
+def finite_field(body: Mapping[str, Any], key: str, where: str, *, what: str) -> float:
+    """A finite number, not negative, as a float; `what` names it in the error ("a finite count")."""
     value = field(body, key, (int, float), where)
-    if not math.isfinite(value) or value < 0:
-        raise RecordError(where, f"field `{key}` is {value!r}: a finite number of seconds, not negative")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # a whole number too large for a float
+        number = math.inf
+    if not math.isfinite(number) or number < 0:
+        raise RecordError(where, f"field `{key}` is {one_line(repr(value)[:64])}: {what}, not negative")
+    return number
+
+
+def seconds_field(body: Mapping[str, Any], key: str, where: str) -> float:
+    """A field of seconds (or an epoch time): a finite number, not negative."""
+    return finite_field(body, key, where, what="a finite number of seconds")
+
+
+def dated_field(body: Mapping[str, Any], key: str, value: float | None, where: str) -> int | None:
+    """The step (or rank) beside a measured `value`: a whole number beside a value, null without one."""
+    if value is None:
+        if body.get(key) is not None:
+            raise RecordError(where, f"field `{key}` is set without the value it goes with")
+        return None
+    return count_field(body, key, where)
 
 
 def node_field(body: Mapping[str, Any], key: str, where: str) -> str:
-    """A required field holding a Slurm node name (what may be put in an argv)."""
+    """A field holding a Slurm node name (what may be put in an argv)."""
     value = field(body, key, str, where)
     if (problem := node_name_problem(value)):
         raise RecordError(where, f"field `{key}`: {problem}")
     return str(value)
 
 
+def nodes_field(body: Mapping[str, Any], key: str, where: str, *,
+                default: tuple[str, ...] = REQUIRED) -> tuple[str, ...]:
+    """A list of Slurm node names, as a tuple."""
+    names = strings_field(body, key, where, default=default)
+    for name in names:
+        if (problem := node_name_problem(name)):
+            raise RecordError(where, f"field `{key}`: {problem}")
+    return names
+
+
 def choice_field(body: Mapping[str, Any], key: str, choices: tuple[str, ...], where: str) -> str:
-    """A required text field that is one of `choices`."""
+    """A text field that is one of `choices`."""
     value = field(body, key, str, where)
     if value not in choices:
         raise RecordError(where, f"field `{key}` is {value[:64]!r}: one of {', '.join(choices)}")

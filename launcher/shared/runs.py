@@ -1,7 +1,7 @@
 """A run: one directory holding the spec, every attempt's job id and an append-only journal.
 
     <run>/spec.toml            the spec as written (for people)
-    <run>/spec.json            the effective spec (overrides applied; what the job reads), kind `run-spec`
+    <run>/spec.json            the effective spec (overrides applied; what the job reads): clusterctl.records.run_spec
     <run>/journal.jsonl        typed events (clusterctl.records.run_journal): created, submitted, decided...
     <run>/attempts/<n>/        job.sbatch of attempt n, and experiment.json: what it ran (resolved spec, command,
                                code and data versions, clusterctl's version; clusterctl.records.experiment_record)
@@ -17,7 +17,7 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -26,7 +26,9 @@ from clusterctl.errors import ClusterctlError, OutputError, RunError
 from clusterctl.files import atomic_write, check_owned
 from clusterctl.launcher.pure.spec import JobSpec, spec_from_dict
 from clusterctl.records.rank_map import JobRankMap, read_rank_map
-from clusterctl.records.versioned import RecordError, check_header, header, read_json_record
+from clusterctl.records.run_spec import FILE_NAME as SPEC_FILE
+from clusterctl.records.run_spec import RunSpecRecord, read_run_spec, run_spec_path, write_run_spec
+from clusterctl.records.versioned import RecordError
 from clusterctl.records.run_journal import (
     Created, RunEvent, RunJournal, Submitted, append_run_event, event_from_json, read_run_journal,
 )
@@ -55,16 +57,15 @@ class RunDir:
         return self.path / "journal.jsonl"
 
     def exists(self) -> bool:
-        return (self.path / "spec.json").is_file()
+        return run_spec_path(self.path).is_file()
 
     def spec(self) -> JobSpec:
         """The run's effective spec; RunError without one, RecordError when this clusterctl cannot read it."""
-        path = self.path / "spec.json"
         try:
-            parsed = read_json_record(path, limit=SPEC_LIMIT)
+            record = read_run_spec(self.path)
         except FileNotFoundError:
             raise RunError(f"{self.path} is not a clusterctl run (no spec.json)") from None
-        return spec_from_document(parsed, str(path))
+        return spec_from_record(record, str(run_spec_path(self.path)))
 
     def journal(self) -> RunJournal:
         """The journal's events and its unreadable lines (RecordError for an event this clusterctl cannot read)."""
@@ -127,7 +128,7 @@ class RunDir:
         """
         uid = os.getuid() if uid is None else uid
         expected: tuple[tuple[Path, Literal["file", "directory"]], ...] = (
-            (self.path, "directory"), (self.path / "spec.json", "file"), (self.journal_path, "file"))
+            (self.path, "directory"), (run_spec_path(self.path), "file"), (self.journal_path, "file"))
         for path, kind in expected:
             try:
                 problem = check_owned(path, uid=uid, kind=kind)
@@ -174,28 +175,21 @@ def log_path(run_path: Path, job_id: str) -> Path:
     return run_path / "logs" / f"{job_id}.out"
 
 
-SPEC_LIMIT = 4 << 20
-"""The largest spec.json read (bytes): a spec is a few KB; a bigger file is not one clusterctl wrote."""
-SPEC_KIND = "run-spec"
-SPEC_VERSION = 1
-
-
 def spec_document(spec: JobSpec) -> dict[str, Any]:
-    """spec.json's JSON: the spec as `JobSpec.to_dict` gives it, under a kind and version header."""
-    return {**header(SPEC_KIND, SPEC_VERSION), **spec.to_dict()}
+    """spec.json's JSON (clusterctl.records.run_spec): the spec as `JobSpec.to_dict` gives it, under its header."""
+    return RunSpecRecord(spec.to_dict()).to_json()
 
 
 def spec_from_document(data: object, where: str) -> JobSpec:
-    """Read spec.json's JSON back; RecordError for a newer or damaged one.
+    """Read spec.json's JSON back; RecordError for a newer or damaged one (a spec.json from before the
+    header is read as version 1)."""
+    return spec_from_record(RunSpecRecord.from_json(data, where), where)
 
-    A spec.json from before the header (no `kind`) holds the same fields and is read as version 1.
-    """
-    if isinstance(data, Mapping) and "kind" not in data and "version" not in data:
-        body: Mapping[str, Any] = data
-    else:
-        body = check_header(data, SPEC_KIND, SPEC_VERSION, where)
+
+def spec_from_record(record: RunSpecRecord, where: str) -> JobSpec:
+    """The spec a run-spec record holds; RecordError naming `where` when its fields are not a spec."""
     try:
-        return spec_from_dict({key: value for key, value in body.items() if key not in ("kind", "version")})
+        return spec_from_dict(dict(record.spec))
     except (KeyError, TypeError, ValueError, AttributeError, ClusterctlError) as exc:
         raise RecordError(where, f"not a run spec this clusterctl can read ({exc.__class__.__name__}: {exc})") from None
 
@@ -227,7 +221,7 @@ def create_run(path: Path, spec: JobSpec, spec_text: str) -> RunDir:
     # Only the owner reads the spec back (the job runs as the same user): it may hold secrets
     # (restart.webhook, [launch] env values), so it is not left world-readable.
     atomic_write(path / "spec.toml", spec_text, mode=0o600)
-    atomic_write(path / "spec.json", json.dumps(spec_document(spec), indent=2, sort_keys=True) + "\n", mode=0o600)
+    write_run_spec(path, RunSpecRecord(spec.to_dict()))
     run = RunDir(path)
     run.record(Created(at=run.now(), name=spec.job.name, source=spec.source))
     return run
@@ -343,7 +337,7 @@ def list_runs(runs_root: Path, limit: int = 20, *, uid: int | None = None,
     """
     uid = os.getuid() if uid is None else uid
     runs, others = [], 0
-    for run in _run_dirs(runs_root, "spec.json"):
+    for run in _run_dirs(runs_root, SPEC_FILE):
         try:
             problem = run.ownership_problem(uid)
         except OSError:
