@@ -18,7 +18,8 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 
 packages=(gcc libc6-dev iproute2 util-linux procps shellcheck
-          munge slurmctld slurmd slurm-client slurmdbd slurmrestd mariadb-server-core mariadb-client-core)
+          munge slurmctld slurmd slurm-client slurmdbd slurmrestd mariadb-server-core mariadb-client-core
+          fuse3)  # fuse3: libfuse3 for the testbed's hung shared mount (tests/e2e/test_active_health.py)
 # Debian's Python only where no usable python3 (with venv) is on the PATH already.
 if ! { command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null; }; then
   packages+=(python3 python3-venv python3-dev)
