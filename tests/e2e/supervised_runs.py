@@ -3,8 +3,10 @@ testbed's login node, wait for what it does, read its journal, collect its outpu
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from clusterctl.records.run_journal import read_run_journal
@@ -55,3 +57,24 @@ def finished(cluster, proc: subprocess.Popen, timeout: float = 180) -> str:
         raise AssertionError(f"the supervisor did not finish:\n{proc.communicate()[0]}\n{queue}") from None
     assert proc.returncode == 0, out
     return out
+
+
+def wait_for_agent_status(cluster, run_dir: Path, proc: subprocess.Popen, shows: Callable[[dict], bool], what: str,
+                          timeout: float = 150) -> dict:
+    """Read `clusterctl status RUN --json` on the login node until `shows(its agent part)` holds; that agent part
+    (the last status read is shown when it never does)."""
+    from tests.conftest import clusterctl_on
+
+    looked: list[dict] = []
+
+    def shown() -> bool:
+        if not (run_dir / "journal.jsonl").exists():  # the supervisor has not made the run directory yet
+            return False
+        looked[-1:] = [json.loads(clusterctl_on(cluster, "status", str(run_dir), "--json").stdout)]
+        return shows(looked[-1].get("agent") or {})
+
+    try:
+        wait_until(shown, what, timeout=timeout, proc=proc)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\nthe last status --json: {json.dumps(looked[-1:], indent=1)}") from None
+    return looked[-1]["agent"]

@@ -6,7 +6,6 @@ reporter to the job's agent, and they agree with what the trainer itself says it
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, clusterctl_on
-from tests.e2e.supervised_runs import finished, supervised, wait_until
+from tests.e2e.supervised_runs import finished, supervised, wait_for_agent_status
 
 # Nothing here differs between Slurm releases (the path is the job's own: files, UDP, the agent's summary).
 pytestmark = [pytest.mark.e2e, pytest.mark.one_release]
@@ -54,25 +53,14 @@ def test_a_framework_run_shows_the_loss_and_tokens_per_second_its_callback_beat(
     script, framework, steps, step_time, tokens_a_step = EXAMPLES[example]
     pytest.importorskip(framework, reason=f"{framework} is not installed (scripts/setup.sh with CLUSTERCTL_TORCH=1)")
     proc, run_dir = supervised(cluster, tmp_path, _spec(cluster, tmp_path, script, steps, step_time))
-    shown: list[dict] = []
-    looked: list[dict] = []
 
-    def training_shown() -> bool:
-        if not (run_dir / "journal.jsonl").exists():
-            return False
-        status = json.loads(clusterctl_on(cluster, "status", str(run_dir), "--json").stdout)
-        looked[-1:] = [status]
-        agent = status.get("agent") or {}
+    def trained(agent: dict) -> bool:
         training = agent.get("training") or {}
-        if training.get("tokens_per_s") and training.get("loss") is not None and (agent.get("max_step") or 0) > steps // 4:
-            shown.append({**training, "max_step": agent["max_step"]})
-            return True
-        return False
+        return bool(training.get("tokens_per_s")) and training.get("loss") is not None and \
+            (agent.get("max_step") or 0) > steps // 4
 
-    try:
-        wait_until(training_shown, "the loss and tokens/s in status --json", timeout=150, proc=proc)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nthe last status --json: {json.dumps(looked[-1:], indent=1)}") from None
+    training = wait_for_agent_status(cluster, run_dir, proc, trained, "the loss and tokens/s in status --json")[
+        "training"]
     text = clusterctl_on(cluster, "status", str(run_dir)).stdout
     out = finished(cluster, proc, timeout=240)
     logs = "\n".join(path.read_text() for path in (run_dir / "logs").glob("*.out"))
@@ -80,7 +68,6 @@ def test_a_framework_run_shows_the_loss_and_tokens_per_second_its_callback_beat(
     assert done and int(done[1]) == steps, out + logs[-3000:]
     # The trainer's own rate over its whole run (the agent's window is a later stretch of it).
     said = steps * tokens_a_step / float(done[2])
-    training = shown[-1]
     assert said * 0.6 <= training["tokens_per_s"] <= said * 2.0, (training, said)
     assert math.isfinite(training["loss"]) and training["loss"] > 0, training
     assert "tokens/s" in text and "loss" in text, text

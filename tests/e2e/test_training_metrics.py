@@ -18,7 +18,7 @@ import pytest
 from clusterctl_testbed.slurm_config import job_metrics_dir
 
 from tests.conftest import REPO, clusterctl_on
-from tests.e2e.supervised_runs import finished, supervised, wait_until
+from tests.e2e.supervised_runs import finished, supervised, wait_for_agent_status
 
 # Nothing here differs between Slurm releases (the path is the job's own: files, UDP, the agent's summary).
 pytestmark = [pytest.mark.e2e, pytest.mark.one_release]
@@ -59,32 +59,19 @@ LOGGED = re.compile(r"step (\d+) took [0-9.]+ s; loss ([0-9.]+); (\d+) tokens/s 
 
 def test_status_json_shows_the_tokens_per_second_and_mfu_the_trainer_logged(cluster, tmp_path):
     proc, run_dir = supervised(cluster, tmp_path, _spec(cluster, tmp_path))
-    seen: list[dict] = []
-    looked: list[dict] = []  # the last status --json read, shown when the figures never came
 
-    def training_measured() -> bool:
-        if not (run_dir / "journal.jsonl").exists():  # the supervisor has not made the run directory yet
-            return False
-        status = json.loads(clusterctl_on(cluster, "status", str(run_dir), "--json").stdout)
-        looked[-1:] = [status]
-        agent = status.get("agent") or {}
+    def measured(agent: dict) -> bool:
         training = agent.get("training") or {}
         # Every node heard twice within the window, well into the run (past start-up and the first checkpoint).
-        if training.get("nodes") == 2 and training.get("mfu") is not None and (agent.get("max_step") or 0) > 300:
-            # The admins' node_exporter sees the job too (the testbed's healthd.toml names job_metrics_dir).
-            exported = job_metrics_dir(cluster.layout) / f"clusterctl_job_{agent['job_id']}.prom"
-            seen.append({**training, "max_step": agent["max_step"], "job_id": agent["job_id"], "at": agent["at"],
-                         "prom": exported.read_text() if exported.exists() else ""})
-            return True
-        return False
+        return training.get("nodes") == 2 and training.get("mfu") is not None and (agent.get("max_step") or 0) > 300
 
-    try:
-        wait_until(training_measured, "tokens/s and MFU in status --json", timeout=150, proc=proc)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nthe last status --json: {json.dumps(looked[-1:], indent=1)}") from None
+    agent = wait_for_agent_status(cluster, run_dir, proc, measured, "tokens/s and MFU in status --json")
+    # The admins' node_exporter sees the job too (the testbed's healthd.toml names job_metrics_dir).
+    exported = job_metrics_dir(cluster.layout) / f"clusterctl_job_{agent['job_id']}.prom"
+    shown = {**agent["training"], "max_step": agent["max_step"], "job_id": agent["job_id"], "at": agent["at"],
+             "prom": exported.read_text() if exported.exists() else ""}
     text = clusterctl_on(cluster, "status", str(run_dir)).stdout
     out = finished(cluster, proc, timeout=240)
-    shown = seen[-1]
     # What the trainer's rank 0 logged (the job's log): the job's tokens/s over each 25-step interval.
     logs = "\n".join(path.read_text() for path in (run_dir / "logs").glob("*.out"))
     logged = [(int(m[1]), float(m[2]), int(m[3])) for m in LOGGED.finditer(logs)]
