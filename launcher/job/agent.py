@@ -363,7 +363,8 @@ class Agent:
         resume_from = checkpoint.path if checkpoint else resume_from
         slots: tuple[str, ...] = ()
         try:
-            launched = self.steps.launch(job_dir, decision.nodes, resume_from, restart, self.layout)
+            launched = self.steps.launch(job_dir, decision.nodes, resume_from, restart, self.layout,
+                                         decision.planned)
             slots = launched.slots
         finally:  # the blame is journaled even when the new step cannot start: a resubmission avoids it
             done = self.doors.monotonic()

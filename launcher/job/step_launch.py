@@ -20,6 +20,7 @@ from clusterctl.launcher.job.signal_watch import Inbox, SignalWatch
 from clusterctl.launcher.pure.checkpoint_tiers import nodes_for_map
 from clusterctl.launcher.pure.node_signals import SignalPolicy, slurm_sweep_seconds
 from clusterctl.launcher.pure.parallel import ParallelLayout, data_parallel_environment
+from clusterctl.launcher.pure.placement import PlannedMap
 from clusterctl.launcher.pure.shrink import nodes_for
 from clusterctl.launcher.pure.spec import JobSpec
 from clusterctl.records.peer_beat import PEER_PORT_ENV, PEER_PORTS
@@ -119,15 +120,16 @@ class StepLauncher:
         return replace(self.spec, parallel=layout, job=replace(self.spec.job, nodes=nodes))
 
     def launch(self, job_dir: Path, nodes: Sequence[str], resume_from: str | None, restart: int = 0,
-               layout: ParallelLayout | None = None) -> Launched:
+               layout: ParallelLayout | None = None, planned: PlannedMap | None = None) -> Launched:
         """Start step `restart` (0: the job's first) of the ranks on `nodes`, from `resume_from` (with
-        tiers: from the tiers' plan), its files in `job_dir`; at `layout` (None: the spec's) after a shrink."""
+        tiers: from the tiers' plan), its files in `job_dir`; at `layout` (None: the spec's) after a shrink,
+        whose map the judge `planned` (taken when it is the map these nodes get, else planned again)."""
         from clusterctl.launcher.job.steps import plan_for_job
         from clusterctl.launcher.pure.render import launch_command
         spec = self.step_spec(layout)
         env = resized_environment(self.environ, nodes)
         env.update(data_parallel_environment(self.spec.parallel.dp, spec.parallel.dp))
-        rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm, layout=spec.parallel)
+        rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm, layout=spec.parallel, planned=planned)
         if self.tiers is not None:
             holders = self.tiers.holders()
             chosen = nodes_for_map(nodes, rank_map.rank_map.slots, holders)
@@ -142,7 +144,8 @@ class StepLauncher:
                                             layout=spec.parallel)
                 except (PlacementError, ValueError) as exc:  # the first map stands: a slower resume, not none
                     self.doors.say(f"cannot make the map of {' '.join(chosen)} ({exc}); keeping the first")
-                    rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm, layout=spec.parallel)
+                    rank_map = plan_for_job(self.run_dir, job_dir, env, self.doors.slurm, layout=spec.parallel,
+                                            planned=planned)
             if not holders <= set(rank_map.rank_map.slots):
                 self.tiers.resume_point(rank_map.rank_map.slots)  # a copy off the map cannot be fetched
             # The program resumes through clusterctl.checkpoint, which reads the step's tier index.

@@ -41,6 +41,7 @@ from clusterctl.records.rank_record import RankRecord, write_rank_record
 
 if TYPE_CHECKING:
     from clusterctl.launcher.pure.parallel import ParallelLayout
+    from clusterctl.launcher.pure.placement import PlannedMap
     from clusterctl.slurm.commands import TopologySource
     from clusterctl.slurm.topology import Topology
 
@@ -79,14 +80,16 @@ def port_is_free(port: int) -> bool:
 
 
 def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm: TopologySource,
-                 candidates: Sequence[str] | None = None, layout: ParallelLayout | None = None) -> JobRankMap:
+                 candidates: Sequence[str] | None = None, layout: ParallelLayout | None = None,
+                 planned: PlannedMap | None = None) -> JobRankMap:
     """Compute and write the job's rank map; returns it.  `candidates`: the nodes of the allocation the map
     may take (default: all of them); the map records the whole allocation, the rest as its unused nodes.
-    `layout`: the step's parallel layout when it is not the spec's (a job that shrank)."""
+    `layout`: the step's parallel layout when it is not the spec's (a job that shrank).  `planned`: a map
+    already planned (a shrink's, by the recovery judge), taken when planned from the same inputs as this one."""
     # Imported here, not at the top: every rank runs this module (the `rank` step), and on a
     # node starting 8 ranks the planner's imports (rich among them) cost more than the check.
     from clusterctl.slurm import hostlist
-    from clusterctl.launcher.pure.placement import plan as make_plan
+    from clusterctl.launcher.pure.placement import plan_once
     from clusterctl.launcher.pure.plan_document import plan_json
     from clusterctl.launcher.shared.runs import RunDir
     spec = RunDir(run_dir).spec()
@@ -96,7 +99,9 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
     if warning:
         say(f"warning: {warning}")
     pool = [n for n in allocated if n in set(candidates)] if candidates is not None else allocated
-    result = make_plan(layout or spec.parallel, spec.job.gpus_per_node, topology, pool, spec.placement.weight_map())
+    chosen = plan_once(layout or spec.parallel, spec.job.gpus_per_node, topology, pool, spec.placement.weight_map(),
+                       planned)
+    result = chosen.plan
     summary = result.summary()
     in_map = set(result.rank_map.slots)
     rank_map = JobRankMap(job_id, environ["SLURM_JOB_NODELIST"], result.rank_map,
@@ -111,7 +116,8 @@ def plan_for_job(run_dir: Path, job_dir: Path, environ: Mapping[str, str], slurm
     path = write_rank_map(job_dir, rank_map)
     say(f"rank map for {environ['SLURM_JOB_NODELIST']}: node slots {hostlist.compress(list(rank_map.slots))} "
          f"in order {' '.join(rank_map.slots)}; leaf-crossing DP/PP groups {summary.leaf_crossing_groups} "
-         f"(Slurm's order: {summary.slurm_order_leaf_crossing_groups}); {path}")
+         f"(Slurm's order: {summary.slurm_order_leaf_crossing_groups}); {path}"
+         f"{' (as the recovery judge planned it)' if chosen is planned else ''}")
     return rank_map
 
 

@@ -17,9 +17,10 @@ budget is the budget the live decisions saw.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from clusterctl.launcher.pure.classify import Blame, Outcome
+from clusterctl.launcher.pure.placement import PlannedMap
 from clusterctl.launcher.pure.shrink import JobShape, NoShrink, plan_shrink
 from clusterctl.launcher.pure.spec import RestartSection
 from clusterctl.records.run_journal import DecisionAction, OutcomeKind
@@ -135,6 +136,8 @@ class Recovery:
     delay: float = 0.0
     data_parallel: int | None = None
     give_back: tuple[str, ...] = ()
+    planned: PlannedMap | None = field(default=None, compare=False, repr=False)
+    """A shrink's map as the judge planned it, for the next step to take rather than plan again."""
 
 
 def judge(happened: Happened, budget: RestartBudget, policy: RestartSection) -> Recovery:
@@ -253,4 +256,4 @@ def _shrink(where: Allocation, remaining: tuple[str, ...], policy: RestartSectio
     return Recovery(Act.SHRINK, f"shrinking from {before} to {planned.data_parallel} data-parallel replicas on "
                                 f"{len(planned.nodes)} nodes{given}{idle}",
                     RestartBudget(), nodes=planned.nodes, data_parallel=planned.data_parallel,
-                    give_back=planned.give_back)
+                    give_back=planned.give_back, planned=planned.planned)

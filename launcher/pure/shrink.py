@@ -16,12 +16,12 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from clusterctl.errors import LayoutError, PlacementError
 from clusterctl.launcher.pure.cost import DEFAULT_WEIGHTS
 from clusterctl.launcher.pure.parallel import ParallelLayout, shrink_sizes, with_data_parallel
-from clusterctl.launcher.pure.placement import plan
+from clusterctl.launcher.pure.placement import PlannedMap, plan_once
 from clusterctl.slurm.topology import Topology
 
 
@@ -48,6 +48,9 @@ class Shrink:
     nodes: tuple[str, ...]
     give_back: tuple[str, ...]
     batch_host_idle: bool = False
+    planned: PlannedMap | None = field(default=None, compare=False, repr=False)
+    """The last map planned on the way (over the survivors, or over `nodes` with the batch host): the step
+    takes it when it plans the same inputs (placement.plan_once)."""
 
 
 @dataclass(frozen=True)
@@ -95,29 +98,30 @@ def plan_shrink(shape: JobShape, survivors: Sequence[str], batch_host: str, min_
     for dp in fitting:
         smaller = with_data_parallel(layout, dp)
         try:
-            slots = plan(smaller, gpus, shape.topology, survivors, weights).rank_map.slots
-            if batch_host in survivors and batch_host not in slots:
-                slots = _onto_batch_host(smaller, shape, survivors, slots, batch_host, weights)
+            planned = plan_once(smaller, gpus, shape.topology, survivors, weights)
+            if batch_host in survivors and batch_host not in planned.plan.rank_map.slots:
+                planned = _onto_batch_host(smaller, shape, survivors, planned, batch_host, weights)
         except (PlacementError, LayoutError) as exc:
             problems.append(f"dp = {dp}: {exc}")
             continue
-        used = set(slots)
+        used = set(planned.plan.rank_map.slots)
         return Shrink(dp, tuple(n for n in survivors if n in used),
                       tuple(n for n in survivors if n not in used and n != batch_host),
-                      batch_host_idle=batch_host in survivors and batch_host not in used)
+                      batch_host_idle=batch_host in survivors and batch_host not in used, planned=planned)
     return NoShrink(f"the {len(survivors)} surviving nodes hold no map of the allowed sizes ({'; '.join(problems)})")
 
 
-def _onto_batch_host(layout: ParallelLayout, shape: JobShape, survivors: Sequence[str], slots: Sequence[str],
-                     batch_host: str, weights: dict[str, float]) -> tuple[str, ...]:
+def _onto_batch_host(layout: ParallelLayout, shape: JobShape, survivors: Sequence[str], first: PlannedMap,
+                     batch_host: str, weights: dict[str, float]) -> PlannedMap:
     """The map re-planned with the batch host in place of one chosen node: the last, depth-first, of the leaf
     with the fewest chosen nodes (the one whose loss crosses the fewest groups).  When a node is only a part of
     an NVLink block the map keeps the first choice (the batch host stays, idle)."""
     if max(1, layout.nvlink_size() // shape.gpus_per_node) > 1:
-        return tuple(slots)
+        return first
+    slots = first.plan.rank_map.slots
     leaf_of = shape.topology.leaf_of
     per_leaf = Counter(leaf_of[n] for n in slots)
     dropped = min(reversed(shape.topology.dfs_order(slots)), key=lambda n: per_leaf[leaf_of[n]])
     chosen = set(slots) - {dropped}
     pool = [n for n in survivors if n in chosen or n == batch_host]
-    return plan(layout, shape.gpus_per_node, shape.topology, pool, weights).rank_map.slots
+    return plan_once(layout, shape.gpus_per_node, shape.topology, pool, weights)

@@ -229,7 +229,8 @@ FIELDS: tuple[Field, ...] = (
           "never split), the unused nodes given back, and the next step starts from the last complete "
           "checkpoint on the smaller world with CLUSTERCTL_DP_SIZE and CLUSTERCTL_DP_SIZE_ORIGINAL set (the "
           "program keeps its global batch by gradient accumulation, or rescales). Must be a size the layout can "
-          "shrink to (whole nodes, ep dividing cp×dp). Default: parallel.dp (never shrink).", None, minimum=1,
+          "shrink to (whole nodes, ep dividing cp×dp); not with checkpoint.tiers (one part per node of the map "
+          "that saved it). Default: parallel.dp (never shrink).", None, minimum=1,
           maximum=10**6),
     Field("restart", "webhook", "str", "URL that gets a JSON POST on blame, stop and completion."),
     Field("stragglers", "action", "choice", "Compare the ranks' compute time per step (clusterctl.progress.beat(step, "
@@ -932,6 +933,13 @@ def _check_shrink_floor(values: dict[str, dict[str, Any]], layout: ParallelLayou
                           f"spec; set at most {layout.dp} ({layout.dp}: never shrink)", "restart", "min_data_parallel")
     if floor == layout.dp:
         return
+    if values["checkpoint"]["tiers"]:
+        # slot_sources gives each slot of the new map the part of one slot of the saving map: a smaller map
+        # has fewer slots than parts, and its step would start from its beginning (or, worse, resume wrong).
+        raise where.error(f"is {floor}, below parallel.dp = {layout.dp}, with checkpoint.tiers = true: a tiered "
+                          "checkpoint is one part per node of the map that saved it, and a shrunk job's map has "
+                          f"fewer nodes to give them to; set restart.min_data_parallel = {layout.dp} (never shrink) "
+                          "or turn checkpoint.tiers off", "restart", "min_data_parallel")
     sizes = shrink_sizes(layout, values["job"]["gpus_per_node"], floor)
     if floor not in sizes:
         reachable = shrink_sizes(layout, values["job"]["gpus_per_node"], 1)

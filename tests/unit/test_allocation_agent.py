@@ -14,6 +14,9 @@ import pytest
 from clusterctl.errors import SlurmCommandError
 from clusterctl.launcher.job.agent import Agent, AgentDoors
 from clusterctl.launcher.job.step_launch import resized_environment
+from clusterctl.launcher.job.steps import plan_for_job
+from clusterctl.launcher.pure import placement
+from clusterctl.launcher.pure.parallel import ParallelLayout
 from clusterctl.launcher.pure.restart_policy import replay
 from clusterctl.launcher.shared.runs import create_run
 from clusterctl.launcher.pure.spec import load_spec
@@ -196,6 +199,28 @@ def test_with_no_spare_a_job_that_may_shrink_goes_on_with_one_replica_fewer_in_t
                if isinstance(e, RecoveredInAllocation)]
     assert (event.data_parallel_before, event.data_parallel_after, event.given_back) == (3, 2, ("node2",))
     assert event.shrank and sorted(event.nodes) == ["node1", "node3"]
+
+
+def test_a_shrink_plans_its_map_once_and_the_step_writes_the_map_a_fresh_plan_gives(tmp_path, monkeypatch):
+    topology = tmp_path / "topology.conf"
+    topology.write_text("SwitchName=s1 Nodes=node[1-3]\n")
+    planned_dp = []
+    real_plan = placement.plan
+
+    def counting_plan(layout, *args, **kwargs):
+        planned_dp.append(layout.dp)
+        return real_plan(layout, *args, **kwargs)
+
+    monkeypatch.setattr(placement, "plan", counting_plan)
+    cluster = Cluster(fail=["node2"])
+    text = SHRINKABLE.replace("[launch]", "[launch]\nmaster_port = 29511")  # else a random port per map
+    shell = agent(tmp_path / "job", cluster, text + f'[placement]\ntopology = "{topology}"\n')
+    assert shell.run(None) == 0 and cluster.shrinks == [("42", ("node1", "node3"))]
+    assert planned_dp == [3, 2]  # the first step's map; the shrink's, by the judge, taken by the step
+    fresh = tmp_path / "fresh"
+    plan_for_job(shell.run_dir, fresh, resized_environment(shell.environ, ["node1", "node3"]), FakeSlurm(cluster),
+                 layout=ParallelLayout(tp=8, dp=2))
+    assert (shell.job_dir / "restart-1" / "rankmap.json").read_bytes() == (fresh / "rankmap.json").read_bytes()
 
 
 def test_a_shrunk_job_shrinks_again_and_ends_for_the_supervisor_below_its_floor(tmp_path):

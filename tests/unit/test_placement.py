@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from clusterctl.launcher.pure.cost import evaluate, slot_groups, unit_ids
 from clusterctl.errors import LayoutError, PlacementError
 from clusterctl.launcher.pure.parallel import ParallelLayout
-from clusterctl.launcher.pure.placement import plan, slurm_order
+from clusterctl.launcher.pure.placement import plan, plan_once, slurm_order
 from clusterctl.slurm.topology import parse_topology_conf
 
 
@@ -130,3 +130,24 @@ def test_tp_across_nodes_stays_inside_an_nvlink_domain():
     result = plan(layout, 4, topo, [f"n{i}" for i in range(1, 9)])
     for group in layout.groups("tp"):
         assert len({topo.domain(result.rank_map.location(r)[0]) for r in group}) == 1
+
+
+@pytest.mark.parametrize("change", ["nothing", "nodes", "node order", "layout", "weights", "topology"])
+def test_a_planned_map_is_taken_only_for_the_inputs_it_was_planned_from(change):
+    nodes = [f"n{i}" for i in range(1, 9)]
+    first = plan_once(ParallelLayout(tp=8, pp=2, dp=3), 8, tree([4, 4]), nodes[:7])
+    layout, topology, allocated, weights = ParallelLayout(tp=8, pp=2, dp=3), tree([4, 4]), nodes[:7], {}
+    if change == "nodes":
+        allocated = nodes[1:]
+    elif change == "node order":
+        allocated = list(reversed(allocated))
+    elif change == "layout":
+        layout = ParallelLayout(tp=8, pp=3, dp=2)
+    elif change == "weights":
+        weights = {"dp": 9.0}
+    elif change == "topology":
+        topology = tree([2, 6])
+    given = {**dict(first.weights), **weights}
+    again = plan_once(layout, 8, topology, allocated, given, planned=first)
+    assert (again is first) == (change == "nothing")
+    assert again.plan == plan(layout, 8, topology, allocated, given)

@@ -140,3 +140,13 @@ def test_a_spec_without_a_floor_never_shrinks_and_one_with_a_reachable_floor_kee
 def test_a_floor_the_layout_cannot_reach_is_a_clear_error_naming_the_key(floor, ep, said):
     with pytest.raises(SpecError, match=said):
         _spec(floor, ep)
+
+
+def test_a_job_with_tiered_checkpoints_may_not_shrink_and_is_told_what_to_set():
+    text = SPEC.format(floor="min_data_parallel = 4", ep=1) + '[checkpoint]\ndir = "/shared/ck"\ntiers = true\n'
+    with pytest.raises(SpecError, match=r"spec.toml:\d+, key `restart.min_data_parallel`: is 4, below parallel.dp = 8, "
+                                        r"with checkpoint.tiers = true: .*set restart.min_data_parallel = 8 \(never "
+                                        r"shrink\) or turn checkpoint.tiers off"):
+        parse_spec(text, "spec.toml")
+    never = parse_spec(text.replace("min_data_parallel = 4", "min_data_parallel = 8"), "spec.toml")
+    assert never.checkpoint.tiers and never.restart.min_data_parallel == 8
